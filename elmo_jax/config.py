@@ -1,0 +1,324 @@
+"""Model and training configuration, read from and written to bilm-tf ``options.json``.
+
+All configs are frozen, hashable dataclasses (tuples, never lists) so that they can be passed
+to ``jax.jit`` as static arguments: one compile per config, never a retrace on an equal copy.
+
+bilm-tf keeps every option in one JSON object: ``{"lstm": {...}, "char_cnn": {...}}`` for the
+model plus top-level training keys. ``Options`` mirrors that file; ``ModelConfig`` is the part
+the forward pass needs and ``TrainConfig`` the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+ACTIVATIONS = ("relu", "tanh")
+
+
+class ConfigError(ValueError):
+    """A configuration value or file is not what elmo_jax expects."""
+
+
+def _fail(where: str, msg: str) -> None:
+    raise ConfigError(f"{where}: {msg}")
+
+
+def _check_int(where: str, name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(where, f"'{name}' must be an integer >= {minimum}, found {value!r}")
+
+
+def _check_clip(where: str, name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        _fail(where, f"'{name}' must be a number >= 0 or null (0/null: no clipping), found {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CharCNNConfig:
+    """The character CNN token encoder (bilm-tf ``char_cnn``)."""
+
+    embedding_dim: int = 16
+    """Width of each character embedding (``char_cnn.embedding.dim``)."""
+    filters: tuple[tuple[int, int], ...] = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+    """``(width, count)`` per convolution, in concatenation order."""
+    n_highway: int = 2
+    """Highway layers after the convolutions (bilm-tf: missing or null means 0)."""
+    activation: str = "relu"
+    """Activation after the max-pool: ``relu`` or ``tanh``. The highway is always ReLU."""
+    n_characters: int = 262
+    """Char vocabulary: 262 at inference (ids shifted by +1, 0 = padding), 261 in bilm-tf training."""
+    max_characters_per_token: int = 50
+    """Char slots per token; a token's UTF-8 bytes are cut at this minus 2 (begin/end of word)."""
+
+    def __post_init__(self):
+        where = "char_cnn"
+        object.__setattr__(self, "filters", tuple(tuple(int(v) for v in f) for f in self.filters))
+        _check_int(where, "embedding.dim", self.embedding_dim)
+        _check_int(where, "n_highway", self.n_highway, minimum=0)
+        if not self.filters:
+            _fail(where, "'filters' must list at least one [width, count] pair, found []")
+        for f in self.filters:
+            if len(f) != 2 or f[0] < 1 or f[1] < 1:
+                _fail(where, f"each filter must be [width >= 1, count >= 1], found {list(f)}")
+        if self.activation not in ACTIVATIONS:
+            _fail(where, f"'activation' must be one of {ACTIVATIONS}, found {self.activation!r}")
+        if self.n_characters not in (261, 262):
+            _fail(where, f"'n_characters' must be 261 (bilm-tf training) or 262 (inference), found {self.n_characters!r}")
+        _check_int(where, "max_characters_per_token", self.max_characters_per_token, minimum=3)
+        widest = max(w for w, _ in self.filters)
+        if widest > self.max_characters_per_token:
+            _fail(where, f"filter width {widest} exceeds max_characters_per_token {self.max_characters_per_token}")
+
+    @property
+    def n_filters(self) -> int:
+        """Width of the concatenated max-pooled convolutions."""
+        return sum(n for _, n in self.filters)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTMConfig:
+    """The biLSTM (bilm-tf ``lstm``)."""
+
+    dim: int = 4096
+    """LSTM cell size (``c``)."""
+    projection_dim: int = 512
+    """Size of ``h``, of the token vectors and of each direction's output."""
+    n_layers: int = 2
+    """Layers per direction (bilm-tf default 1)."""
+    cell_clip: float | None = 3.0
+    """Clip ``c`` to +-cell_clip; 0 or None: no clipping (bilm-tf default None)."""
+    proj_clip: float | None = 3.0
+    """Clip ``h`` to +-proj_clip; 0 or None: no clipping (bilm-tf default None)."""
+    use_skip_connections: bool = True
+    """Layers >= 1 add their input to their output (bilm-tf default False)."""
+
+    def __post_init__(self):
+        where = "lstm"
+        _check_int(where, "dim", self.dim)
+        _check_int(where, "projection_dim", self.projection_dim)
+        _check_int(where, "n_layers", self.n_layers)
+        _check_clip(where, "cell_clip", self.cell_clip)
+        _check_clip(where, "proj_clip", self.proj_clip)
+        if not isinstance(self.use_skip_connections, bool):
+            _fail(where, f"'use_skip_connections' must be true or false, found {self.use_skip_connections!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything the biLM forward pass needs."""
+
+    char_cnn: CharCNNConfig = CharCNNConfig()
+    lstm: LSTMConfig = LSTMConfig()
+
+    def __post_init__(self):
+        if self.char_cnn.n_filters < self.lstm.projection_dim:
+            _fail("model", f"the char CNN has {self.char_cnn.n_filters} filters, fewer than "
+                  f"lstm.projection_dim {self.lstm.projection_dim} (bilm-tf requires n_filters >= projection_dim)")
+
+    @property
+    def output_dim(self) -> int:
+        """Width of every ELMo layer: ``2 * projection_dim``."""
+        return 2 * self.lstm.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        """ELMo layers: the token layer plus one per LSTM layer."""
+        return self.lstm.n_layers + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """bilm-tf's top-level training keys (ELMO_SPEC section 7 has the released recipe)."""
+
+    n_tokens_vocab: int = 793471
+    """Softmax vocabulary size (the vocab file's line count)."""
+    batch_size: int = 128
+    """Rows per device; the global batch is rows x devices."""
+    unroll_steps: int = 20
+    """Window length: inputs ``stream[:T]``, targets ``stream[1:T+1]``."""
+    n_negative_samples_batch: int = 8192
+    """Sampled-softmax negatives per step, per direction, per device."""
+    dropout: float = 0.1
+    """Dropout on each LSTM layer's input and on the top output."""
+    all_clip_norm_val: float = 10.0
+    """Global-norm gradient clipping."""
+    n_epochs: int = 10
+    n_train_tokens: int = 768648884
+    """Tokens per epoch (bilm-tf's default is the 1B Word count; set it from the vocab pass)."""
+    bidirectional: bool = True
+    """Only bidirectional models are supported (a missing key means true here; see README)."""
+    learning_rate: float = 0.2
+    """Adagrad learning rate (bilm-tf default 0.2)."""
+    sample_softmax: bool = True
+    """bilm-tf's switch between sampled and full softmax in training."""
+    share_embedding_softmax: bool = False
+    """bilm-tf option for word-input models only; must be false for char models."""
+
+    def __post_init__(self):
+        where = "training options"
+        for name in ("n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch",
+                     "n_epochs", "n_train_tokens"):
+            _check_int(where, name, getattr(self, name))
+        if not 0.0 <= self.dropout < 1.0:
+            _fail(where, f"'dropout' must be in [0, 1), found {self.dropout!r}")
+        if not self.all_clip_norm_val > 0:
+            _fail(where, f"'all_clip_norm_val' must be > 0, found {self.all_clip_norm_val!r}")
+        if not self.learning_rate > 0:
+            _fail(where, f"'learning_rate' must be > 0, found {self.learning_rate!r}")
+        if self.bidirectional is not True:
+            _fail(where, "'bidirectional' must be true: elmo_jax trains bidirectional biLMs only")
+        if self.share_embedding_softmax:
+            _fail(where, "'share_embedding_softmax' needs word inputs; elmo_jax models are character models")
+        if self.n_negative_samples_batch >= self.n_tokens_vocab:
+            _fail(where, f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
+                  f"'n_tokens_vocab' ({self.n_tokens_vocab})")
+
+
+_LSTM_KEYS = {"dim", "projection_dim", "n_layers", "cell_clip", "proj_clip", "use_skip_connections"}
+_CNN_KEYS = {"embedding", "filters", "n_highway", "activation", "n_characters", "max_characters_per_token"}
+_TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def _require(where: str, d: Mapping, key: str):
+    if key not in d:
+        _fail(where, f"missing required key '{key}'")
+    return d[key]
+
+
+def _reject_unknown(where: str, d: Mapping, known: set) -> None:
+    unknown = sorted(set(d) - known)
+    if unknown:
+        _fail(where, f"unknown keys {unknown}; expected only {sorted(known)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """A whole bilm-tf ``options.json``: the model, plus training keys when the file has them."""
+
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "options") -> "Options":
+        if not isinstance(d, Mapping):
+            _fail(where, f"expected a JSON object, found {type(d).__name__}")
+        _reject_unknown(where, d, {"lstm", "char_cnn"} | _TRAIN_KEYS)
+        lstm = _require(where, d, "lstm")
+        cnn = _require(where, d, "char_cnn")
+        if not isinstance(lstm, Mapping) or not isinstance(cnn, Mapping):
+            _fail(where, "'lstm' and 'char_cnn' must be JSON objects")
+        _reject_unknown(f"{where}: lstm", lstm, _LSTM_KEYS)
+        _reject_unknown(f"{where}: char_cnn", cnn, _CNN_KEYS)
+        emb = _require(f"{where}: char_cnn", cnn, "embedding")
+        if not isinstance(emb, Mapping) or set(emb) != {"dim"}:
+            _fail(f"{where}: char_cnn", f"'embedding' must be {{\"dim\": N}}, found {emb!r}")
+        filters = _require(f"{where}: char_cnn", cnn, "filters")
+        if not isinstance(filters, (list, tuple)) or not all(isinstance(f, (list, tuple)) for f in filters):
+            _fail(f"{where}: char_cnn", f"'filters' must be a list of [width, count], found {filters!r}")
+        cnn_where, lstm_where = f"{where}: char_cnn", f"{where}: lstm"
+        cnn_values = dict(
+            embedding_dim=emb["dim"],
+            filters=tuple(tuple(f) for f in filters),
+            n_highway=cnn.get("n_highway") or 0,
+            activation=_require(cnn_where, cnn, "activation"),
+            n_characters=_require(cnn_where, cnn, "n_characters"),
+            max_characters_per_token=_require(cnn_where, cnn, "max_characters_per_token"),
+        )
+        lstm_values = dict(
+            dim=_require(lstm_where, lstm, "dim"),
+            projection_dim=_require(lstm_where, lstm, "projection_dim"),
+            n_layers=lstm.get("n_layers", 1),
+            cell_clip=lstm.get("cell_clip"),
+            proj_clip=lstm.get("proj_clip"),
+            use_skip_connections=bool(lstm.get("use_skip_connections") or False),
+        )
+        train_values = {k: d[k] for k in _TRAIN_KEYS if k in d}
+        if train_values:
+            for k in ("n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch"):
+                _require(where, d, k)
+        # The dataclasses validate themselves and name the section; prefix the file.
+        try:
+            model = ModelConfig(char_cnn=CharCNNConfig(**cnn_values), lstm=LSTMConfig(**lstm_values))
+            train = TrainConfig(**train_values) if train_values else None
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return cls(model=model, train=train)
+
+    def to_dict(self, n_characters: int | None = None) -> dict:
+        """bilm-tf's JSON layout; ``n_characters`` overrides the stored value (writers use 262)."""
+        c, l = self.model.char_cnn, self.model.lstm
+        d: dict = {
+            "lstm": {
+                "dim": l.dim, "projection_dim": l.projection_dim, "n_layers": l.n_layers,
+                "cell_clip": l.cell_clip, "proj_clip": l.proj_clip,
+                "use_skip_connections": l.use_skip_connections,
+            },
+            "char_cnn": {
+                "embedding": {"dim": c.embedding_dim},
+                "filters": [list(f) for f in c.filters],
+                "n_highway": c.n_highway,
+                "activation": c.activation,
+                "n_characters": n_characters or c.n_characters,
+                "max_characters_per_token": c.max_characters_per_token,
+            },
+        }
+        if self.train is not None:
+            d.update(dataclasses.asdict(self.train))
+        return d
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Options":
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: options file not found") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        return cls.from_dict(d, where=path)
+
+    def save(self, path: str | os.PathLike, n_characters: int | None = 262) -> None:
+        """Writes atomically (temp file, then rename). bilm-tf inference requires n_characters 262."""
+        write_text_atomic(path, json.dumps(self.to_dict(n_characters), indent=2) + "\n")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+_RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+
+
+def _released(dim: int, projection_dim: int, n_highway: int) -> ModelConfig:
+    return ModelConfig(
+        char_cnn=CharCNNConfig(embedding_dim=16, filters=_RELEASED_FILTERS, n_highway=n_highway),
+        lstm=LSTMConfig(dim=dim, projection_dim=projection_dim, n_layers=2, cell_clip=3.0,
+                        proj_clip=3.0, use_skip_connections=True),
+    )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "small": _released(1024, 128, 1),
+    "medium": _released(2048, 256, 1),
+    "original": _released(4096, 512, 2),
+    # Trains in minutes on a 2-core CPU; for tests, demos and the bundled sample.
+    "tiny": ModelConfig(
+        char_cnn=CharCNNConfig(embedding_dim=8, filters=((1, 16), (2, 16), (3, 32), (4, 64)), n_highway=1),
+        lstm=LSTMConfig(dim=256, projection_dim=64, n_layers=2, cell_clip=3.0, proj_clip=3.0,
+                        use_skip_connections=True),
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name]

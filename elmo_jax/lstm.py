@@ -1,0 +1,148 @@
+"""The biLSTM: TF's LSTMCell with projection and clipping (ELMO_SPEC section 3) as a ``lax.scan``.
+
+Params: a list with one dict per layer, each leaf stacked over the two directions
+(index 0 forward, 1 backward)::
+
+    w_x     [2, in, 4*dim]   rows of bilm-tf's W_0 that act on the input
+    w_h     [2, P, 4*dim]    rows of W_0 that act on h
+    b       [2, 4*dim]       B (the +1 forget bias is added at run time, never stored)
+    w_proj  [2, dim, P]      W_P_0 (no bias)
+
+State: ``{"c": [2, n_layers, batch, dim], "h": [2, n_layers, batch, P]}``, float32.
+
+Both directions run in the same scan, as one batched matmul per step. The recurrence is
+sequential, so on every backend the cost of a step is dominated by per-step overhead (loop
+bookkeeping, kernel launches on a GPU) and small matmuls; doing the two directions together
+halves the number of steps and doubles each matmul. The backward direction gets the same
+recurrence by reversing each row within its own length first (so it starts at that row's
+``</S>``), which also keeps padding at the end of every row for both directions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.config import ModelConfig
+
+Precision = jax.lax.Precision | str | None
+
+
+def init(key: jax.Array, config: ModelConfig) -> list[dict]:
+    """Glorot-uniform weights and zero biases (TF 1.x's defaults, which bilm-tf used)."""
+    l = config.lstm
+    d, p = l.dim, l.projection_dim
+
+    def glorot(k, shape):
+        fan_in, fan_out = shape[-2], shape[-1]
+        lim = np.sqrt(6.0 / (fan_in + fan_out))
+        return jax.random.uniform(k, shape, minval=-lim, maxval=lim)
+
+    layers = []
+    for k in jax.random.split(key, l.n_layers):
+        k1, k2 = jax.random.split(k)
+        # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
+        w0 = glorot(k1, (2, p + p, 4 * d))
+        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)),
+                       "w_proj": glorot(k2, (2, d, p))})
+    return layers
+
+
+def zero_state(config: ModelConfig, batch: int) -> dict:
+    l = config.lstm
+    return {"c": jnp.zeros((2, l.n_layers, batch, l.dim), jnp.float32),
+            "h": jnp.zeros((2, l.n_layers, batch, l.projection_dim), jnp.float32)}
+
+
+def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """``[batch, time, ...]``: reverses ``x[b, :lengths[b]]`` per row; the padding stays put.
+
+    It is its own inverse, so it also maps backward outputs back to input order.
+    """
+    t = jnp.arange(x.shape[1])[None, :]
+    idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def _clip(x: jax.Array, value) -> jax.Array:
+    return jnp.clip(x, -value, value) if value else x
+
+
+def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
+           h0: jax.Array, precision: Precision, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``."""
+    l = config.lstm
+    # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
+    gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
+                    precision=precision, preferred_element_type=jnp.float32) + params["b"][None, :, None, :]
+    w_h, w_proj = params["w_h"].astype(dtype), params["w_proj"].astype(dtype)
+
+    def step(carry, inputs):
+        c, h = carry
+        g, m = inputs  # [2, B, 4D], [B, 1]
+        z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision,
+                           preferred_element_type=jnp.float32)
+        i, j, f, o = jnp.split(z, 4, axis=-1)
+        c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), l.cell_clip)
+        h_new = jnp.einsum("dbc,dcp->dbp", (jax.nn.sigmoid(o) * jnp.tanh(c_new)).astype(dtype), w_proj,
+                           precision=precision, preferred_element_type=jnp.float32)
+        h_new = _clip(h_new, l.proj_clip)
+        # Padding never enters the recurrence: the state passes through and the output is 0.
+        c, h = jnp.where(m, c_new, c), jnp.where(m, h_new, h)
+        return (c, h), jnp.where(m, h_new, 0.0)
+
+    (c, h), ys = jax.lax.scan(step, (c0, h0), (gx, mask.T[:, :, None]))
+    return ys.transpose(1, 2, 0, 3), c, h
+
+
+def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
+          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32,
+          dropout_rate: float = 0.0, dropout_key: jax.Array | None = None
+          ) -> tuple[jax.Array, dict]:
+    """Runs the biLSTM over token vectors.
+
+    Args:
+      x: ``[batch, time, P]`` float32 token vectors, ``<S>``/``</S>`` already in place.
+      lengths: ``[batch] int32`` tokens per row, markers included (0: the row is skipped).
+      state: initial state (see module doc), or None for zeros.
+      dropout_rate, dropout_key: training only; dropout on each layer's input (a fresh mask per
+        step, like TF's DropoutWrapper). ``dropout_key`` is ``[batch]`` keys, one per row, so that
+        masks do not depend on how rows are split over devices.
+
+    Returns:
+      ``([n_layers, batch, time, 2P]`` outputs, forward then backward on the last axis, exactly 0
+      at padding; the final state: per row, forward after ``</S>``, backward after ``<S>``).
+    """
+    l = config.lstm
+    batch, time = x.shape[:2]
+    if state is None:
+        state = zero_state(config, batch)
+    mask = jnp.arange(time)[None, :] < lengths[:, None]
+    xs = jnp.stack([x, reverse_within_length(x, lengths)])
+    xs = jnp.where(mask[None, :, :, None], xs, 0.0)
+    outputs, cs, hs = [], [], []
+    for k, layer in enumerate(params):
+        inp = xs
+        if dropout_rate > 0.0:
+            inp = _dropout(inp, dropout_rate, dropout_key, k)
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype)
+        if l.use_skip_connections and k > 0:
+            ys = ys + inp  # both are 0 at padding
+        outputs.append(ys)
+        cs.append(c)
+        hs.append(h)
+        xs = ys
+    out = jnp.stack(outputs)  # [L, 2, B, T, P]
+    fwd = out[:, 0]
+    bwd = jax.vmap(reverse_within_length, in_axes=(0, None))(out[:, 1], lengths)
+    return jnp.concatenate([fwd, bwd], axis=-1), {"c": jnp.stack(cs, 1), "h": jnp.stack(hs, 1)}
+
+
+def _dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
+    """``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` folded with ``salt``."""
+    def row_mask(key):
+        return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (x.shape[0],) + x.shape[2:])
+    keep = jax.vmap(row_mask, out_axes=1)(row_keys)  # [2, B, T, F]
+    return jnp.where(keep, x / (1.0 - rate), 0.0)

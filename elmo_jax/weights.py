@@ -1,0 +1,171 @@
+"""bilm-tf / AllenNLP weight files: ``options.json`` + ``weights.hdf5`` (ELMO_SPEC section 4).
+
+The layout written is the one AllenNLP reads and bilm-tf's ``dump_weights`` writes: a 261-row
+``char_embed`` (no padding row), ``CNN_proj`` always present, LSTM ``W_0``/``B``/``W_P_0`` per
+direction and layer, float32 everywhere, no stored forget bias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import h5py
+import jax
+import numpy as np
+
+from elmo_jax.config import ModelConfig, Options
+
+
+class WeightsError(ValueError):
+    """A weight file does not hold what its options describe."""
+
+
+def _lstm_prefix(direction: int, layer: int) -> str:
+    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+
+
+def expected_datasets(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Dataset name -> shape of a bilm-tf weight file for ``config`` (``char_embed``: 261 rows)."""
+    c, l = config.char_cnn, config.lstm
+    f, p, d = c.n_filters, l.projection_dim, l.dim
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (261, c.embedding_dim)}
+    for i, (w, n) in enumerate(c.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)
+        shapes[f"CNN/b_cnn_{i}"] = (n,)
+    for k in range(c.n_highway):
+        for name, shape in (("W_carry", (f, f)), ("W_transform", (f, f)), ("b_carry", (f,)), ("b_transform", (f,))):
+            shapes[f"CNN_high_{k}/{name}"] = shape
+    shapes["CNN_proj/W_proj"] = (f, p)
+    shapes["CNN_proj/b_proj"] = (p,)
+    for direction in range(2):
+        for layer in range(l.n_layers):
+            pre = _lstm_prefix(direction, layer)
+            shapes[f"{pre}/W_0"] = (p + p, 4 * d)
+            shapes[f"{pre}/B"] = (4 * d,)
+            shapes[f"{pre}/W_P_0"] = (d, p)
+    return shapes
+
+
+def _read(f: h5py.File, path: str, name: str, shape: tuple[int, ...], hint: str) -> np.ndarray:
+    if name not in f:
+        raise WeightsError(f"{path}: missing dataset '{name}' (expected shape {shape} float32){hint}")
+    ds = f[name]
+    if not isinstance(ds, h5py.Dataset):
+        raise WeightsError(f"{path}: '{name}' is a group, expected a dataset of shape {shape} float32")
+    if ds.shape != shape:
+        raise WeightsError(f"{path}: dataset '{name}' has shape {ds.shape}, expected {shape}{hint}")
+    if ds.dtype != np.float32:
+        raise WeightsError(f"{path}: dataset '{name}' has dtype {ds.dtype}, expected float32")
+    return np.asarray(ds[...])
+
+
+def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+    """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves.
+
+    ``char_embed`` may have 261 rows (bilm-tf's file; a zero padding row is put in front) or 262.
+    A missing ``CNN_proj`` is read as the identity when bilm-tf would have had none
+    (``n_filters == projection_dim``).
+    """
+    config = Options.load(options_path).model
+    path = os.fspath(weights_path)
+    hint = f" (per the options in {os.fspath(options_path)})"
+    shapes = expected_datasets(config)
+    c, l = config.char_cnn, config.lstm
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: weight file not found") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: not a readable HDF5 file ({e})") from None
+    with f:
+        if "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
+            char_embed = _read(f, path, "char_embed", (262, c.embedding_dim), hint)
+        else:
+            char_embed = np.concatenate([np.zeros((1, c.embedding_dim), np.float32),
+                                         _read(f, path, "char_embed", shapes["char_embed"], hint)])
+        char_embed[0] = 0.0
+        conv = []
+        for i, (w, n) in enumerate(c.filters):
+            conv.append({"w": _read(f, path, f"CNN/W_cnn_{i}", shapes[f"CNN/W_cnn_{i}"], hint)[0],
+                         "b": _read(f, path, f"CNN/b_cnn_{i}", shapes[f"CNN/b_cnn_{i}"], hint)})
+        extra_highway = f"CNN_high_{c.n_highway}"
+        if extra_highway in f:
+            raise WeightsError(f"{path}: has '{extra_highway}' but the options say n_highway {c.n_highway}{hint}")
+        highway = []
+        for k in range(c.n_highway):
+            r = {name: _read(f, path, f"CNN_high_{k}/{name}", shapes[f"CNN_high_{k}/{name}"], hint)
+                 for name in ("W_carry", "W_transform", "b_carry", "b_transform")}
+            highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
+                            "b": np.concatenate([r["b_carry"], r["b_transform"]])})
+        if "CNN_proj" not in f and c.n_filters == l.projection_dim:
+            proj = {"w": np.eye(c.n_filters, dtype=np.float32), "b": np.zeros(l.projection_dim, np.float32)}
+        else:
+            proj = {"w": _read(f, path, "CNN_proj/W_proj", shapes["CNN_proj/W_proj"], hint),
+                    "b": _read(f, path, "CNN_proj/b_proj", shapes["CNN_proj/b_proj"], hint)}
+        extra_layer = _lstm_prefix(0, l.n_layers)
+        if extra_layer in f:
+            raise WeightsError(f"{path}: has '{extra_layer}' but the options say n_layers {l.n_layers}{hint}")
+        layers = []
+        for layer in range(l.n_layers):
+            per_dir = []
+            for direction in range(2):
+                pre = _lstm_prefix(direction, layer)
+                per_dir.append({name: _read(f, path, f"{pre}/{name}", shapes[f"{pre}/{name}"], hint)
+                                for name in ("W_0", "B", "W_P_0")})
+            w0 = np.stack([d["W_0"] for d in per_dir])
+            p = l.projection_dim
+            layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:], "b": np.stack([d["B"] for d in per_dir]),
+                           "w_proj": np.stack([d["W_P_0"] for d in per_dir])})
+    if c.n_characters == 261:
+        # Inference always uses the shifted ids; the file's options only say how it was trained.
+        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
+    params = {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
+              "lstm": layers}
+    return config, params
+
+
+def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    """Params -> bilm-tf dataset name -> float32 array (the layout ``expected_datasets`` gives)."""
+    c, l = config.char_cnn, config.lstm
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+    cp = params["char_cnn"]
+    f = c.n_filters
+    out = {"char_embed": cp["char_embed"][-261:]}
+    for i, layer in enumerate(cp["conv"]):
+        out[f"CNN/W_cnn_{i}"] = layer["w"][None]
+        out[f"CNN/b_cnn_{i}"] = layer["b"]
+    for k, layer in enumerate(cp["highway"]):
+        out[f"CNN_high_{k}/W_carry"], out[f"CNN_high_{k}/W_transform"] = layer["w"][:, :f], layer["w"][:, f:]
+        out[f"CNN_high_{k}/b_carry"], out[f"CNN_high_{k}/b_transform"] = layer["b"][:f], layer["b"][f:]
+    out["CNN_proj/W_proj"], out["CNN_proj/b_proj"] = cp["proj"]["w"], cp["proj"]["b"]
+    for layer, lp in enumerate(params["lstm"]):
+        for direction in range(2):
+            pre = _lstm_prefix(direction, layer)
+            out[f"{pre}/W_0"] = np.concatenate([lp["w_x"][direction], lp["w_h"][direction]])
+            out[f"{pre}/B"] = lp["b"][direction]
+            out[f"{pre}/W_P_0"] = lp["w_proj"][direction]
+    expected = expected_datasets(config)
+    for name, arr in out.items():
+        if arr.shape != expected[name]:
+            raise WeightsError(f"params do not fit the config: '{name}' has shape {arr.shape}, expected {expected[name]}")
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | os.PathLike,
+              weights_path: str | os.PathLike) -> None:
+    """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically."""
+    options = config if isinstance(config, Options) else Options(model=config)
+    datasets = to_datasets(options.model, params)
+    path = os.fspath(weights_path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, arr in datasets.items():
+                f.create_dataset(name, data=arr)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    options.save(options_path, n_characters=262)
+
