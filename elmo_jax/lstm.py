@@ -76,18 +76,17 @@ def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0
     l = config.lstm
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
     gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
-                    precision=precision, preferred_element_type=jnp.float32) + params["b"][None, :, None, :]
+                    precision=precision).astype(jnp.float32) + params["b"][None, :, None, :]
     w_h, w_proj = params["w_h"].astype(dtype), params["w_proj"].astype(dtype)
 
     def step(carry, inputs):
         c, h = carry
         g, m = inputs  # [2, B, 4D], [B, 1]
-        z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision,
-                           preferred_element_type=jnp.float32)
+        z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
         i, j, f, o = jnp.split(z, 4, axis=-1)
         c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), l.cell_clip)
         h_new = jnp.einsum("dbc,dcp->dbp", (jax.nn.sigmoid(o) * jnp.tanh(c_new)).astype(dtype), w_proj,
-                           precision=precision, preferred_element_type=jnp.float32)
+                           precision=precision).astype(jnp.float32)
         h_new = _clip(h_new, l.proj_clip)
         # Padding never enters the recurrence: the state passes through and the output is 0.
         c, h = jnp.where(m, c_new, c), jnp.where(m, h_new, h)

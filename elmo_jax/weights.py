@@ -146,6 +146,9 @@ def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
             out[f"{pre}/B"] = lp["b"][direction]
             out[f"{pre}/W_P_0"] = lp["w_proj"][direction]
     expected = expected_datasets(config)
+    if set(out) != set(expected):
+        raise WeightsError(f"params do not fit the config: missing {sorted(set(expected) - set(out))}, "
+                           f"unexpected {sorted(set(out) - set(expected))}")
     for name, arr in out.items():
         if arr.shape != expected[name]:
             raise WeightsError(f"params do not fit the config: '{name}' has shape {arr.shape}, expected {expected[name]}")

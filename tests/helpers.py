@@ -1,0 +1,36 @@
+"""Shared test helpers: loading the reference fixtures."""
+
+import json
+import pathlib
+
+import h5py
+import numpy as np
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+# (model dir, sentences file) of the two public biLM fixtures.
+REFERENCE_MODELS = {
+    "allennlp": ("allennlp_elmo", "sentences.json"),
+    "bilm_tf": ("bilm_tf_model", "lm_embeddings_sentences.json"),
+}
+
+
+def model_files(name: str) -> tuple[pathlib.Path, pathlib.Path]:
+    d = FIXTURES / REFERENCE_MODELS[name][0]
+    return d / "options.json", d / "lm_weights.hdf5"
+
+
+def reference_batches(name: str):
+    """The 10 x 3 stateful protocol: yields (batch of 3 token lists, 3 expected top layers)."""
+    d, sentences_file = REFERENCE_MODELS[name]
+    sentences = json.loads((FIXTURES / d / sentences_file).read_text())
+    files = [h5py.File(FIXTURES / d / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
+    try:
+        for i in range(10):
+            batch = [sentences[k][i].split() for k in range(3)]
+            # Stored as [2 (fwd, bwd), n_tokens, P]; the ELMo layer is the two side by side.
+            expected = [np.concatenate(list(f[str(i)][...]), axis=-1) for f in files]
+            yield batch, expected
+    finally:
+        for f in files:
+            f.close()

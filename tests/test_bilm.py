@@ -1,0 +1,150 @@
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import bilm_apply, batch_to_ids, char_cnn, load_hdf5
+from elmo_jax.chars import Vocabulary
+
+from helpers import FIXTURES, model_files, reference_batches
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def allennlp_model():
+    return load_hdf5(*model_files("allennlp"))
+
+
+@pytest.mark.parametrize("name", ["allennlp", "bilm_tf"])
+def test_reference_fixtures_stateful_10x3(name):
+    config, params = load_hdf5(*model_files(name))
+    state = None
+    for batch, expected in reference_batches(name):
+        layers, mask, state = bilm_apply(params, config, batch_to_ids(batch), state)
+        assert layers.shape[0] == 3 and layers.shape[-1] == 32
+        for row, exp in enumerate(expected):
+            n = len(batch[row])
+            assert exp.shape == (n, 32)
+            np.testing.assert_allclose(np.asarray(layers[-1, row, :n]), exp, atol=ATOL, rtol=0)
+            assert bool(mask[row, :n].all()) and not bool(mask[row, n:].any())
+
+
+def test_without_state_only_the_first_batch_matches(allennlp_model):
+    config, params = allennlp_model
+    batches = list(reference_batches("allennlp"))
+    for i, (batch, expected) in enumerate(batches[:2]):
+        layers, _, _ = bilm_apply(params, config, batch_to_ids(batch))
+        got = np.asarray(layers[-1, 0, :len(batch[0])])
+        assert np.allclose(got, expected[0], atol=ATOL) == (i == 0)
+
+
+def test_token_embeddings_fixture(allennlp_model):
+    config, params = allennlp_model
+    vocab = Vocabulary.load(FIXTURES / "allennlp_elmo/vocab_test.txt", lm=False)
+    with h5py.File(FIXTURES / "allennlp_elmo/elmo_token_embeddings.hdf5", "r") as f:
+        expected = f["embedding"][...]
+    assert len(vocab) == expected.shape[0] == 458
+    got = char_cnn.apply(params["char_cnn"], config, jnp.asarray(vocab.char_ids()))
+    np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)
+
+
+def test_stateless_vectors_do_not_depend_on_batch_or_padding(allennlp_model):
+    config, params = allennlp_model
+    sentence = "The apple fell far from the tree .".split()
+    alone, _, _ = bilm_apply(params, config, batch_to_ids([sentence]))
+    batch = [["a", "much", "longer", "sentence", "with", "more", "words", "than", "the", "other", "one"],
+             sentence, [], ["short"]]
+    padded, mask, _ = bilm_apply(params, config, batch_to_ids(batch))
+    wide, _, _ = bilm_apply(params, config, batch_to_ids([sentence], min_length=25))
+    n = len(sentence)
+    np.testing.assert_allclose(np.asarray(padded[:, 1, :n]), np.asarray(alone[:, 0]), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(wide[:, 0, :n]), np.asarray(alone[:, 0]), atol=ATOL, rtol=0)
+    # Padded positions are exactly zero, in every layer.
+    assert not np.asarray(padded)[:, ~np.asarray(mask)].any()
+    assert not np.asarray(wide)[:, 0, n:].any()
+
+
+def test_layer0_is_the_token_vector_twice(allennlp_model):
+    config, params = allennlp_model
+    layers, _, _ = bilm_apply(params, config, batch_to_ids([["hello", "world"]]))
+    tokens = char_cnn.apply(params["char_cnn"], config, jnp.asarray(batch_to_ids([["hello", "world"]])))
+    np.testing.assert_array_equal(np.asarray(layers[0, 0, :, :16]), np.asarray(layers[0, 0, :, 16:]))
+    np.testing.assert_allclose(np.asarray(layers[0, 0, :, :16]), np.asarray(tokens[0]), atol=1e-6, rtol=0)
+
+
+def test_empty_sentences_run_over_their_markers_and_update_state(allennlp_model):
+    config, params = allennlp_model
+    layers, mask, state = bilm_apply(params, config, batch_to_ids([[], []]))
+    assert layers.shape == (3, 2, 1, 32) and not np.asarray(mask).any() and not np.asarray(layers).any()
+    assert np.abs(np.asarray(state["h"])).min() > 0  # every row ran over <S>, </S>
+    kept, kept_mask, _ = bilm_apply(params, config, batch_to_ids([[]]), keep_sentence_markers=True)
+    assert kept.shape == (3, 1, 3, 32) and np.asarray(kept_mask).tolist() == [[True, True, False]]
+
+
+def test_keep_sentence_markers_places_eos_after_each_row(allennlp_model):
+    config, params = allennlp_model
+    batch = [["a", "b", "c"], ["d"]]
+    kept, kept_mask, _ = bilm_apply(params, config, batch_to_ids(batch), keep_sentence_markers=True)
+    dropped, _, _ = bilm_apply(params, config, batch_to_ids(batch))
+    assert np.asarray(kept_mask).sum(axis=1).tolist() == [5, 3]
+    np.testing.assert_array_equal(np.asarray(kept[:, 1, 1:2]), np.asarray(dropped[:, 1, :1]))
+    eos = np.asarray(kept[0, :, :])[[0, 1], [4, 2]]  # </S> of both rows: the same token vector
+    np.testing.assert_allclose(eos[0], eos[1], atol=1e-6)
+
+
+def test_unicode_long_tokens_and_lengths_1_and_500(allennlp_model):
+    config, params = allennlp_model
+    batch = [["東京", "🙂", "e\u0301", "", "x" * 80, "a" * 47 + "é"], ["one"], ["w"] * 500]
+    layers, mask, _ = bilm_apply(params, config, batch_to_ids(batch))
+    assert layers.shape == (3, 3, 500, 32)
+    assert np.isfinite(np.asarray(layers)).all()
+    assert np.asarray(mask).sum(axis=1).tolist() == [6, 1, 500]
+    alone, _, _ = bilm_apply(params, config, batch_to_ids([["one"]]))
+    np.testing.assert_allclose(np.asarray(layers[:, 1, :1]), np.asarray(alone[:, 0]), atol=ATOL, rtol=0)
+
+
+def test_trimmed_char_axis_gives_the_same_vectors(allennlp_model):
+    config, params = allennlp_model
+    batch = [["a", "tiny", "batch"], ["of", "short", "words", "indeed"], []]
+    ids = batch_to_ids(batch)
+    trimmed = char_cnn.trim_char_ids(ids, config)
+    assert trimmed.shape[-1] < ids.shape[-1]
+    full, _, _ = bilm_apply(params, config, ids)
+    cut, _, _ = bilm_apply(params, config, jnp.asarray(trimmed))
+    np.testing.assert_allclose(np.asarray(cut), np.asarray(full), atol=1e-6, rtol=0)
+    # A token that needs the whole width is left alone.
+    assert char_cnn.trim_char_ids(batch_to_ids([["y" * 60]]), config).shape[-1] == 50
+
+
+def test_chunked_token_encoding_is_exact(allennlp_model):
+    config, params = allennlp_model
+    ids = jnp.asarray(batch_to_ids([["word%d" % i for i in range(37)]]))
+    a = char_cnn.apply(params["char_cnn"], config, ids, chunk=8)
+    b = char_cnn.apply(params["char_cnn"], config, ids, chunk=1000)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+
+
+def test_bfloat16_compute_is_close_and_float32_out(allennlp_model):
+    config, params = allennlp_model
+    batch, expected = next(reference_batches("allennlp"))
+    layers, _, _ = bilm_apply(params, config, batch_to_ids(batch), dtype=jnp.bfloat16)
+    assert layers.dtype == jnp.float32
+    got = np.asarray(layers[-1, 0, :len(batch[0])])
+    assert np.all(np.abs(got - expected[0]) <= 2e-2 + 1e-2 * np.abs(expected[0]))
+
+
+def test_jit_and_grad_through_bilm(allennlp_model):
+    config, params = allennlp_model
+    ids = jnp.asarray(batch_to_ids([["a", "b"], ["c"]]))
+
+    @jax.jit
+    def loss(p):
+        layers, mask, _ = bilm_apply(p, config, ids)
+        return (layers[-1] ** 2).sum()
+
+    grads = jax.grad(loss)(jax.tree_util.tree_map(jnp.asarray, params))
+    leaves = jax.tree_util.tree_leaves(grads)
+    assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+    assert np.abs(np.asarray(grads["lstm"][0]["w_h"])).sum() > 0

@@ -1,0 +1,132 @@
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import bilm
+from elmo_jax.config import PRESETS, ConfigError, ModelConfig, Options, TrainConfig, preset
+from elmo_jax.weights import expected_datasets
+
+from helpers import FIXTURES
+
+# bilm-tf's own training test options (tests/test_training.py): no clip or skip keys.
+BILM_TF_TRAIN_OPTIONS = {
+    "n_tokens_vocab": 32, "n_negative_samples_batch": 16, "n_train_tokens": 134, "batch_size": 2,
+    "unroll_steps": 10, "n_epochs": 50, "all_clip_norm_val": 1.0, "dropout": 0.1,
+    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2}, "bidirectional": True,
+    "char_cnn": {"n_characters": 261, "max_characters_per_token": 10,
+                 "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
+                 "embedding": {"dim": 4}, "n_highway": 1},
+}
+
+
+@pytest.mark.parametrize("name,count", [("small", 13_593_296), ("medium", 28_027_728), ("original", 93_600_848)])
+def test_released_presets_have_released_parameter_counts(name, count):
+    config = preset(name)
+    assert sum(int(np.prod(s)) for s in expected_datasets(config).values()) == count
+    # init builds the same model (plus the zero padding row of the shifted char embedding).
+    shapes = jax.eval_shape(lambda: bilm.init(jax.random.PRNGKey(0), config))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+    assert n - config.char_cnn.embedding_dim == count
+
+
+def test_tiny_preset_matches_the_issue():
+    c = PRESETS["tiny"]
+    assert c.char_cnn.embedding_dim == 8
+    assert c.char_cnn.filters == ((1, 16), (2, 16), (3, 32), (4, 64))
+    assert (c.char_cnn.n_highway, c.lstm.projection_dim, c.lstm.dim, c.lstm.n_layers) == (1, 64, 256, 2)
+    assert c.lstm.cell_clip == c.lstm.proj_clip == 3 and c.lstm.use_skip_connections
+
+
+def test_configs_are_hashable_static_jit_arguments():
+    a = Options.from_dict(json.loads((FIXTURES / "allennlp_elmo/options.json").read_text())).model
+    b = Options.from_dict(json.loads((FIXTURES / "allennlp_elmo/options.json").read_text())).model
+    assert a == b and hash(a) == hash(b)
+    assert isinstance(a.char_cnn.filters, tuple) and isinstance(a.char_cnn.filters[0], tuple)
+    traces = []
+    g = jax.jit(lambda x, config: (traces.append(1), x * config.lstm.dim)[1], static_argnums=1)
+    g(jnp.ones(2), a)
+    g(jnp.ones(2), b)
+    assert len(traces) == 1
+
+
+def test_bilm_tf_training_options_get_bilm_tf_defaults():
+    o = Options.from_dict(BILM_TF_TRAIN_OPTIONS)
+    assert o.model.lstm.cell_clip is None and o.model.lstm.proj_clip is None
+    assert o.model.lstm.use_skip_connections is False
+    assert o.model.char_cnn.max_characters_per_token == 10
+    assert o.train.learning_rate == 0.2 and o.train.n_tokens_vocab == 32
+    # Written back out and read again: the same options.
+    again = Options.from_dict(json.loads(json.dumps(o.to_dict())))
+    assert again == o
+
+
+def test_reference_options_round_trip_through_json(tmp_path):
+    for d in ("allennlp_elmo", "bilm_tf_model"):
+        o = Options.load(FIXTURES / d / "options.json")
+        o.save(tmp_path / "o.json")
+        assert Options.load(tmp_path / "o.json") == o
+        assert json.loads((tmp_path / "o.json").read_text())["char_cnn"]["n_characters"] == 262
+
+
+def test_defaults_missing_optional_keys():
+    d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    del d["lstm"]["n_layers"], d["char_cnn"]["n_highway"]
+    o = Options.from_dict(d)
+    assert o.model.lstm.n_layers == 1 and o.model.char_cnn.n_highway == 0
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(learning_rte=0.1), "unknown keys ['learning_rte']"),
+    (lambda d: d["lstm"].update(projection=3), "lstm: unknown keys ['projection']"),
+    (lambda d: d["char_cnn"].pop("activation"), "char_cnn: missing required key 'activation'"),
+    (lambda d: d.pop("lstm"), "missing required key 'lstm'"),
+    (lambda d: d["char_cnn"].update(activation="gelu"), "'activation' must be one of ('relu', 'tanh'), found 'gelu'"),
+    (lambda d: d["char_cnn"].update(n_characters=300), "'n_characters' must be 261"),
+    (lambda d: d["lstm"].update(dim=0), "'dim' must be an integer >= 1, found 0"),
+    (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a number >= 0"),
+    (lambda d: d["char_cnn"].update(filters=[[1, 8], [0, 8]]), "each filter must be [width >= 1, count >= 1], found [0, 8]"),
+    (lambda d: d["char_cnn"].update(max_characters_per_token=4), "filter width 5 exceeds max_characters_per_token 4"),
+    (lambda d: d.update(dropout=1.5), "'dropout' must be in [0, 1), found 1.5"),
+    (lambda d: d.update(bidirectional=False), "bidirectional biLMs only"),
+    (lambda d: d.update(n_negative_samples_batch=64), "must be smaller than 'n_tokens_vocab' (32)"),
+    (lambda d: d["lstm"].update(projection_dim=1000), "fewer than lstm.projection_dim 1000"),
+    (lambda d: d["char_cnn"].update(embedding={"size": 4}), "'embedding' must be {\"dim\": N}"),
+])
+def test_bad_options_give_one_clear_error(tmp_path, mutate, message):
+    d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    mutate(d)
+    path = tmp_path / "options.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ConfigError) as e:
+        Options.load(path)
+    assert str(path) in str(e.value) and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_and_malformed_options_files(tmp_path):
+    with pytest.raises(ConfigError, match="options file not found"):
+        Options.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"lstm": {"dim": 4,\n "x": }')
+    with pytest.raises(ConfigError, match=r"bad.json: not valid JSON \(line 2, column"):
+        Options.load(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object, found list"):
+        Options.load(bad)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        preset("huge")
+
+
+def test_train_config_validation():
+    with pytest.raises(ConfigError, match="'batch_size' must be an integer >= 1"):
+        TrainConfig(batch_size=0)
+    assert dataclasses.replace(TrainConfig(), batch_size=4).batch_size == 4
+    with pytest.raises(ConfigError):
+        ModelConfig(char_cnn=PRESETS["tiny"].char_cnn, lstm=dataclasses.replace(PRESETS["tiny"].lstm, projection_dim=512))

@@ -1,0 +1,149 @@
+import json
+import shutil
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from elmo_jax import batch_to_ids, bilm_apply, init_bilm, load_hdf5, preset, save_hdf5
+from elmo_jax.config import ConfigError, Options
+from elmo_jax.weights import WeightsError, expected_datasets
+
+from helpers import FIXTURES, model_files
+
+AL_WEIGHTS = FIXTURES / "allennlp_elmo/lm_weights.hdf5"
+AL_OPTIONS = FIXTURES / "allennlp_elmo/options.json"
+
+
+def layout(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, (obj.shape, obj.dtype)) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def test_written_file_has_the_reference_layout_and_values_round_trip(tmp_path):
+    config, params = load_hdf5(AL_OPTIONS, AL_WEIGHTS)
+    save_hdf5(config, params, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    assert layout(tmp_path / "weights.hdf5") == layout(AL_WEIGHTS)
+    with h5py.File(AL_WEIGHTS, "r") as a, h5py.File(tmp_path / "weights.hdf5", "r") as b:
+        for name in layout(AL_WEIGHTS):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+    written = json.loads((tmp_path / "options.json").read_text())
+    assert written["char_cnn"]["n_characters"] == 262
+    assert Options.load(tmp_path / "options.json").model == config
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_bilm_tf_fixture_layout_is_what_we_expect():
+    config, _ = load_hdf5(*model_files("bilm_tf"))
+    assert {k: v[0] for k, v in layout(FIXTURES / "bilm_tf_model/lm_weights.hdf5").items()} == expected_datasets(config)
+
+
+def test_random_model_saved_and_reloaded_gives_identical_outputs(tmp_path):
+    config = preset("tiny")
+    params = init_bilm(jax.random.PRNGKey(3), config)
+    save_hdf5(config, params, tmp_path / "o.json", tmp_path / "w.hdf5")
+    config2, params2 = load_hdf5(tmp_path / "o.json", tmp_path / "w.hdf5")
+    assert config2 == config
+    ids = batch_to_ids([["Round", "trip", "!"], ["ok"]])
+    a, _, _ = bilm_apply(params, config, ids)
+    b, _, _ = bilm_apply(params2, config2, ids)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_262_row_char_embed_and_261_options_are_read(tmp_path):
+    shutil.copy(AL_WEIGHTS, tmp_path / "w.hdf5")
+    with h5py.File(tmp_path / "w.hdf5", "a") as f:
+        e = f["char_embed"][...]
+        del f["char_embed"]
+        f["char_embed"] = np.concatenate([np.zeros((1, 4), np.float32), e])
+    opts = json.loads(AL_OPTIONS.read_text())
+    opts["char_cnn"]["n_characters"] = 261
+    (tmp_path / "o.json").write_text(json.dumps(opts))
+    config, params = load_hdf5(tmp_path / "o.json", tmp_path / "w.hdf5")
+    ref_config, ref = load_hdf5(AL_OPTIONS, AL_WEIGHTS)
+    assert config == ref_config and config.char_cnn.n_characters == 262
+    np.testing.assert_array_equal(params["char_cnn"]["char_embed"], ref["char_cnn"]["char_embed"])
+
+
+def test_missing_projection_is_identity_when_bilm_tf_had_none(tmp_path):
+    opts = json.loads(AL_OPTIONS.read_text())
+    opts["lstm"]["projection_dim"] = 124  # == n_filters: bilm-tf builds no CNN_proj
+    opts["lstm"]["dim"] = 8
+    config = Options.from_dict(opts).model
+    shapes = expected_datasets(config)
+    rng = np.random.default_rng(0)
+    with h5py.File(tmp_path / "w.hdf5", "w") as f:
+        for name, shape in shapes.items():
+            if not name.startswith("CNN_proj"):
+                f[name] = rng.normal(size=shape).astype(np.float32)
+    (tmp_path / "o.json").write_text(json.dumps(opts))
+    _, params = load_hdf5(tmp_path / "o.json", tmp_path / "w.hdf5")
+    np.testing.assert_array_equal(params["char_cnn"]["proj"]["w"], np.eye(124, dtype=np.float32))
+
+
+def _copy_and_edit(tmp_path, edit):
+    w = tmp_path / "w.hdf5"
+    shutil.copy(AL_WEIGHTS, w)
+    with h5py.File(w, "a") as f:
+        edit(f)
+    return w
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda f: f.__delitem__("CNN/W_cnn_3"), "missing dataset 'CNN/W_cnn_3' (expected shape (1, 4, 4, 32) float32)"),
+    (lambda f: f.__delitem__("RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
+     "missing dataset 'RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B'"),
+    (lambda f: (f.__delitem__("CNN_proj/b_proj"), f.create_dataset("CNN_proj/b_proj", data=np.zeros(17, np.float32))),
+     "dataset 'CNN_proj/b_proj' has shape (17,), expected (16,)"),
+    (lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_dataset("CNN/b_cnn_0", data=np.zeros(4, np.float64))),
+     "dataset 'CNN/b_cnn_0' has dtype float64, expected float32"),
+    (lambda f: f.copy("CNN_high_1", "CNN_high_2"), "has 'CNN_high_2' but the options say n_highway 2"),
+    (lambda f: f.copy("RNN_0/RNN/MultiRNNCell/Cell1", "RNN_0/RNN/MultiRNNCell/Cell2"),
+     "has 'RNN_0/RNN/MultiRNNCell/Cell2/LSTMCell' but the options say n_layers 2"),
+])
+def test_bad_weight_files_name_the_dataset(tmp_path, edit, message):
+    w = _copy_and_edit(tmp_path, edit)
+    with pytest.raises(WeightsError) as e:
+        load_hdf5(AL_OPTIONS, w)
+    assert str(w) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_options_that_disagree_with_the_weights(tmp_path):
+    opts = json.loads(AL_OPTIONS.read_text())
+    opts["lstm"]["dim"] = 128
+    (tmp_path / "o.json").write_text(json.dumps(opts))
+    with pytest.raises(WeightsError, match=r"dataset 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape "
+                                           r"\(32, 256\), expected \(32, 512\) \(per the options in .*o.json\)"):
+        load_hdf5(tmp_path / "o.json", AL_WEIGHTS)
+
+
+def test_missing_or_non_hdf5_weight_files(tmp_path):
+    with pytest.raises(WeightsError, match="weight file not found"):
+        load_hdf5(AL_OPTIONS, tmp_path / "none.hdf5")
+    (tmp_path / "junk.hdf5").write_text("not hdf5")
+    with pytest.raises(WeightsError, match="junk.hdf5: not a readable HDF5 file"):
+        load_hdf5(AL_OPTIONS, tmp_path / "junk.hdf5")
+    with pytest.raises(ConfigError, match="options file not found"):
+        load_hdf5(tmp_path / "none.json", AL_WEIGHTS)
+
+
+def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    config, params = load_hdf5(AL_OPTIONS, AL_WEIGHTS)
+    save_hdf5(config, params, tmp_path / "o.json", tmp_path / "w.hdf5")
+    before = (tmp_path / "w.hdf5").read_bytes()
+    broken = jax.tree_util.tree_map(lambda x: x, params)
+    broken["lstm"] = broken["lstm"][:1]  # params no longer fit the config
+    with pytest.raises(WeightsError, match="params do not fit the config"):
+        save_hdf5(config, broken, tmp_path / "o.json", tmp_path / "w.hdf5")
+    assert (tmp_path / "w.hdf5").read_bytes() == before
+
+    def fail(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(h5py.File, "create_dataset", fail)
+    with pytest.raises(KeyboardInterrupt):
+        save_hdf5(config, params, tmp_path / "o.json", tmp_path / "w.hdf5")
+    assert (tmp_path / "w.hdf5").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.json", "w.hdf5"]
