@@ -1,0 +1,5 @@
+import sys
+
+from elmo_jax.cli import main
+
+sys.exit(main())

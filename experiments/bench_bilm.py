@@ -1,0 +1,56 @@
+"""Forward throughput of ``bilm_apply``: tokens/s and achieved GFLOP/s vs the matmul rate.
+
+    python experiments/bench_bilm.py [--shapes small original] [--batch 32] [--length 20]
+
+Real tokens are counted once for both directions. FLOPs are those actually executed (the token
+encoder over the char slots it was given, the two sentence markers once, the biLSTM over every
+row position including <S>/</S> and padding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best  # noqa: E402
+from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset  # noqa: E402
+from elmo_jax.char_cnn import trim_char_ids  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["small", "original"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--length", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    peak = matmul_gflops()
+    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
+    sentences = random_sentences(args.batch, args.length)
+    n_tokens = args.batch * args.length
+    for name in args.shapes:
+        config = preset(name)
+        params = init_bilm(jax.random.PRNGKey(0), config)
+        full = batch_to_ids(sentences)
+        for label, ids in (("50 char slots", full), ("trimmed chars", trim_char_ids(full, config))):
+            ids = jnp.asarray(ids)
+            run = lambda: bilm_apply(params, config, ids)[0].block_until_ready()  # noqa: E731
+            seconds = time_best(run, args.repeats)
+            chars = ids.shape[-1]
+            flops = ((n_tokens + 2) * encoder_flops(config, chars)
+                     + args.batch * (args.length + 2) * lstm_flops(config))
+            gflops = flops / seconds / 1e9
+            print(f"{name:8s} {label:14s} {args.batch}x{args.length}: {n_tokens / seconds:8.0f} tokens/s  "
+                  f"{seconds * 1e3:7.1f} ms/batch  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)  "
+                  f"[{flops / n_tokens / 1e6:.1f} MFLOP/token, chars {chars}]")
+
+
+if __name__ == "__main__":
+    main()
