@@ -96,36 +96,32 @@ def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0
     return ys.transpose(1, 2, 0, 3), c, h
 
 
-def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
-          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32,
-          dropout_rate: float = 0.0, dropout_key: jax.Array | None = None
-          ) -> tuple[jax.Array, dict]:
-    """Runs the biLSTM over token vectors.
+def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None,
+        precision: Precision = "highest", dtype=jnp.float32, dropout_rate: float = 0.0,
+        dropout_keys: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """Both directions' layer stacks, each over its own input in its own time order.
 
     Args:
-      x: ``[batch, time, P]`` float32 token vectors, ``<S>``/``</S>`` already in place.
-      lengths: ``[batch] int32`` tokens per row, markers included (0: the row is skipped).
+      xs: ``[2, batch, time, P]`` inputs of the forward and the backward stack (training feeds
+        the backward stack its own reversed stream; ``apply`` reverses within each row).
+      mask: ``[batch, time]`` bool, True on a prefix of each row; padding passes the state
+        through and outputs exactly 0.
       state: initial state (see module doc), or None for zeros.
-      dropout_rate, dropout_key: training only; dropout on each layer's input (a fresh mask per
-        step, like TF's DropoutWrapper). ``dropout_key`` is ``[batch]`` keys, one per row, so that
-        masks do not depend on how rows are split over devices.
+      dropout_rate, dropout_keys: training only. Dropout on each layer's input, a fresh mask per
+        step as in TF's DropoutWrapper (which wraps the residual, so a skip connection adds the
+        dropped input). ``dropout_keys`` is ``[batch]`` keys, one per row, so masks do not depend
+        on how rows are split over devices.
 
     Returns:
-      ``([n_layers, batch, time, 2P]`` outputs, forward then backward on the last axis, exactly 0
-      at padding; the final state: per row, forward after ``</S>``, backward after ``<S>``).
+      ``[n_layers, 2, batch, time, P]`` outputs and the final state.
     """
     l = config.lstm
-    batch, time = x.shape[:2]
     if state is None:
-        state = zero_state(config, batch)
-    mask = jnp.arange(time)[None, :] < lengths[:, None]
-    xs = jnp.stack([x, reverse_within_length(x, lengths)])
+        state = zero_state(config, xs.shape[1])
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
-        inp = xs
-        if dropout_rate > 0.0:
-            inp = _dropout(inp, dropout_rate, dropout_key, k)
+        inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
         ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding
@@ -133,14 +129,32 @@ def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Ar
         cs.append(c)
         hs.append(h)
         xs = ys
-    out = jnp.stack(outputs)  # [L, 2, B, T, P]
-    fwd = out[:, 0]
+    return jnp.stack(outputs), {"c": jnp.stack(cs, 1), "h": jnp.stack(hs, 1)}
+
+
+def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
+          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32
+          ) -> tuple[jax.Array, dict]:
+    """The biLSTM over sentences (inference).
+
+    Args:
+      x: ``[batch, time, P]`` float32 token vectors, ``<S>``/``</S>`` already in place.
+      lengths: ``[batch] int32`` tokens per row, markers included (0: the row is skipped).
+      state: initial state (see module doc), or None for zeros.
+
+    Returns:
+      ``([n_layers, batch, time, 2P]`` outputs, forward then backward on the last axis, exactly 0
+      at padding; the final state: per row, forward after ``</S>``, backward after ``<S>``).
+    """
+    mask = jnp.arange(x.shape[1])[None, :] < lengths[:, None]
+    xs = jnp.stack([x, reverse_within_length(x, lengths)])
+    out, new_state = run(params, config, xs, mask, state, precision, dtype)
     bwd = jax.vmap(reverse_within_length, in_axes=(0, None))(out[:, 1], lengths)
-    return jnp.concatenate([fwd, bwd], axis=-1), {"c": jnp.stack(cs, 1), "h": jnp.stack(hs, 1)}
+    return jnp.concatenate([out[:, 0], bwd], axis=-1), new_state
 
 
-def _dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
-    """``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` folded with ``salt``."""
+def dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
+    """Inverted dropout on ``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` and ``salt``."""
     def row_mask(key):
         return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (x.shape[0],) + x.shape[2:])
     keep = jax.vmap(row_mask, out_axes=1)(row_keys)  # [2, B, T, F]

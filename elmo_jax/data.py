@@ -1,0 +1,337 @@
+"""The training input pipeline: bilm-tf's stream batcher, deterministic and resumable.
+
+Each batch row is an independent, continuous stream of sentences. A sentence ``w1 .. wn``
+contributes n + 1 (input, target) pairs: inputs ``<S> w1 .. wn``, targets ``w1 .. wn </S>``
+(``</S>`` is never an input; the next sentence starts with its own ``<S>``). The backward stream is
+each sentence reversed with the markers swapped (``</S> wn .. w1`` -> ``wn .. w1 <S>``) and is
+shuffled independently. Windows are ``unroll_steps`` pairs; a row's next window continues where its
+last one stopped (the LSTM state is carried over by the train step).
+
+Per epoch, each direction visits every shard once in a fresh seeded order, and every sentence of a
+shard once in a fresh seeded order. Rows take whole sentences from that one sequence, in row order,
+whenever their buffer runs short, so an epoch is a real epoch and the stream is a pure function of
+(seed, data). Its position (epoch, shard, sentence, and the rows' buffered pairs) is a small dict
+of numpy arrays that goes into the checkpoint, so a resumed run sees exactly the batches it would
+have seen.
+
+Inputs are words, encoded as characters by the model; targets are vocabulary ids (OOV: ``<UNK>``).
+A batch holds each distinct input word once (``chars``) and indices into it (``inputs``), so the
+char CNN encodes a word once per batch, not once per occurrence.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import warnings
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from elmo_jax.chars import Vocabulary, words_to_ids
+
+
+class DataError(ValueError):
+    """Training or evaluation data is missing or unusable."""
+
+
+class Source(Protocol):
+    """Sentences in shards: text files, or ranges of a tfds data source."""
+
+    def __len__(self) -> int: ...
+    def name(self, shard: int) -> str: ...
+    def read(self, shard: int) -> list[str]: ...
+
+
+class TextFiles:
+    """Text shards, one whitespace-tokenized sentence per line (lm1b's layout).
+
+    Lines that are not UTF-8 are skipped with a warning naming file and line; blank lines are
+    skipped silently.
+    """
+
+    def __init__(self, pattern: str | Sequence[str]):
+        patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+        files = sorted({f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)
+                        if os.path.isfile(f)})
+        if not files:
+            raise DataError(f"no files match {' '.join(patterns)!s}")
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def name(self, shard: int) -> str:
+        return self.files[shard]
+
+    def read(self, shard: int) -> list[str]:
+        path = self.files[shard]
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            lines = []
+            for lineno, raw in enumerate(data.split(b"\n"), 1):
+                try:
+                    lines.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    warnings.warn(f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})",
+                                  stacklevel=2)
+        return [line for line in lines if line.strip()]
+
+
+class TfdsSource:
+    """A tfds dataset read through ``tfds.data_source`` (ArrayRecord, no TensorFlow needed).
+
+    The records are split into ``n_shards`` contiguous ranges that play the role of files. The
+    dataset must already be prepared in ArrayRecord format; see README ("lm1b with tfds").
+    """
+
+    def __init__(self, name: str, split: str = "train", data_dir: str | None = None, n_shards: int = 100,
+                 feature: str = "text"):
+        import tensorflow_datasets as tfds
+
+        try:
+            self.source = tfds.data_source(name, split=split, data_dir=data_dir)
+        except Exception as e:  # tfds raises many types for "not prepared"; name the fix.
+            raise DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                            f"prepare it once with file_format='array_record' (see README)") from None
+        n = len(self.source)
+        if n == 0:
+            raise DataError(f"tfds dataset {name!r} split {split!r} is empty")
+        self.bounds = np.linspace(0, n, min(n_shards, n) + 1).astype(np.int64)
+        self.label, self.feature = f"tfds:{name}/{split}", feature
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def name(self, shard: int) -> str:
+        return f"{self.label}[{self.bounds[shard]}:{self.bounds[shard + 1]}]"
+
+    def read(self, shard: int) -> list[str]:
+        lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
+        records = self.source.__getitems__(list(range(lo, hi))) if hasattr(self.source, "__getitems__") \
+            else [self.source[i] for i in range(lo, hi)]
+        out = []
+        for r in records:
+            text = r[self.feature]
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", "replace")
+            if text.strip():
+                out.append(text)
+        return out
+
+
+def shard_for_process(source: Source, process_index: int, process_count: int) -> list[int]:
+    """The shards this process reads: every ``process_count``-th, so processes never overlap."""
+    shards = list(range(process_index, len(source), process_count))
+    if not shards:
+        raise DataError(f"{len(source)} shard(s) for {process_count} processes: process {process_index} has none; "
+                        f"use at least as many shards as processes")
+    return shards
+
+
+class WordTable:
+    """Input words -> ids into a char-id table: vocabulary ids first, other words after them.
+
+    Out-of-vocabulary words keep their own characters (the model's inputs are characters); only
+    targets map them to ``<UNK>``.
+    """
+
+    def __init__(self, vocab: Vocabulary, max_chars: int):
+        self.vocab, self.max_chars = vocab, max_chars
+        self.index = dict(vocab._index)
+        self.words = list(vocab.words)
+        # uint16 halves the table (793,471 words x 50 chars); ids are at most 262.
+        self.chars = words_to_ids(self.words, max_chars).astype(np.uint16)
+
+    def input_ids(self, words: Sequence[str]) -> np.ndarray:
+        index, out = self.index, np.empty(len(words), np.int64)
+        for i, w in enumerate(words):
+            j = index.get(w)
+            if j is None:
+                j = index[w] = len(self.words)
+                self.words.append(w)
+            out[i] = j
+        return out
+
+    def char_ids(self, ids: np.ndarray) -> np.ndarray:
+        """``[n] -> [n, max_chars] int32``."""
+        if len(self.words) > len(self.chars):
+            new = words_to_ids(self.words[len(self.chars):], self.max_chars).astype(np.uint16)
+            self.chars = np.concatenate([self.chars, new])
+        return self.chars[ids].astype(np.int32)
+
+
+class _Stream:
+    """One direction's rows. Buffers hold (input id, target id) pairs not yet served."""
+
+    def __init__(self, source: Source, shards: list[int], table: WordTable, rows: int, seed: int,
+                 reverse: bool, max_epochs: int | None):
+        self.source, self.shards, self.table = source, shards, table
+        self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
+        self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
+        self.buffers: list[list[np.ndarray]] = [[] for _ in range(rows)]
+        self.buffered = np.zeros(rows, np.int64)
+        self._loaded: tuple[tuple[int, int], list] | None = None
+
+    # -- the epoch's sequence of sentences ----------------------------------------------------
+    def _order(self, epoch: int) -> list[int]:
+        rng = np.random.default_rng([self.seed, epoch])
+        return [self.shards[i] for i in rng.permutation(len(self.shards))]
+
+    def _encoded_shard(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        key = (self.epoch, self.shard_pos)
+        if self._loaded is None or self._loaded[0] != key:
+            shard = self._order(self.epoch)[self.shard_pos]
+            lines = self.source.read(shard)
+            rng = np.random.default_rng([self.seed, self.epoch, shard])
+            vocab, table = self.table.vocab, self.table
+            start, end = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
+            sentences = []
+            for i in rng.permutation(len(lines)):
+                words = lines[i].split()
+                if self.reverse:
+                    words.reverse()
+                inputs = np.concatenate([[start], table.input_ids(words)])
+                targets = np.concatenate([vocab.encode(words), [end]])
+                sentences.append((inputs, targets))
+            self._loaded = (key, sentences)
+        return self._loaded[1]
+
+    def _next_sentence(self) -> tuple[np.ndarray, np.ndarray]:
+        for _ in range(len(self.shards) + 1):
+            if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                raise StopIteration
+            sentences = self._encoded_shard()
+            if self.sentence_pos < len(sentences):
+                self.sentence_pos += 1
+                return sentences[self.sentence_pos - 1]
+            self.shard_pos, self.sentence_pos = self.shard_pos + 1, 0
+            if self.shard_pos == len(self.shards):
+                self.epoch, self.shard_pos = self.epoch + 1, 0
+        raise DataError(f"no sentences in {', '.join(self.source.name(s) for s in self.shards[:5])}"
+                        f"{' ...' if len(self.shards) > 5 else ''}")
+
+    def window(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch."""
+        for r in range(self.rows):
+            while self.buffered[r] < steps:
+                inputs, targets = self._next_sentence()
+                self.buffers[r].append(np.stack([inputs, targets]))
+                self.buffered[r] += len(inputs)
+        out = np.empty((2, self.rows, steps), np.int64)
+        for r in range(self.rows):
+            pairs = np.concatenate(self.buffers[r], axis=1) if len(self.buffers[r]) > 1 else self.buffers[r][0]
+            out[:, r] = pairs[:, :steps]
+            rest = pairs[:, steps:]
+            self.buffers[r] = [rest] if rest.shape[1] else []
+            self.buffered[r] = rest.shape[1]
+        return out[0], out[1]
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state(self) -> dict:
+        pairs = [np.concatenate(b, axis=1) if b else np.zeros((2, 0), np.int64) for b in self.buffers]
+        flat = np.concatenate(pairs, axis=1)
+        # Buffered OOV words are saved by spelling: their ids are only meaningful in this process.
+        oov = sorted({int(i) for i in flat[0] if i >= len(self.table.vocab)})
+        return {"position": np.array([self.epoch, self.shard_pos, self.sentence_pos], np.int64),
+                "buffer_lengths": np.array([p.shape[1] for p in pairs], np.int64),
+                "buffer_inputs": flat[0], "buffer_targets": flat[1],
+                "oov_ids": np.array(oov, np.int64),
+                "oov_words": np.array([self.table.words[i] for i in oov], dtype=object)}
+
+    def restore(self, state: dict) -> None:
+        self.epoch, self.shard_pos, self.sentence_pos = (int(x) for x in state["position"])
+        lengths = np.asarray(state["buffer_lengths"])
+        if len(lengths) != self.rows:
+            raise DataError(f"the saved data position has {len(lengths)} rows, this run has {self.rows}; "
+                            f"resume with the same global batch (batch_size x devices)")
+        inputs = np.asarray(state["buffer_inputs"], np.int64).copy()
+        new_ids = self.table.input_ids([str(w) for w in state["oov_words"]])
+        for old, new in zip(np.asarray(state["oov_ids"]), new_ids):
+            inputs[np.asarray(state["buffer_inputs"]) == old] = new
+        pairs = np.stack([inputs, np.asarray(state["buffer_targets"], np.int64)])
+        splits = np.split(pairs, np.cumsum(lengths)[:-1], axis=1)
+        self.buffers = [[p] if p.shape[1] else [] for p in splits]
+        self.buffered = lengths.copy()
+        self._loaded = None
+
+
+def bucket_size(n: int, minimum: int = 64) -> int:
+    """Rounds a distinct-word count up to a few sizes (powers of 2, then multiples of 1024),
+    so that batches compile to a handful of shapes."""
+    size = minimum
+    while size < n and size < 1024:
+        size *= 2
+    return size if size >= n else -(-n // 1024) * 1024
+
+
+class LMBatcher:
+    """Training (or evaluation) batches for the devices of this process.
+
+    Each call of ``next()`` returns a dict of numpy arrays with a leading device axis ``[D, ...]``:
+
+    - ``chars [D, U, max_chars] int32``: the distinct input words of that device's batch
+      (``U`` from ``bucket_size``; extra rows are padding, never indexed)
+    - ``inputs [D, 2, B, T] int32``: indices into ``chars`` (direction 0 forward, 1 backward)
+    - ``targets [D, 2, B, T] int32``: vocabulary ids
+    - ``rows [D, B] int32``: global row index (for dropout keys that ignore device layout)
+
+    ``rows_per_device`` is bilm-tf's ``batch_size``. ``first_row`` is this process's first global
+    row (multi-host: process_index x local devices x rows).
+    """
+
+    def __init__(self, source: Source, vocab: Vocabulary, *, rows_per_device: int, unroll_steps: int,
+                 max_chars: int, n_devices: int = 1, seed: int = 0, shards: list[int] | None = None,
+                 first_row: int = 0, max_epochs: int | None = None, shuffle: bool = True):
+        self.table = WordTable(vocab, max_chars)
+        self.n_devices, self.rows_per_device, self.steps = n_devices, rows_per_device, unroll_steps
+        self.first_row = first_row
+        shards = list(range(len(source))) if shards is None else shards
+        rows = n_devices * rows_per_device
+        self.streams = [_Stream(source, shards, self.table, rows, seed * 2 + d, reverse=bool(d),
+                                max_epochs=max_epochs) for d in range(2)]
+        if not shuffle:
+            for s in self.streams:
+                s._order = lambda epoch, s=s: list(s.shards)
+                s.seed = None
+        self.shuffle = shuffle
+
+    @property
+    def epoch(self) -> int:
+        return min(s.epoch for s in self.streams)
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            try:
+                yield self.next()
+            except StopIteration:
+                return
+
+    def next(self) -> dict:
+        fwd_in, fwd_tgt = self.streams[0].window(self.steps)
+        bwd_in, bwd_tgt = self.streams[1].window(self.steps)
+        d, b, t = self.n_devices, self.rows_per_device, self.steps
+        inputs = np.stack([fwd_in, bwd_in]).reshape(2, d, b, t).transpose(1, 0, 2, 3)
+        targets = np.stack([fwd_tgt, bwd_tgt]).reshape(2, d, b, t).transpose(1, 0, 2, 3)
+        uniques, local = [], np.empty(inputs.shape, np.int32)
+        for k in range(d):
+            u, inv = np.unique(inputs[k], return_inverse=True)
+            uniques.append(u)
+            local[k] = inv.reshape(inputs[k].shape)
+        size = bucket_size(max(len(u) for u in uniques))
+        chars = np.zeros((d, size, self.table.max_chars), np.int32)
+        for k, u in enumerate(uniques):
+            chars[k, :len(u)] = self.table.char_ids(u)
+        rows = self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b)
+        return {"chars": chars, "inputs": local, "targets": targets.astype(np.int32), "rows": rows}
+
+    def state(self) -> dict:
+        return {f"dir{d}": s.state() for d, s in enumerate(self.streams)}
+
+    def restore(self, state: dict) -> None:
+        for d, s in enumerate(self.streams):
+            s.restore(state[f"dir{d}"])
