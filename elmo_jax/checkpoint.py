@@ -22,11 +22,15 @@ import os
 import warnings
 from typing import Any
 
+import h5py
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax import train
 from elmo_jax.chars import Vocabulary
+from elmo_jax.config import Options
+from elmo_jax.weights import load_hdf5, save_hdf5
 
 
 class CheckpointError(ValueError):
@@ -50,20 +54,14 @@ def unreplicate_state(state: dict) -> tuple[dict, np.ndarray]:
 
 
 def replicate_state(shared: dict, lstm_rows: dict, n_devices: int) -> dict:
-    """The inverse of ``unreplicate_state`` for ``n_devices`` local devices."""
-    devices = jax.local_devices()[:n_devices]
+    """The inverse of ``unreplicate_state`` for ``n_devices`` local devices, as host arrays with a
+    leading device axis: the first pmapped call shards them (no per-device copies made here)."""
     rep = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n_devices,) + np.shape(x)), shared)
     lstm = {}
     for k, v in lstm_rows.items():
         two, layers, rows, dim = v.shape
         lstm[k] = v.reshape(two, layers, n_devices, rows // n_devices, dim).transpose(2, 0, 1, 3, 4)
-    return _put_per_device({**rep, "lstm": lstm}, devices)
-
-
-def _put_per_device(tree: dict, devices: list) -> dict:
-    # pmap takes a [D, ...] array sharded over the devices along its first axis.
-    sharding = jax.sharding.PmapSharding.default((len(devices),), sharded_dim=0, devices=devices)
-    return jax.tree_util.tree_map(lambda x: jax.device_put(np.ascontiguousarray(x), sharding), tree)
+    return {**rep, "lstm": lstm}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -168,3 +166,95 @@ def write_json_atomic(path: str, obj: Any) -> None:
         json.dump(obj, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def load_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+    """(options, vocab, unreplicated params, step) of a run directory's newest (or given) checkpoint."""
+    options_path = os.path.join(run_dir, "options.json")
+    if not os.path.isfile(options_path):
+        raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
+    options = Options.load(options_path)
+    vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
+    ckpt = Checkpointer(run_dir, async_save=False)
+    fresh = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), options.model, options.train))
+    abstract = {k: v for k, v in fresh.items() if k != "lstm"}
+    steps = sorted(ckpt.manager.all_steps())
+    if not steps:
+        raise CheckpointError(f"{run_dir}: no checkpoint found")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"{run_dir}: no checkpoint at step {step}; have {steps}")
+    if step is None:
+        restored = ckpt.restore_latest(abstract)
+        if restored is None:
+            raise CheckpointError(f"{run_dir}: no readable checkpoint")
+        step, shared = restored[0], restored[1]
+    else:
+        shared = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    ckpt.close()
+    return options, vocab, shared["params"], int(step)
+
+
+def export_run(run_dir: str, out_dir: str, step: int | None = None) -> list[str]:
+    """A run's checkpoint -> bilm-tf files: ``options.json`` (with the training keys),
+    ``weights.hdf5`` (AllenNLP's layout), ``softmax.hdf5`` (``softmax/W`` [V, P], ``softmax/b`` [V])
+    and ``vocab.txt``. Each file is written atomically."""
+    options, vocab, params, step = load_run(run_dir, step)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, n) for n in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt")]
+    save_hdf5(options, params["bilm"], paths[0], paths[1])
+    tmp = f"{paths[2]}.tmp-{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        f["softmax/W"] = np.asarray(params["softmax"]["w"], np.float32)
+        f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
+    os.replace(tmp, paths[2])
+    tmp = f"{paths[3]}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab.words) + "\n")
+    os.replace(tmp, paths[3])
+    return paths
+
+
+def finetune_state(source: str, options: Options, vocab: Vocabulary, seed: int = 0) -> dict:
+    """A fresh train state for ``options``/``vocab`` that starts from another model.
+
+    ``source`` is a run directory (params and Adagrad accumulators carry over) or a directory of
+    bilm-tf files (``options.json``, ``weights.hdf5``, optionally ``softmax.hdf5`` + ``vocab.txt``;
+    accumulators start at 1.0). Softmax rows (and accumulators) of the words both vocabularies share
+    are copied by word; the other rows are initialised as in a fresh run. The step restarts at 0.
+    """
+    fresh = jax.device_get(train.init_state(jax.random.PRNGKey(seed), options.model, options.train))
+    if os.path.isdir(os.path.join(source, "checkpoints")):
+        old_options, old_vocab, _, step = load_run(source)
+        ckpt = Checkpointer(source, async_save=False)
+        abstract = {k: v for k, v in jax.eval_shape(lambda: train.init_state(
+            jax.random.PRNGKey(0), old_options.model, old_options.train)).items() if k != "lstm"}
+        old = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+        ckpt.close()
+        bilm_params, dense_opt = old["params"]["bilm"], old["opt"]["bilm"]
+        softmax, acc = old["params"]["softmax"], old["opt"]["softmax"]
+        old_model = old_options.model
+    else:
+        old_model, bilm_params = load_hdf5(os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5"))
+        dense_opt = fresh["opt"]["bilm"]
+        softmax = acc = old_vocab = None
+        if os.path.isfile(os.path.join(source, "softmax.hdf5")):
+            with h5py.File(os.path.join(source, "softmax.hdf5"), "r") as f:
+                softmax = {"w": f["softmax/W"][...], "b": f["softmax/b"][...]}
+            old_vocab = Vocabulary.load(os.path.join(source, "vocab.txt"))
+    if old_model != options.model:
+        raise CheckpointError(f"{source}: its model differs from the options given; fine-tuning keeps the "
+                              f"biLM shape (saved {old_model}, now {options.model})")
+    state = dict(fresh)
+    state["params"] = {"bilm": bilm_params, "softmax": dict(fresh["params"]["softmax"])}
+    state["opt"] = {"bilm": dense_opt, "softmax": dict(fresh["opt"]["softmax"])}
+    if softmax is not None:
+        shared = [(i, old_vocab._index[w]) for i, w in enumerate(vocab.words) if w in old_vocab._index]
+        if shared:
+            new_ids, old_ids = (np.array(x) for x in zip(*shared))
+            for name in ("w", "b"):
+                state["params"]["softmax"][name] = np.array(state["params"]["softmax"][name])
+                state["params"]["softmax"][name][new_ids] = np.asarray(softmax[name])[old_ids]
+                if acc is not None:
+                    state["opt"]["softmax"][name] = np.array(state["opt"]["softmax"][name])
+                    state["opt"]["softmax"][name][new_ids] = np.asarray(acc[name])[old_ids]
+    return state

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from importlib import resources
 
 import numpy as np
 
 from elmo_jax.chars import VocabError
+from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import ConfigError
+from elmo_jax.data import DataError
 from elmo_jax.weights import WeightsError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
-USER_ERRORS = (ConfigError, WeightsError, VocabError, FileNotFoundError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, FileNotFoundError,
+               IsADirectoryError, NotADirectoryError, PermissionError)
 
 DEMO_SENTENCES = [
     "I ate an apple and a pear for lunch .",
@@ -60,6 +64,121 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print("(the bundled model is AllenNLP's tiny test biLM: the numbers show the plumbing, not meaning)")
 
 
+def bundled_sample() -> tuple[str, str]:
+    """The bundled State of the Union sample: (train file, held-out file)."""
+    data = resources.files("elmo_jax") / "data" / "sample"
+    return str(data / "train.txt"), str(data / "heldout.txt")
+
+
+def cmd_vocab(args: argparse.Namespace) -> None:
+    from elmo_jax.data import TextFiles
+    from elmo_jax.vocab import build_vocab, count_tokens, write_vocab
+
+    files = TextFiles(args.train_files)
+    counts, n_tokens, n_sentences = count_tokens(files)
+    words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size)
+    write_vocab(words, args.out, n_tokens, n_sentences, files.files)
+    print(f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
+          f"{n_tokens} tokens in {len(files)} file(s)")
+
+
+def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None):
+    import dataclasses
+    import os
+
+    from elmo_jax.config import PRESETS, Options, TrainConfig
+    from elmo_jax.pretrain import options_for_vocab
+
+    if config in PRESETS:
+        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS.get(config, TrainConfig)(len(vocab)))
+    elif os.path.isfile(config):
+        options = Options.load(config)
+    else:
+        raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
+    if batch_size:
+        options = dataclasses.replace(options, train=dataclasses.replace(
+            options.train or TrainConfig(n_tokens_vocab=len(vocab)), batch_size=batch_size))
+    return options_for_vocab(options, vocab, n_train_tokens)
+
+
+def _tiny_train(n_tokens_vocab: int):
+    from elmo_jax.config import TrainConfig
+    # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 1025), batch_size=32, unroll_steps=20,
+                       n_negative_samples_batch=1024, n_epochs=1)
+
+
+def _recipe_train(n_tokens_vocab: int):
+    from elmo_jax.config import TrainConfig
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 8193))
+
+
+TRAIN_DEFAULTS = {"tiny": _tiny_train, "small": _recipe_train, "medium": _recipe_train, "original": _recipe_train}
+
+
+def _maybe_distributed(args: argparse.Namespace) -> None:
+    import os
+
+    import jax
+
+    if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    import os
+
+    from elmo_jax.chars import Vocabulary
+    from elmo_jax.data import TextFiles
+    from elmo_jax.pretrain import RunSettings, pretrain
+    from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+
+    _maybe_distributed(args)
+    train_files, heldout_files = args.train_files, args.heldout_files
+    if train_files is None:
+        train_files, sample_heldout = bundled_sample()
+        heldout_files = heldout_files or sample_heldout
+        print(f"no --train-files: training on the bundled sample {train_files}")
+    source = TextFiles(train_files)
+    vocab_path = args.vocab
+    if vocab_path is None:
+        vocab_path = os.path.join(args.run_dir, "vocab.txt")
+        if not os.path.exists(vocab_path):
+            os.makedirs(args.run_dir, exist_ok=True)
+            counts, n_tokens, n_sentences = count_tokens(source)
+            write_vocab(build_vocab(counts, min_count=args.min_count), vocab_path, n_tokens, n_sentences,
+                        source.files)
+            print(f"no --vocab: wrote {vocab_path}")
+    vocab = Vocabulary.load(vocab_path)
+    meta = read_vocab_meta(vocab_path) or {}
+    options = _training_options(args.config, vocab, args.batch_size, meta.get("n_train_tokens"))
+    settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
+                           save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
+                           log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress)
+    heldout = TextFiles(heldout_files) if heldout_files else None
+    last = pretrain(options, vocab, source, settings, heldout=heldout)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from elmo_jax.data import TextFiles
+    from elmo_jax.checkpoint import load_run
+    from elmo_jax.pretrain import evaluate
+
+    options, vocab, params, step = load_run(args.run_dir, args.step)
+    result = evaluate(params, options.model, vocab, TextFiles(args.files), args.batch_size, args.unroll_steps,
+                      reset_state_per_sentence=args.reset_state_per_sentence)
+    print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from elmo_jax.checkpoint import export_run
+
+    paths = export_run(args.run_dir, args.out_dir, args.step)
+    print("wrote " + ", ".join(paths))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -69,13 +188,59 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--sentence", action="append", help="a whitespace-tokenized sentence (repeatable)")
     demo.add_argument("--word", default="apple", help="word whose vectors to compare across sentences")
     demo.set_defaults(func=cmd_demo)
+
+    vocab = sub.add_parser("vocab", help="count words in training text and write an LM vocabulary")
+    vocab.add_argument("--train-files", required=True, help="glob of text shards, one tokenized sentence per line")
+    vocab.add_argument("--out", required=True, help="vocabulary file to write (a .json sidecar records counts)")
+    vocab.add_argument("--min-count", type=int, default=1)
+    vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
+    vocab.set_defaults(func=cmd_vocab)
+
+    tr = sub.add_parser("train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample")
+    tr.add_argument("--config", default="tiny", help="preset (tiny, small, medium, original) or a bilm-tf options.json")
+    tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
+    tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
+    tr.add_argument("--vocab", help="LM vocabulary (default: built from --train-files into the run dir)")
+    tr.add_argument("--run-dir", default="runs/tiny-sample", help="checkpoints, metrics.jsonl, options, vocab")
+    stop = tr.add_mutually_exclusive_group()
+    stop.add_argument("--steps", type=int, help="train until this global step")
+    stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
+    tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
+    tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--save-every", type=int, default=500)
+    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    tr.add_argument("--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)")
+    tr.add_argument("--log-every", type=int, default=10)
+    tr.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="matmul compute dtype")
+    tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
+    tr.add_argument("--num-processes", type=int)
+    tr.add_argument("--process-id", type=int)
+    tr.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on text files (one JSON line)")
+    ev.add_argument("--run-dir", required=True)
+    ev.add_argument("--files", required=True)
+    ev.add_argument("--step", type=int)
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--unroll-steps", type=int, default=20)
+    ev.add_argument("--reset-state-per-sentence", action="store_true",
+                    help="every sentence alone from zero state (to compare with models that cannot carry context)")
+    ev.set_defaults(func=cmd_eval)
+
+    ex = sub.add_parser("export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt")
+    ex.add_argument("--run-dir", required=True)
+    ex.add_argument("--out-dir", required=True)
+    ex.add_argument("--step", type=int)
+    ex.set_defaults(func=cmd_export)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "options", None) and not getattr(args, "weights", None):
+    if args.command == "demo" and args.options and not args.weights:
         parser.error("--options needs --weights")
     try:
         args.func(args)

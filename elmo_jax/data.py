@@ -246,9 +246,10 @@ class _Stream:
     def restore(self, state: dict) -> None:
         self.epoch, self.shard_pos, self.sentence_pos = (int(x) for x in state["position"])
         lengths = np.asarray(state["buffer_lengths"])
-        if len(lengths) != self.rows:
-            raise DataError(f"the saved data position has {len(lengths)} rows, this run has {self.rows}; "
-                            f"resume with the same global batch (batch_size x devices)")
+        self._loaded = None
+        if len(lengths) != self.rows:  # another row count: keep the position, drop what rows held
+            self.buffers, self.buffered = [[] for _ in range(self.rows)], np.zeros(self.rows, np.int64)
+            return
         inputs = np.asarray(state["buffer_inputs"], np.int64).copy()
         new_ids = self.table.input_ids([str(w) for w in state["oov_words"]])
         for old, new in zip(np.asarray(state["oov_ids"]), new_ids):
@@ -257,7 +258,6 @@ class _Stream:
         splits = np.split(pairs, np.cumsum(lengths)[:-1], axis=1)
         self.buffers = [[p] if p.shape[1] else [] for p in splits]
         self.buffered = lengths.copy()
-        self._loaded = None
 
 
 def bucket_size(n: int, minimum: int = 64) -> int:
