@@ -71,15 +71,15 @@ def bundled_sample() -> tuple[str, str]:
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
-    from elmo_jax.data import TextFiles
+    from elmo_jax.data import open_source
     from elmo_jax.vocab import build_vocab, count_tokens, write_vocab
 
-    files = TextFiles(args.train_files)
+    files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size)
-    write_vocab(words, args.out, n_tokens, n_sentences, files.files)
+    write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
     print(f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
-          f"{n_tokens} tokens in {len(files)} file(s)")
+          f"{n_tokens} tokens in {len(files)} shard(s)")
 
 
 def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None):
@@ -89,8 +89,9 @@ def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens
     from elmo_jax.config import PRESETS, Options, TrainConfig
     from elmo_jax.pretrain import options_for_vocab
 
+    strict = config not in PRESETS
     if config in PRESETS:
-        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS.get(config, TrainConfig)(len(vocab)))
+        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
     elif os.path.isfile(config):
         options = Options.load(config)
     else:
@@ -98,7 +99,7 @@ def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens
     if batch_size:
         options = dataclasses.replace(options, train=dataclasses.replace(
             options.train or TrainConfig(n_tokens_vocab=len(vocab)), batch_size=batch_size))
-    return options_for_vocab(options, vocab, n_train_tokens)
+    return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 
 def _tiny_train(n_tokens_vocab: int):
@@ -130,7 +131,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     import os
 
     from elmo_jax.chars import Vocabulary
-    from elmo_jax.data import TextFiles
+    from elmo_jax.data import open_source
     from elmo_jax.pretrain import RunSettings, pretrain
     from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 
@@ -140,7 +141,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         train_files, sample_heldout = bundled_sample()
         heldout_files = heldout_files or sample_heldout
         print(f"no --train-files: training on the bundled sample {train_files}")
-    source = TextFiles(train_files)
+    source = open_source(train_files, args.tfds_data_dir)
     vocab_path = args.vocab
     if vocab_path is None:
         vocab_path = os.path.join(args.run_dir, "vocab.txt")
@@ -148,15 +149,16 @@ def cmd_train(args: argparse.Namespace) -> None:
             os.makedirs(args.run_dir, exist_ok=True)
             counts, n_tokens, n_sentences = count_tokens(source)
             write_vocab(build_vocab(counts, min_count=args.min_count), vocab_path, n_tokens, n_sentences,
-                        source.files)
+                        [source.name(i) for i in range(len(source))])
             print(f"no --vocab: wrote {vocab_path}")
     vocab = Vocabulary.load(vocab_path)
     meta = read_vocab_meta(vocab_path) or {}
     options = _training_options(args.config, vocab, args.batch_size, meta.get("n_train_tokens"))
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
-                           log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress)
-    heldout = TextFiles(heldout_files) if heldout_files else None
+                           log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
+                           devices=args.devices)
+    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     last = pretrain(options, vocab, source, settings, heldout=heldout)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
 
@@ -193,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--train-files", required=True, help="glob of text shards, one tokenized sentence per line")
     vocab.add_argument("--out", required=True, help="vocabulary file to write (a .json sidecar records counts)")
     vocab.add_argument("--min-count", type=int, default=1)
+    vocab.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT")
     vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
     vocab.set_defaults(func=cmd_vocab)
 
@@ -200,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--config", default="tiny", help="preset (tiny, small, medium, original) or a bilm-tf options.json")
     tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
     tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
+    tr.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT (ArrayRecord)")
     tr.add_argument("--vocab", help="LM vocabulary (default: built from --train-files into the run dir)")
     tr.add_argument("--run-dir", default="runs/tiny-sample", help="checkpoints, metrics.jsonl, options, vocab")
     stop = tr.add_mutually_exclusive_group()
@@ -213,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)")
     tr.add_argument("--log-every", type=int, default=10)
     tr.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="matmul compute dtype")
+    tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument("--no-progress", action="store_true")
     tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
     tr.add_argument("--num-processes", type=int)

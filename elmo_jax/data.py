@@ -112,8 +112,10 @@ class TfdsSource:
 
     def read(self, shard: int) -> list[str]:
         lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
-        records = self.source.__getitems__(list(range(lo, hi))) if hasattr(self.source, "__getitems__") \
-            else [self.source[i] for i in range(lo, hi)]
+        try:  # one batched read of the shard's records
+            records = self.source.__getitems__(list(range(lo, hi)))
+        except (AttributeError, TypeError):  # sources without batched reads (tfds's mock data)
+            records = [self.source[i] for i in range(lo, hi)]
         out = []
         for r in records:
             text = r[self.feature]
@@ -122,6 +124,14 @@ class TfdsSource:
             if text.strip():
                 out.append(text)
         return out
+
+
+def open_source(spec: str, data_dir: str | None = None) -> Source:
+    """``tfds:NAME[/SPLIT]`` (e.g. ``tfds:lm1b/train``) or a glob of text files."""
+    if spec.startswith("tfds:"):
+        name, _, split = spec[len("tfds:"):].partition("/")
+        return TfdsSource(name, split or "train", data_dir=data_dir)
+    return TextFiles(spec)
 
 
 def shard_for_process(source: Source, process_index: int, process_count: int) -> list[int]:
@@ -169,8 +179,8 @@ class _Stream:
     """One direction's rows. Buffers hold (input id, target id) pairs not yet served."""
 
     def __init__(self, source: Source, shards: list[int], table: WordTable, rows: int, seed: int,
-                 reverse: bool, max_epochs: int | None):
-        self.source, self.shards, self.table = source, shards, table
+                 reverse: bool, max_epochs: int | None, shuffle: bool = True):
+        self.source, self.shards, self.table, self.shuffle = source, shards, table, shuffle
         self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
         self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
         self.buffers: list[list[np.ndarray]] = [[] for _ in range(rows)]
@@ -179,6 +189,8 @@ class _Stream:
 
     # -- the epoch's sequence of sentences ----------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(self.shards)
         rng = np.random.default_rng([self.seed, epoch])
         return [self.shards[i] for i in rng.permutation(len(self.shards))]
 
@@ -187,11 +199,12 @@ class _Stream:
         if self._loaded is None or self._loaded[0] != key:
             shard = self._order(self.epoch)[self.shard_pos]
             lines = self.source.read(shard)
-            rng = np.random.default_rng([self.seed, self.epoch, shard])
+            order = (np.random.default_rng([self.seed, self.epoch, shard]).permutation(len(lines))
+                     if self.shuffle else range(len(lines)))
             vocab, table = self.table.vocab, self.table
             start, end = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
             sentences = []
-            for i in rng.permutation(len(lines)):
+            for i in order:
                 words = lines[i].split()
                 if self.reverse:
                     words.reverse()
@@ -293,12 +306,7 @@ class LMBatcher:
         shards = list(range(len(source))) if shards is None else shards
         rows = n_devices * rows_per_device
         self.streams = [_Stream(source, shards, self.table, rows, seed * 2 + d, reverse=bool(d),
-                                max_epochs=max_epochs) for d in range(2)]
-        if not shuffle:
-            for s in self.streams:
-                s._order = lambda epoch, s=s: list(s.shards)
-                s.seed = None
-        self.shuffle = shuffle
+                                max_epochs=max_epochs, shuffle=shuffle) for d in range(2)]
 
     @property
     def epoch(self) -> int:

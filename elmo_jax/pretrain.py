@@ -46,12 +46,16 @@ class RunSettings:
     dtype: str = "float32"
     progress: bool = True
     async_save: bool = True
+    devices: int | None = None
+    """Local devices to use (default: all). Multi-host runs use all of them."""
 
 
-def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None) -> Options:
-    """Fills the training keys that follow from the data; refuses a config that does not fit it."""
+def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
+                      strict: bool = True) -> Options:
+    """Fills the training keys that follow from the data; refuses a config that does not fit it
+    (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size)."""
     train_cfg = options.train or TrainConfig(n_tokens_vocab=len(vocab))
-    if options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
+    if strict and options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
         raise CheckpointError(f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
                               f"{len(vocab)} tokens; they must agree")
     changes = {"n_tokens_vocab": len(vocab)}
@@ -135,6 +139,12 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     t, model = options.train, options.model
     os.makedirs(settings.run_dir, exist_ok=True)
     n_local, n_global = jax.local_device_count(), jax.device_count()
+    if settings.devices is not None:
+        if jax.process_count() > 1 and settings.devices != n_local:
+            raise CheckpointError("a multi-host run uses every local device; drop --devices")
+        if not 1 <= settings.devices <= n_local:
+            raise CheckpointError(f"--devices {settings.devices}: this process has {n_local} device(s)")
+        n_local = n_global = settings.devices
     global_rows = t.batch_size * n_global
     first_device = jax.process_index() * n_local
     ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
@@ -184,7 +194,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
-    step_fn = train.make_train_step(model, t, settings.precision, dtype)
+    step_fn = train.make_train_step(model, t, settings.precision, dtype,
+                                    jax.local_devices()[:n_local] if settings.devices else None)
     next_batch = _batch_source(batcher, t, settings.seed, first_device, fixed_candidates)
     metrics_path = os.path.join(settings.run_dir, "metrics.jsonl")
     progress = None

@@ -119,7 +119,7 @@ def train_step(state: State, batch: dict, *, model: ModelConfig, train: TrainCon
     g_w = jax.ops.segment_sum(g_w, inv.reshape(-1), num_segments=ids.shape[0])
     g_b = jax.ops.segment_sum(g_b, inv.reshape(-1), num_segments=ids.shape[0])
 
-    grad_norm = jnp.sqrt(optax.tree_utils.tree_l2_norm(g_bilm, squared=True)
+    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True)
                          + jnp.sum(g_w * g_w) + jnp.sum(g_b * g_b))
     clip = train.all_clip_norm_val
     scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
@@ -152,11 +152,13 @@ def train_step(state: State, batch: dict, *, model: ModelConfig, train: TrainCon
     return new_state, metrics
 
 
-def make_train_step(model: ModelConfig, train: TrainConfig, precision="highest", dtype=jnp.float32):
-    """``train_step`` pmapped over the local devices; the state is donated (updated in place)."""
+def make_train_step(model: ModelConfig, train: TrainConfig, precision="highest", dtype=jnp.float32,
+                    devices=None):
+    """``train_step`` pmapped over ``devices`` (default: all local ones); the state is donated
+    (updated in place, so the [V, P] softmax and its accumulators are never copied)."""
     step = functools.partial(train_step, model=model, train=train, precision=precision, dtype=dtype,
                              axis_name=AXIS)
-    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0,))
+    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0,), devices=devices)
 
 
 def eval_step(params: dict, lstm_state: dict, batch: dict, *, model: ModelConfig, precision="highest"

@@ -1,0 +1,255 @@
+"""Pretraining end to end: bilm-tf's training check, resume, export/fine-tune, bad input."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from elmo_jax import cli, train
+from elmo_jax.chars import Vocabulary, VocabError
+from elmo_jax.checkpoint import CheckpointError, Checkpointer, export_run, finetune_state, load_run
+from elmo_jax.config import Options
+from elmo_jax.data import DataError, LMBatcher, TextFiles
+from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
+from elmo_jax.weights import load_hdf5
+
+from helpers import FIXTURES
+from test_config import BILM_TF_TRAIN_OPTIONS
+
+TRAIN = FIXTURES / "bilm_tf_train"
+
+
+def bilm_tf_options(**train_changes) -> Options:
+    d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    d.update(train_changes)
+    return Options.from_dict(d)
+
+
+def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path):
+    """bilm-tf's test_training: 50 epochs on its 5-line fixture, then full-softmax perplexity < 20."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(), vocab, None)
+    settings = RunSettings(run_dir=str(tmp_path / "run"), seed=0, save_every=10**6, log_every=50,
+                           progress=False, devices=1, async_save=False)
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    _, _, params, step = load_run(settings.run_dir)
+    assert step == -(-50 * 134 // (2 * 10))
+    # bilm-tf's test() runs batch 1, one token at a time, state carried.
+    result = evaluate(params, options.model, vocab, TextFiles(str(TRAIN / "data.txt")), batch_size=1, unroll_steps=1)
+    assert result["perplexity"] < 20, result
+    assert result["tokens"] == 134 + 5  # every (input, target) pair, once
+
+
+def _write_tiny_options(path: pathlib.Path) -> pathlib.Path:
+    opts = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    opts.update(batch_size=2, unroll_steps=5, n_negative_samples_batch=8, dropout=0.1)
+    path.write_text(json.dumps(opts))
+    return path
+
+
+def _cli(*args, check=True):
+    r = subprocess.run([sys.executable, "-m", "elmo_jax", *args], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONWARNINGS": "default"})
+    if check and r.returncode != 0:
+        raise AssertionError(f"exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def _host_state(run_dir, step):
+    with np.load(pathlib.Path(run_dir) / "host_state" / f"{step}.p0.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
+    options = _write_tiny_options(tmp_path / "options.json")
+    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
+              str(TRAIN / "vocab.txt"), "--log-every", "1", "--save-every", "3", "--no-progress"]
+    assert cli.main([*common, "--run-dir", str(tmp_path / "straight"), "--steps", "6"]) == 0
+    assert cli.main([*common, "--run-dir", str(tmp_path / "resumed"), "--steps", "3"]) == 0
+    _cli(*common, "--run-dir", str(tmp_path / "resumed"), "--steps", "6")  # the restart: a new process
+    _, _, a, step_a = load_run(str(tmp_path / "straight"))
+    _, _, b, step_b = load_run(str(tmp_path / "resumed"))
+    assert step_a == step_b == 6
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+    ha, hb = _host_state(tmp_path / "straight", 6), _host_state(tmp_path / "resumed", 6)
+    # (Buffered input ids of out-of-vocabulary words are process-local; their targets are not.)
+    for k in ("lstm/c", "lstm/h", "data/dir0/position", "data/dir1/position", "data/dir0/buffer_targets",
+              "data/dir1/buffer_lengths"):
+        np.testing.assert_allclose(ha[k], hb[k], atol=1e-6, rtol=0)
+    ma = [json.loads(l) for l in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(l) for l in (tmp_path / "resumed/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in mb] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(ma, mb):
+        for k in ("loss_fwd", "loss_bwd", "grad_norm"):
+            assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (k, x, y)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run") / "r"
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+             RunSettings(run_dir=str(run_dir), steps=4, save_every=2, progress=False, devices=1, async_save=False))
+    return run_dir, options, vocab
+
+
+def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
+    run_dir, options, vocab = trained_run
+    paths = export_run(str(run_dir), str(tmp_path / "export"))
+    assert [os.path.basename(p) for p in paths] == ["options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"]
+    _, _, params, _ = load_run(str(run_dir))
+    config, bilm = load_hdf5(tmp_path / "export/options.json", tmp_path / "export/weights.hdf5")
+    assert config == options.model
+    for x, y in zip(jax.tree_util.tree_leaves(params["bilm"]), jax.tree_util.tree_leaves(bilm)):
+        np.testing.assert_array_equal(np.asarray(x), y)
+    with h5py.File(tmp_path / "export/softmax.hdf5", "r") as f:
+        np.testing.assert_array_equal(f["softmax/W"][...], params["softmax"]["w"])
+    assert Options.load(tmp_path / "export/options.json").train == options.train
+    # Importing the export for fine-tuning with the same vocab restores every weight.
+    state = finetune_state(str(tmp_path / "export"), options, vocab)
+    np.testing.assert_array_equal(state["params"]["softmax"]["w"], params["softmax"]["w"])
+    for x, y in zip(jax.tree_util.tree_leaves(state["params"]["bilm"]), jax.tree_util.tree_leaves(params["bilm"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_run, tmp_path):
+    run_dir, options, vocab = trained_run
+    new_words = ["<S>", "</S>", "<UNK>", "brand-new", *[w for w in vocab.words[3:] if w != "the"][::-1], "another"]
+    new_vocab = Vocabulary(new_words, source="new")
+    new_options = options_for_vocab(options, new_vocab, None)
+    state = finetune_state(str(run_dir), new_options, new_vocab, seed=5)
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    abstract = {k: v for k, v in jax.eval_shape(lambda: train.init_state(
+        jax.random.PRNGKey(0), options.model, options.train)).items() if k != "lstm"}
+    old = ckpt.restore_latest(abstract)[1]
+    ckpt.close()
+    for i, w in enumerate(new_vocab.words):
+        if w in vocab:
+            j = vocab.word_to_id(w)
+            np.testing.assert_array_equal(state["params"]["softmax"]["w"][i], old["params"]["softmax"]["w"][j])
+            np.testing.assert_array_equal(state["opt"]["softmax"]["w"][i], old["opt"]["softmax"]["w"][j])
+            assert state["opt"]["softmax"]["b"][i] == old["opt"]["softmax"]["b"][j]
+        else:
+            assert (state["opt"]["softmax"]["w"][i] == 1.0).all() and state["params"]["softmax"]["b"][i] == 0.0
+    assert int(state["step"]) == 0
+    # It trains from there.
+    pretrain(new_options, new_vocab, TextFiles(str(TRAIN / "data.txt")),
+             RunSettings(run_dir=str(tmp_path / "ft"), steps=2, progress=False, devices=1, async_save=False),
+             init_state=state)
+    assert load_run(str(tmp_path / "ft"))[3] == 2
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path):
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    # A crash mid-save leaves Orbax's temporary directory: never loaded.
+    (copy / "checkpoints" / "6.orbax-checkpoint-tmp-1234").mkdir()
+    # And the newest committed step is damaged on disk.
+    for f in (copy / "checkpoints" / "4").rglob("*"):
+        if f.is_file() and "state" in str(f) and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
+        _, _, _, step = load_run(str(copy))
+    assert step == 2
+    with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
+        last = pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+                        RunSettings(run_dir=str(copy), steps=3, progress=False, devices=1, async_save=False))
+    assert last["step"] == 3
+
+
+def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
+    run_dir, options, vocab = trained_run
+    other = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5, dropout=0.2), vocab, None)
+    with pytest.raises(CheckpointError, match=r"holds a run with different options \(dropout: saved 0.1, now 0.2\)"):
+        pretrain(other, vocab, TextFiles(str(TRAIN / "data.txt")),
+                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+    bigger = Vocabulary(vocab.words + ["extra"], source="bigger")
+    with pytest.raises(CheckpointError, match="different vocabulary"):
+        pretrain(options_for_vocab(options, bigger, None), bigger, TextFiles(str(TRAIN / "data.txt")),
+                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+
+
+def test_cli_bad_inputs_give_one_line_errors(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    no_unk = tmp_path / "vocab.txt"
+    no_unk.write_text("<S>\n</S>\nthe\n")
+    big = _write_tiny_options(tmp_path / "o.json")
+    opts = json.loads(big.read_text())
+    opts["n_tokens_vocab"] = 99
+    (tmp_path / "misfit.json").write_text(json.dumps(opts))
+    cases = [
+        (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
+        (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
+        (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(no_unk)], "must contain ['<UNK>']"),
+        (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt"), "--config",
+          str(tmp_path / "misfit.json")], "the options say n_tokens_vocab 99 but"),
+        (["--config", "huge"], "neither a preset"),
+    ]
+    for args, message in cases:
+        r = _cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress", *args, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("elmo-jax train: error:")]
+        assert len(lines) == 1 and message in lines[0], (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path):
+    f = tmp_path / "data.txt"
+    f.write_bytes(b"the cat sat\nbad \xff\xfe line\n" + (" ".join(["word"] * 10_000)).encode() + b"\n")
+    with pytest.warns(UserWarning, match=r"data.txt: line 2: skipped, not UTF-8"):
+        lines = TextFiles(str(f)).read(0)
+    assert len(lines) == 2
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "word"])
+    batcher = LMBatcher(TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=50, max_chars=10, max_epochs=1,
+                        shuffle=False)
+    with pytest.warns(UserWarning):
+        batches = list(batcher)
+    assert len(batches) == (10_000 + 1 + 3 + 1) // 50
+    assert batches[1]["targets"][0, 0, 0].tolist() == [4] * 50
+
+
+def test_stream_windows_follow_bilm_tf(tmp_path):
+    f = tmp_path / "data.txt"
+    f.write_text("a b\nc\n")
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b"])
+    batcher = LMBatcher(TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=5, max_chars=10,
+                        max_epochs=1, shuffle=False)
+    batch = batcher.next()
+    words = np.array(batcher.table.words)
+    chars_words = batch["chars"][0]
+    inputs = [words[np.flatnonzero((batcher.table.chars[:, :10] == c).all(1))[0]] for c in chars_words[batch["inputs"][0, 0, 0]]]
+    assert inputs == ["<S>", "a", "b", "<S>", "c"]
+    assert batch["targets"][0, 0, 0].tolist() == [3, 4, 1, 2, 1]  # a b </S> <UNK>(c) </S>
+    assert batch["targets"][0, 1, 0].tolist() == [4, 3, 0, 2, 0]  # reversed, markers swapped: b a <S> c <S>
+
+
+def test_tfds_source_through_data_source_with_mock_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    from elmo_jax.data import TfdsSource, open_source
+    from elmo_jax.vocab import build_vocab, count_tokens
+
+    with tfds.testing.mock_data(num_examples=24):
+        assert isinstance(open_source("tfds:lm1b/train"), TfdsSource)
+        source = TfdsSource("lm1b", "train", n_shards=3)
+        lines = [line for i in range(len(source)) for line in source.read(i)]
+        assert len(source) == 3 and len(lines) == 24 and all(isinstance(l, str) for l in lines)
+        assert source.name(1) == "tfds:lm1b/train[8:16]"
+        counts, n_tokens, n_sentences = count_tokens(source)
+        vocab = Vocabulary(build_vocab(counts))
+        batcher = LMBatcher(source, vocab, rows_per_device=2, unroll_steps=4, max_chars=10, n_devices=2, seed=1)
+        batch = batcher.next()
+    assert batch["inputs"].shape == (2, 2, 2, 4) and batch["targets"].shape == (2, 2, 2, 4)
+    assert batch["rows"].tolist() == [[0, 1], [2, 3]]
+    assert n_sentences == 24 and n_tokens == sum(len(l.split()) for l in lines)
