@@ -176,16 +176,21 @@ class WordTable:
 
 
 class _Stream:
-    """One direction's rows. Buffers hold (input id, target id) pairs not yet served."""
+    """One direction's rows.
+
+    A loaded shard is two flat arrays of (input id, target id) pairs, its sentences one after the
+    other in this epoch's order, plus their offsets. A row's buffer is a list of
+    ``[inputs, targets, start, end]`` slices of such arrays: serving a window copies slices, with
+    no per-sentence arrays made.
+    """
 
     def __init__(self, source: Source, shards: list[int], table: WordTable, rows: int, seed: int,
                  reverse: bool, max_epochs: int | None, shuffle: bool = True):
         self.source, self.shards, self.table, self.shuffle = source, shards, table, shuffle
         self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
         self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
-        self.buffers: list[list[np.ndarray]] = [[] for _ in range(rows)]
-        self.buffered = np.zeros(rows, np.int64)
-        self._loaded: tuple[tuple[int, int], list] | None = None
+        self.buffers: list[list[list]] = [[] for _ in range(rows)]
+        self._loaded: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     # -- the epoch's sequence of sentences ----------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -194,7 +199,8 @@ class _Stream:
         rng = np.random.default_rng([self.seed, epoch])
         return [self.shards[i] for i in rng.permutation(len(self.shards))]
 
-    def _encoded_shard(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _encoded_shard(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(inputs, targets, offsets): sentence i's pairs are ``[offsets[i], offsets[i+1])``."""
         key = (self.epoch, self.shard_pos)
         if self._loaded is None or self._loaded[0] != key:
             shard = self._order(self.epoch)[self.shard_pos]
@@ -203,25 +209,39 @@ class _Stream:
                      if self.shuffle else range(len(lines)))
             vocab, table = self.table.vocab, self.table
             start, end = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
-            sentences = []
-            for i in order:
-                words = lines[i].split()
+            words: list[str] = []
+            lengths = np.empty(len(lines), np.int64)
+            for k, i in enumerate(order):
+                sentence = lines[i].split()
                 if self.reverse:
-                    words.reverse()
-                inputs = np.concatenate([[start], table.input_ids(words)])
-                targets = np.concatenate([vocab.encode(words), [end]])
-                sentences.append((inputs, targets))
-            self._loaded = (key, sentences)
+                    sentence.reverse()
+                words.extend(sentence)
+                lengths[k] = len(sentence)
+            inputs, targets = table.input_ids(words), vocab.encode(words).astype(np.int64)
+            # Sentence i becomes inputs [start, w1..wn] and targets [w1..wn, end].
+            offsets = np.concatenate([[0], np.cumsum(lengths + 1)])
+            first = offsets[:-1]
+            word_slots = np.ones(offsets[-1], bool)
+            word_slots[first] = False
+            pair_in = np.empty(offsets[-1], np.int64)
+            pair_tgt = np.empty(offsets[-1], np.int64)
+            pair_in[first], pair_in[word_slots] = start, inputs
+            last = offsets[1:] - 1
+            tgt_slots = np.ones(offsets[-1], bool)
+            tgt_slots[last] = False
+            pair_tgt[last], pair_tgt[tgt_slots] = end, targets
+            self._loaded = (key, (pair_in, pair_tgt, offsets))
         return self._loaded[1]
 
-    def _next_sentence(self) -> tuple[np.ndarray, np.ndarray]:
+    def _next_sentence(self) -> list:
         for _ in range(len(self.shards) + 1):
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
                 raise StopIteration
-            sentences = self._encoded_shard()
-            if self.sentence_pos < len(sentences):
+            pair_in, pair_tgt, offsets = self._encoded_shard()
+            if self.sentence_pos < len(offsets) - 1:
+                i = self.sentence_pos
                 self.sentence_pos += 1
-                return sentences[self.sentence_pos - 1]
+                return [pair_in, pair_tgt, int(offsets[i]), int(offsets[i + 1])]
             self.shard_pos, self.sentence_pos = self.shard_pos + 1, 0
             if self.shard_pos == len(self.shards):
                 self.epoch, self.shard_pos = self.epoch + 1, 0
@@ -229,24 +249,34 @@ class _Stream:
                         f"{' ...' if len(self.shards) > 5 else ''}")
 
     def window(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch."""
-        for r in range(self.rows):
-            while self.buffered[r] < steps:
-                inputs, targets = self._next_sentence()
-                self.buffers[r].append(np.stack([inputs, targets]))
-                self.buffered[r] += len(inputs)
-        out = np.empty((2, self.rows, steps), np.int64)
-        for r in range(self.rows):
-            pairs = np.concatenate(self.buffers[r], axis=1) if len(self.buffers[r]) > 1 else self.buffers[r][0]
-            out[:, r] = pairs[:, :steps]
-            rest = pairs[:, steps:]
-            self.buffers[r] = [rest] if rest.shape[1] else []
-            self.buffered[r] = rest.shape[1]
-        return out[0], out[1]
+        """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch.
+
+        Rows are served in order; a row takes the next whole sentence of the stream whenever its
+        buffer runs dry. A row that cannot be filled ends the stream (its pairs are not served).
+        """
+        out_in = np.empty((self.rows, steps), np.int64)
+        out_tgt = np.empty((self.rows, steps), np.int64)
+        for r, buf in enumerate(self.buffers):
+            pos = 0
+            while pos < steps:
+                if not buf:
+                    buf.append(self._next_sentence())
+                item = buf[0]
+                pair_in, pair_tgt, lo, hi = item
+                k = min(hi - lo, steps - pos)
+                out_in[r, pos:pos + k] = pair_in[lo:lo + k]
+                out_tgt[r, pos:pos + k] = pair_tgt[lo:lo + k]
+                pos += k
+                if lo + k == hi:
+                    buf.pop(0)
+                else:
+                    item[2] = lo + k
+        return out_in, out_tgt
 
     # -- checkpointing ----------------------------------------------------------------------
     def state(self) -> dict:
-        pairs = [np.concatenate(b, axis=1) if b else np.zeros((2, 0), np.int64) for b in self.buffers]
+        pairs = [np.concatenate([np.stack([a[lo:hi], b[lo:hi]]) for a, b, lo, hi in buf], axis=1)
+                 if buf else np.zeros((2, 0), np.int64) for buf in self.buffers]
         flat = np.concatenate(pairs, axis=1)
         # Buffered OOV words are saved by spelling: their ids are only meaningful in this process.
         oov = sorted({int(i) for i in flat[0] if i >= len(self.table.vocab)})
@@ -261,16 +291,16 @@ class _Stream:
         lengths = np.asarray(state["buffer_lengths"])
         self._loaded = None
         if len(lengths) != self.rows:  # another row count: keep the position, drop what rows held
-            self.buffers, self.buffered = [[] for _ in range(self.rows)], np.zeros(self.rows, np.int64)
+            self.buffers = [[] for _ in range(self.rows)]
             return
-        inputs = np.asarray(state["buffer_inputs"], np.int64).copy()
+        saved = np.asarray(state["buffer_inputs"], np.int64)
+        inputs = saved.copy()
         new_ids = self.table.input_ids([str(w) for w in state["oov_words"]])
         for old, new in zip(np.asarray(state["oov_ids"]), new_ids):
-            inputs[np.asarray(state["buffer_inputs"]) == old] = new
-        pairs = np.stack([inputs, np.asarray(state["buffer_targets"], np.int64)])
-        splits = np.split(pairs, np.cumsum(lengths)[:-1], axis=1)
-        self.buffers = [[p] if p.shape[1] else [] for p in splits]
-        self.buffered = lengths.copy()
+            inputs[saved == old] = new
+        targets = np.asarray(state["buffer_targets"], np.int64)
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        self.buffers = [[[inputs, targets, int(lo), int(hi)]] if hi > lo else [] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def bucket_size(n: int, minimum: int = 64) -> int:

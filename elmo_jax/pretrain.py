@@ -188,7 +188,9 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         state = replicate_state(jax.device_get(shared_fresh), zero_rows, n_local)
     del fresh, shared_fresh
 
-    tokens_per_step = 2 * global_rows * t.unroll_steps  # both directions, real tokens
+    # Real tokens per step, each counted once although both directions learn from it (over an
+    # epoch every token is one forward and one backward target): bilm-tf's tokens/s.
+    tokens_per_step = global_rows * t.unroll_steps
     epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
     total = settings.steps
     if total is None and epochs is not None:
