@@ -195,6 +195,10 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     total = settings.steps
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
+    if total is not None and start >= total:
+        print(f"{settings.run_dir}: already trained to step {start} (asked for {total}); nothing to do")
+        ckpt.close()
+        return {"step": start}
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
     step_fn = train.make_train_step(model, t, settings.precision, dtype,
                                     jax.local_devices()[:n_local] if settings.devices else None)
