@@ -64,9 +64,20 @@ def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: di
       padding), ``mask [batch, time]`` bool, and the new state (per row: forward after ``</S>``,
       backward after ``<S>``).
     """
-    mask = jnp.any(char_ids > 0, axis=-1)
-    lengths = mask.sum(axis=-1).astype(jnp.int32)
+    lengths = jnp.any(char_ids > 0, axis=-1).sum(axis=-1).astype(jnp.int32)
     tokens = char_cnn.apply(params["char_cnn"], config, char_ids, precision, dtype)
+    return bilm_from_tokens(params, config, tokens, lengths, state, keep_sentence_markers, precision, dtype)
+
+
+def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                     state: dict | None = None, keep_sentence_markers: bool = False,
+                     precision: Precision = "highest", dtype=jnp.float32) -> tuple[jax.Array, jax.Array, dict]:
+    """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
+
+    For callers that encode tokens their own way: each distinct word once, or from a cache.
+    """
+    mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    tokens = jnp.where(mask[:, :, None], tokens, 0.0)
     x = add_sentence_markers(params, config, tokens, lengths, precision, dtype)
     seq_lengths = lengths + 2
     layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, precision, dtype)

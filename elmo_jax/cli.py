@@ -181,6 +181,70 @@ def cmd_export(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(paths))
 
 
+def _read_lines(path: str):
+    """Yields (line number, tokens) of a UTF-8 file, one tokenized sentence per line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
+            yield lineno, line.split()
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    import os
+
+    import h5py
+
+    from elmo_jax.embed import Embedder
+
+    if bool(args.run_dir) == bool(args.options):
+        raise ConfigError("give either --run-dir or --options with --weights")
+    if not os.path.isfile(args.input):
+        raise DataError(f"{args.input}: input file not found")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise DataError(f"{args.output}: the directory {out_dir} does not exist")
+    kw = dict(batch_tokens=args.batch_tokens, dtype=args.dtype)
+    embedder = (Embedder.from_checkpoint(args.run_dir, **kw) if args.run_dir
+                else Embedder.from_hdf5(args.options, args.weights, **kw))
+    with open(args.input, "rb") as f:
+        total = sum(1 for _ in f)
+    tmp = f"{args.output}.tmp-{os.getpid()}"
+    sentence_to_index: dict[str, str] = {}
+    try:
+        with h5py.File(tmp, "w") as out:
+            from tqdm import tqdm
+            lines = (tokens for _, tokens in _read_lines(args.input))
+            with tqdm(total=total, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
+                for i, layers in embedder.embed_stream(_remember(lines, sentence_to_index, args.sentence_to_index),
+                                                       window=args.window):
+                    if args.layers == "top":
+                        layers = layers[-1]
+                    elif args.layers == "average":
+                        layers = layers.mean(axis=0)
+                    out.create_dataset(str(i), data=layers.astype(np.float32))
+                    bar.update(1)
+            if args.sentence_to_index:
+                out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
+        os.replace(tmp, args.output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    if total == 0:
+        print(f"elmo-jax embed: {args.input} is empty; wrote {args.output} with no datasets", file=sys.stderr)
+    else:
+        print(f"wrote {total} sentences to {args.output}", file=sys.stderr)
+
+
+def _remember(lines, table: dict, enabled: bool):
+    for i, tokens in enumerate(lines):
+        if enabled:
+            table.setdefault(" ".join(tokens), str(i))
+        yield tokens
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -234,6 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="every sentence alone from zero state (to compare with models that cannot carry context)")
     ev.set_defaults(func=cmd_eval)
 
+    em = sub.add_parser("embed", help="ELMo layers of every line of a file into hdf5 (bilm-tf's dump format)")
+    em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
+    em.add_argument("--options", help="bilm-tf options.json (with --weights)")
+    em.add_argument("--weights", help="bilm-tf weights hdf5")
+    em.add_argument("--input", required=True, help="UTF-8 text, one whitespace-tokenized sentence per line")
+    em.add_argument("--output", required=True, help="hdf5 to write: dataset 'i' for line i (0-based)")
+    em.add_argument("--layers", choices=["all", "top", "average"], default="all",
+                    help="all: [n_layers+1, n_tokens, 2P]; top or average: [n_tokens, 2P]")
+    em.add_argument("--batch-tokens", type=int, default=4096, help="token budget of one batch")
+    em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
+    em.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
+    em.add_argument("--no-progress", action="store_true")
+    em.set_defaults(func=cmd_embed)
+
     ex = sub.add_parser("export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt")
     ex.add_argument("--run-dir", required=True)
     ex.add_argument("--out-dir", required=True)
@@ -245,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo" and args.options and not args.weights:
+    if args.command in ("demo", "embed") and args.options and not args.weights:
         parser.error("--options needs --weights")
     try:
         args.func(args)
