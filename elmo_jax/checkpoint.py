@@ -135,15 +135,22 @@ class Checkpointer:
                 warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older")
         return None
 
-    def restore_latest(self, abstract_shared: dict) -> tuple[int, dict, dict, dict] | None:
-        """(step, shared state, host state, meta) of the newest readable checkpoint, or None."""
+    def restore_latest(self, abstract_shared: dict, with_host: bool = True
+                       ) -> tuple[int, dict, dict | None, dict] | None:
+        """(step, shared state, host state, meta) of the newest readable checkpoint, or None.
+
+        ``with_host=False`` skips this process's host file (a run resumed on another layout of
+        processes and devices has none that fits); the host state is then None.
+        """
         for step in sorted(self.manager.all_steps(), reverse=True):
             path = self._host_path(step, jax.process_index())
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_shared), meta=ocp.args.JsonRestore()))
-                with np.load(path, allow_pickle=False) as f:
-                    host = _unflatten({k: f[k] for k in f.files})
+                host = None
+                if with_host:
+                    with np.load(path, allow_pickle=False) as f:
+                        host = _unflatten({k: f[k] for k in f.files})
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
                 warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "

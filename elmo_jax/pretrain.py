@@ -70,9 +70,10 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     return Options(model=model, train=dataclasses.replace(train_cfg, **changes))
 
 
-def _meta(options: Options, vocab: Vocabulary, global_rows: int) -> dict:
+def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int) -> dict:
     return {"options": options.to_dict(), "vocab_sha256": vocab_hash(vocab), "vocab_size": len(vocab),
-            "global_rows": global_rows, "format": 1}
+            "global_rows": global_rows, "process_count": jax.process_count(), "local_devices": n_local,
+            "format": 1}
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
@@ -169,24 +170,34 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     shared_fresh = {k: v for k, v in fresh.items() if k != "lstm"}
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
                                       if not isinstance(x, jax.ShapeDtypeStruct) else x, shared_fresh)
-    restored = ckpt.restore_latest(abstract) if meta is not None else None
+    # Which rows and shards a process owns depends on the process and device layout (the data
+    # order is a function of seed, data and layout). Resumed on the same layout, the run continues
+    # exactly; on another, params and optimizer state carry over and the data position and LSTM
+    # rows start afresh (every process decides the same from the shared metadata).
+    same_layout = meta is not None and (meta.get("process_count"), meta.get("local_devices")) == \
+        (jax.process_count(), n_local)
+    restored = ckpt.restore_latest(abstract, with_host=same_layout) if meta is not None else None
     start = 0
     if restored is not None:
         start, shared, host, _ = restored
-        rows = {k: np.asarray(v) for k, v in host["lstm"].items()}
-        if rows["c"].shape[2] != t.batch_size * n_local:
-            # Another device count (or batch size): the data position carries over, but the rows'
-            # LSTM state and their half-served sentences cannot be re-dealt to other rows.
-            warnings.warn(f"{settings.run_dir}: saved with {rows['c'].shape[2]} rows on this process, now "
-                          f"{t.batch_size * n_local}: LSTM state and in-flight sentences start afresh")
+        if host is not None:
+            rows = {k: np.asarray(v) for k, v in host["lstm"].items()}
+            batcher.restore(host["data"])
+        else:
+            warnings.warn(f"{settings.run_dir}: saved by {meta.get('process_count')} process(es) x "
+                          f"{meta.get('local_devices')} device(s), resumed on {jax.process_count()} x {n_local}: "
+                          f"params and optimizer state restored; data position and LSTM state start afresh")
             rows = jax.device_get(lstm.zero_state(model, t.batch_size * n_local))
-        batcher.restore(host["data"])
         state = replicate_state(shared, rows, n_local)
     else:
         zero_rows = {k: np.zeros((2, model.lstm.n_layers, t.batch_size * n_local, v.shape[-1]), np.float32)
                      for k, v in fresh["lstm"].items()}
         state = replicate_state(jax.device_get(shared_fresh), zero_rows, n_local)
     del fresh, shared_fresh
+    # Put the state on the devices the way pmap returns it, so that the first and later steps
+    # share one compiled program (host arrays in, device arrays out would compile twice).
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:n_local]), (train.AXIS,))
+    state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(train.AXIS)))
 
     # Real tokens per step, each counted once although both directions learn from it (over an
     # epoch every token is one forward and one backward target): bilm-tf's tokens/s.
@@ -212,7 +223,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     def save(step_number: int) -> None:
         shared, rows = unreplicate_state(state)
         host = {"lstm": rows, "data": batcher.state()}
-        ckpt.save(step_number, shared, host, _meta(options, vocab, global_rows))
+        ckpt.save(step_number, shared, host, _meta(options, vocab, global_rows, n_local))
 
     last: dict = {}
     pending = None  # the previous step's metrics: read after the next step is dispatched

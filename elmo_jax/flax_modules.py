@@ -1,0 +1,409 @@
+"""ELMo as Flax modules: the scalar mix (ELMO_SPEC section 6) and an ``Elmo`` layer (linen and NNX).
+
+``Elmo`` turns character ids (or precomputed biLM layers) into one or more ELMo representations,
+each a learned scalar mix of the biLM layers followed by dropout, ready to feed a downstream model.
+
+Frozen means frozen. With ``trainable_bilm=False`` (the default) the biLM weights are not in the
+``"params"`` collection (linen) and are not an ``nnx.Param`` (NNX): an optimizer over the params,
+weight decay included, cannot move them, gradients never reach them (``jax.lax.stop_gradient``),
+and a checkpoint of the downstream params does not carry them. With ``trainable_bilm=True`` they
+are ordinary params under ``"bilm"``, initialised from the given weights (or at random without).
+
+The two scalar-mix conventions (``convention=``):
+
+* ``"allennlp"`` (default, AllenNLP's ``Elmo``): the mix runs over the layers *with* ``<S>``/``</S>``
+  (with layer norm they enter the statistics, epsilon 1e-13); the markers are removed afterwards.
+* ``"bilm_tf"`` (bilm-tf's ``weight_layers``): the mix runs over the sentence tokens only
+  (epsilon 1e-12).
+
+Without layer norm the two give the same numbers; with it they differ slightly, and either way a
+layer-normed mix depends on the rest of the batch (one mean and variance per layer per batch).
+
+Example: a tagger over a frozen ELMo (linen)::
+
+    import flax.linen as nn
+    import jax, jax.numpy as jnp, optax
+    from elmo_jax import batch_to_ids
+    from elmo_jax.flax_modules import Elmo
+
+    class Tagger(nn.Module):
+        elmo: Elmo
+        n_tags: int
+
+        @nn.compact
+        def __call__(self, char_ids, *, deterministic):
+            out = self.elmo(char_ids, deterministic=deterministic)
+            logits = nn.Dense(self.n_tags)(out["elmo_representations"][0])
+            return logits, out["mask"]
+
+    elmo = Elmo.from_hdf5("options.json", "weights.hdf5", dropout=0.5)  # frozen biLM
+    model = Tagger(elmo, n_tags=17)
+    char_ids = batch_to_ids([["The", "cat", "sat"], ["Hi"]])            # [B, T, 50]
+    tags = jnp.array([[1, 2, 3], [4, 0, 0]])
+    variables = model.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    params = variables["params"]           # scalar mix + Dense only: no biLM in here
+    frozen = {k: v for k, v in variables.items() if k != "params"}   # {"frozen_bilm": ...}
+    tx = optax.adamw(1e-3, weight_decay=0.01)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, frozen, char_ids, tags, key):
+        def loss_fn(params):
+            logits, mask = model.apply({"params": params, **frozen}, char_ids,
+                                       deterministic=False, rngs={"dropout": key})
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, tags)
+            return jnp.sum(ce * mask) / jnp.maximum(mask.sum(), 1)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params, opt_state, loss = train_step(params, opt_state, frozen, char_ids, tags, jax.random.PRNGKey(1))
+    # Save `params` (and `opt_state`): the biLM comes from the weight files again at load time.
+
+Passing the ``"frozen_bilm"`` collection that ``init`` returns as an argument of the jitted
+function (as above) hands the biLM weights to the compiled program as arguments.
+``model.apply({"params": params}, ...)`` also works (the weights are then read from the module's
+``bilm_params`` field), but inside ``jax.jit`` they become constants embedded in every compiled
+program: harmless for a small model, on the order of 10 s of extra compile time per input shape
+(on CPU) for a released ~90M-parameter one.
+
+The same with NNX::
+
+    from flax import nnx
+    from elmo_jax.flax_modules import ElmoNNX
+
+    class TaggerNNX(nnx.Module):
+        def __init__(self, elmo, n_tags, rngs):
+            self.elmo = elmo
+            self.out = nnx.Linear(elmo.config.output_dim, n_tags, rngs=rngs)
+
+        def __call__(self, char_ids, *, deterministic=None):
+            out = self.elmo(char_ids, deterministic=deterministic)
+            return self.out(out["elmo_representations"][0]), out["mask"]
+
+    model = TaggerNNX(ElmoNNX.from_hdf5("options.json", "weights.hdf5", rngs=nnx.Rngs(0)), 17,
+                      nnx.Rngs(1))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-3, weight_decay=0.01), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, char_ids, tags):
+        def loss_fn(model):
+            logits, mask = model(char_ids, deterministic=False)
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, tags)
+            return jnp.sum(ce * mask) / jnp.maximum(mask.sum(), 1)
+        loss, grads = nnx.value_and_grad(loss_fn)(model)   # w.r.t. nnx.Param: no biLM
+        optimizer.update(model, grads)
+        return loss
+
+    # nnx.state(model, nnx.Param) is what to checkpoint; the frozen biLM is a FrozenBiLM variable.
+
+The module runs the biLM stateless (each sentence's vectors depend on that sentence only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from elmo_jax import bilm as _bilm
+from elmo_jax.config import ModelConfig
+
+CONVENTIONS = ("allennlp", "bilm_tf")
+LAYER_NORM_EPSILON = {"allennlp": 1e-13, "bilm_tf": 1e-12}
+FROZEN_COLLECTION = "frozen_bilm"
+
+__all__ = ["CONVENTIONS", "Elmo", "ElmoNNX", "FROZEN_COLLECTION", "FrozenBiLM", "ScalarMix",
+           "ScalarMixNNX", "l2_penalty", "remove_sentence_markers", "scalar_mix"]
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, found {convention!r}")
+
+
+def _masked_layer_norm(layers: jax.Array, mask: jax.Array, epsilon: float) -> jax.Array:
+    """Each layer ``[B, T, D]`` normalised with one mean and one variance over its unmasked elements."""
+    m = mask[None, :, :, None]
+    count = jnp.maximum(jnp.sum(mask) * layers.shape[-1], 1).astype(layers.dtype)
+    mean = jnp.sum(jnp.where(m, layers, 0.0), axis=(1, 2, 3), keepdims=True) / count
+    var = jnp.sum(jnp.where(m, jnp.square(layers - mean), 0.0), axis=(1, 2, 3), keepdims=True) / count
+    return (layers - mean) / jnp.sqrt(var + epsilon)
+
+
+def remove_sentence_markers(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``[B, T, ...]`` with ``<S>`` at 0 and each row's ``</S>`` at ``length + 1`` -> ``[B, T-2, ...]``.
+
+    Row ``b`` (``mask[b].sum() == n + 2``) keeps its tokens ``1..n`` at ``0..n-1``; everything after
+    is exactly 0. Returns the new ``x`` and its mask ``[B, T-2]`` (AllenNLP's
+    ``remove_sentence_boundaries``; a row of markers only becomes all padding).
+    """
+    mask = mask.astype(bool)
+    lengths = jnp.maximum(jnp.sum(mask, axis=1) - 2, 0)
+    new_mask = jnp.arange(x.shape[1] - 2)[None, :] < lengths[:, None]
+    # Dropping column 0 moves row b's </S> from n+1 to n, where the new mask zeroes it.
+    body = x[:, 1:-1]
+    keep = new_mask.reshape(new_mask.shape + (1,) * (x.ndim - 2))
+    return jnp.where(keep, body, jnp.zeros((), body.dtype)), new_mask
+
+
+def scalar_mix(layers: jax.Array, mask: jax.Array, weights: jax.Array, gamma: jax.Array,
+               layer_norm: bool = False, convention: str = "allennlp") -> tuple[jax.Array, jax.Array]:
+    """``gamma * sum_j softmax(weights)_j * norm_j(layers[j])``, then the convention's marker handling.
+
+    Args:
+      layers: ``[L+1, B, T, D]`` biLM layers. For ``"allennlp"`` they include ``<S>``/``</S>``
+        (``bilm_apply(..., keep_sentence_markers=True)``); for ``"bilm_tf"`` they do not.
+      mask: ``[B, T]`` (bool or 0/1) for those positions, markers included for ``"allennlp"``.
+      weights: ``[L+1]`` pre-softmax mixing weights.
+      gamma: scalar scale.
+      layer_norm: normalise each layer first with one mean and one variance over all its unmasked
+        elements of the batch (over B, T and D), epsilon 1e-13 (allennlp) or 1e-12 (bilm_tf).
+      convention: ``"allennlp"`` (mix with the markers, then remove them) or ``"bilm_tf"``.
+
+    Returns:
+      ``(mixed [B, T', D], mask [B, T'])`` with ``T' = T - 2`` for ``"allennlp"`` and ``T`` for
+      ``"bilm_tf"``. Masked positions are exactly 0.
+    """
+    _check_convention(convention)
+    layers = jnp.asarray(layers)
+    mask = jnp.asarray(mask).astype(bool)
+    if layers.ndim != 4 or layers.shape[1:3] != mask.shape:
+        raise ValueError(f"layers must be [L+1, B, T, D] and mask [B, T]; got {layers.shape} and {mask.shape}")
+    weights = jnp.asarray(weights)
+    if weights.shape != (layers.shape[0],):
+        raise ValueError(f"weights must have shape ({layers.shape[0]},) (one per layer), got {weights.shape}")
+    if convention == "allennlp" and layers.shape[2] < 2:
+        raise ValueError("the allennlp convention needs layers with <S>/</S> (time axis of at least 2)")
+    if layer_norm:
+        layers = _masked_layer_norm(layers, mask, LAYER_NORM_EPSILON[convention])
+    s = jax.nn.softmax(weights)
+    mixed = jnp.asarray(gamma) * jnp.sum(s[:, None, None, None] * layers, axis=0)
+    if convention == "allennlp":
+        return remove_sentence_markers(mixed, mask)
+    return jnp.where(mask[:, :, None], mixed, jnp.zeros((), mixed.dtype)), mask
+
+
+def l2_penalty(weights: jax.Array, coef: float) -> jax.Array:
+    """bilm-tf's regulariser on the pre-softmax mixing weights: ``coef * sum(w^2)``."""
+    return coef * jnp.sum(jnp.square(jnp.asarray(weights)))
+
+
+def _plain(tree: Any) -> Any:
+    """Dicts and lists of jax arrays (linen freezes dataclass fields into FrozenDicts and tuples)."""
+    if isinstance(tree, Mapping):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_plain(v) for v in tree]
+    return jnp.asarray(tree)
+
+
+def _split_inputs(char_ids, layers, mask):
+    if (char_ids is None) == (layers is None):
+        raise ValueError("pass either char_ids [B, T, C] or precomputed layers (with their mask), not both")
+    if layers is not None and mask is None:
+        raise ValueError("precomputed layers need their mask")
+
+
+def _load_checkpoint(run_dir, step):
+    from elmo_jax import checkpoint  # orbax and the training code: imported only when needed
+
+    options, _, params, _ = checkpoint.load_run(run_dir, step)
+    return options.model, params["bilm"]
+
+
+def _load_hdf5(options, weights):
+    from elmo_jax.weights import load_hdf5
+
+    return load_hdf5(options, weights)
+
+
+# --------------------------------------------------------------------------------------- linen
+
+
+class ScalarMix(nn.Module):
+    """One scalar mix: params ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1)."""
+
+    n_layers: int
+    layer_norm: bool = False
+    convention: str = "allennlp"
+
+    @nn.compact
+    def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        weights = self.param("weights", nn.initializers.zeros, (self.n_layers,), jnp.float32)
+        gamma = self.param("gamma", nn.initializers.ones, (), jnp.float32)
+        return scalar_mix(layers, mask, weights, gamma, self.layer_norm, self.convention)
+
+
+class Elmo(nn.Module):
+    """ELMo representations for a downstream linen model (AllenNLP's ``Elmo``).
+
+    Attributes:
+      config: the biLM's ``ModelConfig``.
+      bilm_params: the biLM weights (``load_hdf5``'s params, a run's ``params["bilm"]``), or None
+        when only precomputed layers are fed (a trainable biLM then starts from ``bilm.init``).
+      num_output_representations: how many mixes (each its own ``scalar_mix_{k}`` and dropout).
+      dropout: dropout rate on each representation (rng stream ``"dropout"``).
+      do_layer_norm: layer-normalise each biLM layer before mixing (see ``scalar_mix``).
+      trainable_bilm: False: the biLM is a constant (``stop_gradient``; not in ``"params"``; ``init``
+        also returns it in the ``"frozen_bilm"`` collection, to pass to ``apply`` so that the
+        weights reach a jitted program as arguments). True: the biLM is ``params["bilm"]``.
+      convention: ``"allennlp"`` or ``"bilm_tf"`` (module docstring).
+      precision, dtype: passed to ``bilm_apply``.
+
+    ``__call__(char_ids=None, layers=None, mask=None, *, deterministic)``: ``char_ids [B, T, C]``
+    from ``batch_to_ids``, or precomputed biLM ``layers [L+1, B, T'', D]`` with ``mask [B, T'']``
+    (with ``<S>``/``</S>``, ``T'' = T + 2``, for ``"allennlp"``; without for ``"bilm_tf"``).
+    Returns ``{"elmo_representations": [num_output_representations x [B, T, D]], "mask": [B, T]}``.
+
+    The module holds arrays in a field, so it is not hashable: wrap ``apply`` in ``jax.jit``
+    (``nn.jit`` over a parent module fails; ``nn.remat`` works).
+    """
+
+    config: ModelConfig
+    bilm_params: Any = None
+    num_output_representations: int = 1
+    dropout: float = 0.5
+    do_layer_norm: bool = False
+    trainable_bilm: bool = False
+    convention: str = "allennlp"
+    precision: Any = "highest"
+    dtype: Any = jnp.float32
+
+    @classmethod
+    def from_hdf5(cls, options, weights, **kwargs) -> "Elmo":
+        """From bilm-tf/AllenNLP files (``options.json``, ``weights.hdf5``)."""
+        config, params = _load_hdf5(options, weights)
+        return cls(config=config, bilm_params=_plain(params), **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> "Elmo":
+        """From a pretraining run directory's newest (or given) checkpoint."""
+        config, params = _load_checkpoint(run_dir, step)
+        return cls(config=config, bilm_params=_plain(params), **kwargs)
+
+    def _bilm_weights(self):
+        if self.trainable_bilm:
+            def init(rng):
+                if self.bilm_params is None:
+                    return _bilm.init(rng, self.config)
+                return _plain(self.bilm_params)
+            return self.param("bilm", init)
+        if self.bilm_params is not None and self.is_initializing():
+            self.variable(FROZEN_COLLECTION, "bilm", lambda: _plain(self.bilm_params))
+        if self.has_variable(FROZEN_COLLECTION, "bilm"):
+            return jax.lax.stop_gradient(_plain(self.get_variable(FROZEN_COLLECTION, "bilm")))
+        if self.bilm_params is None:
+            return None
+        return jax.lax.stop_gradient(_plain(self.bilm_params))
+
+    @nn.compact
+    def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool):
+        _check_convention(self.convention)
+        _split_inputs(char_ids, layers, mask)
+        weights = self._bilm_weights()
+        if char_ids is not None:
+            if weights is None:
+                raise ValueError("Elmo was built without bilm_params: pass precomputed layers and mask")
+            layers, mask, _ = _bilm.bilm_apply(weights, self.config, jnp.asarray(char_ids), None,
+                                               keep_sentence_markers=self.convention == "allennlp",
+                                               precision=self.precision, dtype=self.dtype)
+        n_layers = self.config.n_output_layers
+        if layers.shape[0] != n_layers:
+            raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
+        reps, out_mask = [], None
+        for k in range(self.num_output_representations):
+            mixed, out_mask = ScalarMix(n_layers, self.do_layer_norm, self.convention,
+                                        name=f"scalar_mix_{k}")(layers, mask)
+            reps.append(nn.Dropout(self.dropout, name=f"dropout_{k}")(mixed, deterministic=deterministic))
+        return {"elmo_representations": reps, "mask": out_mask}
+
+
+# ----------------------------------------------------------------------------------------- NNX
+
+
+class FrozenBiLM(nnx.Variable):
+    """A biLM weight that is not trained: a variable, but not an ``nnx.Param``."""
+
+
+class ScalarMixNNX(nnx.Module):
+    """One scalar mix: ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1), both ``nnx.Param``."""
+
+    def __init__(self, n_layers: int, layer_norm: bool = False, convention: str = "allennlp"):
+        _check_convention(convention)
+        self.weights = nnx.Param(jnp.zeros((n_layers,), jnp.float32))
+        self.gamma = nnx.Param(jnp.ones((), jnp.float32))
+        self.layer_norm = layer_norm
+        self.convention = convention
+
+    def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return scalar_mix(layers, mask, self.weights[...], self.gamma[...], self.layer_norm, self.convention)
+
+
+class ElmoNNX(nnx.Module):
+    """``Elmo`` for NNX: the same arguments and outputs (see ``Elmo``), plus ``rngs``.
+
+    The biLM weights are ``FrozenBiLM`` variables (``trainable_bilm=False``; excluded from
+    ``nnx.state(model, nnx.Param)`` and from an ``nnx.Optimizer(..., wrt=nnx.Param)``, and read
+    through ``stop_gradient``) or ``nnx.Param`` (``trainable_bilm=True``), one per leaf of the
+    usual params tree, under ``.bilm``. Scalar mixes are ``scalar_mix_{k}``, dropouts ``dropout_{k}``.
+    ``deterministic`` defaults to the modules' mode (``model.train()`` / ``model.eval()``).
+    """
+
+    def __init__(self, config: ModelConfig, bilm_params: Any = None, *, num_output_representations: int = 1,
+                 dropout: float = 0.5, do_layer_norm: bool = False, trainable_bilm: bool = False,
+                 convention: str = "allennlp", precision: Any = "highest", dtype: Any = jnp.float32,
+                 rngs: nnx.Rngs):
+        _check_convention(convention)
+        self.config = config
+        self.num_output_representations = num_output_representations
+        self.trainable_bilm = trainable_bilm
+        self.convention = convention
+        self.precision = precision
+        self.dtype = dtype
+        if bilm_params is None and trainable_bilm:
+            bilm_params = _bilm.init(rngs.params(), config)
+        kind = nnx.Param if trainable_bilm else FrozenBiLM
+        self.bilm = nnx.data(None if bilm_params is None else jax.tree.map(kind, _plain(bilm_params)))
+        for k in range(num_output_representations):
+            setattr(self, f"scalar_mix_{k}", ScalarMixNNX(config.n_output_layers, do_layer_norm, convention))
+            setattr(self, f"dropout_{k}", nnx.Dropout(dropout, rngs=rngs))
+
+    @classmethod
+    def from_hdf5(cls, options, weights, **kwargs) -> "ElmoNNX":
+        config, params = _load_hdf5(options, weights)
+        return cls(config, params, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> "ElmoNNX":
+        config, params = _load_checkpoint(run_dir, step)
+        return cls(config, params, **kwargs)
+
+    def bilm_weights(self) -> Any:
+        """The biLM params tree as arrays (None when built without them)."""
+        if self.bilm is None:
+            return None
+        tree = jax.tree.map(lambda v: v[...], self.bilm, is_leaf=lambda v: isinstance(v, nnx.Variable))
+        return tree if self.trainable_bilm else jax.lax.stop_gradient(tree)
+
+    def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool | None = None):
+        _split_inputs(char_ids, layers, mask)
+        if char_ids is not None:
+            weights = self.bilm_weights()
+            if weights is None:
+                raise ValueError("ElmoNNX was built without bilm_params: pass precomputed layers and mask")
+            layers, mask, _ = _bilm.bilm_apply(weights, self.config, jnp.asarray(char_ids), None,
+                                               keep_sentence_markers=self.convention == "allennlp",
+                                               precision=self.precision, dtype=self.dtype)
+        n_layers = self.config.n_output_layers
+        if layers.shape[0] != n_layers:
+            raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
+        reps, out_mask = [], None
+        for k in range(self.num_output_representations):
+            mixed, out_mask = getattr(self, f"scalar_mix_{k}")(layers, mask)
+            reps.append(getattr(self, f"dropout_{k}")(mixed, deterministic=deterministic))
+        return {"elmo_representations": reps, "mask": out_mask}

@@ -1,0 +1,360 @@
+"""Flax modules: scalar mix (both conventions) against numpy, linen ``Elmo`` and ``ElmoNNX``."""
+
+import re
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from flax.traverse_util import flatten_dict
+
+import elmo_jax.flax_modules as fm
+from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
+from elmo_jax.config import Options
+from elmo_jax.flax_modules import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
+                                   remove_sentence_markers, scalar_mix)
+
+from helpers import model_files
+
+SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"], [], ["A", "b", "c", "d"]]
+TAGS = np.array([[1, 2, 3, 1, 2, 3, 4], [0, 4, 0, 0, 0, 0, 0], [0] * 7, [3, 3, 2, 1, 0, 0, 0]])
+N_TAGS = 5
+
+
+# ------------------------------------------------------------------------------- numpy reference
+
+def numpy_mix(layers, mask, weights, gamma, layer_norm, convention):
+    """Direct float64 computation; for "allennlp" the markers are cut row by row afterwards."""
+    layers = np.asarray(layers, np.float64)
+    mask = np.asarray(mask, bool)
+    eps = {"allennlp": 1e-13, "bilm_tf": 1e-12}[convention]
+    s = np.exp(weights - np.max(weights))
+    s = s / s.sum()
+    out = np.zeros(layers.shape[1:])
+    for j in range(layers.shape[0]):
+        x = layers[j]
+        if layer_norm:
+            vals = x[mask]  # [n_unmasked, D]: the whole batch's unmasked elements
+            mean = vals.mean()
+            var = np.mean((vals - mean) ** 2)
+            x = (x - mean) / np.sqrt(var + eps)
+        out += s[j] * x
+    out *= gamma
+    if convention == "bilm_tf":
+        out[~mask] = 0.0
+        return out, mask
+    batch, time, dim = out.shape
+    res, new_mask = np.zeros((batch, time - 2, dim)), np.zeros((batch, time - 2), bool)
+    for b in range(batch):
+        n = int(mask[b].sum()) - 2  # <S> at 0, tokens 1..n, </S> at n+1
+        res[b, :n] = out[b, 1:n + 1]
+        new_mask[b, :n] = True
+    return res, new_mask
+
+
+def random_inputs(convention, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([3, 0, 6, 1, 5])
+    extra = 2 if convention == "allennlp" else 0
+    time = lengths.max() + extra + 1  # one all-padding column too
+    layers = rng.normal(0.5, 2.0, (3, len(lengths), time, 8)).astype(np.float32)  # padding not zero
+    mask = np.arange(time)[None, :] < (lengths + extra)[:, None]
+    return layers, mask, lengths
+
+
+@pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_scalar_mix_matches_numpy(convention, layer_norm):
+    layers, mask, lengths = random_inputs(convention)
+    weights, gamma = np.array([0.3, -1.2, 0.7], np.float32), np.float32(1.7)
+    got, got_mask = scalar_mix(layers, mask, weights, gamma, layer_norm, convention)
+    want, want_mask = numpy_mix(layers, mask, weights, gamma, layer_norm, convention)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got_mask), want_mask)
+    np.testing.assert_array_equal(np.asarray(got_mask).sum(1), lengths)
+    assert not np.any(np.asarray(got)[~np.asarray(got_mask)])  # exactly 0 where masked
+
+
+def test_the_markers_enter_the_statistics_only_for_allennlp():
+    layers, mask, _ = random_inputs("allennlp")
+    w, g = np.zeros(3, np.float32), np.float32(1.0)
+    a, a_mask = scalar_mix(layers, mask, w, g, True, "allennlp")
+    # The same tokens without markers, mixed the bilm-tf way.
+    inner, inner_mask = remove_sentence_markers(jnp.moveaxis(jnp.asarray(layers), 0, 2), mask)
+    inner = jnp.moveaxis(inner, 2, 0)
+    b, b_mask = scalar_mix(inner, inner_mask, w, g, True, "bilm_tf")
+    np.testing.assert_array_equal(np.asarray(a_mask), np.asarray(b_mask))
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3
+    a, _ = scalar_mix(layers, mask, w, g, False, "allennlp")  # without layer norm: identical
+    b, _ = scalar_mix(inner, inner_mask, w, g, False, "bilm_tf")
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_l2_penalty_and_bad_arguments():
+    w = jnp.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(float(l2_penalty(w, 0.01)), 0.01 * 5.25, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.grad(l2_penalty)(w, 0.01)), 0.02 * np.asarray(w), rtol=1e-6)
+    layers, mask, _ = random_inputs("bilm_tf")
+    with pytest.raises(ValueError, match="convention"):
+        scalar_mix(layers, mask, jnp.zeros(3), 1.0, convention="tf")
+    with pytest.raises(ValueError, match="one per layer"):
+        scalar_mix(layers, mask, jnp.zeros(2), 1.0)
+
+
+# ------------------------------------------------------------------------------- fixture model
+
+@pytest.fixture(scope="module")
+def model():
+    config, params = load_hdf5(*model_files("allennlp"))
+    return config, jax.tree.map(jnp.asarray, params), batch_to_ids(SENTENCES)
+
+
+def bilm_layers(params, config, char_ids, convention="bilm_tf"):
+    """``bilm_apply`` called exactly as the modules call it (same jit cache entry)."""
+    return bilm_apply(params, config, jnp.asarray(char_ids), None, keep_sentence_markers=convention == "allennlp",
+                      precision="highest", dtype=jnp.float32)
+
+
+def bilm_leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+class Tagger(nn.Module):
+    elmo: Elmo
+    n_tags: int = N_TAGS
+
+    @nn.compact
+    def __call__(self, char_ids, *, deterministic):
+        out = self.elmo(char_ids, deterministic=deterministic)
+        return nn.Dense(self.n_tags)(out["elmo_representations"][0]), out["mask"]
+
+
+def masked_ce(logits, mask):
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(TAGS[:, :logits.shape[1]]))
+    return jnp.sum(ce * mask) / jnp.maximum(mask.sum(), 1)
+
+
+def make_train_step(module, tx):
+    @jax.jit
+    def step(params, opt_state, others, char_ids, key):
+        def loss_fn(p, o):
+            logits, mask = module.apply({"params": p, **o}, char_ids, deterministic=False,
+                                        rngs={"dropout": key})
+            return masked_ce(logits, mask)
+        # The gradient w.r.t. the other collections too: a frozen biLM must get exactly zero.
+        loss, (grads, other_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, others)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, grads, other_grads
+    return step
+
+
+def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
+    config, params, char_ids = model
+    tagger = Tagger(Elmo(config, params, dropout=0.1))
+    variables = tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    assert set(flatten_dict(variables["params"])) == {
+        ("elmo", "scalar_mix_0", "weights"), ("elmo", "scalar_mix_0", "gamma"),
+        ("Dense_0", "kernel"), ("Dense_0", "bias")}
+    frozen = {FROZEN_COLLECTION: variables[FROZEN_COLLECTION]}
+    before = bilm_leaves(params)
+    tx = optax.adamw(1e-2, weight_decay=0.5)
+    step = make_train_step(tagger, tx)
+    new_params, _, loss, grads, frozen_grads = step(variables["params"], tx.init(variables["params"]), frozen, char_ids,
+                                      jax.random.PRNGKey(1))
+    assert np.isfinite(float(loss))
+    assert set(flatten_dict(grads)) == set(flatten_dict(variables["params"]))
+    assert not np.allclose(new_params["elmo"]["scalar_mix_0"]["weights"], 0.0)
+    for a, b, c in zip(before, bilm_leaves(frozen[FROZEN_COLLECTION]["elmo"]["bilm"]), bilm_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    # No gradient reaches the biLM even when asked for one (stop_gradient).
+    assert len(bilm_leaves(frozen_grads)) == len(before)
+    assert all(not np.any(x) for x in bilm_leaves(frozen_grads))
+    # Without the frozen collection the field is used: same numbers.
+    out_a = tagger.apply({"params": new_params, **frozen}, char_ids, deterministic=True)[0]
+    out_b = tagger.apply({"params": new_params}, char_ids, deterministic=True)[0]
+    np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), atol=1e-6)
+
+
+def test_trainable_bilm_is_in_params_and_moves(model):
+    config, params, char_ids = model
+    tagger = Tagger(Elmo(config, params, dropout=0.1, trainable_bilm=True))
+    variables = tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    assert set(variables) == {"params"}
+    for a, b in zip(bilm_leaves(variables["params"]["elmo"]["bilm"]), bilm_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    tx = optax.adamw(1e-2, weight_decay=0.5)
+    new_params, _, _, grads, _ = make_train_step(tagger, tx)(
+        variables["params"], tx.init(variables["params"]), {}, char_ids, jax.random.PRNGKey(1))
+    assert any(np.any(g) for g in bilm_leaves(grads["elmo"]["bilm"]["lstm"]))
+    moved = [not np.array_equal(a, b) for a, b in zip(bilm_leaves(new_params["elmo"]["bilm"]), bilm_leaves(params))]
+    assert all(moved)
+
+
+def direct_mix(params, config, char_ids, weights, gamma, layer_norm, convention):
+    layers, mask, _ = bilm_layers(params, config, char_ids, convention)
+    return scalar_mix(layers, mask, weights, gamma, layer_norm, convention)
+
+
+def test_several_representations_are_independent_and_dropout_only_when_asked(model):
+    config, params, char_ids = model
+    elmo = Elmo(config, params, num_output_representations=2, dropout=0.5, do_layer_norm=True)
+    variables = elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    p = jax.tree.map(np.array, variables["params"])
+    assert set(p) == {"scalar_mix_0", "scalar_mix_1"}
+    p["scalar_mix_1"]["weights"][:] = [2.0, -1.0, 0.5]
+    p["scalar_mix_1"]["gamma"] = np.float32(3.0)
+    v = {"params": p, FROZEN_COLLECTION: variables[FROZEN_COLLECTION]}
+    out = elmo.apply(v, char_ids, deterministic=True)
+    assert len(out["elmo_representations"]) == 2
+    for k in range(2):
+        want, want_mask = direct_mix(params, config, char_ids, p[f"scalar_mix_{k}"]["weights"],
+                                     p[f"scalar_mix_{k}"]["gamma"], True, "allennlp")
+        np.testing.assert_array_equal(np.asarray(out["elmo_representations"][k]), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(out["mask"]), np.asarray(want_mask))
+    assert out["elmo_representations"][0].shape == (4, 7, 32)
+    np.testing.assert_array_equal(np.asarray(out["mask"]).sum(1), [len(s) for s in SENTENCES])
+    # A loss on representation 0 gives no gradient to mix 1.
+    grads = jax.grad(lambda q: jnp.sum(elmo.apply({**v, "params": q}, char_ids, deterministic=True)
+                                       ["elmo_representations"][0] ** 2))(p)
+    assert np.any(grads["scalar_mix_0"]["weights"]) and not np.any(grads["scalar_mix_1"]["weights"])
+    # Dropout: each representation its own mask, scaled by 1 / (1 - rate).
+    noisy = elmo.apply(v, char_ids, deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)})
+    for k in range(2):
+        clean, drop = np.asarray(out["elmo_representations"][k]), np.asarray(noisy["elmo_representations"][k])
+        kept = drop != 0
+        assert 0.3 < kept[clean != 0].mean() < 0.7
+        np.testing.assert_allclose(drop[kept], 2.0 * clean[kept], rtol=1e-6)
+    assert not np.array_equal(np.asarray(noisy["elmo_representations"][0]) != 0,
+                              np.asarray(noisy["elmo_representations"][1]) != 0)
+
+
+@pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
+def test_precomputed_layers_give_the_char_ids_output(model, convention):
+    config, params, char_ids = model
+    elmo = Elmo(config, params, do_layer_norm=True, convention=convention)
+    variables = elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    layers, mask, _ = bilm_layers(params, config, char_ids, convention)
+    a = elmo.apply(variables, char_ids, deterministic=True)
+    b = elmo.apply(variables, layers=layers, mask=mask, deterministic=True)
+    c = Elmo(config, None, do_layer_norm=True, convention=convention).apply(
+        {"params": variables["params"]}, layers=layers, mask=mask, deterministic=True)
+    for other in (b, c):
+        np.testing.assert_allclose(np.asarray(a["elmo_representations"][0]),
+                                   np.asarray(other["elmo_representations"][0]), atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(a["mask"]), np.asarray(other["mask"]))
+    with pytest.raises(ValueError, match="either char_ids"):
+        elmo.apply(variables, char_ids, layers=layers, mask=mask, deterministic=True)
+    with pytest.raises(ValueError, match="without bilm_params"):
+        Elmo(config, None).init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+
+
+def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
+    config, params, char_ids = model
+    elmo = Elmo.from_hdf5(*model_files("allennlp"), dropout=0.0)
+    assert elmo.config == config and elmo.dropout == 0.0
+    options = Options.load(model_files("allennlp")[0])
+    calls = []
+
+    def fake_load_run(run_dir, step=None):
+        calls.append((run_dir, step))
+        return options, None, {"bilm": params, "softmax": {}}, 7
+
+    from elmo_jax import checkpoint
+    monkeypatch.setattr(checkpoint, "load_run", fake_load_run)
+    ck = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
+    nn_ck = ElmoNNX.from_checkpoint("/some/run", rngs=nnx.Rngs(0))
+    assert calls == [("/some/run", 7), ("/some/run", None)]
+    assert ck.config == options.model and ck.trainable_bilm and nn_ck.config == options.model
+    for a, b in zip(bilm_leaves(ck.bilm_params), bilm_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(bilm_leaves(nn_ck.bilm_weights()), bilm_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------- NNX
+
+class TaggerNNX(nnx.Module):
+    def __init__(self, elmo, rngs):
+        self.elmo = elmo
+        self.out = nnx.Linear(elmo.config.output_dim, N_TAGS, rngs=rngs)
+
+    def __call__(self, char_ids, *, deterministic=None):
+        out = self.elmo(char_ids, deterministic=deterministic)
+        return self.out(out["elmo_representations"][0]), out["mask"]
+
+
+@nnx.jit
+def nnx_train_step(model, optimizer, char_ids):
+    loss, grads = nnx.value_and_grad(lambda m: masked_ce(*m(char_ids, deterministic=False)))(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+def test_nnx_elmo_frozen_and_trainable(model):
+    config, params, char_ids = model
+    for trainable in (True, False):
+        elmo = ElmoNNX(config, params, dropout=0.1, trainable_bilm=trainable, do_layer_norm=True,
+                       rngs=nnx.Rngs(0))
+        param_paths = {path for path, _ in nnx.to_flat_state(nnx.state(elmo, nnx.Param))}
+        mix = {("scalar_mix_0", "weights"), ("scalar_mix_0", "gamma")}
+        assert {p for p in param_paths if p[0] != "bilm"} == mix
+        n_bilm = len([p for p in param_paths if p[0] == "bilm"])
+        assert n_bilm == (len(jax.tree.leaves(params)) if trainable else 0)
+        assert len(jax.tree.leaves(nnx.state(elmo, FrozenBiLM))) == (0 if trainable else len(jax.tree.leaves(params)))
+    # A (jitted) train step with weight decay on the frozen model: the mix moves, the biLM does not.
+    tagger = TaggerNNX(elmo, nnx.Rngs(1))
+    optimizer = nnx.Optimizer(tagger, optax.adamw(1e-2, weight_decay=0.5), wrt=nnx.Param)
+    before = bilm_leaves(params)
+    loss = nnx_train_step(tagger, optimizer, char_ids)
+    assert np.isfinite(float(loss))
+    assert not np.allclose(np.asarray(tagger.elmo.scalar_mix_0.weights[...]), 0.0)
+    for a, b in zip(bilm_leaves(tagger.elmo.bilm_weights()), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nnx_matches_linen(model):
+    config, params, char_ids = model
+    linen = Elmo(config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf")
+    variables = linen.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    elmo = ElmoNNX(config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf",
+                   rngs=nnx.Rngs(0))
+    elmo.scalar_mix_1.weights[...] = jnp.array([1.0, 0.0, -1.0])
+    p = jax.tree.map(np.array, variables["params"])
+    p["scalar_mix_1"]["weights"][:] = [1.0, 0.0, -1.0]
+    a = linen.apply({**variables, "params": p}, char_ids, deterministic=True)
+    b = elmo(char_ids, deterministic=True)
+    for k in range(2):
+        np.testing.assert_array_equal(np.asarray(a["elmo_representations"][k]),
+                                      np.asarray(b["elmo_representations"][k]))
+    np.testing.assert_array_equal(np.asarray(a["mask"]), np.asarray(b["mask"]))
+    noisy = elmo(char_ids, deterministic=False)["elmo_representations"][0]
+    assert not np.array_equal(np.asarray(noisy), np.asarray(b["elmo_representations"][0]))
+    layers, mask, _ = bilm_layers(params, config, char_ids)
+    c = ElmoNNX(config, None, num_output_representations=2, do_layer_norm=True, convention="bilm_tf",
+                rngs=nnx.Rngs(0))
+    c.scalar_mix_1.weights[...] = jnp.array([1.0, 0.0, -1.0])
+    c = c(layers=layers, mask=mask, deterministic=True)
+    np.testing.assert_allclose(np.asarray(c["elmo_representations"][1]), np.asarray(b["elmo_representations"][1]),
+                               atol=1e-6)
+
+
+def test_docstring_examples_run(model):
+    """The module docstring's two examples, on the fixture model."""
+    blocks = re.findall(r"::\n\n((?:    .*\n|\n)+)", fm.__doc__)
+    assert len(blocks) == 2
+    options, weights = (str(p) for p in model_files("allennlp"))
+    ns = {}
+    for code in blocks:
+        code = textwrap.dedent(code).replace('"options.json"', repr(options)).replace('"weights.hdf5"', repr(weights))
+        exec(compile(code, "flax_modules docstring", "exec"), ns)
+    assert np.isfinite(float(ns["loss"]))
+    # The NNX example's step is the one test_nnx_elmo_frozen_and_trainable runs; here, its model.
+    assert isinstance(ns["model"], nnx.Module) and isinstance(ns["optimizer"], nnx.Optimizer)
+    out, mask = ns["model"](ns["char_ids"], deterministic=True)
+    assert out.shape == (2, 3, 17) and np.asarray(mask).sum() == 4
