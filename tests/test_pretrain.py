@@ -125,7 +125,7 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
     run_dir, options, vocab = trained_run
     new_words = ["<S>", "</S>", "<UNK>", "brand-new", *[w for w in vocab.words[3:] if w != "the"][::-1], "another"]
     new_vocab = Vocabulary(new_words, source="new")
-    new_options = options_for_vocab(options, new_vocab, None)
+    new_options = options_for_vocab(options, new_vocab, None, strict=False)  # the new vocab sets V
     state = finetune_state(str(run_dir), new_options, new_vocab, seed=5)
     ckpt = Checkpointer(str(run_dir), async_save=False)
     abstract = {k: v for k, v in jax.eval_shape(lambda: train.init_state(
@@ -174,8 +174,12 @@ def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
         pretrain(other, vocab, TextFiles(str(TRAIN / "data.txt")),
                  RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
     bigger = Vocabulary(vocab.words + ["extra"], source="bigger")
+    with pytest.raises(CheckpointError, match=r"different options \(n_tokens_vocab: saved 32, now 33\)"):
+        pretrain(options_for_vocab(options, bigger, None, strict=False), bigger, TextFiles(str(TRAIN / "data.txt")),
+                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+    reordered = Vocabulary(vocab.words[:3] + vocab.words[3:][::-1], source="reordered")  # same size, other ids
     with pytest.raises(CheckpointError, match="different vocabulary"):
-        pretrain(options_for_vocab(options, bigger, None), bigger, TextFiles(str(TRAIN / "data.txt")),
+        pretrain(options, reordered, TextFiles(str(TRAIN / "data.txt")),
                  RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
 
 

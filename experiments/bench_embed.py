@@ -1,0 +1,70 @@
+"""Extraction throughput of ``Embedder.embed`` with its defaults, on one device, after warm-up.
+
+    python experiments/bench_embed.py [--shapes small original] [--repeats 3]
+
+Two inputs: 32 sentences of 20 random lowercase words, and the 30 natural sentences of the
+bilm-tf fixture (lm_embeddings_sentences.json). Real tokens are counted once. Weights are random
+(speed does not depend on them). For each shape: float32 and bfloat16, with and without a token
+cache holding the words of the input, and the process's peak memory so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+import jax  # noqa: E402
+
+from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences  # noqa: E402
+from elmo_jax import init_bilm, preset  # noqa: E402
+from elmo_jax.embed import Embedder  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def natural_sentences() -> list[list[str]]:
+    path = os.path.join(ROOT, "tests/fixtures/bilm_tf_model/lm_embeddings_sentences.json")
+    with open(path) as f:
+        return [s.split() for group in json.load(f) for s in group]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["small", "original"])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    peak = matmul_gflops()
+    print(f"device: {jax.devices()[0].device_kind} x1; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
+    inputs = {"32x20 random words": random_sentences(32, 20), "30 natural sentences": natural_sentences()}
+    for name in args.shapes:
+        config = preset(name)
+        params = init_bilm(jax.random.PRNGKey(0), config)
+        for dtype in ("float32", "bfloat16"):
+            for cached in (False, True):
+                for label, sents in inputs.items():
+                    words = sorted({w for s in sents for w in s}) if cached else None
+                    embedder = Embedder(config, params, dtype=dtype, token_cache=words, devices=1)
+                    embedder.embed(sents)  # warm-up: compiles
+                    best = float("inf")
+                    for _ in range(args.repeats):
+                        t = time.perf_counter()
+                        embedder.embed(sents)
+                        best = min(best, time.perf_counter() - t)
+                    n = sum(len(s) for s in sents)
+                    distinct = len({w for s in sents for w in s})
+                    flops = (0 if cached else distinct * encoder_flops(config)) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
+                    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                    print(f"{name:8s} {dtype:8s} cache={'on ' if cached else 'off'} {label:22s}: {n / best:8.0f} tokens/s "
+                          f"{flops / best / 1e9:6.1f} GFLOP/s ({100 * flops / best / 1e9 / peak:.0f}% of matmul, "
+                          f"useful FLOPs only)  peak RSS {rss:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
