@@ -239,6 +239,20 @@ class ScalarMix(nn.Module):
         return scalar_mix(layers, mask, weights, gamma, self.layer_norm, self.convention)
 
 
+def _layers_from_inputs(module, weights, char_ids, layers, mask):
+    """The biLM layers and mask an Elmo module mixes: run the biLM on char ids, or take them given."""
+    if char_ids is not None:
+        if weights is None:
+            raise ValueError(f"{type(module).__name__} was built without bilm_params: pass precomputed layers and mask")
+        layers, mask, _ = _bilm.bilm_apply(weights, module.config, jnp.asarray(char_ids), None,
+                                           keep_sentence_markers=module.convention == "allennlp",
+                                           precision=module.precision, dtype=module.dtype)
+    n_layers = module.config.n_output_layers
+    if layers.shape[0] != n_layers:
+        raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
+    return layers, mask
+
+
 class Elmo(nn.Module):
     """ELMo representations for a downstream linen model (AllenNLP's ``Elmo``).
 
@@ -305,16 +319,9 @@ class Elmo(nn.Module):
     def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool):
         _check_convention(self.convention)
         _split_inputs(char_ids, layers, mask)
-        weights = self._bilm_weights()
-        if char_ids is not None:
-            if weights is None:
-                raise ValueError("Elmo was built without bilm_params: pass precomputed layers and mask")
-            layers, mask, _ = _bilm.bilm_apply(weights, self.config, jnp.asarray(char_ids), None,
-                                               keep_sentence_markers=self.convention == "allennlp",
-                                               precision=self.precision, dtype=self.dtype)
+        weights = self._bilm_weights()  # also declares the frozen collection at init
+        layers, mask = _layers_from_inputs(self, weights, char_ids, layers, mask)
         n_layers = self.config.n_output_layers
-        if layers.shape[0] != n_layers:
-            raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
             mixed, out_mask = ScalarMix(n_layers, self.do_layer_norm, self.convention,
@@ -392,16 +399,9 @@ class ElmoNNX(nnx.Module):
 
     def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool | None = None):
         _split_inputs(char_ids, layers, mask)
-        if char_ids is not None:
-            weights = self.bilm_weights()
-            if weights is None:
-                raise ValueError("ElmoNNX was built without bilm_params: pass precomputed layers and mask")
-            layers, mask, _ = _bilm.bilm_apply(weights, self.config, jnp.asarray(char_ids), None,
-                                               keep_sentence_markers=self.convention == "allennlp",
-                                               precision=self.precision, dtype=self.dtype)
+        layers, mask = _layers_from_inputs(self, self.bilm_weights() if char_ids is not None else None,
+                                           char_ids, layers, mask)
         n_layers = self.config.n_output_layers
-        if layers.shape[0] != n_layers:
-            raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
             mixed, out_mask = getattr(self, f"scalar_mix_{k}")(layers, mask)
