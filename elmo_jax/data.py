@@ -81,6 +81,22 @@ class TextFiles:
         return [line for line in lines if line.strip()]
 
 
+class Lines:
+    """Sentences already in memory as one shard (e.g. a notebook's held-out slice)."""
+
+    def __init__(self, lines: Sequence[str], name: str = "<lines>"):
+        self.lines, self.label = [l for l in lines if l.strip()], name
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, shard: int) -> str:
+        return self.label
+
+    def read(self, shard: int) -> list[str]:
+        return list(self.lines)
+
+
 class TfdsSource:
     """A tfds dataset read through ``tfds.data_source`` (ArrayRecord, no TensorFlow needed).
 

@@ -149,6 +149,15 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     global_rows = t.batch_size * n_global
     first_device = jax.process_index() * n_local
     ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
+    epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
+    total = settings.steps
+    if total is None and epochs is not None:
+        total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
+    latest = ckpt.manager.latest_step()
+    if total is not None and latest is not None and latest >= total:
+        print(f"{settings.run_dir}: already trained to step {latest} (asked for {total}); nothing to do")
+        ckpt.close()
+        return {"step": latest}
     meta = ckpt.latest_meta()
     if meta is not None:
         check_compatible(meta, options, vocab, settings.run_dir)
@@ -202,10 +211,6 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     # Real tokens per step, each counted once although both directions learn from it (over an
     # epoch every token is one forward and one backward target): bilm-tf's tokens/s.
     tokens_per_step = global_rows * t.unroll_steps
-    epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
-    total = settings.steps
-    if total is None and epochs is not None:
-        total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
     if total is not None and start >= total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {total}); nothing to do")
         ckpt.close()
@@ -217,7 +222,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     metrics_path = os.path.join(settings.run_dir, "metrics.jsonl")
     progress = None
     if settings.progress and jax.process_index() == 0:
-        from tqdm import tqdm
+        from tqdm.auto import tqdm
         progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
 
     def save(step_number: int) -> None:
