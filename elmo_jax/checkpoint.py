@@ -17,7 +17,6 @@ save starts, and is only read for steps Orbax has committed.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import warnings
 from typing import Any
@@ -165,14 +164,6 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def load_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:

@@ -401,7 +401,6 @@ class ElmoNNX(nnx.Module):
         _split_inputs(char_ids, layers, mask)
         layers, mask = _layers_from_inputs(self, self.bilm_weights() if char_ids is not None else None,
                                            char_ids, layers, mask)
-        n_layers = self.config.n_output_layers
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
             mixed, out_mask = getattr(self, f"scalar_mix_{k}")(layers, mask)

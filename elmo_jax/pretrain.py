@@ -21,10 +21,9 @@ import numpy as np
 
 from elmo_jax import lstm, train
 from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import (CheckpointError, Checkpointer, replicate_state, unreplicate_state, vocab_hash,
-                                 write_json_atomic)
+from elmo_jax.checkpoint import CheckpointError, Checkpointer, replicate_state, unreplicate_state, vocab_hash
 from elmo_jax.config import ModelConfig, Options, TrainConfig
-from elmo_jax.data import LMBatcher, Source, TextFiles, shard_for_process
+from elmo_jax.data import LMBatcher, Source, shard_for_process
 from elmo_jax.softmax import full_softmax_loss
 
 

@@ -127,7 +127,7 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
 
 def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     """Params -> bilm-tf dataset name -> float32 array (the layout ``expected_datasets`` gives)."""
-    c, l = config.char_cnn, config.lstm
+    c = config.char_cnn
     params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
     cp = params["char_cnn"]
     f = c.n_filters

@@ -12,7 +12,6 @@ Fake CPU devices measure overhead, not speed: this script uses one device.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_common import encoder_flops, lstm_flops, matmul_gflops, time_best  # noqa: E402
+from bench_common import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
 from elmo_jax import train  # noqa: E402
 from elmo_jax.chars import Vocabulary  # noqa: E402
 from elmo_jax.config import TrainConfig, preset  # noqa: E402

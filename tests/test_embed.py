@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import h5py
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

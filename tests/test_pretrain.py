@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from elmo_jax import cli, train
-from elmo_jax.chars import Vocabulary, VocabError
+from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer, export_run, finetune_state, load_run
 from elmo_jax.config import Options
-from elmo_jax.data import DataError, LMBatcher, TextFiles
+from elmo_jax.data import LMBatcher, TextFiles
 from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
 from elmo_jax.weights import load_hdf5
 
