@@ -152,11 +152,6 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     total = settings.steps
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
-    latest = ckpt.manager.latest_step()
-    if total is not None and latest is not None and latest >= total:
-        print(f"{settings.run_dir}: already trained to step {latest} (asked for {total}); nothing to do")
-        ckpt.close()
-        return {"step": latest}
     meta = ckpt.latest_meta()
     if meta is not None:
         check_compatible(meta, options, vocab, settings.run_dir)
