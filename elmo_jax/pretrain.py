@@ -219,7 +219,12 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         from tqdm.auto import tqdm
         progress = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
 
+    saved = [start]
+
     def save(step_number: int) -> None:
+        if saved[-1] == step_number:  # e.g. a signal arrived on a save step
+            return
+        saved.append(step_number)
         shared, rows = unreplicate_state(state)
         host = {"lstm": rows, "data": batcher.state()}
         ckpt.save(step_number, shared, host, _meta(options, vocab, global_rows, n_local))
@@ -266,8 +271,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                 break
     if pending is not None:
         _accumulate(window, pending)
-    if step > start and (step % settings.save_every != 0):
-        save(step)
+    save(step)
     ckpt.close()
     if progress is not None:
         progress.close()

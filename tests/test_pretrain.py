@@ -257,3 +257,31 @@ def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     assert batch["inputs"].shape == (2, 2, 2, 4) and batch["targets"].shape == (2, 2, 2, 4)
     assert batch["rows"].tolist() == [[0, 1], [2, 3]]
     assert n_sentences == 24 and n_tokens == sum(len(l.split()) for l in lines)
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
+    import signal
+    import time
+
+    options = _write_tiny_options(tmp_path / "options.json")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmo_jax", "train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"),
+         "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(run_dir), "--steps", "100000", "--save-every",
+         "100000", "--log-every", "1", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    stopped = [l for l in out.splitlines() if l.startswith("stopped at step")]
+    assert len(stopped) == 1, out
+    step = int(stopped[0].split()[3].rstrip(";"))
+    assert load_run(str(run_dir))[3] == step >= 2
