@@ -138,6 +138,8 @@ class Embedder:
     def _chars(self, word: str) -> np.ndarray:
         ids = self._char_cache.get(word)
         if ids is None:
+            if len(self._char_cache) >= 200_000:  # bounded: a long stream of new words must not grow memory
+                self._char_cache.clear()
             ids = self._char_cache[word] = token_to_ids(word, self.max_chars)
         return ids
 
