@@ -85,6 +85,17 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50,
     return table[index]
 
 
+def utf8_lines(path: str, error: type[Exception]):
+    """Yields (line number, line) of a UTF-8 file; a line that is not UTF-8 raises ``error``
+    naming the file and line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
 class Vocabulary:
     """A word list, one token per line, with id lookup.
 
@@ -120,18 +131,13 @@ class Vocabulary:
         path = os.fspath(path)
         words = []
         try:
-            with open(path, "rb") as f:
-                for lineno, raw in enumerate(f, 1):
-                    try:
-                        line = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise VocabError(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
-                    fields = line.split()
-                    if not fields:
-                        raise VocabError(f"{path}: line {lineno}: empty line; expected one token per line")
-                    words.append(fields[0])
-                    if max_size is not None and len(words) >= max_size:
-                        break
+            for lineno, line in utf8_lines(path, VocabError):
+                fields = line.split()
+                if not fields:
+                    raise VocabError(f"{path}: line {lineno}: empty line; expected one token per line")
+                words.append(fields[0])
+                if max_size is not None and len(words) >= max_size:
+                    break
         except FileNotFoundError:
             raise VocabError(f"{path}: vocabulary file not found") from None
         if not words:

@@ -246,7 +246,7 @@ def finetune_state(source: str, options: Options, vocab: Vocabulary, seed: int =
     state["params"] = {"bilm": bilm_params, "softmax": dict(fresh["params"]["softmax"])}
     state["opt"] = {"bilm": dense_opt, "softmax": dict(fresh["opt"]["softmax"])}
     if softmax is not None:
-        shared = [(i, old_vocab._index[w]) for i, w in enumerate(vocab.words) if w in old_vocab._index]
+        shared = [(i, old_vocab.word_to_id(w)) for i, w in enumerate(vocab.words) if w in old_vocab]
         if shared:
             new_ids, old_ids = (np.array(x) for x in zip(*shared))
             for name in ("w", "b"):

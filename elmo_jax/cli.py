@@ -9,7 +9,7 @@ from importlib import resources
 
 import numpy as np
 
-from elmo_jax.chars import VocabError
+from elmo_jax.chars import VocabError, utf8_lines
 from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import ConfigError
 from elmo_jax.data import DataError
@@ -181,17 +181,6 @@ def cmd_export(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(paths))
 
 
-def _read_lines(path: str):
-    """Yields (line number, tokens) of a UTF-8 file, one tokenized sentence per line."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
-            yield lineno, line.split()
-
-
 def cmd_embed(args: argparse.Namespace) -> None:
     import os
 
@@ -216,7 +205,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     try:
         with h5py.File(tmp, "w") as out:
             from tqdm import tqdm
-            lines = (tokens for _, tokens in _read_lines(args.input))
+            lines = (line.split() for _, line in utf8_lines(args.input, DataError))
             with tqdm(total=total, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
                 for i, layers in embedder.embed_stream(_remember(lines, sentence_to_index, args.sentence_to_index),
                                                        window=args.window):
