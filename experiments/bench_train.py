@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from bench_common import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
 from elmo_jax import train  # noqa: E402
 from elmo_jax.chars import Vocabulary  # noqa: E402
-from elmo_jax.config import TrainConfig, preset  # noqa: E402
+from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
 from elmo_jax.data import LMBatcher, TextFiles  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def bench_pipeline(vocab: Vocabulary, path: str, rows: int, max_chars: int) -> f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="small")
+    ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
     ap.add_argument("--batch", type=int, default=32, help="rows (bilm-tf batch_size)")
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
@@ -79,7 +79,7 @@ def main() -> None:
             return
         peak = matmul_gflops()
         print(f"device: {jax.devices()[0].device_kind}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
-        model = preset(args.shape)
+        model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
         batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=args.batch, unroll_steps=20,
                             max_chars=model.char_cnn.max_characters_per_token)
         host_batches = [batcher.next() for _ in range(args.steps + 2)]
