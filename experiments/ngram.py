@@ -50,7 +50,6 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Iterable, Sequence
@@ -59,8 +58,10 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
 
 from elmo_jax.chars import Vocabulary, VocabError, utf8_lines  # noqa: E402
+from make_sample import write_atomic  # noqa: E402
 
 # KenLM's --discount_fallback defaults, for a discount the count-of-counts cannot give.
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -289,18 +290,9 @@ def evaluate(order: int, vocab: Vocabulary, train: list, heldout: list) -> dict:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Atomically: a temporary file in the same directory, then ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ngram-", suffix=".json.tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def print_table(train_stats: dict, heldout_stats: dict, results: list[dict]) -> None:
