@@ -1,6 +1,7 @@
 """Polysemy in context (the paper's Table 4): nearest neighbours of an ambiguous word's biLM vector.
 
     python experiments/polysemy.py --run-dir runs/real [--out experiments/results/polysemy.md]
+    python experiments/polysemy.py --options O --weights W     # an exported (bilm-tf) model
 
 For each query word, a few held-out sentences containing it (``lm/heldout.txt``; never seen in
 pretraining) are embedded, and the word's vector in each is compared by cosine with the same
@@ -79,6 +80,8 @@ def nearest_words(embedder: Embedder, vocab_words: list[str], words: tuple[str, 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", default="runs/real")
+    p.add_argument("--options", help="with --weights: a bilm-tf options.json instead of --run-dir")
+    p.add_argument("--weights", help="bilm-tf weights.hdf5")
     p.add_argument("--data-dir", type=pathlib.Path, default=ROOT / "experiments" / "data" / "lm")
     p.add_argument("--queries", type=int, default=3, help="held-out sentences per word")
     p.add_argument("--pool", type=int, default=400, help="pretraining sentences per word")
@@ -89,14 +92,17 @@ def main(argv=None) -> int:
     if not heldout_path.exists() or not train_paths:
         sys.exit(f"polysemy: no {heldout_path} or {args.data_dir}/train/*.txt; run `python experiments/prep_corpus.py` first")
     t0 = time.time()
-    embedder = Embedder.from_checkpoint(args.run_dir)
+    if bool(args.options) != bool(args.weights):
+        sys.exit("polysemy: --options and --weights go together")
+    model = args.weights or args.run_dir
+    embedder = Embedder.from_hdf5(args.options, args.weights) if args.options else Embedder.from_checkpoint(args.run_dir)
     heldout = heldout_path.read_text(encoding="utf-8").splitlines()
     train = [line for path in train_paths for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines()]
     vocab = Vocabulary.load(args.data_dir / "vocab.txt")
     vocab_words = vocab.words[3:3 + args.vocab_words]  # after <S>, </S>, <UNK>; most frequent first
     neighbours = nearest_words(embedder, vocab_words, WORDS, 6)
 
-    lines = [f"# Polysemy: nearest neighbours in context ({args.run_dir})", "",
+    lines = [f"# Polysemy: nearest neighbours in context ({model})", "",
              "Made by `python experiments/polysemy.py`. Query: a held-out sentence; neighbour: the "
              f"pretraining sentence whose layer-{CONTEXTUAL_LAYER} vector of the same word is nearest (cosine). "
              "Layer 0 (the char-CNN token vector) is context-free: its row lists the nearest vocabulary words.", "",
