@@ -114,7 +114,14 @@ class Embedder:
         def fn(p, chars, index, lengths, cache, cache_index, state=None):
             return embed_tokens(p, config, chars, index, lengths, cache, cache_index, state, precision, self.dtype)
 
-        self._single = jax.jit(fn)
+        # On one device embed_tokens runs as three programs, not one: the char CNN compiles per
+        # (distinct words, char columns) and the biLSTM per (rows, time), so a long job compiles
+        # the sum of those shape sets instead of their product (each compile costs seconds).
+        self._encode = jax.jit(lambda p, chars: char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype))
+        self._gather = jax.jit(lambda vectors, index, cache, cache_index:
+                               jnp.concatenate([cache[cache_index], vectors])[index])
+        self._contextualize = jax.jit(lambda p, tokens, lengths, state: bilm_from_tokens(
+            p, config, tokens, lengths, state, False, precision, self.dtype)[0::2])
         self._multi = jax.pmap(lambda *a: fn(*a)[0], in_axes=(None, 0, 0, 0, None, 0),
                                devices=jax.local_devices()[:self.n_devices]) if self.n_devices > 1 else None
         self.cache_words: dict[str, int] = {}
@@ -134,6 +141,11 @@ class Embedder:
         options, _, params, _ = load_run(run_dir, step)
         return cls(options.model, params["bilm"], **kw)
 
+    def _single(self, p, chars, index, lengths, cache, cache_index, state=None):
+        """``embed_tokens`` on the default device, as the three programs above."""
+        tokens = self._gather(self._encode(p, chars), index, cache, cache_index)
+        return self._contextualize(p, tokens, lengths, state)
+
     # -- token vectors ---------------------------------------------------------------------------
     def _chars(self, word: str) -> np.ndarray:
         ids = self._char_cache.get(word)
@@ -145,13 +157,12 @@ class Embedder:
 
     def _build_cache(self, words: list[str]) -> None:
         words = list(dict.fromkeys(words))
-        encode = jax.jit(lambda p, c: char_cnn.apply(p["char_cnn"], self.config, c, self.precision, self.dtype))
         vectors = []
         for lo in range(0, len(words), 4096):
             chunk = words[lo:lo + 4096]
             ids = np.stack([self._chars(w) for w in chunk])
             ids = np.pad(ids, ((0, bucket_size(len(chunk)) - len(chunk)), (0, 0)))
-            vectors.append(np.asarray(encode(self.params, jnp.asarray(ids)))[:len(chunk)])
+            vectors.append(np.asarray(self._encode(self.params, jnp.asarray(ids)))[:len(chunk)])
         self.cache = jnp.asarray(np.concatenate(vectors)) if vectors else None
         self.cache_words = {w: i for i, w in enumerate(words)}
 
