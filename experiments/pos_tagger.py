@@ -56,10 +56,12 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
@@ -115,11 +117,9 @@ def offsets_of(sentences) -> np.ndarray:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    from make_sample import write_atomic
+
+    write_atomic(pathlib.Path(path), json.dumps(obj, indent=1) + "\n")
 
 
 # -------------------------------------------------------------------------------------- features

@@ -56,7 +56,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from make_sample import clean, keep, read_addresses, write_atomic  # noqa: E402
+from make_sample import clean, dedupe, keep, read_addresses, write_atomic  # noqa: E402
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig  # noqa: E402
 from elmo_jax.text import format_sentence, split_sentences, tokenize  # noqa: E402
@@ -213,15 +213,6 @@ def bible_documents(raw: pathlib.Path):
 
 
 # -- assembly --------------------------------------------------------------------------------------
-
-def dedupe(lines, exclude=frozenset()) -> list[str]:
-    seen, out = set(exclude), []
-    for line in lines:
-        if line not in seen:
-            seen.add(line)
-            out.append(line)
-    return out
-
 
 def assemble(sources: dict[str, list[tuple[str, list[str]]]], brown_train: list[str],
              brown_excluded: set[str]) -> tuple[list[str], list[str], dict]:
