@@ -113,13 +113,18 @@ def keep(tokens: list[str]) -> bool:
     return 2 * sum(any(c.isalpha() for c in t) for t in tokens) >= len(tokens)
 
 
-def sentences(doc: dict) -> list[str]:
+def tokenized(text: str) -> list[str]:
+    """Sentences of raw prose, tokenized and formatted; debris dropped."""
     lines = []
-    for sentence in split_sentences(clean(doc["text"])):
+    for sentence in split_sentences(text):
         tokens = tokenize(sentence)
         if keep(tokens):
             lines.append(format_sentence(tokens))
     return lines
+
+
+def sentences(doc: dict) -> list[str]:
+    return tokenized(clean(doc["text"]))
 
 
 def dedupe(lines, exclude=frozenset()) -> list[str]:

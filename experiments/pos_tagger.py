@@ -585,9 +585,9 @@ def cmd_grid(args) -> None:
     table = markdown(summary, settings, source)
     base = os.path.splitext(args.out)[0]
     md_path, png_path = base + ".md", base + "_sample_efficiency.png"
-    with open(md_path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(table)
-    os.replace(md_path + ".tmp", md_path)
+    from make_sample import write_atomic
+
+    write_atomic(pathlib.Path(md_path), table)
     plot(summary, png_path)
     print(table)
     print(f"wrote {args.out}, {md_path}, {png_path} ({time.perf_counter() - start:.0f} s)")

@@ -56,10 +56,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from make_sample import clean, dedupe, keep, read_addresses, write_atomic  # noqa: E402
+from make_sample import clean, dedupe, read_addresses, tokenized, write_atomic  # noqa: E402
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig  # noqa: E402
-from elmo_jax.text import format_sentence, split_sentences, tokenize  # noqa: E402
+from elmo_jax.text import format_sentence  # noqa: E402
 from elmo_jax.vocab import build_vocab, write_vocab  # noqa: E402
 
 CACHE = ROOT / "experiments" / "cache"
@@ -95,16 +95,6 @@ def need(path: pathlib.Path) -> pathlib.Path:
     if not path.exists():
         fail(f"{path} is missing; run `bash experiments/fetch_data.sh` first")
     return path
-
-
-def tokenized(text: str) -> list[str]:
-    """Sentences of raw prose, tokenized and formatted; debris dropped."""
-    out = []
-    for sentence in split_sentences(text):
-        tokens = tokenize(sentence)
-        if keep(tokens):
-            out.append(format_sentence(tokens))
-    return out
 
 
 # -- sources: each yields (split, lines) per document --------------------------------------------
