@@ -23,14 +23,22 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
     return {"char_cnn": char_cnn.init(k1, config), "lstm": lstm.init(k2, config)}
 
 
+def marker_vectors(params: dict, config: ModelConfig, precision: Precision = "highest",
+                   dtype=jnp.float32) -> jax.Array:
+    """``[2, P]`` float32: the token vectors of ``<S>`` and ``</S>``."""
+    bos_ids, eos_ids = sentence_markers(config.char_cnn.max_characters_per_token)
+    return char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), precision, dtype)
+
+
 def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                         precision: Precision = "highest", dtype=jnp.float32) -> jax.Array:
+                         precision: Precision = "highest", dtype=jnp.float32,
+                         markers: jax.Array | None = None) -> jax.Array:
     """``[B, T, P]`` token vectors -> ``[B, T+2, P]``: ``<S>`` at 0, ``</S>`` right after each row.
 
-    The two marker vectors are encoded once, not once per row.
+    The two marker vectors are encoded once, not once per row; ``markers`` (``marker_vectors``)
+    skips even that, for callers that compile many shapes.
     """
-    bos_ids, eos_ids = sentence_markers(config.char_cnn.max_characters_per_token)
-    bos, eos = char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), precision, dtype)
+    bos, eos = marker_vectors(params, config, precision, dtype) if markers is None else markers
     batch, time = tokens.shape[:2]
     x = jnp.concatenate([jnp.broadcast_to(bos, (batch, 1, bos.shape[-1])), tokens,
                          jnp.zeros((batch, 1, tokens.shape[-1]), tokens.dtype)], axis=1)
@@ -71,14 +79,16 @@ def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: di
 
 def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
                      state: dict | None = None, keep_sentence_markers: bool = False,
-                     precision: Precision = "highest", dtype=jnp.float32) -> tuple[jax.Array, jax.Array, dict]:
+                     precision: Precision = "highest", dtype=jnp.float32, markers: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array, dict]:
     """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
 
     For callers that encode tokens their own way: each distinct word once, or from a cache.
+    ``markers``: ``marker_vectors``, when the caller already has them.
     """
     mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
     tokens = jnp.where(mask[:, :, None], tokens, 0.0)
-    x = add_sentence_markers(params, config, tokens, lengths, precision, dtype)
+    x = add_sentence_markers(params, config, tokens, lengths, precision, dtype, markers)
     seq_lengths = lengths + 2
     layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, precision, dtype)
     layers = jnp.concatenate([jnp.concatenate([x, x], axis=-1)[None], layers])

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import char_cnn
-from elmo_jax.bilm import bilm_from_tokens
+from elmo_jax.bilm import bilm_from_tokens, marker_vectors
 from elmo_jax.chars import PAD_CHAR, token_to_ids
 from elmo_jax.config import ModelConfig
 from elmo_jax.data import bucket_size
@@ -61,15 +61,20 @@ def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_inde
 
 
 def _length_bucket(n: int) -> int:
-    """Time-axis buckets: multiples of 4 to 32, of 8 to 64, then steps of about 1.25x.
+    """The padded time axis for sentences of up to ``n`` tokens (markers not counted).
 
-    Every padded step is a full step of the sequential LSTM, so short sentences get fine buckets.
+    The biLSTM runs ``time + 2`` steps (``<S>``, ``</S>``), so it is that count that is
+    rounded: to multiples of 4 up to 32, of 8 up to 64, then steps of about 1.25x. Every padded
+    step is a full step of the sequential LSTM, so short sentences get fine buckets.
     """
-    if n <= 32:
-        return max(4, -(-n // 4) * 4)
-    if n <= 64:
-        return -(-n // 8) * 8
-    return int(64 * 1.25 ** math.ceil(math.log(n / 64, 1.25)) // 8 * 8 + 8)
+    steps = n + 2
+    if steps <= 32:
+        steps = max(4, -(-steps // 4) * 4)
+    elif steps <= 64:
+        steps = -(-steps // 8) * 8
+    else:
+        steps = int(64 * 1.25 ** math.ceil(math.log(steps / 64, 1.25)) // 8 * 8 + 8)
+    return steps - 2
 
 
 def _rows_bucket(n: int) -> int:
@@ -118,11 +123,21 @@ class Embedder:
         # (distinct words, char columns) and the biLSTM per (rows, time), so a long job compiles
         # the sum of those shape sets instead of their product (each compile costs seconds; the
         # whole-job figure of experiments/bench_embed.py, cold, went from 1,018 to about 1,270 tokens/s).
-        self._encode = jax.jit(lambda p, chars: char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype))
-        self._gather = jax.jit(lambda vectors, index, cache, cache_index:
-                               jnp.concatenate([cache[cache_index], vectors])[index])
-        self._contextualize = jax.jit(lambda p, tokens, lengths, state: bilm_from_tokens(
-            p, config, tokens, lengths, state, False, precision, self.dtype)[0::2])
+        def encode(p, chars):
+            return char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype)
+
+        def gather(vectors, index, cache, cache_index):
+            return jnp.concatenate([cache[cache_index], vectors])[index]
+
+        def contextualize(p, tokens, lengths, state):
+            # The marker vectors come in as an input: encoding them inside would add the char
+            # CNN to every (rows, time) compile of this program, about a third of its compile time.
+            return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype,
+                                    self._markers)[0::2]
+
+        self._encode, self._gather = jax.jit(encode), jax.jit(gather)
+        self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
+        self._contextualize = jax.jit(contextualize)
         self._multi = jax.pmap(lambda *a: fn(*a)[0], in_axes=(None, 0, 0, 0, None, 0),
                                devices=jax.local_devices()[:self.n_devices]) if self.n_devices > 1 else None
         self.cache_words: dict[str, int] = {}

@@ -150,3 +150,31 @@ def test_jit_and_grad_through_bilm(allennlp_model):
     leaves = jax.tree_util.tree_leaves(grads)
     assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
     assert np.abs(np.asarray(grads["lstm"][0]["w_h"])).sum() > 0
+
+
+def test_lstm_layouts_agree_with_masks_state_and_gradients():
+    """The batch-major layer (GPU/TPU) and the batch-minor one (CPU) are the same function."""
+    from elmo_jax import lstm
+    from elmo_jax.config import preset
+
+    config = preset("tiny")
+    params = lstm.init(jax.random.PRNGKey(0), config)[0]
+    params = {**params, "b": jax.random.normal(jax.random.PRNGKey(1), params["b"].shape)}
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(2), 3)
+    batch, time, dim, p = 3, 7, config.lstm.dim, config.lstm.projection_dim
+    xs = jax.random.normal(k1, (2, batch, time, p))
+    mask = jnp.arange(time)[None, :] < jnp.array([7, 4, 0])[:, None]
+    c0 = jax.random.normal(k2, (2, batch, dim))
+    h0 = jax.random.normal(k3, (2, batch, p))
+
+    def loss(fn, params, xs):
+        ys, c, h = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32)
+        return (ys ** 2).sum() + (c * h.sum()).sum(), (ys, c, h)
+
+    (l_rows, out_rows), g_rows = jax.value_and_grad(loss, argnums=(1, 2), has_aux=True)(lstm._layer_rows, params, xs)
+    (l_cols, out_cols), g_cols = jax.value_and_grad(loss, argnums=(1, 2), has_aux=True)(lstm._layer_columns, params, xs)
+    for a, b in zip(jax.tree_util.tree_leaves((out_rows, g_rows)), jax.tree_util.tree_leaves((out_cols, g_cols))):
+        # Weight gradients sum over every step and row: float32 rounding differs in the last digits.
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+    assert not np.asarray(out_cols[0][:, 2]).any()  # an empty row outputs zeros...
+    np.testing.assert_array_equal(np.asarray(out_cols[1][:, 2]), np.asarray(c0[:, 2]))  # ...and keeps its state
