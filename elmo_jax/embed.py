@@ -89,6 +89,22 @@ def _rows_bucket(n: int) -> int:
     return size
 
 
+def _batch_rows(n: int) -> int:
+    """Sentence rows of a batch: 1, 2, 4, 8, then powers of 2 and 1.5x powers of 2 (12, 16, 24, ...)."""
+    if n <= 8:
+        return 1 << max(n - 1, 0).bit_length()
+    p = 1 << (n - 1).bit_length()
+    return 3 * p // 4 if 3 * p // 4 >= n else p
+
+
+def _rows_within(n: int) -> int:
+    """The largest ``_batch_rows`` value not above ``n`` (at least 1)."""
+    if n < 12:
+        return 1 << max(n.bit_length() - 1, 0)
+    p = 1 << (n.bit_length() - 1)
+    return 3 * p // 2 if 3 * p // 2 <= n else p
+
+
 class Embedder:
     """Holds a biLM's params and its compiled functions; see the module doc.
 
@@ -183,20 +199,26 @@ class Embedder:
         self.cache_words = {w: i for i, w in enumerate(words)}
 
     # -- batching --------------------------------------------------------------------------------
-    def _plan(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Sentence indices per batch: sorted by length, each batch within the token budget."""
+    def _plan(self, lengths: Sequence[int]) -> list[tuple[list[int], int, int]]:
+        """``(sentence indices, rows, time)`` per batch, sentences sorted by length.
+
+        Each batch takes as many sentences as the largest row bucket that keeps
+        ``rows x (time + 2)`` (the LSTM's steps) within the token budget, so only a batch cut
+        short (the last, or one whose time bucket grew) has padding rows; with power-of-2 rows
+        filled up to the budget, a third of a typical job's LSTM work was padding.
+        """
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches, current, width = [], [], 0
+        batches, current, time = [], [], 0
         for i in order:
-            w = _length_bucket(max(lengths[i], 1))
-            if current and (len(current) + 1) * max(width, w) > self.batch_tokens:
-                batches.append(current)
-                current, width = [], 0
+            t = max(time, _length_bucket(lengths[i]))
+            if current and len(current) + 1 > _rows_within(self.batch_tokens // (t + 2)):
+                batches.append((current, time))
+                current, t = [], _length_bucket(lengths[i])
             current.append(i)
-            width = max(width, w)
+            time = t
         if current:
-            batches.append(current)
-        return batches
+            batches.append((current, time))
+        return [(ids, _batch_rows(len(ids)), time) for ids, time in batches]
 
     def _host_batch(self, sentences: Sequence[Sequence[str]], rows: int, time: int) -> dict:
         """Numpy inputs of ``embed_tokens`` for these sentences, padded to ``rows x time``."""
@@ -261,13 +283,9 @@ class Embedder:
         out: list[np.ndarray | None] = [None] * len(sentences)
         plan = self._plan([len(s) for s in sentences])
         for lo in range(0, len(plan), self.n_devices):
-            group_ids = plan[lo:lo + self.n_devices]
-            batches = []
-            for ids in group_ids:
-                time = _length_bucket(max([len(sentences[i]) for i in ids] + [1]))
-                rows = 1 << (len(ids) - 1).bit_length()  # power-of-2 rows: few compiles
-                batches.append(self._host_batch([sentences[i] for i in ids], rows, time))
-            for ids, layers in zip(group_ids, self._run(batches)):
+            group = plan[lo:lo + self.n_devices]
+            batches = [self._host_batch([sentences[i] for i in ids], rows, time) for ids, rows, time in group]
+            for (ids, _, _), layers in zip(group, self._run(batches)):
                 for r, i in enumerate(ids):
                     out[i] = np.ascontiguousarray(layers[:, r, :len(sentences[i])])
         return out  # type: ignore[return-value]

@@ -54,6 +54,22 @@ def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences,
     np.testing.assert_allclose(again, out[0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("budget", [1, 40, 4096])
+def test_plan_covers_every_sentence_once_within_the_budget(model, budget):
+    config, params = model
+    rng = random.Random(budget)
+    lengths = [rng.choice([0, 1, 3, 7, 20, 21, 22, 40, 90, 700]) for _ in range(3000)]
+    plan = Embedder(config, params, batch_tokens=budget)._plan(lengths)
+    assert sorted(i for ids, _, _ in plan for i in ids) == list(range(len(lengths)))
+    for ids, rows, time in plan:
+        assert len(ids) <= rows and time >= max(lengths[i] for i in ids)
+        assert rows == 1 or rows * (time + 2) <= budget
+    # Rows are filled up to the budget: only a batch cut short by a longer time bucket, or the
+    # last one, has padding rows.
+    short = [rows for ids, rows, _ in plan if len(ids) < rows]
+    assert len(short) <= len({time for _, _, time in plan})
+
+
 def test_stateful_mode_reproduces_the_reference_protocol(model):
     config, params = model
     embedder = Embedder(config, params, stateful=True)
