@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from importlib import resources
 
@@ -84,7 +85,6 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 
 def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None):
     import dataclasses
-    import os
 
     from elmo_jax.config import PRESETS, Options, TrainConfig
     from elmo_jax.pretrain import options_for_vocab
@@ -118,8 +118,6 @@ TRAIN_DEFAULTS = {"tiny": _tiny_train, "small": _recipe_train, "medium": _recipe
 
 
 def _maybe_distributed(args: argparse.Namespace) -> None:
-    import os
-
     import jax
 
     if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
@@ -128,8 +126,6 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    import os
-
     from elmo_jax.chars import Vocabulary
     from elmo_jax.data import open_source
     from elmo_jax.pretrain import RunSettings, pretrain
@@ -182,8 +178,6 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    import os
-
     import h5py
 
     from elmo_jax.embed import Embedder
@@ -234,8 +228,34 @@ def _remember(lines, table: dict, enabled: bool):
         yield tokens
 
 
+def default_compile_cache() -> str:
+    """``$ELMO_JAX_COMPILE_CACHE``, else ``$XDG_CACHE_HOME/elmo_jax/xla`` (``~/.cache/...``)."""
+    if "ELMO_JAX_COMPILE_CACHE" in os.environ:
+        return os.environ["ELMO_JAX_COMPILE_CACHE"]
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo_jax", "xla")
+
+
+def enable_compile_cache(path: str) -> None:
+    """JAX's persistent compilation cache in ``path`` ("" or "none": off).
+
+    A job compiles one program per batch shape (about a second each on a CPU); a second run
+    with the same shapes loads them instead. Every compile is kept, since even short ones add
+    up over a job's many shapes.
+    """
+    if path.lower() in ("", "none"):
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
+    p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR",
+                   help="persistent XLA compilation cache ('none': off; default: %(default)s, "
+                        "or $ELMO_JAX_COMPILE_CACHE)")
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="embed a few sentences with the bundled test model and print the result")
     demo.add_argument("--options", help="bilm-tf options.json (default: the bundled test model)")
@@ -316,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("demo", "embed") and args.options and not args.weights:
         parser.error("--options needs --weights")
     try:
+        enable_compile_cache(args.compile_cache)
         args.func(args)
     except USER_ERRORS as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)

@@ -7,6 +7,8 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CLI's persistent compilation cache stays off in tests (and out of ~/.cache) unless a test sets it.
+os.environ["ELMO_JAX_COMPILE_CACHE"] = "none"
 
 import pathlib  # noqa: E402
 

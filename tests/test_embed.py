@@ -199,3 +199,26 @@ def _peak_rss_kb(tmp_path, n_lines):
 def test_cli_memory_does_not_grow_with_the_input(tmp_path):
     small, large = _peak_rss_kb(tmp_path, 5_000), _peak_rss_kb(tmp_path, 50_000)
     assert large <= 1.2 * small, (small, large)
+
+
+def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
+    # jax's compiler logs each persistent-cache miss and hit at debug level.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "JAX_DEBUG_LOG_MODULES": "jax._src.compiler"}
+
+    def run(out):
+        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", str(tmp_path / "xla"), "embed", "--options",
+               OPTIONS, "--weights", WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / out),
+               "--no-progress"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.count("PERSISTENT COMPILATION CACHE MISS"), r.stderr.count("Persistent compilation cache hit")
+
+    misses, hits = run("a.hdf5")
+    assert misses >= 3 and hits == 0  # the char CNN, the gather, the biLSTM (and the marker vectors)
+    assert run("b.hdf5") == (0, misses)
+    with h5py.File(tmp_path / "a.hdf5") as a, h5py.File(tmp_path / "b.hdf5") as b:
+        assert sorted(a) == sorted(b)
+        for k in a:
+            np.testing.assert_array_equal(a[k][()], b[k][()])
