@@ -4,14 +4,18 @@
 float32 array per sentence. By default it is stateless, so a sentence gets the same vectors
 whatever else is in the call. Under it:
 
-- sentences are sorted by length and cut into batches by a token budget, the time axis padded to
-  a few bucket lengths (little padding, few compiles);
-- each distinct word of a batch is encoded by the char CNN once (``dedup``), over only the char
-  columns it needs (``char_cnn.trim_char_ids``);
+- each distinct word of a call is encoded by the char CNN once (``dedup``), in blocks of words of
+  similar length, each block over only the char columns it needs (``char_cnn.trim_char_ids``);
 - words of an optional token cache skip the char CNN altogether; other words fall back to it;
-- batches are spread over the local devices (``jax.pmap``), several at a time.
+- sentences are sorted by length and cut into batches by a token budget, the time axis padded to
+  a few bucket lengths (little padding, few compiles); the biLSTM runs per batch;
+- blocks and batches are spread over the local devices (``jax.pmap``), several at a time.
 
-``embed_tokens`` is the pure function under it, for use inside ``jit``. ``stateful=True`` keeps
+A batch's token vectors are looked up on the host, between the two device programs: as a device
+program the lookup compiled once per (words, rows, time) shape, 35 programs in a 5,577-line job,
+for a copy of a few MB.
+
+``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
 bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
 previous call (no reordering, splitting or device spreading), until ``reset()``.
 """
@@ -77,18 +81,6 @@ def _length_bucket(n: int) -> int:
     return steps - 2
 
 
-def _rows_bucket(n: int) -> int:
-    """Word-row buckets: powers of 2 to 256, then steps of about 1.125x (multiples of 64).
-
-    The char CNN encodes every row, padding included, so waste stays under 12.5 %."""
-    if n <= 256:
-        return bucket_size(n, 8)
-    size = 256
-    while size < n:
-        size = -(-int(size * 1.125) // 64) * 64
-    return size
-
-
 def _batch_rows(n: int) -> int:
     """Sentence rows of a batch: 1, 2, 4, 8, then powers of 2 and 1.5x powers of 2 (12, 16, 24, ...)."""
     if n <= 8:
@@ -105,6 +97,22 @@ def _rows_within(n: int) -> int:
     return 3 * p // 2 if 3 * p // 2 <= n else p
 
 
+def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
+    """Stacks up to ``n`` arrays of one rank into ``[n, ...]``, padding every axis to the largest.
+
+    For char ids ``fill`` is in-token padding (``PAD_CHAR + 1``), which is how a trimmed char
+    axis continues, so a word's vector does not change.
+    """
+    shape = tuple(max(a.shape[i] for a in arrays) for i in range(arrays[0].ndim))
+    out = np.full((n,) + shape, fill, arrays[0].dtype)
+    for k, a in enumerate(arrays):
+        out[(k,) + tuple(slice(0, d) for d in a.shape)] = a
+    return out
+
+
+ENCODE_ROWS = 128  # words per char-CNN block: large enough for efficient matmuls, small enough to waste little
+
+
 class Embedder:
     """Holds a biLM's params and its compiled functions; see the module doc.
 
@@ -112,8 +120,8 @@ class Embedder:
       batch_tokens: the token budget of one batch (rows x padded length).
       dtype: ``"float32"`` or ``"bfloat16"`` matmuls (outputs are float32 either way).
       token_cache: words whose token vectors are computed once, up front (e.g. a vocabulary).
-      dedup: encode each distinct word of a batch once (off: every token, like AllenNLP).
-      devices: how many local devices to spread batches over (default: all).
+      dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
+      devices: how many local devices to spread blocks and batches over (default: all).
       stateful: bilm-tf's stateful mode (see module doc).
     """
 
@@ -121,7 +129,8 @@ class Embedder:
                  precision: Precision = "highest", token_cache: Sequence[str] | None = None, dedup: bool = True,
                  devices: int | None = None, stateful: bool = False):
         self.config = config
-        self.params = jax.tree_util.tree_map(jnp.asarray, params)
+        # device_put, not jnp.asarray: that would compile a small program per leaf shape.
+        self.params = jax.device_put(params)
         self.batch_tokens = max(1, int(batch_tokens))
         self.dtype = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
         self.precision = precision
@@ -132,32 +141,26 @@ class Embedder:
         self._char_cache: dict[str, np.ndarray] = {}
         n_local = jax.local_device_count()
         self.n_devices = 1 if stateful else min(devices or n_local, n_local)
-        def fn(p, chars, index, lengths, cache, cache_index, state=None):
-            return embed_tokens(p, config, chars, index, lengths, cache, cache_index, state, precision, self.dtype)
 
-        # On one device embed_tokens runs as three programs, not one: the char CNN compiles per
-        # (distinct words, char columns) and the biLSTM per (rows, time), so a long job compiles
-        # the sum of those shape sets instead of their product (each compile costs seconds; the
-        # whole-job figure of experiments/bench_embed.py, cold, went from 1,018 to about 1,270 tokens/s).
         def encode(p, chars):
             return char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype)
 
-        def gather(vectors, index, cache, cache_index):
-            return jnp.concatenate([cache[cache_index], vectors])[index]
+        def contextualize(p, tokens, lengths, markers, state=None):
+            return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
 
-        def contextualize(p, tokens, lengths, state):
-            # The marker vectors come in as an input: encoding them inside would add the char
-            # CNN to every (rows, time) compile of this program, about a third of its compile time.
-            return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype,
-                                    self._markers)[0::2]
-
-        self._encode, self._gather = jax.jit(encode), jax.jit(gather)
+        # Two programs, not one: the char CNN compiles per (block rows, char columns) and the
+        # biLSTM per (rows, time), so a job compiles the sum of those shape sets, not their product.
+        self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
+        # The marker vectors are an input of the biLSTM program: encoding them inside it would add
+        # the char CNN to each of its compiles (about a third of their time).
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
-        self._contextualize = jax.jit(contextualize)
-        self._multi = jax.pmap(lambda *a: fn(*a)[0], in_axes=(None, 0, 0, 0, None, 0),
-                               devices=jax.local_devices()[:self.n_devices]) if self.n_devices > 1 else None
+        if self.n_devices > 1:
+            devs = jax.local_devices()[:self.n_devices]
+            self._encode_multi = jax.pmap(encode, in_axes=(None, 0), devices=devs)
+            self._contextualize_multi = jax.pmap(lambda p, t, l, m: contextualize(p, t, l, m)[0],
+                                                 in_axes=(None, 0, 0, None), devices=devs)
         self.cache_words: dict[str, int] = {}
-        self.cache: jax.Array | None = None
+        self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
             self._build_cache(list(token_cache))
 
@@ -173,11 +176,6 @@ class Embedder:
         options, _, params, _ = load_run(run_dir, step)
         return cls(options.model, params["bilm"], **kw)
 
-    def _single(self, p, chars, index, lengths, cache, cache_index, state=None):
-        """``embed_tokens`` on the default device, as the three programs above."""
-        tokens = self._gather(self._encode(p, chars), index, cache, cache_index)
-        return self._contextualize(p, tokens, lengths, state)
-
     # -- token vectors ---------------------------------------------------------------------------
     def _chars(self, word: str) -> np.ndarray:
         ids = self._char_cache.get(word)
@@ -187,16 +185,67 @@ class Embedder:
             ids = self._char_cache[word] = token_to_ids(word, self.max_chars)
         return ids
 
+    def _encode_words(self, words: Sequence[str]) -> np.ndarray:
+        """``[len(words), P]`` float32 token vectors from the char CNN.
+
+        Words are sorted by length into blocks of ``ENCODE_ROWS`` (fewer for a short list, a
+        power of 2), so each block's char axis is trimmed to what its longest word needs.
+        """
+        out = np.zeros((len(words), self.config.lstm.projection_dim), np.float32)
+        if not words:
+            return out
+        ids = np.stack([self._chars(w) for w in words])
+        order = np.argsort((ids != PAD_CHAR + 1).sum(axis=1), kind="stable")
+        rows = ENCODE_ROWS if len(words) > ENCODE_ROWS else bucket_size(len(words), 8)
+        blocks = []
+        for lo in range(0, len(words), rows):
+            chars = np.zeros((rows, self.max_chars), np.int32)
+            chars[:len(order[lo:lo + rows])] = ids[order[lo:lo + rows]]
+            blocks.append(char_cnn.trim_char_ids(chars, self.config))
+        if self.n_devices == 1:
+            results = [self._encode(self.params, b) for b in blocks]  # all dispatched before the first wait
+        else:
+            results = []
+            for lo in range(0, len(blocks), self.n_devices):
+                group = _pad_group(blocks[lo:lo + self.n_devices], self.n_devices, PAD_CHAR + 1)
+                results.extend(self._encode_multi(self.params, group)[:len(blocks[lo:lo + self.n_devices])])
+        for lo, vectors in zip(range(0, len(words), rows), results):
+            sel = order[lo:lo + rows]
+            out[sel] = np.asarray(vectors)[:len(sel)]
+        return out
+
     def _build_cache(self, words: list[str]) -> None:
         words = list(dict.fromkeys(words))
-        vectors = []
-        for lo in range(0, len(words), 4096):
-            chunk = words[lo:lo + 4096]
-            ids = np.stack([self._chars(w) for w in chunk])
-            ids = np.pad(ids, ((0, bucket_size(len(chunk)) - len(chunk)), (0, 0)))
-            vectors.append(np.asarray(self._encode(self.params, jnp.asarray(ids)))[:len(chunk)])
-        self.cache = jnp.asarray(np.concatenate(vectors)) if vectors else None
+        # In slices, so that the char ids of a large vocabulary never exist all at once.
+        self.cache = np.concatenate([self._encode_words(words[lo:lo + 32768]) for lo in range(0, len(words), 32768)]
+                                    or [np.zeros((0, self.config.lstm.projection_dim), np.float32)])
         self.cache_words = {w: i for i, w in enumerate(words)}
+
+    def _token_table(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The call's token vectors ``[n, P]`` and, per sentence, its tokens' rows in them.
+
+        With ``dedup`` a row per distinct word, else a row per token; cached words come from the
+        cache, the rest from the char CNN.
+        """
+        slot: dict[str, int] = {}
+        entries: list[str] = []
+        rows = []
+        for s in sentences:
+            if self.dedup:
+                rows.append(np.array([slot.setdefault(w, len(slot)) for w in s], np.int64))
+            else:
+                rows.append(np.arange(len(entries), len(entries) + len(s)))
+                entries.extend(s)
+        if self.dedup:
+            entries = list(slot)
+        table = np.zeros((max(len(entries), 1), self.config.lstm.projection_dim), np.float32)
+        fresh = [i for i, w in enumerate(entries) if w not in self.cache_words]
+        if self.cache is not None and len(fresh) < len(entries):
+            cached = [i for i, w in enumerate(entries) if w in self.cache_words]
+            table[cached] = self.cache[[self.cache_words[entries[i]] for i in cached]]
+        if fresh:
+            table[fresh] = self._encode_words([entries[i] for i in fresh])
+        return table, rows
 
     # -- batching --------------------------------------------------------------------------------
     def _plan(self, lengths: Sequence[int]) -> list[tuple[list[int], int, int]]:
@@ -220,71 +269,37 @@ class Embedder:
             batches.append((current, time))
         return [(ids, _batch_rows(len(ids)), time) for ids, time in batches]
 
-    def _host_batch(self, sentences: Sequence[Sequence[str]], rows: int, time: int) -> dict:
-        """Numpy inputs of ``embed_tokens`` for these sentences, padded to ``rows x time``."""
-        index = np.zeros((rows, time), np.int64)
+    @staticmethod
+    def _batch(table: np.ndarray, token_rows: list[np.ndarray], rows: int, time: int) -> dict:
+        """Token vectors ``[rows, time, P]`` and lengths ``[rows]`` of these sentences (left-aligned)."""
+        index = np.zeros((rows, time), np.int64)  # padding looks up row 0; the biLM masks it
         lengths = np.zeros(rows, np.int32)
-        entries: list[str] = []  # one per vector to produce: distinct words, or every token
-        slot: dict[str, int] = {}
-        for r, s in enumerate(sentences):
-            lengths[r] = len(s)
-            for t, w in enumerate(s):
-                if self.dedup:
-                    index[r, t] = slot.setdefault(w, len(slot))
-                else:
-                    index[r, t] = len(entries)
-                    entries.append(w)
-        if self.dedup:
-            entries = list(slot)
-        cached = [i for i, w in enumerate(entries) if w in self.cache_words]
-        fresh = [i for i, w in enumerate(entries) if w not in self.cache_words] if cached else list(range(len(entries)))
-        # Rows of concat(cache[cache_index], cnn(chars)): cached first, each part padded to a bucket.
-        k = _rows_bucket(len(cached)) if self.cache is not None else 0
-        u = _rows_bucket(len(fresh))
-        remap = np.zeros(max(len(entries), 1), np.int64)
-        remap[cached] = np.arange(len(cached))
-        remap[fresh] = k + np.arange(len(fresh))
-        index = np.where(np.arange(time)[None, :] < lengths[:, None], remap[index], 0).astype(np.int32)
-        chars = np.zeros((u, self.max_chars), np.int32)
-        if fresh:
-            chars[:len(fresh)] = np.stack([self._chars(entries[i]) for i in fresh])
-        chars = char_cnn.trim_char_ids(chars, self.config)
-        cache_index = np.zeros(k, np.int32)
-        cache_index[:len(cached)] = [self.cache_words[entries[i]] for i in cached]
-        return {"chars": chars, "index": index, "lengths": lengths, "cache_index": cache_index}
+        for r, ids in enumerate(token_rows):
+            index[r, :len(ids)] = ids
+            lengths[r] = len(ids)
+        return {"tokens": table[index], "lengths": lengths}
 
-    def _run(self, group: list[dict]) -> list[np.ndarray]:
-        cache = self.cache if self.cache is not None else jnp.zeros((1, self.config.lstm.projection_dim))
-        if len(group) == 1 or self._multi is None:
-            out = []
-            for b in group:
-                layers, _ = self._single(self.params, b["chars"], b["index"], b["lengths"], cache, b["cache_index"])
-                out.append(layers)
+    def _run(self, batches: list[dict]) -> list[np.ndarray]:
+        if len(batches) == 1 or self.n_devices == 1:
+            out = [self._contextualize(self.params, b["tokens"], b["lengths"], self._markers)[0] for b in batches]
             return [np.asarray(x) for x in out]
         # pmap needs one shape: pad every batch of the group to the largest.
-        shape = {k: tuple(max(b[k].shape[i] for b in group) for i in range(group[0][k].ndim)) for k in group[0]}
-        def pad(b, k):
-            widths = [(0, s - d) for s, d in zip(shape[k], b[k].shape)]
-            if k == "chars":  # extra char columns are in-token padding (a trimmed prefix stays one)
-                b = np.pad(b[k], [(0, 0), widths[1]], constant_values=PAD_CHAR + 1)
-                return np.pad(b, [widths[0], (0, 0)])
-            return np.pad(b[k], widths)
-        stacked = {k: np.stack([pad(b, k) for b in group]) for k in group[0]}
-        layers = self._multi(self.params, stacked["chars"], stacked["index"], stacked["lengths"], cache,
-                             stacked["cache_index"])
-        layers = np.asarray(layers)
-        return [layers[i] for i in range(len(group))]
+        stacked = {k: _pad_group([b[k] for b in batches], self.n_devices) for k in batches[0]}
+        layers = np.asarray(self._contextualize_multi(self.params, stacked["tokens"], stacked["lengths"],
+                                                      self._markers))
+        return [layers[i] for i in range(len(batches))]
 
     def embed(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """``[n_layers + 1, len(sentence), 2P]`` float32 per sentence, in input order."""
         sentences = [list(s) for s in sentences]
         if self.stateful:
             return self._embed_stateful(sentences)
+        table, token_rows = self._token_table(sentences)
         out: list[np.ndarray | None] = [None] * len(sentences)
         plan = self._plan([len(s) for s in sentences])
         for lo in range(0, len(plan), self.n_devices):
             group = plan[lo:lo + self.n_devices]
-            batches = [self._host_batch([sentences[i] for i in ids], rows, time) for ids, rows, time in group]
+            batches = [self._batch(table, [token_rows[i] for i in ids], rows, time) for ids, rows, time in group]
             for (ids, _, _), layers in zip(group, self._run(batches)):
                 for r, i in enumerate(ids):
                     out[i] = np.ascontiguousarray(layers[:, r, :len(sentences[i])])
@@ -303,13 +318,11 @@ class Embedder:
                 for k in grown:
                     grown[k][:, :, :n] = self.state[k]
             self.state = grown
-        time = _length_bucket(max([len(s) for s in sentences] + [1]))
-        b = self._host_batch(sentences, rows, time)
-        cache = self.cache if self.cache is not None else jnp.zeros((1, l.projection_dim))
+        table, token_rows = self._token_table(sentences)
+        b = self._batch(table, token_rows, rows, _length_bucket(max(len(s) for s in sentences)))
         # A batch smaller than the stored state continues (and updates) only its first rows.
-        state = {k: jnp.asarray(v[:, :, :rows]) for k, v in self.state.items()}
-        layers, new_state = self._single(self.params, b["chars"], b["index"], b["lengths"], cache, b["cache_index"],
-                                         state=state)
+        state = {k: v[:, :, :rows] for k, v in self.state.items()}
+        layers, new_state = self._contextualize(self.params, b["tokens"], b["lengths"], self._markers, state)
         for k in self.state:
             self.state[k][:, :, :rows] = np.asarray(new_state[k])
         layers = np.asarray(layers)

@@ -98,6 +98,29 @@ def test_token_cache_gives_the_same_vectors_and_falls_back_for_other_words(model
         np.testing.assert_allclose(got, exp, atol=1e-5, rtol=0)
 
 
+def test_embed_tokens_is_the_same_function_inside_jit(model, sentences, expected):
+    import jax
+
+    from elmo_jax.chars import token_to_ids
+    from elmo_jax.embed import embed_tokens
+
+    config, params = model
+    batch = sentences[:4]
+    words = sorted({w for s in batch for w in s})
+    cached, fresh = words[::2], words[1::2]  # half the words from a cache, half through the char CNN
+    cache = Embedder(config, params, token_cache=cached).cache
+    slot = {w: i for i, w in enumerate(cached + fresh)}
+    index = np.zeros((4, max(len(s) for s in batch)), np.int32)
+    for r, s in enumerate(batch):
+        index[r, :len(s)] = [slot[w] for w in s]
+    chars = np.stack([token_to_ids(w, 50) for w in fresh])
+    fn = jax.jit(lambda p, *a: embed_tokens(p, config, *a)[0])
+    layers = np.asarray(fn(params, chars, index, np.array([len(s) for s in batch], np.int32), cache,
+                           np.arange(len(cached), dtype=np.int32)))
+    for r, s in enumerate(batch):
+        np.testing.assert_allclose(layers[:, r, :len(s)], expected[r], atol=1e-5, rtol=0)
+
+
 def test_bfloat16_is_close_to_float32(model, sentences, expected):
     config, params = model
     out = Embedder(config, params, dtype="bfloat16").embed(sentences[:6])
