@@ -82,7 +82,11 @@ def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, confi
 
 def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
            h0: jax.Array, precision: Precision, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``."""
+    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``.
+
+    The two layouts compute the same function; which one runs is decided when tracing, from the
+    default backend.
+    """
     if jax.default_backend() == "cpu":
         return _layer_columns(params, config, xs, mask, c0, h0, precision, dtype)
     return _layer_rows(params, config, xs, mask, c0, h0, precision, dtype)

@@ -1,6 +1,6 @@
 """Extraction throughput of ``Embedder.embed`` with its defaults, on one device, after warm-up.
 
-    python experiments/bench_embed.py [--shapes small original] [--repeats 3]
+    python experiments/bench_embed.py [--shapes small original] [--repeats 10]
 
 Two inputs: 32 sentences of 20 random lowercase words, and the 30 natural sentences of the
 bilm-tf fixture (lm_embeddings_sentences.json). Real tokens are counted once. Weights are random
@@ -59,7 +59,7 @@ def bench_job(name: str, params, config) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["small", "original"])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10, help="best of this many timed calls per input")
     ap.add_argument("--job-only", action="store_true", help="only the whole-job measurement")
     args = ap.parse_args()
     peak = matmul_gflops()
