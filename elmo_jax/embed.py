@@ -12,8 +12,8 @@ whatever else is in the call. Under it:
 - blocks and batches are spread over the local devices (``jax.pmap``), several at a time.
 
 A batch's token vectors are looked up on the host, between the two device programs: as a device
-program the lookup compiled once per (words, rows, time) shape, 35 programs in a 5,577-line job,
-for a copy of a few MB.
+program the lookup compiled once per (words, rows, time) shape, more programs than the other two
+together, for a copy of a few MB.
 
 ``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
 bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
@@ -152,7 +152,7 @@ class Embedder:
         # biLSTM per (rows, time), so a job compiles the sum of those shape sets, not their product.
         self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
-        # the char CNN to each of its compiles (about a third of their time).
+        # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
         if self.n_devices > 1:
             devs = jax.local_devices()[:self.n_devices]
@@ -253,8 +253,8 @@ class Embedder:
 
         Each batch takes as many sentences as the largest row bucket that keeps
         ``rows x (time + 2)`` (the LSTM's steps) within the token budget, so only a batch cut
-        short (the last, or one whose time bucket grew) has padding rows; with power-of-2 rows
-        filled up to the budget, a third of a typical job's LSTM work was padding.
+        short (the last, or one whose time bucket grew) has padding rows (rounding each batch's
+        count up to a power of 2 instead made padding a large share of the LSTM's work).
         """
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         batches, current, time = [], [], 0

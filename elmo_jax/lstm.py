@@ -119,9 +119,9 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
 
     On XLA's CPU backend a step's matmuls run much faster as ``[4D, in] @ [in, B]`` than as
     ``[B, in] @ [in, 4D]`` (few rows, many columns), and the input half is faster inside the
-    step than as one ``[T*B]``-row einsum before it: measured at 32 rows x 26 steps of the small
-    shape, 39 ms a layer against 71 ms. On a TPU a batch of 32 on the minor (lane) axis would
-    waste most of each vector register, hence ``_layer_rows`` there.
+    step than as one ``[T*B]``-row einsum before it (``experiments/bench_bilm.py`` times both
+    layouts). On a TPU a batch of 32 on the minor (lane) axis would waste most of each vector
+    register, hence ``_layer_rows`` there.
     """
     w_x, w_h, w_proj = (params[k].astype(dtype).transpose(0, 2, 1) for k in ("w_x", "w_h", "w_proj"))
     b = params["b"][:, :, None]
