@@ -156,9 +156,15 @@ class Embedder:
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
         if self.n_devices > 1:
             devs = jax.local_devices()[:self.n_devices]
-            self._encode_multi = jax.pmap(encode, in_axes=(None, 0), devices=devs)
+            # The params go to every device once, here: passed unmapped (in_axes None), pmap
+            # would copy them to each device on every call, twice per group of batches.
+            mesh = jax.sharding.Mesh(np.array(devs), ("devices",))
+            self._params_multi = jax.device_put(
+                jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (self.n_devices,) + x.shape), params),
+                jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices")))
+            self._encode_multi = jax.pmap(encode, devices=devs)
             self._contextualize_multi = jax.pmap(lambda p, t, l, m: contextualize(p, t, l, m)[0],
-                                                 in_axes=(None, 0, 0, None), devices=devs)
+                                                 in_axes=(0, 0, 0, None), devices=devs)
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
@@ -208,7 +214,7 @@ class Embedder:
             results = []
             for lo in range(0, len(blocks), self.n_devices):
                 group = _pad_group(blocks[lo:lo + self.n_devices], self.n_devices, PAD_CHAR + 1)
-                results.extend(self._encode_multi(self.params, group)[:len(blocks[lo:lo + self.n_devices])])
+                results.extend(self._encode_multi(self._params_multi, group)[:len(blocks[lo:lo + self.n_devices])])
         for lo, vectors in zip(range(0, len(words), rows), results):
             sel = order[lo:lo + rows]
             out[sel] = np.asarray(vectors)[:len(sel)]
@@ -239,9 +245,9 @@ class Embedder:
         if self.dedup:
             entries = list(slot)
         table = np.zeros((max(len(entries), 1), self.config.lstm.projection_dim), np.float32)
+        cached = [i for i, w in enumerate(entries) if w in self.cache_words]
         fresh = [i for i, w in enumerate(entries) if w not in self.cache_words]
-        if self.cache is not None and len(fresh) < len(entries):
-            cached = [i for i, w in enumerate(entries) if w in self.cache_words]
+        if cached:
             table[cached] = self.cache[[self.cache_words[entries[i]] for i in cached]]
         if fresh:
             table[fresh] = self._encode_words([entries[i] for i in fresh])
@@ -285,7 +291,7 @@ class Embedder:
             return [np.asarray(x) for x in out]
         # pmap needs one shape: pad every batch of the group to the largest.
         stacked = {k: _pad_group([b[k] for b in batches], self.n_devices) for k in batches[0]}
-        layers = np.asarray(self._contextualize_multi(self.params, stacked["tokens"], stacked["lengths"],
+        layers = np.asarray(self._contextualize_multi(self._params_multi, stacked["tokens"], stacked["lengths"],
                                                       self._markers))
         return [layers[i] for i in range(len(batches))]
 
