@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from elmo_jax.atomic import write_text_atomic
+
 ACTIVATIONS = ("relu", "tanh")
 
 
@@ -284,14 +286,6 @@ class Options:
     def save(self, path: str | os.PathLike, n_characters: int | None = 262) -> None:
         """Writes atomically (temp file, then rename). bilm-tf inference requires n_characters 262."""
         write_text_atomic(path, json.dumps(self.to_dict(n_characters), indent=2) + "\n")
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))

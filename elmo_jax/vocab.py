@@ -25,10 +25,10 @@ import itertools
 import json
 import numbers
 import os
-import tempfile
 import warnings
 from typing import Iterable, Mapping, Sequence
 
+from elmo_jax.atomic import write_bytes_atomic
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
 from elmo_jax.data import DataError, Source, TextFiles
 
@@ -86,26 +86,6 @@ def _file_names(files: Source | Iterable[str]) -> list[str]:
     return [os.fspath(f) for f in files]
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``:
-    ``path`` is either untouched or complete, and the temporary file never outlives a failure."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int,
                 files: Source | Iterable[str]) -> None:
     """Writes ``words`` one per line (UTF-8) to ``path`` and the sidecar ``<path>.json``, each
@@ -125,8 +105,8 @@ def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_
             "n_sentences": int(n_sentences), "n_words": len(words), "files": _file_names(files),
             "vocab_sha256": hashlib.sha256(data).hexdigest()}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    _write_atomic(path, data)
-    _write_atomic(path + ".json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+    write_bytes_atomic(path, data)
+    write_bytes_atomic(path + ".json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_vocab_meta(path: str | os.PathLike) -> dict | None:

@@ -14,6 +14,7 @@ import h5py
 import jax
 import numpy as np
 
+from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ModelConfig, Options
 
 
@@ -160,15 +161,8 @@ def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | o
     """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically."""
     options = config if isinstance(config, Options) else Options(model=config)
     datasets = to_datasets(options.model, params)
-    path = os.fspath(weights_path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, arr in datasets.items():
-                f.create_dataset(name, data=arr)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
+        for name, arr in datasets.items():
+            f.create_dataset(name, data=arr)
     options.save(options_path, n_characters=262)
 

