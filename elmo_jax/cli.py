@@ -10,6 +10,7 @@ from importlib import resources
 
 import numpy as np
 
+from elmo_jax.atomic import atomic_path
 from elmo_jax.chars import VocabError, utf8_lines
 from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import ConfigError
@@ -161,7 +162,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from elmo_jax.data import TextFiles
-    from elmo_jax.checkpoint import load_run
+    from elmo_jax.export import load_run
     from elmo_jax.pretrain import evaluate
 
     options, vocab, params, step = load_run(args.run_dir, args.step)
@@ -171,7 +172,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from elmo_jax.checkpoint import export_run
+    from elmo_jax.export import export_run
 
     paths = export_run(args.run_dir, args.out_dir, args.step)
     print("wrote " + ", ".join(paths))
@@ -194,27 +195,21 @@ def cmd_embed(args: argparse.Namespace) -> None:
                 else Embedder.from_hdf5(args.options, args.weights, **kw))
     with open(args.input, "rb") as f:
         total = sum(1 for _ in f)
-    tmp = f"{args.output}.tmp-{os.getpid()}"
     sentence_to_index: dict[str, str] = {}
-    try:
-        with h5py.File(tmp, "w") as out:
-            from tqdm import tqdm
-            lines = (line.split() for _, line in utf8_lines(args.input, DataError))
-            with tqdm(total=total, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
-                for i, layers in embedder.embed_stream(_remember(lines, sentence_to_index, args.sentence_to_index),
-                                                       window=args.window):
-                    if args.layers == "top":
-                        layers = layers[-1]
-                    elif args.layers == "average":
-                        layers = layers.mean(axis=0)
-                    out.create_dataset(str(i), data=layers.astype(np.float32))
-                    bar.update(1)
-            if args.sentence_to_index:
-                out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
-        os.replace(tmp, args.output)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(args.output) as tmp, h5py.File(tmp, "w") as out:
+        from tqdm import tqdm
+        lines = (line.split() for _, line in utf8_lines(args.input, DataError))
+        with tqdm(total=total, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
+            for i, layers in embedder.embed_stream(_remember(lines, sentence_to_index, args.sentence_to_index),
+                                                   window=args.window):
+                if args.layers == "top":
+                    layers = layers[-1]
+                elif args.layers == "average":
+                    layers = layers.mean(axis=0)
+                out.create_dataset(str(i), data=layers.astype(np.float32))
+                bar.update(1)
+        if args.sentence_to_index:
+            out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
     if total == 0:
         print(f"elmo-jax embed: {args.input} is empty; wrote {args.output} with no datasets", file=sys.stderr)
     else:

@@ -9,7 +9,9 @@ whatever else is in the call. Under it:
 - words of an optional token cache skip the char CNN altogether; other words fall back to it;
 - sentences are sorted by length and cut into batches by a token budget, the time axis padded to
   a few bucket lengths (little padding, few compiles); the biLSTM runs per batch;
-- blocks and batches are spread over the local devices (``jax.pmap``), several at a time.
+- blocks and batches are spread over the local devices, one per device, several at a time: a
+  group of up to n of them is stacked into ``[n, ...]``, split over a ``Mesh`` of the devices
+  and run by ``shard_map`` (the params live replicated on every device).
 
 A batch's token vectors are looked up on the host, between the two device programs: as a device
 program the lookup compiled once per (words, rows, time) shape, more programs than the other two
@@ -29,6 +31,7 @@ from typing import Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import char_cnn
 from elmo_jax.bilm import bilm_from_tokens, marker_vectors
@@ -155,16 +158,24 @@ class Embedder:
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
         if self.n_devices > 1:
-            devs = jax.local_devices()[:self.n_devices]
-            # The params go to every device once, here: passed unmapped (in_axes None), pmap
-            # would copy them to each device on every call, twice per group of batches.
-            mesh = jax.sharding.Mesh(np.array(devs), ("devices",))
-            self._params_multi = jax.device_put(
-                jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (self.n_devices,) + x.shape), params),
-                jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices")))
-            self._encode_multi = jax.pmap(encode, devices=devs)
-            self._contextualize_multi = jax.pmap(lambda p, t, l, m: contextualize(p, t, l, m)[0],
-                                                 in_axes=(0, 0, 0, None), devices=devs)
+            # A group of up to n blocks (or batches) is stacked into [n, ...] and split over the
+            # mesh's "data" axis, so each device runs the single-device function on its own one.
+            mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
+            replicated = NamedSharding(mesh, P())
+            self._group_sharding = NamedSharding(mesh, P("data"))
+            # The params (and marker vectors) go to every device once, here, not on every call.
+            self._params_multi = jax.device_put(self.params, replicated)
+            self._markers_multi = jax.device_put(self._markers, replicated)
+
+            def per_device(fn, in_specs):
+                # check_vma off: the functions have no collectives, and the LSTM's scan starts from a
+                # zero state that does not vary over devices while its carry does, which the check rejects.
+                return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
+
+            # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
+            self._encode_multi = per_device(lambda p, c: encode(p, c[0])[None], (P(), P("data")))
+            self._contextualize_multi = per_device(lambda p, t, l, m: contextualize(p, t[0], l[0], m)[0][None],
+                                                   (P(), P("data"), P("data"), P()))
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
@@ -177,7 +188,7 @@ class Embedder:
 
     @classmethod
     def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> "Embedder":
-        from elmo_jax.checkpoint import load_run
+        from elmo_jax.export import load_run
 
         options, _, params, _ = load_run(run_dir, step)
         return cls(options.model, params["bilm"], **kw)
@@ -211,10 +222,13 @@ class Embedder:
         if self.n_devices == 1:
             results = [self._encode(self.params, b) for b in blocks]  # all dispatched before the first wait
         else:
-            results = []
+            groups = []
             for lo in range(0, len(blocks), self.n_devices):
-                group = _pad_group(blocks[lo:lo + self.n_devices], self.n_devices, PAD_CHAR + 1)
-                results.extend(self._encode_multi(self._params_multi, group)[:len(blocks[lo:lo + self.n_devices])])
+                group = blocks[lo:lo + self.n_devices]
+                stacked = jax.device_put(_pad_group(group, self.n_devices, PAD_CHAR + 1), self._group_sharding)
+                groups.append((self._encode_multi(self._params_multi, stacked), len(group)))
+            # All groups are dispatched before the first wait.
+            results = [v for vectors, k in groups for v in np.asarray(vectors)[:k]]
         for lo, vectors in zip(range(0, len(words), rows), results):
             sel = order[lo:lo + rows]
             out[sel] = np.asarray(vectors)[:len(sel)]
@@ -289,10 +303,11 @@ class Embedder:
         if len(batches) == 1 or self.n_devices == 1:
             out = [self._contextualize(self.params, b["tokens"], b["lengths"], self._markers)[0] for b in batches]
             return [np.asarray(x) for x in out]
-        # pmap needs one shape: pad every batch of the group to the largest.
-        stacked = {k: _pad_group([b[k] for b in batches], self.n_devices) for k in batches[0]}
+        # One program for the group needs one shape: pad every batch of the group to the largest.
+        stacked = jax.device_put({k: _pad_group([b[k] for b in batches], self.n_devices) for k in batches[0]},
+                                 self._group_sharding)
         layers = np.asarray(self._contextualize_multi(self._params_multi, stacked["tokens"], stacked["lengths"],
-                                                      self._markers))
+                                                      self._markers_multi))
         return [layers[i] for i in range(len(batches))]
 
     def embed(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:

@@ -210,9 +210,9 @@ def _split_inputs(char_ids, layers, mask):
 
 
 def _load_checkpoint(run_dir, step):
-    from elmo_jax import checkpoint  # orbax and the training code: imported only when needed
+    from elmo_jax import export  # orbax and the training code: imported only when needed
 
-    options, _, params, _ = checkpoint.load_run(run_dir, step)
+    options, _, params, _ = export.load_run(run_dir, step)
     return options.model, params["bilm"]
 
 

@@ -18,12 +18,15 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import lstm, train
 from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer, replicate_state, unreplicate_state, vocab_hash
+from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
 from elmo_jax.config import ModelConfig, Options, TrainConfig
 from elmo_jax.data import LMBatcher, Source, shard_for_process
+from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
+from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
 from elmo_jax.softmax import full_softmax_loss
 
 
@@ -72,14 +75,16 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
 def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int) -> dict:
     return {"options": options.to_dict(), "vocab_sha256": vocab_hash(vocab), "vocab_size": len(vocab),
             "global_rows": global_rows, "process_count": jax.process_count(), "local_devices": n_local,
-            "format": 1}
+            "softmax_layout": RowLayout.for_vocab(options.train.n_tokens_vocab).to_dict()}
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
     """A run dir resumes only the run it holds: same model, same training keys, same vocab."""
     saved = meta["options"]
     now = options.to_dict()
-    ignore = {"n_epochs", "n_train_tokens"}  # how long to run may change between sessions
+    # How long to run may change between sessions, and so may the rows per device (with the device
+    # count: the global row count decides what resumes exactly, see _restore_or_init).
+    ignore = {"n_epochs", "n_train_tokens", "batch_size"}
     diffs = []
     for section in ("lstm", "char_cnn"):
         for k in sorted(set(saved[section]) | set(now[section])):
@@ -121,12 +126,101 @@ class _Stop:
             signal.signal(sig, old)
 
 
-def _batch_source(batcher: LMBatcher, train_cfg: TrainConfig, seed: int, first_device: int, fixed: bool):
-    def next_batch(step_number: int) -> dict:
-        return train.add_candidates(batcher.next(), step=step_number, seed=seed,
-                                    num_sampled=train_cfg.n_negative_samples_batch,
-                                    vocab_size=train_cfg.n_tokens_vocab, first_device=first_device, fixed=fixed)
-    return next_batch
+def _agree_max(values: list[int]) -> list[int]:
+    """The element-wise max over processes (every process must feed the same shapes)."""
+    if jax.process_count() == 1:
+        return list(values)
+    from jax.experimental import multihost_utils
+
+    return [int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(values, np.int64)), axis=0)]
+
+
+class _Batches:
+    """The step's global batch: this process's rows from the batcher, candidates, the fetch plan,
+    and shapes agreed by all processes (the distinct-word count per step, the fetch capacity,
+    which only grows)."""
+
+    def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
+                 fixed: bool):
+        self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
+        self.first_device, self.fixed, self.capacity = first_device, fixed, 0
+        self.sharding = NamedSharding(mesh, P(train.AXIS))
+
+    def next(self, step_number: int) -> dict:
+        local = self.batcher.next()
+        n = self.mesh.size
+        kw = dict(step=step_number, seed=self.seed, train=self.train, n_devices=n, first_device=self.first_device,
+                  fixed=self.fixed)
+        local, capacity = train.prepare_batch(local, capacity=self.capacity, **kw)
+        words, self.capacity = _agree_max([local["chars"].shape[1], capacity])
+        if self.capacity != capacity:  # another process needs more: plan again with its capacity
+            plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(self.train.n_tokens_vocab),
+                                 n, self.capacity)
+            local.update(plan)
+        if words != local["chars"].shape[1]:
+            local["chars"] = np.pad(local["chars"], ((0, 0), (0, words - local["chars"].shape[1]), (0, 0)))
+        return {k: jax.make_array_from_process_local_data(self.sharding, local[k], (n,) + local[k].shape[1:])
+                for k in train.BATCH_KEYS}
+
+
+def _put(tree, shardings):
+    """Host arrays (the same on every process) -> global arrays; each process copies its shards only."""
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings)
+
+
+def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
+                     shardings: train.TrainState, global_rows: int, batcher: LMBatcher,
+                     init_state: dict | None) -> tuple[int, train.TrainState]:
+    """(start step, state on the mesh): the newest readable checkpoint, else ``init_state``, else a
+    fresh init.
+
+    A checkpoint is global arrays, so it restores onto any mesh whose size divides the padded
+    softmax. Resumed with the same number of processes and global rows the run continues exactly;
+    with another row count the data position (epoch, shard, sentence) is kept and the rows'
+    buffered text and LSTM state start afresh; with another number of processes (whose shards
+    differ) the data starts afresh too. Every process decides the same from the shared metadata.
+    """
+    t, model = options.train, options.model
+    layout = RowLayout.for_vocab(t.n_tokens_vocab)
+    rows_sharding = shardings.lstm
+    zero_rows = jax.jit(lambda: lstm.zero_state(model, global_rows), out_shardings=rows_sharding)
+    restored = None
+    if meta is not None:
+        same_procs = meta.get("process_count") == jax.process_count()
+
+        def abstract(m: dict):
+            if m.get("format", 1) == 1:  # read onto one device, converted below
+                return abstract_shared(options, m), None
+            target = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                            abstract_shared(options, m), shardings.shared())
+            return target, abstract_rows(model, global_rows, rows_sharding) if m.get("global_rows") == global_rows \
+                else None
+
+        restored = ckpt.restore_latest(abstract, with_host=same_procs)
+    if restored is None:
+        key = jax.random.PRNGKey(settings.seed)
+        if init_state is None:
+            return 0, jax.jit(lambda: train.init_state(key, model, t, global_rows), out_shardings=shardings)()
+        shared = _put(softmax_in_slot_order(init_state, layout), shardings.shared())
+        return 0, train.TrainState(**shared, lstm=zero_rows())
+    start, shared, rows, host, saved = restored
+    if saved.get("format", 1) == 1:
+        shared = _put(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
+        if host is not None and saved.get("global_rows") == global_rows:
+            rows = {k: jax.make_array_from_process_local_data(rows_sharding[k], np.asarray(v), (2, v.shape[1], global_rows, v.shape[3]))
+                    for k, v in host["lstm"].items()}
+    if host is not None:
+        batcher.restore(host["data"])
+    where = f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with " \
+            f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and " \
+            f"optimizer state restored"
+    if host is None:
+        warnings.warn(f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state")
+    elif rows is None:
+        warnings.warn(f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
+                      f"LSTM state start afresh")
+    return start, train.TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
 def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings,
@@ -134,18 +228,25 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
              on_metrics: Callable[[dict], None] | None = None, fixed_candidates: bool = False) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
-    ``init_state``: an unreplicated state to start from instead of a fresh init (fine-tuning).
+    ``init_state``: a shared state, softmax in id order (``export.finetune_state``), to start
+    from instead of a fresh init (fine-tuning).
     """
     t, model = options.train, options.model
     os.makedirs(settings.run_dir, exist_ok=True)
-    n_local, n_global = jax.local_device_count(), jax.device_count()
+    n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
         if jax.process_count() > 1 and settings.devices != n_local:
             raise CheckpointError("a multi-host run uses every local device; drop --devices")
         if not 1 <= settings.devices <= n_local:
             raise CheckpointError(f"--devices {settings.devices}: this process has {n_local} device(s)")
-        n_local = n_global = settings.devices
-    global_rows = t.batch_size * n_global
+        n_local, devices = settings.devices, jax.local_devices()[:settings.devices]
+    mesh = Mesh(np.array(devices), (train.AXIS,))
+    layout = RowLayout.for_vocab(t.n_tokens_vocab)
+    try:
+        layout.rows_per_device(mesh.size)
+    except LayoutError as e:
+        raise CheckpointError(str(e)) from None
+    global_rows = t.batch_size * mesh.size
     first_device = jax.process_index() * n_local
     ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
     epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
@@ -155,52 +256,18 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     meta = ckpt.latest_meta()
     if meta is not None:
         check_compatible(meta, options, vocab, settings.run_dir)
-    else:
-        if jax.process_index() == 0:
-            options.save(os.path.join(settings.run_dir, "options.json"))
-            vocab_path = os.path.join(settings.run_dir, "vocab.txt")
-            tmp = f"{vocab_path}.tmp-{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("\n".join(vocab.words) + "\n")
-            os.replace(tmp, vocab_path)
+    elif jax.process_index() == 0:
+        options.save(os.path.join(settings.run_dir, "options.json"))
+        write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
 
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     max_epochs = math.ceil(settings.epochs) if settings.epochs else None
     batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, n_devices=n_local, seed=settings.seed,
                         shards=shards, first_row=first_device * t.batch_size, max_epochs=max_epochs)
-    fresh = init_state if init_state is not None else train.init_state(jax.random.PRNGKey(settings.seed), model, t)
-    shared_fresh = {k: v for k, v in fresh.items() if k != "lstm"}
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
-                                      if not isinstance(x, jax.ShapeDtypeStruct) else x, shared_fresh)
-    # Which rows and shards a process owns depends on the process and device layout (the data
-    # order is a function of seed, data and layout). Resumed on the same layout, the run continues
-    # exactly; on another, params and optimizer state carry over and the data position and LSTM
-    # rows start afresh (every process decides the same from the shared metadata).
-    same_layout = meta is not None and (meta.get("process_count"), meta.get("local_devices")) == \
-        (jax.process_count(), n_local)
-    restored = ckpt.restore_latest(abstract, with_host=same_layout) if meta is not None else None
-    start = 0
-    if restored is not None:
-        start, shared, host, _ = restored
-        if host is not None:
-            rows = {k: np.asarray(v) for k, v in host["lstm"].items()}
-            batcher.restore(host["data"])
-        else:
-            warnings.warn(f"{settings.run_dir}: saved by {meta.get('process_count')} process(es) x "
-                          f"{meta.get('local_devices')} device(s), resumed on {jax.process_count()} x {n_local}: "
-                          f"params and optimizer state restored; data position and LSTM state start afresh")
-            rows = jax.device_get(lstm.zero_state(model, t.batch_size * n_local))
-        state = replicate_state(shared, rows, n_local)
-    else:
-        zero_rows = {k: np.zeros((2, model.lstm.n_layers, t.batch_size * n_local, v.shape[-1]), np.float32)
-                     for k, v in fresh["lstm"].items()}
-        state = replicate_state(jax.device_get(shared_fresh), zero_rows, n_local)
-    del fresh, shared_fresh
-    # Put the state on the devices the way pmap returns it, so that the first and later steps
-    # share one compiled program (host arrays in, device arrays out would compile twice).
-    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:n_local]), (train.AXIS,))
-    state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(train.AXIS)))
+    abstract = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, t, global_rows))
+    shardings = train.state_shardings(abstract, mesh)
+    start, state = _restore_or_init(ckpt, meta, options, settings, shardings, global_rows, batcher, init_state)
 
     # Real tokens per step, each counted once although both directions learn from it (over an
     # epoch every token is one forward and one backward target): bilm-tf's tokens/s.
@@ -210,9 +277,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         ckpt.close()
         return {"step": start}
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
-    step_fn = train.make_train_step(model, t, settings.precision, dtype,
-                                    jax.local_devices()[:n_local] if settings.devices else None)
-    next_batch = _batch_source(batcher, t, settings.seed, first_device, fixed_candidates)
+    step_fn = train.make_train_step(model, t, mesh, settings.precision, dtype)
+    batches = _Batches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
     metrics_path = os.path.join(settings.run_dir, "metrics.jsonl")
     progress = None
     if settings.progress and jax.process_index() == 0:
@@ -225,9 +291,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         if saved[-1] == step_number:  # e.g. a signal arrived on a save step
             return
         saved.append(step_number)
-        shared, rows = unreplicate_state(state)
-        host = {"lstm": rows, "data": batcher.state()}
-        ckpt.save(step_number, shared, host, _meta(options, vocab, global_rows, n_local))
+        ckpt.save(step_number, state.shared(), state.lstm, {"data": batcher.state()},
+                  _meta(options, vocab, global_rows, n_local))
 
     last: dict = {}
     pending = None  # the previous step's metrics: read after the next step is dispatched
@@ -237,7 +302,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     with _Stop() as stop:
         while total is None or step < total:
             try:
-                batch = next_batch(step)
+                batch = batches.next(step)
             except StopIteration:
                 break
             state, m = step_fn(state, batch)
@@ -254,7 +319,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                 window = {k: 0.0 for k in window} | {"n": 0}
                 if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
                     last.update({f"heldout_{k}": v for k, v in
-                                 evaluate(_params0(state), model, vocab, heldout, t.batch_size, t.unroll_steps).items()})
+                                 evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
+                                          layout=layout).items()})
                 if jax.process_index() == 0:
                     with open(metrics_path, "a", encoding="utf-8") as f:
                         f.write(json.dumps(last) + "\n")
@@ -281,14 +347,9 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     return last
 
 
-def _params0(state: dict) -> dict:
-    return jax.tree_util.tree_map(lambda x: x[0], state["params"])
-
-
 def _accumulate(window: dict, m: dict) -> None:
-    m = jax.device_get(m)
     for k in ("loss_sum_fwd", "loss_sum_bwd", "count", "grad_norm"):
-        window[k] += float(np.asarray(m[k])[0])
+        window[k] += float(np.asarray(m[k].addressable_data(0)))  # replicated: any local copy
     window["n"] += 1
 
 
@@ -303,16 +364,24 @@ def _summarise(w: dict, step: int, epoch: int, tokens_per_step: int, seconds: fl
 # -- evaluation ---------------------------------------------------------------------------------
 
 def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
-             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest") -> dict:
+             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
+             layout: RowLayout | None = None) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens"}``.
 
     Default: bilm-tf's protocol, state carried across sentences within each row, one pass over the
     data in file order. The perplexity is ``exp(mean CE)`` over all target tokens with
     ``CE = 0.5 * (CE_fwd + CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is
     the same number). ``reset_state_per_sentence``: every sentence from zero state, alone.
+
+    ``params["softmax"]`` is in id order (``export.load_run``), or in ``layout``'s slot order (a
+    training state's, possibly split over devices: the logits are then computed where the rows are).
     """
+    to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
+    if layout is not None:  # padding slots take no probability
+        sm = params["softmax"]
+        params = {**params, "softmax": {"w": sm["w"], "b": jnp.where(jnp.asarray(layout.valid()), sm["b"], -jnp.inf)}}
     if reset_state_per_sentence:
-        return _evaluate_sentences(params, model, vocab, source, batch_size, precision)
+        return _evaluate_sentences(params, model, vocab, source, batch_size, precision, to_rows)
     batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
     step = _eval_fn(model, precision)
@@ -320,7 +389,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     sums, count = np.zeros(2), 0
     for batch in batcher:
         b = {k: v[0] for k, v in batch.items()}
-        state, ce = step(params, state, b)
+        state, ce = step(params, state, {**b, "targets": to_rows(b["targets"])})
         sums += [float(ce["ce_fwd"].sum()), float(ce["ce_bwd"].sum())]
         count += b["targets"][0].size
     if count == 0:
@@ -345,7 +414,7 @@ def _eval_fn(model: ModelConfig, precision: str):
     return _EVAL_CACHE[key]
 
 
-def _evaluate_sentences(params, model, vocab, source, batch_size, precision) -> dict:
+def _evaluate_sentences(params, model, vocab, source, batch_size, precision, to_rows) -> dict:
     """Each sentence alone from zero state: inputs ``<S> w..`` -> targets ``w.. </S>`` (and reversed)."""
     from elmo_jax.chars import batch_to_ids
 
@@ -369,7 +438,7 @@ def _evaluate_sentences(params, model, vocab, source, batch_size, precision) -> 
         pad = [[] for _ in range(batch_size - rows)]
         chars = np.stack([batch_to_ids(fwd_in + pad, model.char_cnn.max_characters_per_token, n),
                           batch_to_ids(bwd_in + pad, model.char_cnn.max_characters_per_token, n)])
-        ce = np.asarray(fn(params, chars, targets, mask))
+        ce = np.asarray(fn(params, chars, to_rows(targets), mask))
         sums += ce.sum(axis=(1, 2))
         count += int(mask.sum())
     return _perplexities(sums, count)

@@ -103,7 +103,10 @@ def full_softmax_loss(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Arr
     """Per-position cross-entropy ``[N]`` of the full softmax: ``h [N, P]``, ``w [V, P]``, ``b [V]``.
 
     For evaluation (perplexity); it materialises ``[N, V]`` logits, so chunk ``N`` for big vocabularies.
+    ``targets`` index rows of ``w``; rows with bias ``-inf`` (padding) take no probability.
     """
     logits = jnp.dot(h, w.T, precision=precision) + b
-    true_logit = jnp.take_along_axis(logits, targets[:, None], axis=1)[:, 0]
+    # The true logit from the target rows, not picked out of ``logits``: with ``w`` split by rows
+    # over devices, a pick along V would gather the logits; a row gather moves ``[N, P]``.
+    true_logit = jnp.sum(h * w[targets], axis=-1) + b[targets]
     return jax.nn.logsumexp(logits, axis=1) - true_logit

@@ -1,14 +1,14 @@
-"""The pretraining step: sampled-softmax biLM loss, dropout, clipping, Adagrad, sparse softmax.
+"""The pretraining step: sampled-softmax biLM loss, dropout, clipping, Adagrad, sharded softmax.
 
-``train_step(state, batch) -> (state, metrics)`` is a pure function over a named device axis;
-``make_train_step`` wraps it in ``jax.pmap`` over the local devices (and, after
-``jax.distributed.initialize``, the same step spans every process's devices).
-
-The softmax ``[V, P]`` (1.6 GB at bilm-tf's 793,471 words) is never differentiated densely: the
-step gathers the rows of this step's candidates and targets, differentiates w.r.t. those rows
-only, sums duplicate rows across devices, and scatters the Adagrad update back into the weights
-and accumulators in place (the state is donated). Only those rows enter the global norm; their
-gradient is exactly the dense one restricted to its non-zero rows.
+``train_step(state, batch) -> (state, metrics)`` is a per-device function over the mesh axis
+``data``; ``make_train_step`` runs it under ``jax.shard_map`` inside ``jax.jit`` over a ``Mesh``
+of every device of every process (one program for one host or many). The dense biLM weights are
+replicated and their gradients averaged; the softmax ``[V_pad, P]`` and its Adagrad accumulators
+are split by rows, one owner per row (``sharded_softmax``). The step fetches the rows of its
+candidates and targets from their owners, differentiates w.r.t. those rows only, and sends their
+gradients back; each owner sums them and updates its rows in place (the state is donated). Only
+those rows enter the global norm; their gradient is exactly the dense one restricted to its
+non-zero rows.
 """
 
 from __future__ import annotations
@@ -20,13 +20,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import bilm, char_cnn, lstm
 from elmo_jax.config import ModelConfig, TrainConfig
+from elmo_jax.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
 from elmo_jax.softmax import full_softmax_loss, sample_log_uniform_unique, sampled_softmax_loss
 
-AXIS = "batch"
-State = dict[str, Any]
+AXIS = "data"
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes. As global arrays: ``step``, ``rng`` and the dense biLM
+    (``params["bilm"]``, ``opt["bilm"]``) replicated; ``params["softmax"]`` (``w [V_pad, P]``,
+    ``b [V_pad]``, in ``RowLayout`` slot order) and ``opt["softmax"]`` split by rows; ``lstm``
+    (``c [2, L, R, dim]``, ``h [2, L, R, P]`` for R global rows) split by rows."""
+
+    step: jax.Array
+    params: dict
+    opt: dict
+    lstm: dict
+    rng: jax.Array  # a raw uint32 key: checkpoints as a plain array
+
+    def shared(self) -> dict:
+        """What is the same for any number of rows: the checkpoint's ``state`` item."""
+        return {"step": self.step, "params": self.params, "opt": self.opt, "rng": self.rng}
 
 
 def dense_optimizer(train: TrainConfig) -> optax.GradientTransformation:
@@ -34,23 +54,47 @@ def dense_optimizer(train: TrainConfig) -> optax.GradientTransformation:
     return optax.adagrad(train.learning_rate, initial_accumulator_value=1.0, eps=0.0)
 
 
-def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig) -> State:
-    """A fresh, unreplicated train state for one device's rows (``train.batch_size``)."""
+def state_specs(state: TrainState) -> TrainState:
+    """The ``PartitionSpec`` of every leaf over the mesh axis ``data``."""
+    rep = lambda tree: jax.tree_util.tree_map(lambda _: P(), tree)
+    by_row = {k: P(AXIS) for k in ("w", "b")}
+    return TrainState(step=P(), rng=P(),
+                      params={"bilm": rep(state.params["bilm"]), "softmax": by_row},
+                      opt={"bilm": rep(state.opt["bilm"]), "softmax": by_row},
+                      lstm={k: P(None, None, AXIS) for k in state.lstm})
+
+
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), state_specs(state),
+                                  is_leaf=lambda x: isinstance(x, P))
+
+
+def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int | None = None) -> TrainState:
+    """A fresh state for ``rows`` global rows (default ``train.batch_size``).
+
+    Under ``jax.jit(..., out_shardings=state_shardings(...))`` each device draws only its own
+    softmax rows (jax's threefry is partitionable). The weights are drawn in slot order:
+    N(0, 1/sqrt(P)) as in bilm-tf, zero in the padding slots.
+    """
     k_bilm, k_softmax, k_rng = jax.random.split(key, 3)
-    p, v = model.lstm.projection_dim, train.n_tokens_vocab
+    p = model.lstm.projection_dim
+    layout = RowLayout.for_vocab(train.n_tokens_vocab)
+    valid = jnp.asarray(layout.valid())
     params = {
         "bilm": bilm.init(k_bilm, model),
-        # bilm-tf: N(0, 1/sqrt(P)) softmax weights, zero bias; shared by both directions.
-        "softmax": {"w": jax.random.normal(k_softmax, (v, p)) / np.sqrt(p), "b": jnp.zeros((v,))},
+        # bilm-tf: zero bias; the softmax is shared by both directions.
+        "softmax": {"w": jax.random.normal(k_softmax, (layout.padded, p)) / np.sqrt(p) * valid[:, None],
+                    "b": jnp.zeros((layout.padded,))},
     }
-    return {
-        "step": jnp.zeros((), jnp.int32),
-        "params": params,
-        "opt": {"bilm": dense_optimizer(train).init(params["bilm"]),
-                "softmax": {"w": jnp.ones((v, p)), "b": jnp.ones((v,))}},
-        "lstm": lstm.zero_state(model, train.batch_size),
-        "rng": k_rng,  # a raw uint32 key: checkpoints as a plain array
-    }
+    sparse = SparseAdagrad(train.learning_rate)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt={"bilm": dense_optimizer(train).init(params["bilm"]),
+             "softmax": {k: sparse.init(v) for k, v in params["softmax"].items()}},
+        lstm=lstm.zero_state(model, train.batch_size if rows is None else rows),
+        rng=k_rng,
+    )
 
 
 def _token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype) -> jax.Array:
@@ -59,111 +103,123 @@ def _token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dty
     return words[batch["inputs"]]
 
 
-def _row_keys(state: State, rows: jax.Array) -> jax.Array:
+def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
     # Keys depend on (seed, step, global row) only, never on the device that holds the row.
-    base = jax.random.fold_in(state["rng"], state["step"])
+    base = jax.random.fold_in(state.rng, state.step)
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(rows)
 
 
-def train_step(state: State, batch: dict, *, model: ModelConfig, train: TrainConfig,
+def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: TrainConfig,
                precision="highest", dtype=jnp.float32, axis_name: str | None = AXIS
-               ) -> tuple[State, dict]:
-    """One optimisation step on this device's rows.
+               ) -> tuple[TrainState, dict]:
+    """One optimisation step on this device's rows and softmax shard.
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
-    ``targets [2, B, T]``, ``rows [B]`` global row ids, ``candidates [2, S]`` sampled ids and
-    ``num_tries [2]`` (per direction). With ``axis_name`` None it runs on one device alone.
+    ``targets [2, B, T]``, ``rows [B]`` global row ids, ``candidates [2, S]`` sampled ids,
+    ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
+    (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
+    this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
+    ``axis_name`` None it runs on one device alone, outside any mesh.
     """
     v, p = train.n_tokens_vocab, model.lstm.projection_dim
     targets, cands = batch["targets"], batch["candidates"]
     n_pos = targets.shape[1] * targets.shape[2]
     flat_targets = targets.reshape(2, n_pos)
     row_keys = _row_keys(state, batch["rows"])
-    sm = state["params"]["softmax"]
+    sm = state.params["softmax"]
+    rows, received = fetch_rows(sm, batch["fetch"], axis_name)
+    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
 
-    def loss_fn(bilm_params, cand_w, cand_b, true_w, true_b):
+    def loss_fn(bilm_params, rows_w, rows_b):
         x = _token_vectors(bilm_params, model, batch, precision, dtype)
         mask = jnp.ones(targets.shape[1:], bool)
         # Gradients stop at the window edge: the carried state is an input, not a graph.
-        carried = jax.lax.stop_gradient(state["lstm"])
+        carried = jax.lax.stop_gradient(state.lstm)
         outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
                                   train.dropout, row_keys)
         top = outs[-1]
         if train.dropout > 0:
             top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
         per_dir = [
-            sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], true_w[d], true_b[d], cands[d],
-                                 cand_w[d], cand_b[d], batch["num_tries"][d], v, precision).mean()
+            sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
+                                 rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
+                                 batch["num_tries"][d], v, precision).mean()
             for d in range(2)]
         loss = 0.5 * (per_dir[0] + per_dir[1])
         # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
         # that scale changes the effective step size, so it is kept.
         return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
 
-    rows_in = (sm["w"][cands], sm["b"][cands], sm["w"][flat_targets], sm["b"][flat_targets])
-    grads, (per_dir, new_lstm) = jax.grad(loss_fn, argnums=(0, 1, 2, 3, 4), has_aux=True)(
-        state["params"]["bilm"], *rows_in)
-    g_bilm, g_cw, g_cb, g_tw, g_tb = grads
-    ids = jnp.concatenate([cands.reshape(-1), flat_targets.reshape(-1)])
-    g_w = jnp.concatenate([g_cw.reshape(-1, p), g_tw.reshape(-1, p)])
-    g_b = jnp.concatenate([g_cb.reshape(-1), g_tb.reshape(-1)])
+    bilm_params = state.params["bilm"]
     if axis_name is not None:
+        # Replicated params enter a per-device loss: marked device-varying, their gradient is this
+        # device's own (shard_map would otherwise psum it implicitly), averaged below.
+        bilm_params = jax.lax.pcast(bilm_params, (axis_name,), to="varying")
+    (g_bilm, g_w, g_b), (per_dir, new_lstm) = jax.grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
+        bilm_params, rows["w"], rows["b"])
+    rows_per_device = sm["b"].shape[0]
+    ids, g_rows = return_grads({"w": g_w, "b": g_b}, received, rows_per_device, axis_name)
+    if axis_name is not None:
+        # The loss is a mean over this device's rows: the global loss is the mean over devices.
+        n_dev = jax.lax.axis_size(axis_name)
         g_bilm = jax.lax.pmean(g_bilm, axis_name)
-        n_dev = jax.lax.psum(1, axis_name)
-        ids = jax.lax.all_gather(ids, axis_name).reshape(-1)
-        g_w = jax.lax.all_gather(g_w, axis_name).reshape(-1, p) / n_dev
-        g_b = jax.lax.all_gather(g_b, axis_name).reshape(-1) / n_dev
-    # Sum duplicate rows (a word that is both a target and a candidate, or on two devices).
-    # Unused slots get id V: out of range, so the scatters below drop them.
-    uniq, inv = jnp.unique(ids, size=ids.shape[0], fill_value=v, return_inverse=True)
-    g_w = jax.ops.segment_sum(g_w, inv.reshape(-1), num_segments=ids.shape[0])
-    g_b = jax.ops.segment_sum(g_b, inv.reshape(-1), num_segments=ids.shape[0])
-
-    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True)
-                         + jnp.sum(g_w * g_w) + jnp.sum(g_b * g_b))
+        g_rows = {k: g / n_dev for k, g in g_rows.items()}
+    # Each row has one owner, holding its whole gradient: the sparse part of the norm is a sum
+    # over owners.
+    sparse_sq = jnp.sum(g_rows["w"] * g_rows["w"]) + jnp.sum(g_rows["b"] * g_rows["b"])
+    if axis_name is not None:
+        sparse_sq = jax.lax.psum(sparse_sq, axis_name)
+    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True) + sparse_sq)
     clip = train.all_clip_norm_val
     scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
     g_bilm = jax.tree_util.tree_map(lambda g: g * scale, g_bilm)
-    g_w, g_b = g_w * scale, g_b * scale
 
-    updates, opt_bilm = dense_optimizer(train).update(g_bilm, state["opt"]["bilm"], state["params"]["bilm"])
-    new_bilm = optax.apply_updates(state["params"]["bilm"], updates)
+    updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
+    new_bilm = optax.apply_updates(state.params["bilm"], updates)
+    sparse = SparseAdagrad(train.learning_rate)
     new_sm, new_acc = {}, {}
-    for name, g in (("w", g_w), ("b", g_b)):
-        acc = state["opt"]["softmax"][name].at[uniq].get(mode="fill", fill_value=1.0) + g * g
-        rows = sm[name].at[uniq].get(mode="fill", fill_value=0.0) - train.learning_rate * g * jax.lax.rsqrt(acc)
-        new_sm[name] = sm[name].at[uniq].set(rows, mode="drop")
-        new_acc[name] = state["opt"]["softmax"][name].at[uniq].set(acc, mode="drop")
+    for name in ("w", "b"):
+        new_sm[name], new_acc[name] = sparse.apply(sm[name], state.opt["softmax"][name], ids, g_rows[name] * scale)
 
     loss_sums = per_dir * n_pos
     count = jnp.asarray(n_pos, jnp.float32)
     if axis_name is not None:
         loss_sums = jax.lax.psum(loss_sums, axis_name)
         count = jax.lax.psum(count, axis_name)
-    new_state = {
-        "step": state["step"] + 1,
-        "params": {"bilm": new_bilm, "softmax": new_sm},
-        "opt": {"bilm": opt_bilm, "softmax": new_acc},
-        "lstm": new_lstm,
-        "rng": state["rng"],
-    }
+    new_state = TrainState(step=state.step + 1, params={"bilm": new_bilm, "softmax": new_sm},
+                           opt={"bilm": opt_bilm, "softmax": new_acc}, lstm=new_lstm, rng=state.rng)
     metrics = {"loss_sum_fwd": loss_sums[0], "loss_sum_bwd": loss_sums[1], "count": count,
                "grad_norm": grad_norm}
     return new_state, metrics
 
 
-def make_train_step(model: ModelConfig, train: TrainConfig, precision="highest", dtype=jnp.float32,
-                    devices=None):
-    """``train_step`` pmapped over ``devices`` (default: all local ones); the state is donated
-    (updated in place, so the [V, P] softmax and its accumulators are never copied)."""
-    step = functools.partial(train_step, model=model, train=train, precision=precision, dtype=dtype,
-                             axis_name=AXIS)
-    return jax.pmap(step, axis_name=AXIS, donate_argnums=(0,), devices=devices)
+BATCH_KEYS = ("chars", "inputs", "targets", "rows", "candidates", "num_tries", "fetch", "cand_index",
+              "target_index")
+
+
+@functools.lru_cache(maxsize=8)
+def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precision="highest", dtype=jnp.float32):
+    """``train_step`` under ``shard_map`` over ``mesh`` inside ``jit``; the state is donated
+    (updated in place: the softmax and its accumulators are never copied).
+
+    Takes global arrays: the state as ``state_shardings`` places it, and a batch whose every leaf
+    has a leading axis of one entry per device (``P("data")``). Cached: runs of one process with
+    the same model, recipe and mesh share the compiled programs."""
+    def per_device(state, batch):
+        return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
+                          precision=precision, dtype=dtype, axis_name=AXIS)
+
+    specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
+                         out_specs=(specs, P()))
+    return jax.jit(step, donate_argnums=(0,))
 
 
 def eval_step(params: dict, lstm_state: dict, batch: dict, *, model: ModelConfig, precision="highest"
               ) -> tuple[dict, dict]:
-    """Full-softmax cross-entropy sums per direction; returns (new LSTM state, sums)."""
+    """Full-softmax cross-entropy per position and direction; returns (new LSTM state, CEs).
+
+    ``batch["targets"]`` are rows of ``params["softmax"]`` (slots, for a table in slot order)."""
     x = _token_vectors(params["bilm"], model, batch, precision, jnp.float32)
     targets = batch["targets"]
     mask = jnp.ones(targets.shape[1:], bool)
@@ -192,3 +248,14 @@ def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab
             rng = np.random.default_rng([seed, step, device, d])
             cands[k, d], tries[k, d] = sample_log_uniform_unique(rng, num_sampled, vocab_size)
     return {**batch, "candidates": cands, "num_tries": tries}
+
+
+def prepare_batch(batch: dict, *, step: int, seed: int, train: TrainConfig, n_devices: int, first_device: int = 0,
+                  fixed: bool = False, capacity: int = 0) -> tuple[dict, int]:
+    """A batcher's host batch ``[D, ...]`` -> everything ``train_step`` takes, and the fetch
+    capacity used (at least ``capacity``; see ``sharded_softmax.plan_fetch``)."""
+    batch = add_candidates(batch, step=step, seed=seed, num_sampled=train.n_negative_samples_batch,
+                           vocab_size=train.n_tokens_vocab, first_device=first_device, fixed=fixed)
+    plan, capacity = plan_fetch(batch["candidates"], batch["targets"], RowLayout.for_vocab(train.n_tokens_vocab),
+                                n_devices, capacity)
+    return {**batch, **plan}, capacity

@@ -1,10 +1,15 @@
-"""Data parallelism: the device split and the process split do not change the optimisation.
+"""Data parallelism over a device mesh: the device split, the process split and a restart on
+another mesh do not change the optimisation.
 
-1. ``test_pmap_two_devices_equals_one``: one global batch of 2B rows, one (then a second) train
-   step on one device (B' = 2B rows) and on two devices (B rows each): params, optimizer state,
-   the carried LSTM rows and the metrics agree. Dropout is on: its keys come from the global row
-   ids, so the split must not matter.
-2. ``test_multihost_cli_equals_single_process``: the real CLI, ``train --coordinator ...``, in two
+1. ``test_mesh_two_devices_equals_one``: one global batch of 2B rows, two train steps on a mesh of
+   one device (2B rows) and of two (B rows each, the softmax split by rows): params, optimizer
+   state, the carried LSTM rows and the metrics agree. Dropout is on: its keys come from the
+   global row ids, so the split must not matter. The softmax shards really are V_pad / 2 rows, and
+   the compiled step gathers or all-reduces nothing that large.
+2. Restarts: 6 steps on 2 devices equal 3 on 2 devices and 3 more on 1 device with twice the rows
+   per device; a restart with another global row count keeps params, optimizer state and data
+   position with one warning; a run dir of the previous checkpoint format resumes.
+3. ``test_multihost_cli_equals_single_process``: the real CLI, ``train --coordinator ...``, in two
    processes with one CPU device each (jax.distributed, gloo collectives), against the same CLI
    in this process with two local devices. Final params, per-step losses and LSTM rows agree.
 
@@ -20,22 +25,31 @@ conftest.py gives this process two CPU devices; the worker processes override XL
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from elmo_jax import pretrain as pretrain_mod
 from elmo_jax import train
 from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import load_run, replicate_state, unreplicate_state
+from elmo_jax.checkpoint import Checkpointer
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles, shard_for_process
+from elmo_jax.export import abstract_rows, abstract_shared, load_run, read_run
+from elmo_jax.pretrain import RunSettings, pretrain
+from elmo_jax.sharded_softmax import RowLayout
+
+from helpers import FIXTURES
 
 TOL = 1e-5
 
@@ -85,92 +99,219 @@ def _words(batch: dict) -> np.ndarray:
     return np.stack([chars[k][inputs[k]] for k in range(chars.shape[0])])
 
 
-# -- 1. one process, one device vs two devices ----------------------------------------------------
-
-def _step(step_fn, state: dict, batch: dict) -> tuple[dict, dict]:
-    # Host arrays in, host arrays out: every call then has the same (host) input kind and
-    # reuses the one compiled executable, and the donated buffers are never ours.
-    new, metrics = step_fn(state, batch)
-    return jax.device_get(new), jax.device_get(metrics)
-
-
-def test_pmap_two_devices_equals_one(tmp_path):
-    _two_local_devices()
+def _setup(tmp_path):
     (tmp_path / "train.txt").write_text(TEXT)
     words = sorted({w for line in TEXT.split("\n") for w in line.split()} - OOV)
     vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + words)
-    b, steps = 2, 5
-    t = TrainConfig(n_tokens_vocab=len(vocab), batch_size=b, unroll_steps=steps, n_negative_samples_batch=8,
+    t = TrainConfig(n_tokens_vocab=len(vocab), batch_size=2, unroll_steps=5, n_negative_samples_batch=8,
                     dropout=0.1, n_epochs=1, n_train_tokens=100)
-    source = TextFiles(str(tmp_path / "train.txt"))
-    common = dict(unroll_steps=steps, max_chars=TINY.char_cnn.max_characters_per_token, seed=3)
-    one_batcher = LMBatcher(source, vocab, rows_per_device=2 * b, n_devices=1, **common)
-    two_batcher = LMBatcher(source, vocab, rows_per_device=b, n_devices=2, **common)
+    return vocab, t, TextFiles(str(tmp_path / "train.txt"))
 
-    fresh = jax.device_get(train.init_state(jax.random.PRNGKey(7), TINY, t))
-    shared = {k: v for k, v in fresh.items() if k != "lstm"}
+
+def _mesh(n: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:n]), (train.AXIS,))
+
+
+def _hlo_collectives(compiled) -> list[tuple[str, list[int]]]:
+    """(op, element count of each operand/result) of every all-gather, all-reduce and all-to-all."""
+    out = []
+    for line in compiled.as_text().splitlines():
+        m = re.search(r"=\s*(\(?[^=]*?\)?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
+        if m:
+            sizes = [int(np.prod([int(d) for d in dims.split(",") if d.strip()] or [1]))
+                     for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", m.group(1))]
+            out.append((m.group(2), sizes))
+    return out
+
+
+# -- 1. one process, one device vs two devices ----------------------------------------------------
+
+def test_mesh_two_devices_equals_one(tmp_path):
+    _two_local_devices()
+    vocab, t, source = _setup(tmp_path)
+    b, steps = t.batch_size, t.unroll_steps
+    layout = RowLayout.for_vocab(t.n_tokens_vocab)
+    common = dict(unroll_steps=steps, max_chars=TINY.char_cnn.max_characters_per_token, seed=3)
+    batchers = {1: LMBatcher(source, vocab, rows_per_device=2 * b, n_devices=1, **common),
+                2: LMBatcher(source, vocab, rows_per_device=b, n_devices=2, **common)}
+    configs = {1: TrainConfig(**{**t.__dict__, "batch_size": 2 * b}), 2: t}
+
+    fresh = jax.device_get(train.init_state(jax.random.PRNGKey(7), TINY, t, rows=2 * b))
     # A non-zero carried state: the rows' state must follow the rows to their device.
     rng = np.random.default_rng(0)
     rows = {"c": rng.normal(size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)).astype(np.float32),
             "h": rng.uniform(-1, 1, size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.projection_dim)).astype(np.float32)}
-    state1 = replicate_state(shared, rows, 1)
-    state2 = replicate_state(shared, rows, 2)
-    assert state1["lstm"]["c"].shape == (1, 2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)
-    assert state2["lstm"]["c"].shape == (2, 2, TINY.lstm.n_layers, b, TINY.lstm.dim)
-    step_fn1 = train.make_train_step(TINY, t)  # a leading axis of 1: pmap runs it on one device
-    step_fn2 = train.make_train_step(TINY, t)
+    host_state = fresh.replace(lstm=rows)
+    states, fns = {}, {}
+    for n in (1, 2):
+        shardings = train.state_shardings(host_state, _mesh(n))
+        states[n] = pretrain_mod._put(host_state, shardings)
+        fns[n] = train.make_train_step(TINY, configs[n], _mesh(n))
+    # The sharding is real: each device holds V_pad / n softmax rows and accumulators, B rows of LSTM state.
+    for part in ("params", "opt"):
+        for name, x in getattr(states[2], part)["softmax"].items():
+            assert [s.data.shape[0] for s in x.addressable_shards] == [layout.padded // 2] * 2, (part, name)
+    assert [s.data.shape[2] for s in states[2].lstm["c"].addressable_shards] == [b, b]
 
-    prev_params = shared["params"]
-    cand = dict(seed=11, num_sampled=t.n_negative_samples_batch, vocab_size=t.n_tokens_vocab, fixed=True)
+    prev = fresh.params
+    feeders = {n: pretrain_mod._Batches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
+               for n in (1, 2)}
     for step_number in range(2):
-        batch1 = train.add_candidates(one_batcher.next(), step=step_number, **cand)
-        batch2 = train.add_candidates(two_batcher.next(), step=step_number, **cand)
+        batch = {n: feeders[n].next(step_number) for n in (1, 2)}
+        host = {n: jax.device_get(batch[n]) for n in (1, 2)}
         # The same global batch: device k's rows are rows k*B..(k+1)*B-1 of the one-device batch.
-        split = lambda x: x.reshape(x.shape[:-2] + (2, b, steps)).swapaxes(-4, -3)[0]  # [1,2,2B,T]->[2,2,B,T]
-        np.testing.assert_array_equal(_words(batch2),
-                                      _words(batch1)[0].reshape(2, 2, b, steps, -1).swapaxes(0, 1))
-        np.testing.assert_array_equal(batch2["targets"], split(batch1["targets"]))
-        np.testing.assert_array_equal(batch2["rows"].reshape(-1), batch1["rows"].reshape(-1))
-        np.testing.assert_array_equal(batch2["rows"], np.arange(2 * b).reshape(2, b))
-        np.testing.assert_array_equal(batch2["candidates"][0], batch2["candidates"][1])
-        np.testing.assert_array_equal(batch2["candidates"][0], batch1["candidates"][0])
-
+        np.testing.assert_array_equal(_words(host[2]), _words(host[1])[0].reshape(2, 2, b, steps, -1).swapaxes(0, 1))
+        np.testing.assert_array_equal(host[2]["targets"],
+                                      host[1]["targets"][0].reshape(2, 2, b, steps).swapaxes(0, 1))
+        np.testing.assert_array_equal(host[2]["rows"], np.arange(2 * b).reshape(2, b))
+        np.testing.assert_array_equal(host[2]["candidates"][0], host[2]["candidates"][1])
+        np.testing.assert_array_equal(host[2]["candidates"][0], host[1]["candidates"][0])
+        if step_number == 0:
+            compiled = fns[2].lower(states[2], batch[2]).compile()
+            collectives = _hlo_collectives(compiled)
+            assert {op for op, _ in collectives} >= {"all-reduce", "all-to-all"}, collectives
+            shard_size = layout.padded // 2 * TINY.lstm.projection_dim
+            big = [(op, sizes) for op, sizes in collectives if op != "all-to-all" and max(sizes) >= shard_size]
+            assert not big, f"a softmax-sized operand is gathered or all-reduced: {big}"
         if step_number == 1:
             # Negative control: with device-local row ids (0..B-1 on both devices) the dropout
             # masks change and so do the results, i.e. this comparison can see the row keys.
-            wrong = {**batch2, "rows": np.tile(np.arange(b, dtype=np.int32), (2, 1))}
-            bad, _ = _step(step_fn2, state2, wrong)
-            _, bad_rows = unreplicate_state(bad)
-        # The two layouts compile side by side (a little less wall time on 2 cores).
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            run1 = pool.submit(_step, step_fn1, state1, batch1)
-            new2, m2 = _step(step_fn2, state2, batch2)
-            new1, m1 = run1.result()
-        shared1, rows1 = unreplicate_state(new1)
-        shared2, rows2 = unreplicate_state(new2)
-        assert rows1["c"].shape == rows2["c"].shape == (2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)
-
+            local_rows = jax.device_put(np.tile(np.arange(b, dtype=np.int32), (2, 1)), batch[2]["rows"].sharding)
+            copy = jax.tree_util.tree_map(lambda x: x.copy(), states[2])
+            bad, _ = fns[2](copy, {**batch[2], "rows": local_rows})
+            bad_rows = jax.device_get(bad.lstm)
+        new, metrics = {}, {}
+        for n in (1, 2):
+            states[n], metrics[n] = fns[n](states[n], batch[n])
+            new[n], metrics[n] = jax.device_get((states[n], metrics[n]))
         where = f"step {step_number + 1}: "
-        _assert_trees_close(shared2, shared1, where + "state")
-        _assert_trees_close(rows2, rows1, where + "lstm rows")
-        # The replicated parts really are replicated on both devices.
-        _assert_trees_close({k: jax.tree_util.tree_map(lambda x: x[1], v) for k, v in new2.items() if k != "lstm"},
-                            shared2, where + "device 1 copy", tol=0)
+        _assert_trees_close(new[2].shared(), new[1].shared(), where + "state")
+        _assert_trees_close(new[2].lstm, new[1].lstm, where + "lstm rows")
         for k in ("loss_sum_fwd", "loss_sum_bwd", "count", "grad_norm"):
-            assert m1[k].shape == (1,) and m2[k].shape == (2,), k
-            assert m2[k][0] == m2[k][1], f"{where}{k} differs between devices: {m2[k]}"
-            np.testing.assert_allclose(m2[k][0], m1[k][0], rtol=TOL, atol=TOL, err_msg=where + k)
-        assert m1["count"][0] == 2 * b * steps
+            np.testing.assert_allclose(metrics[2][k], metrics[1][k], rtol=TOL, atol=TOL, err_msg=where + k)
+        assert metrics[1]["count"] == 2 * b * steps
         # The step really moved the parameters and the state (not a vacuous comparison).
-        assert _max_diff(shared1["params"], prev_params) > 1e-3
+        assert _max_diff(new[1].params, prev) > 1e-3
         if step_number == 1:
-            assert _max_diff(bad_rows, rows1) > 1e-3, "row ids do not reach the dropout keys"
-        prev_params = shared1["params"]
-        state1, state2 = new1, new2
-    assert int(shared1["step"]) == 2
+            assert _max_diff(bad_rows, new[1].lstm) > 1e-3, "row ids do not reach the dropout keys"
+        prev = new[1].params
+    assert int(new[2].step) == 2
 
 
-# -- 2. two processes (jax.distributed) vs one process with two devices ----------------------------
+def test_the_collective_check_can_fail():
+    """``_hlo_collectives`` sees a gathered softmax shard (the control for the check above)."""
+    _two_local_devices()
+    mesh = _mesh(2)
+    gather = jax.jit(jax.shard_map(lambda w: jax.lax.all_gather(w, train.AXIS, tiled=True), mesh=mesh,
+                                   in_specs=P(train.AXIS), out_specs=P(), check_vma=False))
+    w = jax.device_put(np.zeros((3072, 8), np.float32), NamedSharding(mesh, P(train.AXIS)))
+    ops = _hlo_collectives(gather.lower(w).compile())
+    assert any(op == "all-gather" and max(sizes) >= 1536 * 8 for op, sizes in ops), ops
+
+
+# -- 2. restarts on another mesh --------------------------------------------------------------------
+
+def _settings(run_dir, steps, devices, **kw) -> RunSettings:
+    return RunSettings(run_dir=str(run_dir), steps=steps, devices=devices, save_every=3, log_every=1, seed=5,
+                       progress=False, async_save=False, **kw)
+
+
+def _rows_and_position(run_dir, step):
+    model = Options.load(run_dir / "options.json").model
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    options = Options.load(run_dir / "options.json")
+    _, rows, host, _ = ckpt.restore(step, lambda m: (abstract_shared(options, m), abstract_rows(model, m["global_rows"])))
+    ckpt.close()
+    return jax.device_get(rows), host["data"]
+
+
+def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
+    _two_local_devices()
+    vocab, t, source = _setup(tmp_path)
+    two = Options(model=TINY, train=t)
+    one = Options(model=TINY, train=TrainConfig(**{**t.__dict__, "batch_size": 2 * t.batch_size}))
+    pretrain(two, vocab, source, _settings(tmp_path / "straight", 6, 2), fixed_candidates=True)
+    pretrain(two, vocab, source, _settings(tmp_path / "moved", 3, 2), fixed_candidates=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same global rows: nothing restarts, nothing to warn about
+        pretrain(one, vocab, source, _settings(tmp_path / "moved", 6, 1), fixed_candidates=True)
+    a, b = read_run(str(tmp_path / "straight")), read_run(str(tmp_path / "moved"))
+    assert a[3] == b[3] == 6
+    _assert_trees_close(b[2], a[2], "params and optimizer state ")
+    rows_a, data_a = _rows_and_position(tmp_path / "straight", 6)
+    rows_b, data_b = _rows_and_position(tmp_path / "moved", 6)
+    _assert_trees_close(rows_b, rows_a, "lstm rows ")
+    for d in ("dir0", "dir1"):
+        for k in ("position", "buffer_lengths", "buffer_targets"):
+            np.testing.assert_array_equal(data_b[d][k], data_a[d][k], err_msg=f"{d}/{k}")
+    losses = [[json.loads(l)["loss"] for l in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+              for r in ("straight", "moved")]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=TOL)
+
+
+def test_restart_with_another_row_count_keeps_state_and_position_with_one_warning(tmp_path):
+    _two_local_devices()
+    vocab, t, source = _setup(tmp_path)
+    options = Options(model=TINY, train=t)
+    run_dir = tmp_path / "run"
+    pretrain(options, vocab, source, _settings(run_dir, 3, 2))
+    saved = read_run(str(run_dir))[2]
+    _, data = _rows_and_position(run_dir, 3)
+
+    # The same options on one device: B global rows instead of 2B.
+    mesh = _mesh(1)
+    global_rows = t.batch_size
+    shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), TINY, t)), mesh)
+    batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
+                        max_chars=TINY.char_cnn.max_characters_per_token, seed=5)
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    with pytest.warns(UserWarning) as caught:
+        start, state = pretrain_mod._restore_or_init(ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1),
+                                                     shardings, global_rows, batcher, None)
+    ckpt.close()
+    assert len(caught) == 1 and "with 4 rows, resumed by 1 with 2" in str(caught[0].message), \
+        [str(w.message) for w in caught]
+    assert "the data position (epoch" in str(caught[0].message)
+    assert start == 3
+    layout = RowLayout.for_vocab(t.n_tokens_vocab)
+    restored = jax.device_get(state.shared())
+    restored = {**restored, **{part: {**restored[part], "softmax": {k: layout.from_stored(x) for k, x in
+                                                                    restored[part]["softmax"].items()}}
+                               for part in ("params", "opt")}}
+    _assert_trees_close(restored, saved, "restored ", tol=0)
+    assert state.lstm["c"].shape[2] == global_rows and not np.any(np.asarray(state.lstm["c"]))
+    for d, stream in enumerate(batcher.streams):
+        assert [stream.epoch, stream.shard_pos, stream.sentence_pos] == data[f"dir{d}"]["position"].tolist()
+        assert all(not buf for buf in stream.buffers)
+    # And it trains on from there.
+    assert pretrain(options, vocab, source, _settings(run_dir, 4, 1))["step"] == 4
+
+
+def test_a_run_dir_of_the_previous_format_resumes(tmp_path):
+    """A run dir written before the mesh (format 1, see tests/fixtures/format1_run.README) resumes
+    on today's code: 2 steps there + 1 here equal 3 steps of the old code within 1e-5."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / "format1_run", run_dir)
+    options = Options.load(run_dir / "options.json")
+    vocab = Vocabulary.load(run_dir / "vocab.txt")
+    assert Checkpointer(str(run_dir), async_save=False).latest_meta()["format"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same layout: its data position and LSTM rows restore
+        pretrain(options, vocab, TextFiles(str(FIXTURES / "bilm_tf_train" / "data.txt")),
+                 RunSettings(run_dir=str(run_dir), steps=3, seed=4, progress=False, devices=1, async_save=False))
+    _, _, params, step = load_run(str(run_dir))
+    assert step == 3
+    with np.load(FIXTURES / "format1_run_step3_params.npz") as f:
+        expected = {k: f[k] for k in f.files}
+    got = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    assert got.keys() == expected.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k], expected[k], rtol=0, atol=TOL, err_msg=k)
+
+
+# -- 3. two processes (jax.distributed) vs one process with two devices ----------------------------
 
 MH_STEPS, MH_T = 3, 6
 SHARDS = ("the cat sat on a", "dogs ran to big it")  # MH_T - 1 words each: one sentence per window
@@ -290,8 +431,8 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     opts_1p, vocab_1p, params_1p, step_1p = load_run(str(tmp_path / "run_1p"))
     assert step_mh == step_1p == MH_STEPS
     assert opts_mh == opts_1p and vocab_mh.words == vocab_1p.words
-    fresh = train.init_state(jax.random.PRNGKey(seed), TINY, train_cfg)["params"]
-    assert _max_diff(params_1p, fresh) > 1e-3  # trained, not the init
+    fresh = train.init_state(jax.random.PRNGKey(seed), TINY, train_cfg).params
+    assert _max_diff(params_1p["bilm"], fresh["bilm"]) > 1e-3  # trained, not the init
     _assert_trees_close(params_mh, params_1p, "params")
 
     # Per-step losses (written by process 0 from psum'd sums) agree too.
@@ -301,13 +442,9 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     np.testing.assert_allclose(losses("run_mh"), losses("run_1p"), rtol=1e-5, atol=1e-5)
     assert len(losses("run_1p")) == MH_STEPS
 
-    # The carried LSTM rows: process p's file holds global row p; the single process holds both.
-    def host_rows(run, p):
-        with np.load(tmp_path / run / "host_state" / f"{MH_STEPS}.p{p}.npz") as f:
-            return {k: f[f"lstm/{k}"] for k in ("c", "h")}
-    mh = [host_rows("run_mh", p) for p in range(2)]
-    one = host_rows("run_1p", 0)
-    for k in ("c", "h"):
-        assert mh[0][k].shape[2] == 1 and one[k].shape[2] == 2
-        np.testing.assert_allclose(np.concatenate([mh[0][k], mh[1][k]], axis=2), one[k], rtol=0, atol=TOL,
-                                   err_msg=f"lstm {k}")
+    # The carried LSTM rows: one global array in both checkpoints (the two processes wrote a row each).
+    rows_mh, _ = _rows_and_position(tmp_path / "run_mh", MH_STEPS)
+    rows_1p, _ = _rows_and_position(tmp_path / "run_1p", MH_STEPS)
+    assert rows_mh["c"].shape[2] == rows_1p["c"].shape[2] == 2
+    _assert_trees_close(rows_mh, rows_1p, "lstm rows ")
+    assert _max_diff(rows_1p, jax.tree_util.tree_map(np.zeros_like, rows_1p)) > 1e-3

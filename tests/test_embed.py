@@ -49,9 +49,49 @@ def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences,
     for got, i in zip(out, order):
         assert got.dtype == np.float32 and got.shape == (3, len(sentences[i]), 32)
         np.testing.assert_allclose(got, expected[i], atol=1e-5, rtol=0)
-    # The same sentence, the same vectors, whatever else is in the call.
+    # The same sentence, the same vectors, whatever else is in the call (up to rounding: alone, its
+    # words and rows run in blocks and batches of other shapes, ~1e-6 apart on CPU).
     again = embedder.embed([sentences[order[0]]])[0]
-    np.testing.assert_allclose(again, out[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(again, out[0], atol=1e-5, rtol=0)
+
+
+def test_two_devices_give_the_vectors_of_one(model):
+    from elmo_jax.embed import ENCODE_ROWS
+
+    config, params = model
+    rng = random.Random(3)
+    words = set()
+    while len(words) < 300:  # 3 char-CNN blocks: a group of 2 and a group of 1 (padded to 2)
+        words.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyzéß") for _ in range(rng.randint(1, 20))))
+    words = sorted(words)
+    rng.shuffle(words)
+    sentences, lo = [], 0
+    while lo < len(words):
+        n = rng.choice([1, 2, 5, 9, 13, 30])
+        sentences.append(words[lo:lo + n])
+        lo += n
+    one = Embedder(config, params, devices=1, batch_tokens=64)
+    two = Embedder(config, params, devices=2, batch_tokens=64)
+    assert two.n_devices == 2 and -(-len(words) // ENCODE_ROWS) == 3
+    plan = two._plan([len(s) for s in sentences])
+    # An odd number of batches (the last group has one), and groups whose batches differ in shape.
+    assert len(plan) % 2 == 1 and len(plan) >= 5
+    assert any(plan[i][1:] != plan[i + 1][1:] for i in range(0, len(plan) - 1, 2))
+    calls = []
+
+    def spy(fn):
+        def call(p, *args):
+            # One block or batch per device: each holds [1, ...] of the stacked group.
+            assert [s.data.shape[0] for s in args[0].addressable_shards] == [1, 1]
+            calls.append(fn)
+            return fn(p, *args)
+        return call
+    two._encode_multi, two._contextualize_multi = spy(two._encode_multi), spy(two._contextualize_multi)
+    got, want = two.embed(sentences), one.embed(sentences)
+    assert len(calls) == 2 + len(plan) // 2
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)  # on CPU in fact bit-equal
 
 
 @pytest.mark.parametrize("budget", [1, 40, 4096])

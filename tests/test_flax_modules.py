@@ -265,8 +265,8 @@ def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
         calls.append((run_dir, step))
         return options, None, {"bilm": params, "softmax": {}}, 7
 
-    from elmo_jax import checkpoint
-    monkeypatch.setattr(checkpoint, "load_run", fake_load_run)
+    from elmo_jax import export
+    monkeypatch.setattr(export, "load_run", fake_load_run)
     ck = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
     nn_ck = ElmoNNX.from_checkpoint("/some/run", rngs=nnx.Rngs(0))
     assert calls == [("/some/run", 7), ("/some/run", None)]

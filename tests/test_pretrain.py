@@ -12,9 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import cli, train
+from elmo_jax import cli
 from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer, export_run, finetune_state, load_run
+from elmo_jax.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.export import abstract_rows, abstract_shared, export_run, finetune_state, load_run, read_run
 from elmo_jax.config import Options
 from elmo_jax.data import LMBatcher, TextFiles
 from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
@@ -63,8 +64,15 @@ def _cli(*args, check=True):
 
 
 def _host_state(run_dir, step):
+    """The data position (this process's file) and the LSTM rows (in the Orbax checkpoint), flat."""
     with np.load(pathlib.Path(run_dir) / "host_state" / f"{step}.p0.npz") as f:
-        return {k: f[k] for k in f.files}
+        out = {k: f[k] for k in f.files}
+    model = Options.load(pathlib.Path(run_dir) / "options.json").model
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    _, rows, _, _ = ckpt.restore(step, lambda m: (abstract_shared(Options.load(pathlib.Path(run_dir) / "options.json"), m),
+                                                  abstract_rows(model, m["global_rows"])), with_host=False)
+    ckpt.close()
+    return {**out, **{f"lstm/{k}": np.asarray(v) for k, v in rows.items()}}
 
 
 def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
@@ -127,11 +135,7 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
     new_vocab = Vocabulary(new_words, source="new")
     new_options = options_for_vocab(options, new_vocab, None, strict=False)  # the new vocab sets V
     state = finetune_state(str(run_dir), new_options, new_vocab, seed=5)
-    ckpt = Checkpointer(str(run_dir), async_save=False)
-    abstract = {k: v for k, v in jax.eval_shape(lambda: train.init_state(
-        jax.random.PRNGKey(0), options.model, options.train)).items() if k != "lstm"}
-    old = ckpt.restore_latest(abstract)[1]
-    ckpt.close()
+    old = read_run(str(run_dir))[2]
     for i, w in enumerate(new_vocab.words):
         if w in vocab:
             j = vocab.word_to_id(w)

@@ -20,6 +20,8 @@ from elmo_jax import char_cnn, lstm, pretrain, train
 from elmo_jax.chars import Vocabulary, token_to_ids
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles
+from elmo_jax.export import softmax_in_id_order, softmax_in_slot_order
+from elmo_jax.sharded_softmax import RowLayout
 from elmo_jax.softmax import sampled_softmax_loss
 
 MODEL = ModelConfig(
@@ -31,6 +33,8 @@ MODEL = ModelConfig(
 
 # One vocabulary size for the eval and the train tests: a single (slow, op-by-op) init_state.
 V = 50
+LAYOUT = RowLayout.for_vocab(V)
+LAYOUT_META = {"format": 2, "softmax_layout": LAYOUT.to_dict()}
 EVAL_VOCAB = ["<S>", "</S>", "<UNK>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "home"]
 EVAL_VOCAB += [f"filler{k}" for k in range(V - len(EVAL_VOCAB))]
 # A blank line (skipped), OOV words ("extraordinarily" is also longer than the 8 bytes a token
@@ -156,9 +160,10 @@ def word_ids(vocab_words: list[str]):
 
 @pytest.fixture(scope="module")
 def fresh_state():
-    """``train.init_state`` for MODEL and V words, 2 rows (host arrays)."""
+    """``train.init_state`` for MODEL and V words, 2 rows (host arrays, the softmax in id order)."""
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, n_negative_samples_batch=8)
-    return jax.device_get(train.init_state(jax.random.PRNGKey(1), MODEL, tc))
+    state = jax.device_get(train.init_state(jax.random.PRNGKey(1), MODEL, tc))
+    return {**softmax_in_id_order(state.shared(), LAYOUT_META), "lstm": state.lstm}
 
 
 def _perturbed_params(state, seed: int = 0):
@@ -211,6 +216,14 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
     assert got["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert got["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
     assert got["perplexity"] == pytest.approx(np.exp(0.5 * (fwd + bwd)), rel=1e-5)
+    # A training state's softmax, in slot order with padding slots (given non-zero weights here,
+    # so that only the mask keeps them out), gives the same numbers.
+    sm = params["softmax"]
+    stored = {"w": LAYOUT.to_stored(sm["w"], fill=1.0), "b": LAYOUT.to_stored(sm["b"], fill=5.0)}
+    slot_order = pretrain.evaluate({**params, "softmax": stored}, MODEL, vocab, source, batch_size=rows,
+                                   unroll_steps=steps, layout=LAYOUT)
+    for k in ("perplexity_fwd", "perplexity_bwd"):
+        assert slot_order[k] == pytest.approx(got[k], rel=1e-6)
 
 
 def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
@@ -253,9 +266,7 @@ def _train_batch(tmp_path, tc: TrainConfig, step: int = 0):
     vocab = Vocabulary(TRAIN_WORDS)
     batcher = LMBatcher(TextFiles(str(tmp_path / "train.txt")), vocab, rows_per_device=tc.batch_size,
                         unroll_steps=tc.unroll_steps, max_chars=MODEL.char_cnn.max_characters_per_token, seed=3)
-    batch = batcher.next()
-    batch = train.add_candidates(batch, step=step, seed=5, num_sampled=tc.n_negative_samples_batch,
-                                 vocab_size=tc.n_tokens_vocab, fixed=True)
+    batch, _ = train.prepare_batch(batcher.next(), step=step, seed=5, train=tc, n_devices=1, fixed=True)
     return {k: jnp.asarray(v[0]) for k, v in batch.items()}  # device 0
 
 
@@ -313,9 +324,16 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state):
 
     ref_params, ref_acc, ref_norm, ref_loss_sums, ref_lstm = jax.jit(
         functools.partial(_reference_step, tc=tc))(state, batch)
+    # The step works on the softmax in slot order (padding slots included); the reference in id order.
+    stored = softmax_in_slot_order(jax.device_get({k: v for k, v in state.items() if k != "lstm"}), LAYOUT)
     step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None))
-    new, metrics = step(state, batch)
-    new, metrics = jax.device_get((new, metrics))
+    new_stored, metrics = step(train.TrainState(**stored, lstm=state["lstm"]), batch)
+    new_stored, metrics = jax.device_get((new_stored, metrics))
+    pad = ~LAYOUT.valid()
+    for part, fill in (("params", 0.0), ("opt", 1.0)):  # padding slots: never touched
+        for name in ("w", "b"):
+            np.testing.assert_array_equal(getattr(new_stored, part)["softmax"][name][pad], fill)
+    new = {**softmax_in_id_order(new_stored.shared(), LAYOUT_META), "lstm": new_stored.lstm}
     ref_params, ref_acc = jax.device_get((ref_params, ref_acc))
 
     assert float(metrics["grad_norm"]) > tc.all_clip_norm_val  # clipping active
@@ -356,7 +374,9 @@ def test_compiled_step_has_no_dense_softmax_temporary():
     i32 = jnp.int32
     batch = {"chars": jax.ShapeDtypeStruct((64, c), i32), "inputs": jax.ShapeDtypeStruct((2, b, t), i32),
              "targets": jax.ShapeDtypeStruct((2, b, t), i32), "rows": jax.ShapeDtypeStruct((b,), i32),
-             "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32)}
+             "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
+             "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
+             "cand_index": jax.ShapeDtypeStruct((2, s), i32), "target_index": jax.ShapeDtypeStruct((2, b, t), i32)}
     step = jax.jit(functools.partial(train.train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
     compiled = step.lower(state, batch).compile()
     dense = v * p * 4
@@ -380,11 +400,11 @@ def test_compiled_step_has_no_dense_softmax_temporary():
                                               batch["num_tries"][d], v).mean()
             return total
 
-        sm = state["params"]["softmax"]
+        sm = state.params["softmax"]
         g = jax.grad(loss)(sm)
-        acc = jax.tree_util.tree_map(lambda a, gg: a + gg * gg, state["opt"]["softmax"], g)
+        acc = jax.tree_util.tree_map(lambda a, gg: a + gg * gg, state.opt["softmax"], g)
         new = jax.tree_util.tree_map(lambda w, gg, a: w - tc.learning_rate * gg * jax.lax.rsqrt(a), sm, g, acc)
-        return {**state, "params": {**state["params"], "softmax": new}, "opt": {**state["opt"], "softmax": acc}}
+        return state.replace(params={**state.params, "softmax": new}, opt={**state.opt, "softmax": acc})
 
     control = jax.jit(dense_softmax_step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
     assert control.temp_size_in_bytes >= dense, control
