@@ -56,9 +56,6 @@ MAX_CHARS = 100_000
 HELDOUT_LAST_DIGIT = 5
 COMMAND = "python experiments/make_sample.py"
 
-# The old name, still imported from here by prep_corpus, ngram, polysemy and plot_pretraining.
-write_atomic = write_text_atomic
-
 _MEMBER = re.compile(r"package/data/(\d{4})_([a-z0-9_]+)_([a-z]+)\.json")
 _STAGE = re.compile(r"[\[(]\s*(?:applause|laughter|laughs|cheers)\s*[.!]?\s*[\])]", re.IGNORECASE)
 _PAGE = re.compile(r"\[p\.\s*\d+\]")

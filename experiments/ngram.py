@@ -58,10 +58,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
 
+from elmo_jax.atomic import write_text_atomic  # noqa: E402
 from elmo_jax.chars import Vocabulary, VocabError, utf8_lines  # noqa: E402
-from make_sample import write_atomic  # noqa: E402
 
 # KenLM's --discount_fallback defaults, for a discount the count-of-counts cannot give.
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -292,7 +291,7 @@ def evaluate(order: int, vocab: Vocabulary, train: list, heldout: list) -> dict:
 def write_json(path: str, data: dict) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(data, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def print_table(train_stats: dict, heldout_stats: dict, results: list[dict]) -> None:

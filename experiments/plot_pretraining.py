@@ -18,9 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT))
 
-from make_sample import write_atomic  # noqa: E402
+from elmo_jax.atomic import write_text_atomic  # noqa: E402
 
 YMAX = 1000
 
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         lines.append(f"| {r['step']:,} | {epoch(r['step']):.2f} | {r['perplexity']:.1f} | "
                      f"{r['heldout_perplexity_fwd']:.1f} | {r['heldout_perplexity_bwd']:.1f} | "
                      f"{r['heldout_perplexity']:.1f} |")
-    write_atomic(args.out / "pretraining.md", "\n".join(lines) + "\n")
+    write_text_atomic(args.out / "pretraining.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {args.out / 'pretraining.png'} and {args.out / 'pretraining.md'}")
     return 0

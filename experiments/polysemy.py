@@ -29,10 +29,8 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
 
-from make_sample import write_atomic  # noqa: E402
-
+from elmo_jax.atomic import write_text_atomic  # noqa: E402
 from elmo_jax.chars import Vocabulary  # noqa: E402
 from elmo_jax.embed import Embedder  # noqa: E402
 
@@ -124,7 +122,7 @@ def main(argv=None) -> int:
                          f"{sims[i, j]:.3f} |")
     lines += ["", f"{time.time() - t0:.0f} s on this machine, including loading the checkpoint."]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out, "\n".join(lines) + "\n")
+    write_text_atomic(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

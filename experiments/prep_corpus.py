@@ -56,8 +56,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from make_sample import clean, dedupe, read_addresses, tokenized, write_atomic  # noqa: E402
+from make_sample import clean, dedupe, read_addresses, tokenized  # noqa: E402
 
+from elmo_jax.atomic import write_text_atomic  # noqa: E402
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig  # noqa: E402
 from elmo_jax.text import format_sentence  # noqa: E402
 from elmo_jax.vocab import build_vocab, write_vocab  # noqa: E402
@@ -251,8 +252,9 @@ def main(argv=None) -> int:
     shuffled = list(train)
     random.Random(SEED).shuffle(shuffled)
     for i in range(0, len(shuffled), SHARD_LINES):
-        write_atomic(lm / "train" / f"shard-{i // SHARD_LINES:02d}.txt", "\n".join(shuffled[i:i + SHARD_LINES]) + "\n")
-    write_atomic(lm / "heldout.txt", "\n".join(heldout) + "\n")
+        write_text_atomic(lm / "train" / f"shard-{i // SHARD_LINES:02d}.txt",
+                          "\n".join(shuffled[i:i + SHARD_LINES]) + "\n")
+    write_text_atomic(lm / "heldout.txt", "\n".join(heldout) + "\n")
     word_counts = collections.Counter(w for line in train for w in line.split())
     vocab = build_vocab(word_counts, min_count=MIN_COUNT)
     n_train = tokens(train)
@@ -264,8 +266,8 @@ def main(argv=None) -> int:
     brown_dir = args.out / "brown"
     brown_dir.mkdir(parents=True, exist_ok=True)
     for split, sentences in brown.items():
-        write_atomic(brown_dir / f"{split}.txt",
-                     "\n".join(" ".join(f"{w}/{t}" for w, t in s) for s in sentences) + "\n")
+        write_text_atomic(brown_dir / f"{split}.txt",
+                          "\n".join(" ".join(f"{w}/{t}" for w, t in s) for s in sentences) + "\n")
 
     stats = {"pretraining": {"sentences": len(train), "tokens": n_train, "vocab": len(vocab),
                              "shards": -(-len(train) // SHARD_LINES)},
@@ -276,7 +278,7 @@ def main(argv=None) -> int:
              "brown": {k: {"sentences": len(v), "tokens": sum(map(len, v))} for k, v in brown.items()}}
     stats["sources"]["brown"] = {"train_sentences": len(brown_lines["train"]),
                                  "train_tokens": tokens(brown_lines["train"])}
-    write_atomic(args.out / "stats.json", json.dumps(stats, indent=2) + "\n")
+    write_text_atomic(args.out / "stats.json", json.dumps(stats, indent=2) + "\n")
     print(f"pretraining text: {len(train):,} sentences, {n_train:,} tokens in {stats['pretraining']['shards']} "
           f"shards; vocabulary {len(vocab):,} words (count >= {MIN_COUNT})")
     print(f"held-out: {len(heldout):,} sentences, {stats['heldout']['tokens']:,} tokens "
