@@ -126,12 +126,24 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
                                    process_id=args.process_id)
 
 
+def deterministic_gpu_flags() -> None:
+    """Asks XLA for deterministic scatters on GPUs (a no-op elsewhere, and once a backend is up).
+
+    A train step sums the gradients of a row that is a target and a candidate, or a target twice,
+    with a scatter-add; on a GPU that uses atomics by default, so two runs could differ in the
+    last bits. Must be set before jax starts its backend."""
+    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
+    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from elmo_jax.chars import Vocabulary
     from elmo_jax.data import open_source
     from elmo_jax.pretrain import RunSettings, pretrain
     from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 
+    deterministic_gpu_flags()
     _maybe_distributed(args)
     train_files, heldout_files = args.train_files, args.heldout_files
     if train_files is None:
@@ -156,7 +168,14 @@ def cmd_train(args: argparse.Namespace) -> None:
                            log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
                            devices=args.devices)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
-    last = pretrain(options, vocab, source, settings, heldout=heldout)
+    init_state = None
+    if args.init_from:
+        from elmo_jax.export import finetune_state
+
+        if not os.path.isdir(args.init_from):
+            raise CheckpointError(f"--init-from {args.init_from}: not a directory")
+        init_state = finetune_state(args.init_from, options, vocab, seed=args.seed)
+    last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
 
 
@@ -279,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
     tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
+    tr.add_argument("--init-from", metavar="DIR",
+                    help="start a new run from another run dir or a directory of bilm-tf files (options.json, "
+                         "weights.hdf5, optionally softmax.hdf5 + vocab.txt): weights and accumulators carry over, "
+                         "softmax rows by word; ignored when --run-dir already holds a checkpoint")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")

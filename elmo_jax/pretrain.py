@@ -135,7 +135,7 @@ def _agree_max(values: list[int]) -> list[int]:
     return [int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(values, np.int64)), axis=0)]
 
 
-class _Batches:
+class GlobalBatches:
     """The step's global batch: this process's rows from the batcher, candidates, the fetch plan,
     and shapes agreed by all processes (the distinct-word count per step, the fetch capacity,
     which only grows)."""
@@ -278,7 +278,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         return {"step": start}
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
     step_fn = train.make_train_step(model, t, mesh, settings.precision, dtype)
-    batches = _Batches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
+    batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
     metrics_path = os.path.join(settings.run_dir, "metrics.jsonl")
     progress = None
     if settings.progress and jax.process_index() == 0:

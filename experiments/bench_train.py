@@ -1,33 +1,59 @@
-"""Pretraining throughput on one device: the train step, the sparse softmax at a large vocabulary,
-and the input pipeline alone.
+"""Pretraining throughput and communication: the train step over a device mesh, the row-split
+softmax at a large vocabulary, and the input pipeline alone.
 
-    python experiments/bench_train.py [--shape small] [--batch 32] [--steps 5] [--pipeline-only]
+    python experiments/bench_train.py [--shape small] [--batch 32] [--steps 10] [--devices 1]
+    python experiments/bench_train.py --shape original --batch 128 --compile-only 8 64 256
+    python experiments/bench_train.py --pipeline-only
 
-Tokens are real tokens per step, ``rows x unroll_steps``, each counted once although both
-directions learn from it (bilm-tf's count). FLOPs are those executed: forward (the char CNN over
-the batch's distinct words, the biLSTM, the sampled softmax) times 3 for forward + backward.
-Fake CPU devices measure overhead, not speed: this script uses one device.
+Tokens are real tokens per step, ``rows x unroll_steps`` per device, each counted once although
+both directions learn from it (bilm-tf's count). FLOPs are those executed: forward (the char CNN
+over the batch's distinct words, the biLSTM, the sampled softmax) times 3 for forward + backward.
+
+Every configuration also prints, per device and per step: the softmax bytes it stores (weights,
+bias and their Adagrad accumulators), and the bytes its collectives send, read from the compiled
+program's HLO (``elmo_jax.hlo``; ring algorithms), beside the same figures for the replicated
+design this project had before (every device holds the whole softmax and all-gathers every
+device's sparse rows), computed from its formula.
+
+``--compile-only N ...``: for each N, a subprocess with N fake CPU devices compiles the step for a
+mesh of N devices and reports memory and bytes without running it (never *run* more than 2 fake
+CPU devices here: XLA's CPU collectives time out under load). Timed runs use ``--devices``
+(default 1); fake CPU devices measure overhead, not speed.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+if "--fake-devices" in sys.argv:  # a --compile-only child: set before jax is imported
+    _n = sys.argv[sys.argv.index("--fake-devices") + 1]
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_n}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from bench_common import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
 from elmo_jax import train  # noqa: E402
 from elmo_jax.chars import Vocabulary  # noqa: E402
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
 from elmo_jax.data import LMBatcher, TextFiles  # noqa: E402
+from elmo_jax.hlo import wire_bytes_per_device  # noqa: E402
+from elmo_jax.pretrain import GlobalBatches  # noqa: E402
+from elmo_jax.sharded_softmax import RowLayout, plan_fetch  # noqa: E402
+from elmo_jax.softmax import sample_log_uniform_unique  # noqa: E402
+
+MB = 1e6
 
 
 def zipf_corpus(directory: str, vocab_size: int, n_tokens: int, seed: int = 0) -> tuple[Vocabulary, str]:
@@ -61,15 +87,102 @@ def bench_pipeline(vocab: Vocabulary, path: str, rows: int, max_chars: int) -> f
     return n * rows * 20 / (time.perf_counter() - t)  # real tokens, counted once, with char ids
 
 
+def softmax_bytes(v: int, p: int, n: int) -> tuple[float, float]:
+    """(row-split, replicated) bytes per device of the softmax weights, bias and accumulators."""
+    layout = RowLayout.for_vocab(v)
+    return 2 * 4 * (p + 1) * layout.padded / n, 2 * 4 * (p + 1) * v
+
+
+def replicated_wire_bytes(dense_params: int, rows_asked: int, p: int, n: int) -> float:
+    """Bytes each device sent per step in the replicated design (the previous train step): a ring
+    all-reduce of the dense gradients, and an all-gather of every device's sparse ids and rows."""
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) / n * 4 * dense_params + (n - 1) * rows_asked * (p + 2) * 4
+
+
+def model_and_config(args, v: int):
+    model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
+    tc = TrainConfig(n_tokens_vocab=v, batch_size=args.batch, unroll_steps=20, n_negative_samples_batch=args.negatives)
+    return model, tc
+
+
+def report_comm(tag: str, hlo_text: str, n: int, model, tc, rows_asked: int) -> None:
+    p = model.lstm.projection_dim
+    wire = wire_bytes_per_device(hlo_text, n)
+    dense = sum(x.size for x in jax.tree_util.tree_leaves(
+        jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]))
+    split, rep = softmax_bytes(tc.n_tokens_vocab, p, n)
+    old = replicated_wire_bytes(dense, rows_asked, p, n)
+    kinds = ", ".join(f"{k} {b / MB:,.1f}" for k, b in sorted(wire.items())) or "none"
+    print(f"{tag}   softmax stored per device {split / MB:,.1f} MB (replicated design: {rep / MB:,.1f} MB); "
+          f"sent per device per step {sum(wire.values()) / MB:,.1f} MB [{kinds}] "
+          f"(replicated design: {old / MB:,.1f} MB)")
+
+
+def compile_only(args) -> None:
+    """In a child with --fake-devices N: compile the step for N devices, print one JSON line."""
+    n = len(jax.devices())
+    model, tc = model_and_config(args, args.vocabs[-1])
+    mesh = Mesh(np.array(jax.devices()), (train.AXIS,))
+    layout = RowLayout.for_vocab(tc.n_tokens_vocab)
+    abstract = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n))
+    shardings = train.state_shardings(abstract, mesh)
+    state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    # One device's requests, drawn as in training: its candidates and a Zipfian batch of targets.
+    rng = np.random.default_rng(0)
+    cands = np.stack([sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0]
+                      for _ in range(2)])
+    targets = np.minimum(rng.zipf(1.1, (2, tc.batch_size, tc.unroll_steps)), tc.n_tokens_vocab) - 1
+    plan, capacity = plan_fetch(cands[None], targets[None], layout, n)
+    rows_asked = len(np.unique(np.concatenate([cands.ravel(), targets.ravel()])))
+    b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
+    i32, sh = jnp.int32, NamedSharding(mesh, P(train.AXIS))
+    shapes = {"chars": ((args.words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
+              "rows": ((b,), i32), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
+              "fetch": ((n, capacity), i32), "cand_index": ((2, s), i32), "target_index": ((2, b, t), i32)}
+    batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
+    t0 = time.perf_counter()
+    compiled = train.make_train_step(model, tc, mesh).lower(state, batch).compile()
+    mem = compiled.memory_analysis()
+    print(json.dumps({"n": n, "hlo": compiled.as_text(), "capacity": capacity, "rows_asked": rows_asked,
+                      "compile_s": time.perf_counter() - t0,
+                      "args_bytes": getattr(mem, "argument_size_in_bytes", None),
+                      "temp_bytes": getattr(mem, "temp_size_in_bytes", None)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
-    ap.add_argument("--batch", type=int, default=32, help="rows (bilm-tf batch_size)")
+    ap.add_argument("--batch", type=int, default=32, help="rows per device (bilm-tf batch_size)")
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
+    ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
     ap.add_argument("--pipeline-only", action="store_true")
+    ap.add_argument("--compile-only", type=int, nargs="+", metavar="N",
+                    help="compile (not run) for N fake CPU devices each, in subprocesses")
+    ap.add_argument("--words", type=int, default=2048, help="--compile-only: distinct words per device batch")
+    ap.add_argument("--fake-devices", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.fake_devices:
+        return compile_only(args)
+    if args.compile_only:
+        model, tc = model_and_config(args, args.vocabs[-1])
+        print(f"compile only: {args.shape}, V={tc.n_tokens_vocab:,}, {args.batch} rows x 20 per device, "
+              f"{args.negatives} negatives, {args.words} distinct words per device batch")
+        for n in args.compile_only:
+            cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--fake-devices", str(n)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"n={n}: failed\n{r.stderr[-2000:]}")
+                continue
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"n={n:>4}: compiled in {out['compile_s']:.0f} s; per device: arguments "
+                  f"{(out['args_bytes'] or 0) / MB:,.0f} MB, temporaries {(out['temp_bytes'] or 0) / MB:,.0f} MB; "
+                  f"rows asked {out['rows_asked']:,}, capacity per owner {out['capacity']}")
+            report_comm(f"        ", out["hlo"], n, model, tc, out["rows_asked"])
+        return
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, 100_000, 600_000)
         rate = bench_pipeline(vocab, path, 128, 50)
@@ -78,24 +191,29 @@ def main() -> None:
         if args.pipeline_only:
             return
         peak = matmul_gflops()
-        print(f"device: {jax.devices()[0].device_kind}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
-        model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
-        batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=args.batch, unroll_steps=20,
-                            max_chars=model.char_cnn.max_characters_per_token)
-        host_batches = [batcher.next() for _ in range(args.steps + 2)]
-        # One distinct-word bucket for all timed steps, so no step recompiles.
-        width = max(b["chars"].shape[1] for b in host_batches)
-        for b in host_batches:
-            b["chars"] = np.pad(b["chars"], ((0, 0), (0, width - b["chars"].shape[1]), (0, 0)))
+        n = args.devices
+        mesh = Mesh(np.array(jax.local_devices()[:n]), (train.AXIS,))
+        print(f"device: {jax.devices()[0].device_kind} x {n}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
         for v in args.vocabs:
-            tc = TrainConfig(n_tokens_vocab=v, batch_size=args.batch, unroll_steps=20,
-                             n_negative_samples_batch=args.negatives)
-            step = jax.jit(functools.partial(train.train_step, model=model, train=tc, axis_name=None),
-                           donate_argnums=0)
-            state = train.init_state(jax.random.PRNGKey(0), model, tc)
-            batches = [{k: x[0] for k, x in train.add_candidates(b, step=i, seed=0, num_sampled=args.negatives,
-                                                                vocab_size=v).items()}
-                       for i, b in enumerate(host_batches)]
+            model, tc = model_and_config(args, v)
+            batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=args.batch, unroll_steps=20,
+                                max_chars=model.char_cnn.max_characters_per_token, n_devices=n)
+            feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False)
+            host = [feed.next(i) for i in range(args.steps + 2)]
+            # One distinct-word width and one fetch capacity for all timed steps: no step recompiles.
+            width, capacity = max(b["chars"].shape[1] for b in host), feed.capacity
+            batches = []
+            for i, b in enumerate(host):
+                local = {k: np.asarray(x) for k, x in jax.device_get(b).items()}
+                local["chars"] = np.pad(local["chars"], ((0, 0), (0, width - local["chars"].shape[1]), (0, 0)))
+                plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(v), n, capacity)
+                local.update(plan)
+                batches.append({k: jax.device_put(x, NamedSharding(mesh, P(train.AXIS))) for k, x in local.items()})
+            step = train.make_train_step(model, tc, mesh)
+            shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(
+                jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
+            state = jax.jit(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
+                            out_shardings=shardings)()
             compiled = step.lower(state, batches[0]).compile()
             mem = compiled.memory_analysis()
             state, m = step(state, batches[0])
@@ -107,16 +225,18 @@ def main() -> None:
                 jax.block_until_ready(m)
                 times.append(time.perf_counter() - t)
             sec = float(np.median(times))
-            tokens = args.batch * 20
-            u = width
+            tokens = args.batch * 20 * n
             p = model.lstm.projection_dim
-            fwd = (u * encoder_flops(model) + tokens * lstm_flops(model)
-                   + 2 * tokens * 2 * p * (args.negatives + 1))
+            fwd = n * (width * encoder_flops(model) + args.batch * 20 * lstm_flops(model)
+                       + 2 * args.batch * 20 * 2 * p * (args.negatives + 1))
             gflops = 3 * fwd / sec / 1e9
-            temp = f", compiled temp {mem.temp_size_in_bytes / 2**20:.0f} MiB vs softmax {v * p * 4 / 2**20:.0f} MiB" \
-                if mem is not None else ""
-            print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step  {tokens / sec:7.0f} tokens/s  "
-                  f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)  [distinct-word rows encoded {u}]{temp}")
+            temp = f", compiled temp {mem.temp_size_in_bytes / 2**20:.0f} MiB" if mem is not None else ""
+            print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {len(times)})  {tokens / sec:7.0f} tokens/s  "
+                  f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
+                  f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}")
+            rows_asked = int(max(len(np.unique(np.concatenate([b_["candidates"][d].ravel(), b_["targets"][d].ravel()])))
+                                 for b_ in [jax.device_get(batches[0])] for d in range(n)))
+            report_comm("   ", compiled.as_text(), n, model, tc, rows_asked)
             del state
 
 

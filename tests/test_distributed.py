@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from elmo_jax.checkpoint import Checkpointer
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, load_run, read_run
+from elmo_jax.hlo import collectives
 from elmo_jax.pretrain import RunSettings, pretrain
 from elmo_jax.sharded_softmax import RowLayout
 
@@ -112,18 +112,6 @@ def _mesh(n: int) -> Mesh:
     return Mesh(np.array(jax.devices()[:n]), (train.AXIS,))
 
 
-def _hlo_collectives(compiled) -> list[tuple[str, list[int]]]:
-    """(op, element count of each operand/result) of every all-gather, all-reduce and all-to-all."""
-    out = []
-    for line in compiled.as_text().splitlines():
-        m = re.search(r"=\s*(\(?[^=]*?\)?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
-        if m:
-            sizes = [int(np.prod([int(d) for d in dims.split(",") if d.strip()] or [1]))
-                     for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", m.group(1))]
-            out.append((m.group(2), sizes))
-    return out
-
-
 # -- 1. one process, one device vs two devices ----------------------------------------------------
 
 def test_mesh_two_devices_equals_one(tmp_path):
@@ -154,7 +142,7 @@ def test_mesh_two_devices_equals_one(tmp_path):
     assert [s.data.shape[2] for s in states[2].lstm["c"].addressable_shards] == [b, b]
 
     prev = fresh.params
-    feeders = {n: pretrain_mod._Batches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
+    feeders = {n: pretrain_mod.GlobalBatches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
                for n in (1, 2)}
     for step_number in range(2):
         batch = {n: feeders[n].next(step_number) for n in (1, 2)}
@@ -167,11 +155,10 @@ def test_mesh_two_devices_equals_one(tmp_path):
         np.testing.assert_array_equal(host[2]["candidates"][0], host[2]["candidates"][1])
         np.testing.assert_array_equal(host[2]["candidates"][0], host[1]["candidates"][0])
         if step_number == 0:
-            compiled = fns[2].lower(states[2], batch[2]).compile()
-            collectives = _hlo_collectives(compiled)
-            assert {op for op, _ in collectives} >= {"all-reduce", "all-to-all"}, collectives
+            ops = collectives(fns[2].lower(states[2], batch[2]).compile().as_text())
+            assert {c.op for c in ops} >= {"all-reduce", "all-to-all"}, ops
             shard_size = layout.padded // 2 * TINY.lstm.projection_dim
-            big = [(op, sizes) for op, sizes in collectives if op != "all-to-all" and max(sizes) >= shard_size]
+            big = [c for c in ops if c.op in ("all-gather", "all-reduce") and max(c.sizes) >= shard_size]
             assert not big, f"a softmax-sized operand is gathered or all-reduced: {big}"
         if step_number == 1:
             # Negative control: with device-local row ids (0..B-1 on both devices) the dropout
@@ -199,14 +186,14 @@ def test_mesh_two_devices_equals_one(tmp_path):
 
 
 def test_the_collective_check_can_fail():
-    """``_hlo_collectives`` sees a gathered softmax shard (the control for the check above)."""
+    """``hlo.collectives`` sees a gathered softmax shard (the control for the check above)."""
     _two_local_devices()
     mesh = _mesh(2)
     gather = jax.jit(jax.shard_map(lambda w: jax.lax.all_gather(w, train.AXIS, tiled=True), mesh=mesh,
                                    in_specs=P(train.AXIS), out_specs=P(), check_vma=False))
     w = jax.device_put(np.zeros((3072, 8), np.float32), NamedSharding(mesh, P(train.AXIS)))
-    ops = _hlo_collectives(gather.lower(w).compile())
-    assert any(op == "all-gather" and max(sizes) >= 1536 * 8 for op, sizes in ops), ops
+    ops = collectives(gather.lower(w).compile().as_text())
+    assert any(c.op == "all-gather" and max(c.sizes) >= 1536 * 8 for c in ops), ops
 
 
 # -- 2. restarts on another mesh --------------------------------------------------------------------

@@ -152,6 +152,26 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
     assert load_run(str(tmp_path / "ft"))[3] == 2
 
 
+def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
+    run_dir, options, vocab = trained_run
+    options.save(tmp_path / "options.json")
+    assert cli.main(["train", "--config", str(tmp_path / "options.json"), "--train-files", str(TRAIN / "data.txt"),
+                     "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(tmp_path / "ft"), "--steps", "1",
+                     "--devices", "1", "--seed", "1", "--no-progress", "--init-from", str(run_dir)]) == 0
+    _, _, source, _ = load_run(str(run_dir))
+    _, _, new, step = load_run(str(tmp_path / "ft"))
+    assert step == 1
+    lr = options.train.learning_rate
+    # One Adagrad step (accumulators >= 1) moves each weight by less than the learning rate...
+    for x, y in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(source)):
+        assert np.max(np.abs(np.asarray(x) - np.asarray(y))) < lr
+    # ...while a fresh seed-1 init is far from the source: the run really started from it.
+    from elmo_jax import train
+    init = train.init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
+    assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+               zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(source["bilm"]))) > 2 * lr
+
+
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     copy = tmp_path / "copy"

@@ -1,0 +1,71 @@
+"""What a compiled program sends between devices, read from its HLO text.
+
+For tests that check a step's communication (no softmax-sized gather) and for the benchmarks'
+bytes per device per step. Only the partitioned program (``jit(...).lower(...).compile()``) has
+collectives; a program lowered against an abstract mesh has not been partitioned yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8}
+_OPS = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
+_LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_OPS) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    op: str
+    arrays: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, shape) of each result array
+
+    @property
+    def sizes(self) -> list[int]:
+        """Element count of each result array."""
+        return [_count(shape) for _, shape in self.arrays]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_BYTES.get(dtype, 4) * _count(shape) for dtype, shape in self.arrays)
+
+    def wire_bytes(self, n: int) -> float:
+        """Bytes each of ``n`` devices sends (ring algorithms; the result is per device)."""
+        if n <= 1:
+            return 0.0
+        if self.op == "all-reduce":
+            return 2 * (n - 1) / n * self.nbytes
+        if self.op == "collective-permute":
+            return float(self.nbytes)
+        if self.op == "reduce-scatter":  # the result is 1/n of the operand
+            return (n - 1) * self.nbytes
+        return (n - 1) / n * self.nbytes  # all-gather (of its result), all-to-all
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+    """Every collective of a compiled HLO module (``compiled.as_text()``), in program order."""
+    out = []
+    for line in hlo_text.splitlines():
+        m = _LINE.search(line)
+        if m:
+            arrays = tuple((dtype, tuple(int(d) for d in dims.split(",") if d))
+                           for dtype, dims in _ARRAY.findall(m.group("shape")))
+            out.append(Collective(m.group("op"), arrays))
+    return out
+
+
+def wire_bytes_per_device(hlo_text: str, n: int) -> dict[str, float]:
+    """Bytes each device sends per call, by collective kind (see ``Collective.wire_bytes``)."""
+    totals: dict[str, float] = {}
+    for c in collectives(hlo_text):
+        totals[c.op] = totals.get(c.op, 0.0) + c.wire_bytes(n)
+    return totals
