@@ -14,7 +14,6 @@ non-zero rows.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -93,12 +93,18 @@ def softmax_bytes(v: int, p: int, n: int) -> tuple[float, float]:
     return 2 * 4 * (p + 1) * layout.padded / n, 2 * 4 * (p + 1) * v
 
 
-def replicated_wire_bytes(dense_params: int, rows_asked: int, p: int, n: int) -> float:
+# Link rates for the step times the bytes imply (bytes a device sends / rate), per direction.
+LINKS = (("NVLink 4, 450 GB/s", 450e9), ("InfiniBand 400 Gb/s", 50e9), ("a TPU v5e ICI link, 400 Gb/s", 50e9))
+
+
+def replicated_wire_bytes(dense_params: int, tc: TrainConfig, p: int, n: int) -> float:
     """Bytes each device sent per step in the replicated design (the previous train step): a ring
-    all-reduce of the dense gradients, and an all-gather of every device's sparse ids and rows."""
+    all-reduce of the dense gradients, and an all-gather of every device's candidate and target
+    ids with their gradient rows (``2 S + 2 B T`` of them, not deduplicated)."""
     if n == 1:
         return 0.0
-    return 2 * (n - 1) / n * 4 * dense_params + (n - 1) * rows_asked * (p + 2) * 4
+    sent = 2 * tc.n_negative_samples_batch + 2 * tc.batch_size * tc.unroll_steps
+    return 2 * (n - 1) / n * 4 * dense_params + (n - 1) / n * n * sent * (p + 2) * 4
 
 
 def model_and_config(args, v: int):
@@ -107,17 +113,21 @@ def model_and_config(args, v: int):
     return model, tc
 
 
-def report_comm(tag: str, hlo_text: str, n: int, model, tc, rows_asked: int) -> None:
+def report_comm(tag: str, hlo_text: str, n: int, model, tc, links: bool = False) -> None:
     p = model.lstm.projection_dim
     wire = wire_bytes_per_device(hlo_text, n)
     dense = sum(x.size for x in jax.tree_util.tree_leaves(
         jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]))
     split, rep = softmax_bytes(tc.n_tokens_vocab, p, n)
-    old = replicated_wire_bytes(dense, rows_asked, p, n)
+    old = replicated_wire_bytes(dense, tc, p, n)
     kinds = ", ".join(f"{k} {b / MB:,.1f}" for k, b in sorted(wire.items())) or "none"
     print(f"{tag}   softmax stored per device {split / MB:,.1f} MB (replicated design: {rep / MB:,.1f} MB); "
           f"sent per device per step {sum(wire.values()) / MB:,.1f} MB [{kinds}] "
           f"(replicated design: {old / MB:,.1f} MB)")
+    if links and n > 1:
+        print(f"{tag}   implied communication time per step: " + "; ".join(
+            f"{name}: {sum(wire.values()) / rate * 1e3:,.1f} ms (replicated design {old / rate * 1e3:,.1f} ms)"
+            for name, rate in LINKS))
 
 
 def compile_only(args) -> None:
@@ -181,7 +191,7 @@ def main() -> None:
             print(f"n={n:>4}: compiled in {out['compile_s']:.0f} s; per device: arguments "
                   f"{(out['args_bytes'] or 0) / MB:,.0f} MB, temporaries {(out['temp_bytes'] or 0) / MB:,.0f} MB; "
                   f"rows asked {out['rows_asked']:,}, capacity per owner {out['capacity']}")
-            report_comm(f"        ", out["hlo"], n, model, tc, out["rows_asked"])
+            report_comm("        ", out["hlo"], n, model, tc, links=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, 100_000, 600_000)
@@ -234,9 +244,7 @@ def main() -> None:
             print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {len(times)})  {tokens / sec:7.0f} tokens/s  "
                   f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
                   f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}")
-            rows_asked = int(max(len(np.unique(np.concatenate([b_["candidates"][d].ravel(), b_["targets"][d].ravel()])))
-                                 for b_ in [jax.device_get(batches[0])] for d in range(n)))
-            report_comm("   ", compiled.as_text(), n, model, tc, rows_asked)
+            report_comm("   ", compiled.as_text(), n, model, tc)
             del state
 
 
