@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from importlib import resources
 
@@ -138,19 +139,25 @@ def deterministic_gpu_flags() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    import jax
+
     from elmo_jax.chars import Vocabulary
-    from elmo_jax.data import open_source
+    from elmo_jax.data import open_source, shard_for_process
     from elmo_jax.pretrain import RunSettings, pretrain
     from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 
     deterministic_gpu_flags()
-    _maybe_distributed(args)
     train_files, heldout_files = args.train_files, args.heldout_files
     if train_files is None:
         train_files, sample_heldout = bundled_sample()
         heldout_files = heldout_files or sample_heldout
         print(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
+    if args.num_processes:
+        # Before jax.distributed starts: once it has, a process that stops leaves the others to
+        # abort in the coordination service (a C++ stack trace) instead of printing this line.
+        shard_for_process(source, 0, args.num_processes)
+    _maybe_distributed(args)
     vocab_path = args.vocab
     if vocab_path is None:
         vocab_path = os.path.join(args.run_dir, "vocab.txt")
@@ -177,6 +184,21 @@ def cmd_train(args: argparse.Namespace) -> None:
         init_state = finetune_state(args.init_from, options, vocab, seed=args.seed)
     last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
+    if jax.process_index() == 0:
+        print(next_commands(args.run_dir, heldout_files), file=sys.stderr)
+
+
+def next_commands(run_dir: str, heldout_files: str | None) -> str:
+    """What to do with a trained run dir: ready-to-run commands (placeholders for the user's files)."""
+    run = shlex.quote(run_dir)
+    # eval reads text files only: a tfds split gets a placeholder too.
+    files = shlex.quote(heldout_files) if heldout_files and not heldout_files.startswith("tfds:") else "heldout.txt"
+    return "\n".join([
+        "next:",
+        f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
+        f"  elmo-jax eval --run-dir {run} --files {files}   # full-softmax perplexity",
+        f"  elmo-jax export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
+    ])
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

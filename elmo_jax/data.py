@@ -151,12 +151,14 @@ def open_source(spec: str, data_dir: str | None = None) -> Source:
 
 
 def shard_for_process(source: Source, process_index: int, process_count: int) -> list[int]:
-    """The shards this process reads: every ``process_count``-th, so processes never overlap."""
-    shards = list(range(process_index, len(source), process_count))
-    if not shards:
-        raise DataError(f"{len(source)} shard(s) for {process_count} processes: process {process_index} has none; "
+    """The shards this process reads: every ``process_count``-th, so processes never overlap.
+
+    Too few shards is refused on every process, not only on those left without one: a process
+    that stopped alone would leave the others to abort in jax.distributed's coordination service."""
+    if len(source) < process_count:
+        raise DataError(f"{len(source)} shard(s) for {process_count} processes: each process needs at least one; "
                         f"use at least as many shards as processes")
-    return shards
+    return list(range(process_index, len(source), process_count))
 
 
 class WordTable:

@@ -240,6 +240,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         if not 1 <= settings.devices <= n_local:
             raise CheckpointError(f"--devices {settings.devices}: this process has {n_local} device(s)")
         n_local, devices = settings.devices, jax.local_devices()[:settings.devices]
+    # Before anything that waits for the other processes (Orbax syncs them): all refuse alike.
+    shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (train.AXIS,))
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     try:
@@ -260,7 +262,6 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         options.save(os.path.join(settings.run_dir, "options.json"))
         write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
 
-    shards = shard_for_process(source, jax.process_index(), jax.process_count())
     max_epochs = math.ceil(settings.epochs) if settings.epochs else None
     batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, n_devices=n_local, seed=settings.seed,
@@ -276,6 +277,15 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         print(f"{settings.run_dir}: already trained to step {start} (asked for {total}); nothing to do")
         ckpt.close()
         return {"step": start}
+    if jax.process_index() == 0:
+        until = f" to step {total}" if total is not None else ""
+        if start:
+            stream = batcher.streams[0]
+            print(f"resuming {settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
+                  f"{stream.shard_pos + 1} of {len(stream.shards)}){until}")
+        else:
+            how = "from scratch" if init_state is None else "from the given initial state"
+            print(f"starting {settings.run_dir} {how}{until}")
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
     step_fn = train.make_train_step(model, t, mesh, settings.precision, dtype)
     batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
@@ -297,6 +307,10 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     last: dict = {}
     pending = None  # the previous step's metrics: read after the next step is dispatched
     window = {"loss_sum_fwd": 0.0, "loss_sum_bwd": 0.0, "count": 0.0, "grad_norm": 0.0, "n": 0}
+    # tokens_per_s is step time only: the session's first step (first batch, compile, first run)
+    # is reported apart as the first line's startup_s, and each log's own work is off the clock.
+    startup = first_run = None
+    timed = 0  # this window's steps on the clock
     t_window = time.perf_counter()
     step = start
     with _Stop() as stop:
@@ -307,15 +321,25 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                 break
             state, m = step_fn(state, batch)
             step += 1
+            if first_run is None:
+                # jit compiles inside the call but runs asynchronously: wait for this one run.
+                t_run = time.perf_counter()
+                jax.block_until_ready(m)
+                now = time.perf_counter()
+                startup, first_run, t_window = now - t_window, now - t_run, now
+            else:
+                timed += 1
             if pending is not None:
                 _accumulate(window, pending)
             pending = m
             if step % settings.log_every == 0 or (total is not None and step == total):
                 _accumulate(window, pending)
                 pending = None
-                now = time.perf_counter()
-                last = _summarise(window, step, batcher.epoch, tokens_per_step, now - t_window)
-                t_window = now
+                # A window of the first step alone has only that step's run to time.
+                n, seconds = (timed, time.perf_counter() - t_window) if timed else (1, first_run)
+                last = _summarise(window, step, batcher.epoch, tokens_per_step * n, seconds)
+                if startup is not None:
+                    last["startup_s"], startup = startup, None
                 window = {k: 0.0 for k in window} | {"n": 0}
                 if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
                     last.update({f"heldout_{k}": v for k, v in
@@ -329,6 +353,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                                          tok_s=f"{last['tokens_per_s']:.0f}")
                 if on_metrics is not None:
                     on_metrics(last)
+                t_window, timed = time.perf_counter(), 0
             if progress is not None:
                 progress.update(1)
             if step % settings.save_every == 0 or stop.requested:
@@ -353,12 +378,12 @@ def _accumulate(window: dict, m: dict) -> None:
     window["n"] += 1
 
 
-def _summarise(w: dict, step: int, epoch: int, tokens_per_step: int, seconds: float) -> dict:
+def _summarise(w: dict, step: int, epoch: int, tokens: int, seconds: float) -> dict:
     fwd, bwd = w["loss_sum_fwd"] / w["count"], w["loss_sum_bwd"] / w["count"]
     loss = 0.5 * (fwd + bwd)
     return {"step": step, "epoch": epoch, "loss": loss, "loss_fwd": fwd, "loss_bwd": bwd,
             "perplexity": math.exp(min(loss, 50.0)), "grad_norm": w["grad_norm"] / max(w["n"], 1),
-            "tokens_per_s": tokens_per_step * w["n"] / max(seconds, 1e-9), "time": time.time()}
+            "tokens_per_s": tokens / max(seconds, 1e-9), "time": time.time()}
 
 
 # -- evaluation ---------------------------------------------------------------------------------

@@ -4,15 +4,17 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import h5py
 import jax
 import numpy as np
 import pytest
 
-from elmo_jax import cli
+from elmo_jax import cli, train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer
 from elmo_jax.export import abstract_rows, abstract_shared, export_run, finetune_state, load_run, read_run
@@ -309,3 +311,89 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     assert len(stopped) == 1, out
     step = int(stopped[0].split()[3].rstrip(";"))
     assert load_run(str(run_dir))[3] == step >= 2
+
+
+def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
+    options = _write_tiny_options(tmp_path / "options.json")
+    run = tmp_path / "run"
+    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
+              str(TRAIN / "vocab.txt"), "--run-dir", str(run), "--devices", "1", "--log-every", "1", "--no-progress"]
+    outputs = []
+    for steps in ("2", "3", "3"):
+        assert cli.main([*common, "--steps", steps]) == 0
+        outputs.append(capsys.readouterr())
+    said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
+    assert said == [[f"starting {run} from scratch to step 2"],
+                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3"],
+                    [f"{run}: already trained to step 3 (asked for 3); nothing to do"]]
+    # Each session's first metrics line times its start-up (compile) apart from the steps.
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [("startup_s" in m) for m in metrics] == [True, False, True]
+    assert all(m["startup_s"] > 0 and m["tokens_per_s"] > 0 for m in metrics if "startup_s" in m)
+    # Then the commands that use the run, on stderr, each one the parser accepts as it stands.
+    parser = cli.build_parser()
+    for out in outputs:
+        commands = [l.split("#")[0].split() for l in out.err.splitlines() if l.strip().startswith("elmo-jax ")]
+        assert [c[1] for c in commands] == ["embed", "eval", "export"], out.err
+        for c in commands:
+            args = parser.parse_args(c[1:])
+            assert args.run_dir == str(run)
+        assert commands[1][commands[1].index("--files") + 1] == "heldout.txt"  # no --heldout-files: a placeholder
+
+
+def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
+    """A first step slowed as a compile would be is timed as startup_s, not as step time."""
+    slow = 4.0
+    make_train_step = train.make_train_step
+
+    def slow_first_call(*args, **kwargs):
+        step_fn, calls = make_train_step(*args, **kwargs), []
+
+        def step(state, batch):
+            if not calls:
+                time.sleep(slow)
+            calls.append(1)
+            return step_fn(state, batch)
+        return step
+
+    monkeypatch.setattr(train, "make_train_step", slow_first_call)
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    run = tmp_path / "run"
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+             RunSettings(run_dir=str(run), steps=4, log_every=2, save_every=10**6, progress=False, devices=1,
+                         async_save=False))
+    first, second = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    # Counting the start-up, the first window's 2 steps would take over `slow` seconds, so each
+    # step over slow / 2; measured over step time only (step 2), much less.
+    tokens_per_step = 2 * 5
+    assert tokens_per_step / first["tokens_per_s"] < slow / 2, first
+    assert first["startup_s"] >= slow and "startup_s" not in second
+
+
+def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_path):
+    options = _write_tiny_options(tmp_path / "options.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "elmo_jax", "train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"),
+         "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress",
+         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, err in zip(procs, errs):
+        assert p.returncode == 2, err
+        assert "Traceback" not in err and "Check failure" not in err, err
+    lines = [[l for l in err.splitlines() if "error" in l.lower()] for err in errs]
+    assert lines[0] == lines[1] == ["elmo-jax train: error: 1 shard(s) for 2 processes: each process needs at least "
+                                    "one; use at least as many shards as processes"], errs
