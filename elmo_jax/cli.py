@@ -104,6 +104,17 @@ def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 
+def _config_sets(config: str, key: str) -> bool:
+    """Whether ``--config`` is an options.json that gives ``key`` itself (presets give no counts)."""
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return key in json.load(f)
+    except (OSError, ValueError):
+        return False  # Options.load reports a bad file with its own message
+
+
 def _tiny_train(n_tokens_vocab: int):
     from elmo_jax.config import TrainConfig
     # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
@@ -169,7 +180,13 @@ def cmd_train(args: argparse.Namespace) -> None:
             print(f"no --vocab: wrote {vocab_path}")
     vocab = Vocabulary.load(vocab_path)
     meta = read_vocab_meta(vocab_path) or {}
-    options = _training_options(args.config, vocab, args.batch_size, meta.get("n_train_tokens"))
+    n_train_tokens = args.n_train_tokens or meta.get("n_train_tokens")
+    if n_train_tokens is None and args.steps is None and not _config_sets(args.config, "n_train_tokens"):
+        # Without it --epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
+        raise ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and --config sets no "
+                          f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
+                          f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
+    options = _training_options(args.config, vocab, args.batch_size, n_train_tokens)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
@@ -319,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--steps", type=int, help="train until this global step")
     stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
     tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
+    tr.add_argument("--n-train-tokens", type=int, metavar="N",
+                    help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
+                         "vocab.txt.json sidecar, written by elmo-jax vocab)")
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
     tr.add_argument("--init-from", metavar="DIR",
                     help="start a new run from another run dir or a directory of bilm-tf files (options.json, "
@@ -384,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from elmo_jax.pretrain import PeerFailed
+
+        if not isinstance(e, PeerFailed):
+            raise
+        print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -23,8 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from elmo_jax import lstm, train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
-from elmo_jax.config import ModelConfig, Options, TrainConfig
-from elmo_jax.data import LMBatcher, Source, shard_for_process
+from elmo_jax.config import ConfigError, ModelConfig, Options, TrainConfig
+from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
 from elmo_jax.softmax import full_softmax_loss
@@ -135,28 +135,60 @@ def _agree_max(values: list[int]) -> list[int]:
     return [int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(values, np.int64)), axis=0)]
 
 
+class StopTogether(Exception):
+    """All processes agreed to stop at this step boundary; ``reason`` says why (the strongest
+    reason any process had: an error, then a signal, then the end of the data)."""
+
+    REASONS = (None, "end of data", "signal", "error")
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PeerFailed(RuntimeError):
+    """Another process failed; this one saved the agreed step and stops too."""
+
+
 class GlobalBatches:
     """The step's global batch: this process's rows from the batcher, candidates, the fetch plan,
-    and shapes agreed by all processes (the distinct-word count per step, the fetch capacity,
-    which only grows)."""
+    and what all processes must agree on at every step boundary. One small all-gather per step
+    (multi-process runs only) carries the distinct-word count, the fetch capacity (which only
+    grows) and whether any process wants to stop, so that every stop happens at the same step on
+    every process and no process is left waiting in a collective of a step the others skipped."""
 
     def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
                  fixed: bool):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
         self.sharding = NamedSharding(mesh, P(train.AXIS))
+        self.error: BaseException | None = None  # this process's own failure, re-raised after the save
 
-    def next(self, step_number: int) -> dict:
-        local = self.batcher.next()
-        n = self.mesh.size
-        kw = dict(step=step_number, seed=self.seed, train=self.train, n_devices=n, first_device=self.first_device,
-                  fixed=self.fixed)
-        local, capacity = train.prepare_batch(local, capacity=self.capacity, **kw)
-        words, self.capacity = _agree_max([local["chars"].shape[1], capacity])
-        if self.capacity != capacity:  # another process needs more: plan again with its capacity
+    def next(self, step_number: int, stopping: str | None = None) -> dict:
+        """The global batch of ``step_number``; raises ``StopTogether`` if any process stops here.
+
+        ``stopping``: this process's own reason to stop (``StopTogether.REASONS``). An exception
+        while building the batch is one too (kept in ``self.error``)."""
+        n, local, capacity = self.mesh.size, None, 0
+        if stopping is None:
+            try:
+                local = self.batcher.next()
+                local, capacity = train.prepare_batch(
+                    local, step=step_number, seed=self.seed, train=self.train, n_devices=n,
+                    first_device=self.first_device, fixed=self.fixed, capacity=self.capacity)
+            except StopIteration:
+                stopping = "end of data"
+            except Exception as e:  # noqa: BLE001 - every process must hear of it before it stops
+                stopping, self.error = "error", e
+        words = local["chars"].shape[1] if local is not None else 0
+        words, capacity, reason = _agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
+        if reason:
+            raise StopTogether(StopTogether.REASONS[reason])
+        if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity
             plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(self.train.n_tokens_vocab),
-                                 n, self.capacity)
+                                 n, capacity)
             local.update(plan)
+        self.capacity = capacity
         if words != local["chars"].shape[1]:
             local["chars"] = np.pad(local["chars"], ((0, 0), (0, words - local["chars"].shape[1]), (0, 0)))
         return {k: jax.make_array_from_process_local_data(self.sharding, local[k], (n,) + local[k].shape[1:])
@@ -223,6 +255,26 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     return start, train.TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
+def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Vocabulary, options: Options) -> None:
+    """Held-out evaluation that could never run fails now, not silently hours later."""
+    if not settings.eval_every:
+        return
+    if settings.eval_every % settings.log_every:
+        raise ConfigError(f"--eval-every {settings.eval_every} is not a multiple of --log-every {settings.log_every} "
+                          f"(held-out perplexity is computed at logged steps)")
+    if heldout is None:
+        return
+    t = options.train
+    probe = LMBatcher(heldout, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
+                      max_chars=options.model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+    try:
+        probe.next()
+    except StopIteration:
+        names = ", ".join(heldout.name(i) for i in range(min(len(heldout), 3)))
+        raise DataError(f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows x "
+                        f"{t.unroll_steps} tokens); give more text or a smaller --batch-size") from None
+
+
 def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings,
              heldout: Source | None = None, init_state: dict | None = None,
              on_metrics: Callable[[dict], None] | None = None, fixed_candidates: bool = False) -> dict:
@@ -232,6 +284,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     from instead of a fresh init (fine-tuning).
     """
     t, model = options.train, options.model
+    _check_evaluation(settings, heldout, vocab, options)
     os.makedirs(settings.run_dir, exist_ok=True)
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
@@ -313,60 +366,68 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     timed = 0  # this window's steps on the clock
     t_window = time.perf_counter()
     step = start
+    reason, error = None, None  # why the loop stopped early; this process's own failure in host code
     with _Stop() as stop:
         while total is None or step < total:
             try:
-                batch = batches.next(step)
-            except StopIteration:
+                batch = batches.next(step, "error" if error else "signal" if stop.requested else None)
+            except StopTogether as e:
+                reason = e.reason
                 break
             state, m = step_fn(state, batch)
             step += 1
-            if first_run is None:
-                # jit compiles inside the call but runs asynchronously: wait for this one run.
-                t_run = time.perf_counter()
-                jax.block_until_ready(m)
-                now = time.perf_counter()
-                startup, first_run, t_window = now - t_window, now - t_run, now
-            else:
-                timed += 1
-            if pending is not None:
-                _accumulate(window, pending)
-            pending = m
-            if step % settings.log_every == 0 or (total is not None and step == total):
-                _accumulate(window, pending)
-                pending = None
-                # A window of the first step alone has only that step's run to time.
-                n, seconds = (timed, time.perf_counter() - t_window) if timed else (1, first_run)
-                last = _summarise(window, step, batcher.epoch, tokens_per_step * n, seconds)
-                if startup is not None:
-                    last["startup_s"], startup = startup, None
-                window = {k: 0.0 for k in window} | {"n": 0}
-                if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
-                    last.update({f"heldout_{k}": v for k, v in
-                                 evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
-                                          layout=layout).items()})
-                if jax.process_index() == 0:
-                    with open(metrics_path, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(last) + "\n")
+            try:  # host code: a failure stops every process at the next boundary, after a save
+                if first_run is None:
+                    # jit compiles inside the call but runs asynchronously: wait for this one run.
+                    t_run = time.perf_counter()
+                    jax.block_until_ready(m)
+                    now = time.perf_counter()
+                    startup, first_run, t_window = now - t_window, now - t_run, now
+                else:
+                    timed += 1
+                if pending is not None:
+                    _accumulate(window, pending)
+                pending = m
+                if step % settings.log_every == 0 or (total is not None and step == total):
+                    _accumulate(window, pending)
+                    pending = None
+                    # A window of the first step alone has only that step's run to time.
+                    n, seconds = (timed, time.perf_counter() - t_window) if timed else (1, first_run)
+                    last = _summarise(window, step, batcher.epoch, tokens_per_step * n, seconds)
+                    if startup is not None:
+                        last["startup_s"], startup = startup, None
+                    window = {k: 0.0 for k in window} | {"n": 0}
+                    if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
+                        last.update({f"heldout_{k}": v for k, v in
+                                     evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
+                                              layout=layout).items()})
+                    if jax.process_index() == 0:
+                        with open(metrics_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(last) + "\n")
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{last['loss']:.3f}", ppl=f"{last['perplexity']:.1f}",
+                                             tok_s=f"{last['tokens_per_s']:.0f}")
+                    if on_metrics is not None:
+                        on_metrics(last)
+                    t_window, timed = time.perf_counter(), 0
                 if progress is not None:
-                    progress.set_postfix(loss=f"{last['loss']:.3f}", ppl=f"{last['perplexity']:.1f}",
-                                         tok_s=f"{last['tokens_per_s']:.0f}")
-                if on_metrics is not None:
-                    on_metrics(last)
-                t_window, timed = time.perf_counter(), 0
-            if progress is not None:
-                progress.update(1)
-            if step % settings.save_every == 0 or stop.requested:
-                save(step)
-            if stop.requested:
-                break
+                    progress.update(1)
+                if step % settings.save_every == 0:
+                    save(step)
+            except Exception as e:  # noqa: BLE001
+                error = e
     if pending is not None:
         _accumulate(window, pending)
-    save(step)
+    save(step)  # every process reaches this at the same step
     ckpt.close()
     if progress is not None:
         progress.close()
-    if stop.requested:
+    mine = error or batches.error
+    if mine is not None:  # after the save: the last sound state is on disk
+        raise mine
+    if reason == "error":
+        raise PeerFailed(f"another process failed: stopped at step {step}; checkpoint saved in {settings.run_dir}")
+    if reason == "signal":
         print(f"stopped at step {step}; checkpoint saved in {settings.run_dir}")
     last["step"] = step
     return last

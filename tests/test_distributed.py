@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -350,15 +351,17 @@ def _train_args(tmp_path, run_dir, seed) -> list[str]:
             "--seed", str(seed), "--log-every", "1", "--no-progress"]
 
 
-def _start_workers(tmp_path, seed) -> tuple[list, list]:
+def _start_workers(tmp_path, seed, args: list[str] | None = None) -> tuple[list, list]:
+    """Two CLI processes with one CPU device each (``args``: the train command, default
+    ``_train_args`` into run_mh)."""
     port = _free_port()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs, logs = [], []
+    base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
     for i in range(2):
         log = open(tmp_path / f"worker{i}.log", "w+")
-        args = _train_args(tmp_path, tmp_path / "run_mh", seed) + [
-            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
+        args = base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
         procs.append(subprocess.Popen([sys.executable, "-m", "elmo_jax", *args], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, cwd=tmp_path))
         logs.append(log)
@@ -377,12 +380,14 @@ def _wait_workers(procs, logs, timeout) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    report = []
+    report, texts = [], []
     for i, (p, log) in enumerate(zip(procs, logs)):
         log.seek(0)
-        report.append(f"--- process {i}: exit {p.returncode}\n{log.read()[-3000:]}")
+        texts.append(log.read())
+        report.append(f"--- process {i}: exit {p.returncode}\n{texts[-1][-3000:]}")
         log.close()
     assert all(p.returncode == 0 for p in procs), "multi-host workers failed:\n" + "\n".join(report)
+    return texts
 
 
 def test_multihost_cli_equals_single_process(tmp_path, capsys):
@@ -435,3 +440,42 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     assert rows_mh["c"].shape[2] == rows_1p["c"].shape[2] == 2
     _assert_trees_close(rows_mh, rows_1p, "lstm rows ")
     assert _max_diff(rows_1p, jax.tree_util.tree_map(np.zeros_like, rows_1p)) > 1e-3
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys):
+    """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
+    run resumes from that step."""
+    from elmo_jax import cli
+
+    _two_local_devices()
+    for i, line in enumerate(SHARDS):
+        (tmp_path / f"shard-{i}.txt").write_text(line + "\n")
+    vocab_words = ["<S>", "</S>", "<UNK>", *sorted({w for line in SHARDS for w in line.split()})]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
+    train_cfg = TrainConfig(n_tokens_vocab=len(vocab_words), batch_size=1, unroll_steps=MH_T,
+                            n_negative_samples_batch=6, n_epochs=1, n_train_tokens=100)
+    Options(model=TINY, train=train_cfg).save(tmp_path / "options.json")
+    run_dir = tmp_path / "run"
+    args = _train_args(tmp_path, run_dir, 0)
+    args[args.index("--steps") + 1] = "100000"
+    procs, logs = _start_workers(tmp_path, 0, args + ["--save-every", "100000"])
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert all(p.poll() is None for p in procs), "a worker stopped early"
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)  # process 1 only
+    t0 = time.monotonic()
+    texts = _wait_workers(procs, logs, timeout=60)
+    assert time.monotonic() - t0 < 60
+    stopped = [[l for l in text.splitlines() if l.startswith("stopped at step")] for text in texts]
+    assert all(len(x) == 1 for x in stopped), texts
+    steps = [int(x[0].split()[3].rstrip(";")) for x in stopped]
+    assert steps[0] == steps[1] >= 3, steps
+    step = steps[0]
+    assert load_run(str(run_dir))[3] == step
+    assert all((run_dir / "host_state" / f"{step}.p{p}.npz").exists() for p in range(2))
+    # A restart (here one process with both devices) resumes from that step.
+    assert cli.main(args[:args.index("--steps")] + ["--steps", str(step + 1)] + args[args.index("--steps") + 2:]) == 0
+    assert f"from step {step}" in capsys.readouterr().out
+    assert load_run(str(run_dir))[3] == step + 1

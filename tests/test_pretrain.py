@@ -397,3 +397,50 @@ def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_p
     lines = [[l for l in err.splitlines() if "error" in l.lower()] for err in errs]
     assert lines[0] == lines[1] == ["elmo-jax train: error: 1 shard(s) for 2 processes: each process needs at least "
                                     "one; use at least as many shards as processes"], errs
+
+
+def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
+    options = _write_tiny_options(tmp_path / "options.json")
+    tiny_heldout = tmp_path / "heldout.txt"
+    tiny_heldout.write_text("the cat\n")
+    bare_vocab = tmp_path / "vocab.txt"  # no vocab.txt.json sidecar beside it
+    bare_vocab.write_text((TRAIN / "vocab.txt").read_text())
+    common = ["train", "--train-files", str(TRAIN / "data.txt"), "--no-progress", "--devices", "1"]
+    cases = [
+        (["--config", str(options), "--vocab", str(TRAIN / "vocab.txt"), "--steps", "2", "--heldout-files",
+          str(tiny_heldout), "--eval-every", "1", "--log-every", "1"],
+         "is smaller than one evaluation batch (2 rows x 5 tokens)"),
+        (["--config", str(options), "--vocab", str(TRAIN / "vocab.txt"), "--steps", "2", "--heldout-files",
+          str(TRAIN / "data.txt"), "--eval-every", "3", "--log-every", "2"],
+         "--eval-every 3 is not a multiple of --log-every 2"),
+        (["--config", "tiny", "--vocab", str(bare_vocab), "--epochs", "1"],
+         "has no token-count sidecar"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        run_dir = tmp_path / f"run{i}"
+        assert cli.main([*common, "--run-dir", str(run_dir), *args]) == 2, args
+        err = capsys.readouterr().err
+        lines = [l for l in err.splitlines() if "error:" in l]
+        assert len(lines) == 1 and message in lines[0], (args, err)
+        assert not (run_dir / "checkpoints").exists()  # refused before anything was trained or saved
+    # The count given by hand is enough (and --steps needs none).
+    assert cli.main([*common, "--run-dir", str(tmp_path / "ok"), "--config", "tiny", "--vocab", str(bare_vocab),
+                     "--steps", "1"]) == 0
+
+
+def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_run, tmp_path):
+    _, options, vocab = trained_run
+
+    def fail_at_3(metrics):
+        if metrics["step"] == 3:
+            raise MemoryError("held-out evaluation ran out of memory (simulated)")
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(MemoryError, match="simulated"):
+        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+                 RunSettings(run_dir=str(run_dir), steps=10, save_every=100, log_every=1, progress=False, devices=1),
+                 on_metrics=fail_at_3)
+    assert load_run(str(run_dir))[3] == 3  # the step that completed before the failure, readable
+    # Resumes from there.
+    assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+                    RunSettings(run_dir=str(run_dir), steps=4, progress=False, devices=1))["step"] == 4
