@@ -423,9 +423,10 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
         lines = [l for l in err.splitlines() if "error:" in l]
         assert len(lines) == 1 and message in lines[0], (args, err)
         assert not (run_dir / "checkpoints").exists()  # refused before anything was trained or saved
-    # The count given by hand is enough (and --steps needs none).
+    # A count given by hand is enough (0 epochs: it gets past the check and stops there, untrained).
     assert cli.main([*common, "--run-dir", str(tmp_path / "ok"), "--config", "tiny", "--vocab", str(bare_vocab),
-                     "--steps", "1"]) == 0
+                     "--epochs", "0", "--n-train-tokens", "1000"]) == 0
+    assert "nothing to do" in capsys.readouterr().out
 
 
 def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_run, tmp_path):
