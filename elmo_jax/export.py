@@ -45,13 +45,15 @@ def abstract_rows(model, global_rows: int, sharding=None) -> dict:
     return {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding[k]) for k, x in rows.items()}
 
 
-def softmax_in_id_order(shared: dict, meta: dict) -> dict:
-    """``shared`` with its softmax weights and accumulators ``[V, ...]`` in id order (numpy)."""
-    if meta.get("format", 1) == 1:
-        convert = np.asarray
-    else:
-        layout = RowLayout(**meta["softmax_layout"])
-        convert = layout.from_stored
+def saved_layout(meta: dict) -> RowLayout | None:
+    """The softmax layout a checkpoint was written in (None: format 1, id order)."""
+    return RowLayout(**meta["softmax_layout"]) if meta.get("format", 1) >= 2 else None
+
+
+def softmax_in_id_order(shared: dict, layout: RowLayout | None) -> dict:
+    """``shared`` with its softmax weights and accumulators ``[V, ...]`` in id order (numpy), from
+    ``layout``'s slot order (None: already in id order)."""
+    convert = np.asarray if layout is None else layout.from_stored
     return {**shared, **{part: {**shared[part], "softmax": {k: convert(x) for k, x in shared[part]["softmax"].items()}}
                          for part in ("params", "opt")}}
 
@@ -90,7 +92,7 @@ def read_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary
             shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
     finally:
         ckpt.close()
-    return options, vocab, softmax_in_id_order(jax.device_get(shared), meta), int(step)
+    return options, vocab, softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
 
 
 def load_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
@@ -130,8 +132,7 @@ def finetune_state(source: str, options: Options, vocab: Vocabulary, seed: int =
     """
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
     fresh = softmax_in_id_order(jax.device_get(train.init_state(jax.random.PRNGKey(seed), options.model,
-                                                                options.train, 1).shared()),
-                                {"format": 2, "softmax_layout": layout.to_dict()})
+                                                                options.train, 1).shared()), layout)
     if os.path.isdir(os.path.join(source, "checkpoints")):
         old_options, old_vocab, old, _ = read_run(source)
         bilm_params, dense_opt = old["params"]["bilm"], old["opt"]["bilm"]

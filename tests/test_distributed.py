@@ -45,7 +45,7 @@ from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import Checkpointer
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles, shard_for_process
-from elmo_jax.export import abstract_rows, abstract_shared, load_run, read_run
+from elmo_jax.export import abstract_rows, abstract_shared, load_run, read_run, softmax_in_id_order
 from elmo_jax.hlo import collectives
 from elmo_jax.pretrain import RunSettings, pretrain
 from elmo_jax.sharded_softmax import RowLayout
@@ -262,10 +262,7 @@ def test_restart_with_another_row_count_keeps_state_and_position_with_one_warnin
     assert "the data position (epoch" in str(caught[0].message)
     assert start == 3
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
-    restored = jax.device_get(state.shared())
-    restored = {**restored, **{part: {**restored[part], "softmax": {k: layout.from_stored(x) for k, x in
-                                                                    restored[part]["softmax"].items()}}
-                               for part in ("params", "opt")}}
+    restored = softmax_in_id_order(jax.device_get(state.shared()), layout)
     _assert_trees_close(restored, saved, "restored ", tol=0)
     assert state.lstm["c"].shape[2] == global_rows and not np.any(np.asarray(state.lstm["c"]))
     for d, stream in enumerate(batcher.streams):

@@ -34,7 +34,6 @@ MODEL = ModelConfig(
 # One vocabulary size for the eval and the train tests: a single (slow, op-by-op) init_state.
 V = 50
 LAYOUT = RowLayout.for_vocab(V)
-LAYOUT_META = {"format": 2, "softmax_layout": LAYOUT.to_dict()}
 EVAL_VOCAB = ["<S>", "</S>", "<UNK>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "home"]
 EVAL_VOCAB += [f"filler{k}" for k in range(V - len(EVAL_VOCAB))]
 # A blank line (skipped), OOV words ("extraordinarily" is also longer than the 8 bytes a token
@@ -163,7 +162,7 @@ def fresh_state():
     """``train.init_state`` for MODEL and V words, 2 rows (host arrays, the softmax in id order)."""
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, n_negative_samples_batch=8)
     state = jax.device_get(train.init_state(jax.random.PRNGKey(1), MODEL, tc))
-    return {**softmax_in_id_order(state.shared(), LAYOUT_META), "lstm": state.lstm}
+    return {**softmax_in_id_order(state.shared(), LAYOUT), "lstm": state.lstm}
 
 
 def _perturbed_params(state, seed: int = 0):
@@ -333,7 +332,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state):
     for part, fill in (("params", 0.0), ("opt", 1.0)):  # padding slots: never touched
         for name in ("w", "b"):
             np.testing.assert_array_equal(getattr(new_stored, part)["softmax"][name][pad], fill)
-    new = {**softmax_in_id_order(new_stored.shared(), LAYOUT_META), "lstm": new_stored.lstm}
+    new = {**softmax_in_id_order(new_stored.shared(), LAYOUT), "lstm": new_stored.lstm}
     ref_params, ref_acc = jax.device_get((ref_params, ref_acc))
 
     assert float(metrics["grad_norm"]) > tc.all_clip_norm_val  # clipping active
