@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from elmo_jax.atomic import open_binary
+
 BOS_CHAR = 256  # beginning of sentence
 EOS_CHAR = 257  # end of sentence
 BOW_CHAR = 258  # beginning of word
@@ -88,7 +90,7 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50,
 def utf8_lines(path: str, error: type[Exception]):
     """Yields (line number, line) of a UTF-8 file; a line that is not UTF-8 raises ``error``
     naming the file and line."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:  # a local file, or e.g. gs:// through etils.epath
         for lineno, raw in enumerate(f, 1):
             try:
                 yield lineno, raw.decode("utf-8")

@@ -16,8 +16,9 @@ The state is saved as global ``jax.Array``s: each process writes the shards it h
 restore onto another mesh reads what each device needs (Orbax reshards). Orbax commits a step by
 renaming a finished temporary directory, so a crash mid-save leaves nothing that looks like a
 checkpoint; a step whose files are damaged anyway is skipped with a warning and the previous one
-is used. The host file is written (temp + rename) before the Orbax save starts, and is only read
-for steps Orbax has committed.
+is used. The host file is written (temp + rename; on an object store such as ``gs://``, one
+object write) before the Orbax save starts, and is only read for steps Orbax has committed. On
+``gs://`` Orbax commits a step with a ``commit_success.txt`` file instead of a rename.
 
 Format 1 (before the device mesh): ``state`` held the softmax in id order, ``[V, P]``, and the
 host file held the process's LSTM rows too. ``restore_latest`` reads both formats.
@@ -26,6 +27,7 @@ host file held the process's LSTM rows too. ``restore_latest`` reads both format
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import warnings
 from typing import Any, Callable
@@ -33,8 +35,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
-from elmo_jax.atomic import atomic_path
+from elmo_jax.atomic import atomic_path, is_local
 from elmo_jax.chars import Vocabulary
 
 FORMAT = 2
@@ -79,17 +82,19 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
-    def __init__(self, run_dir: str, keep: int = 3, async_save: bool = True):
-        self.run_dir = os.path.abspath(run_dir)
-        self.host_dir = os.path.join(self.run_dir, "host_state")
-        os.makedirs(self.host_dir, exist_ok=True)
+    def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = True):
+        # Through etils.epath, so that a gs:// run dir works (an absolute path only for a local one:
+        # abspath would turn gs://b/r into <cwd>/gs:/b/r).
+        self.run_dir = epath.Path(os.path.abspath(run_dir) if is_local(run_dir) else run_dir)
+        self.host_dir = self.run_dir / "host_state"
+        self.host_dir.mkdir(parents=True, exist_ok=True)
         self.manager = ocp.CheckpointManager(
-            os.path.join(self.run_dir, "checkpoints"),
+            self.run_dir / "checkpoints",
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                  cleanup_tmp_directories=True, create=True))
 
-    def _host_path(self, step: int, process: int) -> str:
-        return os.path.join(self.host_dir, f"{step}.p{process}.npz")
+    def _host_path(self, step: int, process: int) -> epath.Path:
+        return self.host_dir / f"{step}.p{process}.npz"
 
     def save(self, step: int, shared: dict, lstm: dict, host: dict, meta: dict) -> None:
         """``shared`` and ``lstm``: global arrays, saved shard by shard where they are; ``host``:
@@ -104,13 +109,10 @@ class Checkpointer:
 
     def _prune_host_files(self) -> None:
         keep = set(self.manager.all_steps())
-        for name in os.listdir(self.host_dir):
-            step = name.split(".", 1)[0]
+        for path in self.host_dir.iterdir():
+            step = path.name.split(".", 1)[0]
             if step.isdigit() and int(step) not in keep and int(step) < max(keep, default=0):
-                try:
-                    os.remove(os.path.join(self.host_dir, name))
-                except FileNotFoundError:
-                    pass
+                path.unlink(missing_ok=True)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -143,7 +145,9 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         host = None
         if with_host:
-            with np.load(self._host_path(step, jax.process_index()), allow_pickle=False) as f:
+            # Read whole (a few KB to MB): np.load wants a seekable file, which a remote one may not be.
+            data = io.BytesIO(self._host_path(step, jax.process_index()).read_bytes())
+            with np.load(data, allow_pickle=False) as f:
                 host = _unflatten({k: f[k] for k in f.files})
         return restored["state"], restored.get("lstm") if "lstm" in items else None, host, meta
 

@@ -135,7 +135,7 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
 
     if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
-                                   process_id=args.process_id)
+                                   process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
 
 
 def deterministic_gpu_flags() -> None:
@@ -151,6 +151,7 @@ def deterministic_gpu_flags() -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     import jax
+    from etils import epath
 
     from elmo_jax.chars import Vocabulary
     from elmo_jax.data import open_source, shard_for_process
@@ -172,8 +173,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     vocab_path = args.vocab
     if vocab_path is None:
         vocab_path = os.path.join(args.run_dir, "vocab.txt")
-        if not os.path.exists(vocab_path):
-            os.makedirs(args.run_dir, exist_ok=True)
+        if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+            epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
             counts, n_tokens, n_sentences = count_tokens(source)
             write_vocab(build_vocab(counts, min_count=args.min_count), vocab_path, n_tokens, n_sentences,
                         [source.name(i) for i in range(len(source))])
@@ -196,20 +197,21 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.init_from:
         from elmo_jax.export import finetune_state
 
-        if not os.path.isdir(args.init_from):
+        if not epath.Path(args.init_from).is_dir():
             raise CheckpointError(f"--init-from {args.init_from}: not a directory")
         init_state = finetune_state(args.init_from, options, vocab, seed=args.seed)
     last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0:
-        print(next_commands(args.run_dir, heldout_files), file=sys.stderr)
+        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
-def next_commands(run_dir: str, heldout_files: str | None) -> str:
+def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
     """What to do with a trained run dir: ready-to-run commands (placeholders for the user's files)."""
     run = shlex.quote(run_dir)
-    # eval reads text files only: a tfds split gets a placeholder too.
-    files = shlex.quote(heldout_files) if heldout_files and not heldout_files.startswith("tfds:") else "heldout.txt"
+    files = shlex.quote(heldout_files) if heldout_files else "heldout.txt"
+    if heldout_files and heldout_files.startswith("tfds:") and tfds_data_dir:
+        files += f" --tfds-data-dir {shlex.quote(tfds_data_dir)}"
     return "\n".join([
         "next:",
         f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
@@ -219,12 +221,13 @@ def next_commands(run_dir: str, heldout_files: str | None) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from elmo_jax.data import TextFiles
+    from elmo_jax.data import open_source
     from elmo_jax.export import load_run
-    from elmo_jax.pretrain import evaluate
+    from elmo_jax.perplexity import evaluate
 
+    source = open_source(args.files, args.tfds_data_dir)
     options, vocab, params, step = load_run(args.run_dir, args.step)
-    result = evaluate(params, options.model, vocab, TextFiles(args.files), args.batch_size, args.unroll_steps,
+    result = evaluate(params, options.model, vocab, source, args.batch_size, args.unroll_steps,
                       reset_state_per_sentence=args.reset_state_per_sentence)
     print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
 
@@ -355,11 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
     tr.add_argument("--num-processes", type=int)
     tr.add_argument("--process-id", type=int)
+    tr.add_argument("--heartbeat-timeout", type=int, default=100, metavar="SECONDS",
+                    help="multi-host: a process silent this long is taken for dead and every process stops "
+                         "(jax.distributed's heartbeat timeout)")
     tr.set_defaults(func=cmd_train)
 
-    ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on text files (one JSON line)")
+    ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on held-out text (one JSON line)")
     ev.add_argument("--run-dir", required=True)
-    ev.add_argument("--files", required=True)
+    ev.add_argument("--files", required=True, help="glob of text files, or tfds:NAME/SPLIT as for train")
+    ev.add_argument("--tfds-data-dir", help="tfds data dir, for --files tfds:NAME/SPLIT")
     ev.add_argument("--step", type=int)
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--unroll-steps", type=int, default=20)

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from elmo_jax.atomic import write_text_atomic
+from elmo_jax.atomic import open_binary, write_text_atomic
 
 ACTIVATIONS = ("relu", "tanh")
 
@@ -275,8 +275,8 @@ class Options:
     def load(cls, path: str | os.PathLike) -> "Options":
         path = os.fspath(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
+            with open_binary(path) as f:
+                d = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{path}: options file not found") from None
         except json.JSONDecodeError as e:

@@ -330,6 +330,26 @@ def bucket_size(n: int, minimum: int = 64) -> int:
     return size if size >= n else -(-n // 1024) * 1024
 
 
+def split_over_devices(table: WordTable, inputs: np.ndarray, targets: np.ndarray, n_devices: int) -> dict:
+    """``inputs`` (ids into ``table``), ``targets [2, R, T]`` -> ``chars [D, U, max_chars]``, each
+    device's distinct words (``U`` from ``bucket_size``; extra rows are padding, never indexed),
+    ``inputs [D, 2, R/D, T]`` (indices into that device's ``chars``) and ``targets [D, 2, R/D, T]``,
+    int32; device k takes rows ``[k R/D, (k+1) R/D)``. Each distinct word is encoded once."""
+    _, r, t = inputs.shape
+    d, b = n_devices, r // n_devices
+    inputs = inputs.reshape(2, d, b, t).transpose(1, 0, 2, 3)
+    targets = targets.reshape(2, d, b, t).transpose(1, 0, 2, 3)
+    uniques, local = [], np.empty(inputs.shape, np.int32)
+    for k in range(d):
+        u, inv = np.unique(inputs[k], return_inverse=True)
+        uniques.append(u)
+        local[k] = inv.reshape(inputs[k].shape)
+    chars = np.zeros((d, bucket_size(max(len(u) for u in uniques)), table.max_chars), np.int32)
+    for k, u in enumerate(uniques):
+        chars[k, :len(u)] = table.char_ids(u)
+    return {"chars": chars, "inputs": local, "targets": targets.astype(np.int32)}
+
+
 class LMBatcher:
     """Training (or evaluation) batches for the devices of this process.
 
@@ -367,23 +387,17 @@ class LMBatcher:
             except StopIteration:
                 return
 
-    def next(self) -> dict:
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next window of all rows, before the split over devices: ``inputs [2, R, T]`` (ids
+        into ``table``) and ``targets [2, R, T]`` (vocabulary ids); StopIteration at the end."""
         fwd_in, fwd_tgt = self.streams[0].window(self.steps)
         bwd_in, bwd_tgt = self.streams[1].window(self.steps)
-        d, b, t = self.n_devices, self.rows_per_device, self.steps
-        inputs = np.stack([fwd_in, bwd_in]).reshape(2, d, b, t).transpose(1, 0, 2, 3)
-        targets = np.stack([fwd_tgt, bwd_tgt]).reshape(2, d, b, t).transpose(1, 0, 2, 3)
-        uniques, local = [], np.empty(inputs.shape, np.int32)
-        for k in range(d):
-            u, inv = np.unique(inputs[k], return_inverse=True)
-            uniques.append(u)
-            local[k] = inv.reshape(inputs[k].shape)
-        size = bucket_size(max(len(u) for u in uniques))
-        chars = np.zeros((d, size, self.table.max_chars), np.int32)
-        for k, u in enumerate(uniques):
-            chars[k, :len(u)] = self.table.char_ids(u)
-        rows = self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b)
-        return {"chars": chars, "inputs": local, "targets": targets.astype(np.int32), "rows": rows}
+        return np.stack([fwd_in, bwd_in]), np.stack([fwd_tgt, bwd_tgt])
+
+    def next(self) -> dict:
+        batch = split_over_devices(self.table, *self.window(), self.n_devices)
+        d, b = self.n_devices, self.rows_per_device
+        return {**batch, "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b)}
 
     def state(self) -> dict:
         return {f"dir{d}": s.state() for d, s in enumerate(self.streams)}

@@ -12,6 +12,7 @@ import os
 import h5py
 import jax
 import numpy as np
+from etils import epath
 
 from elmo_jax import lstm, train
 from elmo_jax.atomic import atomic_path, write_text_atomic
@@ -67,11 +68,11 @@ def softmax_in_slot_order(shared: dict, layout: RowLayout) -> dict:
     return out
 
 
-def read_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
     """(options, vocab, shared state with the softmax in id order, step) of a run directory's
-    newest readable (or the given) checkpoint."""
+    newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath)."""
     options_path = os.path.join(run_dir, "options.json")
-    if not os.path.isfile(options_path):
+    if not epath.Path(options_path).is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
     options = Options.load(options_path)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
@@ -95,22 +96,22 @@ def read_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary
     return options, vocab, softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
 
 
-def load_run(run_dir: str, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+def load_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
     """(options, vocab, params, step): params ``{"bilm", "softmax": {"w" [V, P], "b" [V]}}`` in id order."""
     options, vocab, shared, step = read_run(run_dir, step)
     return options, vocab, shared["params"], step
 
 
-def write_vocab_file(path: str, vocab: Vocabulary) -> None:
+def write_vocab_file(path: str | os.PathLike, vocab: Vocabulary) -> None:
     write_text_atomic(path, "\n".join(vocab.words) + "\n")
 
 
-def export_run(run_dir: str, out_dir: str, step: int | None = None) -> list[str]:
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None) -> list[str]:
     """A run's checkpoint -> bilm-tf files: ``options.json`` (with the training keys),
     ``weights.hdf5`` (AllenNLP's layout), ``softmax.hdf5`` (``softmax/W`` [V, P], ``softmax/b`` [V])
-    and ``vocab.txt``. Each file is written atomically."""
+    and ``vocab.txt``. Each file is written atomically. Either dir may be a ``gs://`` path."""
     options, vocab, params, step = load_run(run_dir, step)
-    os.makedirs(out_dir, exist_ok=True)
+    epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
     paths = [os.path.join(out_dir, n) for n in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt")]
     save_hdf5(options, params["bilm"], paths[0], paths[1])
     with atomic_path(paths[2]) as tmp:
@@ -133,7 +134,7 @@ def finetune_state(source: str, options: Options, vocab: Vocabulary, seed: int =
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
     fresh = softmax_in_id_order(jax.device_get(train.init_state(jax.random.PRNGKey(seed), options.model,
                                                                 options.train, 1).shared()), layout)
-    if os.path.isdir(os.path.join(source, "checkpoints")):
+    if epath.Path(source, "checkpoints").is_dir():  # a run dir, possibly gs://
         old_options, old_vocab, old, _ = read_run(source)
         bilm_params, dense_opt = old["params"]["bilm"], old["opt"]["bilm"]
         softmax, acc = old["params"]["softmax"], old["opt"]["softmax"]

@@ -18,16 +18,18 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import lstm, train
+from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
-from elmo_jax.config import ConfigError, ModelConfig, Options, TrainConfig
+from elmo_jax.config import ConfigError, Options, TrainConfig
 from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
+from elmo_jax.perplexity import evaluate
 from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
-from elmo_jax.softmax import full_softmax_loss
 
 
 @dataclasses.dataclass
@@ -99,6 +101,54 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
     if meta["vocab_sha256"] != vocab_hash(vocab):
         raise CheckpointError(f"{run_dir} was trained with a different vocabulary than {vocab.source}; "
                               f"fine-tune into a new run dir instead (--init-from)")
+
+
+class _MetricsFile:
+    """``metrics.jsonl``: one JSON line per logged step, written by process 0.
+
+    A run resumed from step ``start`` drops the lines of later steps (logged before a crash, after
+    the checkpoint it resumes from): those steps run and log again, and each step is logged once.
+    Lines that are not JSON objects with a step are kept as they are.
+
+    A local file is appended to. An object store (``gs://``) has no append: the whole file is
+    rewritten, as one object write, at each log from the lines held here. That is O(lines) per log,
+    but small: a 100k-step run logged every 100 steps has 1,000 lines, ~0.3 MB.
+    """
+
+    def __init__(self, path: str, start: int):
+        self.path, self.local = path, is_local(path)
+        try:
+            with open_binary(path) as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raw = b""
+        lines = raw.splitlines()  # bytes: whatever is there is kept byte for byte
+        self.lines = [line for line in lines if not _logged_after(line, start)]
+        torn = raw and not raw.endswith(b"\n")  # a crash mid-append: the next line must not join it
+        if len(self.lines) < len(lines) or torn:
+            self._rewrite()
+        if self.local:
+            self.lines = []  # appended to: nothing to hold
+
+    def add(self, record: dict) -> None:
+        line = json.dumps(record).encode("utf-8")
+        if self.local:
+            with open(self.path, "ab") as f:
+                f.write(line + b"\n")
+        else:
+            self.lines.append(line)
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        write_bytes_atomic(self.path, b"".join(line + b"\n" for line in self.lines))
+
+
+def _logged_after(line: bytes, start: int) -> bool:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):  # not JSON (UnicodeDecodeError is a ValueError), not an object
+        return False
+    return isinstance(step, int) and step > start
 
 
 class _Stop:
@@ -195,12 +245,6 @@ class GlobalBatches:
                 for k in train.BATCH_KEYS}
 
 
-def _put(tree, shardings):
-    """Host arrays (the same on every process) -> global arrays; each process copies its shards only."""
-    return jax.tree_util.tree_map(
-        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings)
-
-
 def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
                      shardings: train.TrainState, global_rows: int, batcher: LMBatcher,
                      init_state: dict | None) -> tuple[int, train.TrainState]:
@@ -234,11 +278,11 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
             return 0, jax.jit(lambda: train.init_state(key, model, t, global_rows), out_shardings=shardings)()
-        shared = _put(softmax_in_slot_order(init_state, layout), shardings.shared())
+        shared = train.put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
         return 0, train.TrainState(**shared, lstm=zero_rows())
     start, shared, rows, host, saved = restored
     if saved.get("format", 1) == 1:
-        shared = _put(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
+        shared = train.put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
         if host is not None and saved.get("global_rows") == global_rows:
             rows = {k: jax.make_array_from_process_local_data(rows_sharding[k], np.asarray(v), (2, v.shape[1], global_rows, v.shape[3]))
                     for k, v in host["lstm"].items()}
@@ -285,7 +329,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     """
     t, model = options.train, options.model
     _check_evaluation(settings, heldout, vocab, options)
-    os.makedirs(settings.run_dir, exist_ok=True)
+    epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
         if jax.process_count() > 1 and settings.devices != n_local:
@@ -342,7 +386,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
     step_fn = train.make_train_step(model, t, mesh, settings.precision, dtype)
     batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
-    metrics_path = os.path.join(settings.run_dir, "metrics.jsonl")
+    metrics = _MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if jax.process_index() == 0 \
+        else None
     progress = None
     if settings.progress and jax.process_index() == 0:
         from tqdm.auto import tqdm
@@ -401,9 +446,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                         last.update({f"heldout_{k}": v for k, v in
                                      evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
                                               layout=layout).items()})
-                    if jax.process_index() == 0:
-                        with open(metrics_path, "a", encoding="utf-8") as f:
-                            f.write(json.dumps(last) + "\n")
+                    if metrics is not None:
+                        metrics.add(last)
                     if progress is not None:
                         progress.set_postfix(loss=f"{last['loss']:.3f}", ppl=f"{last['perplexity']:.1f}",
                                              tok_s=f"{last['tokens_per_s']:.0f}")
@@ -429,6 +473,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         raise PeerFailed(f"another process failed: stopped at step {step}; checkpoint saved in {settings.run_dir}")
     if reason == "signal":
         print(f"stopped at step {step}; checkpoint saved in {settings.run_dir}")
+    if reason == "end of data":  # under --epochs, the first process to read all its shards ends the epoch
+        print(f"end of data at step {step}; checkpoint saved in {settings.run_dir}")
     last["step"] = step
     return last
 
@@ -445,104 +491,3 @@ def _summarise(w: dict, step: int, epoch: int, tokens: int, seconds: float) -> d
     return {"step": step, "epoch": epoch, "loss": loss, "loss_fwd": fwd, "loss_bwd": bwd,
             "perplexity": math.exp(min(loss, 50.0)), "grad_norm": w["grad_norm"] / max(w["n"], 1),
             "tokens_per_s": tokens / max(seconds, 1e-9), "time": time.time()}
-
-
-# -- evaluation ---------------------------------------------------------------------------------
-
-def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
-             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
-             layout: RowLayout | None = None) -> dict:
-    """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens"}``.
-
-    Default: bilm-tf's protocol, state carried across sentences within each row, one pass over the
-    data in file order. The perplexity is ``exp(mean CE)`` over all target tokens with
-    ``CE = 0.5 * (CE_fwd + CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is
-    the same number). ``reset_state_per_sentence``: every sentence from zero state, alone.
-
-    ``params["softmax"]`` is in id order (``export.load_run``), or in ``layout``'s slot order (a
-    training state's, possibly split over devices: the logits are then computed where the rows are).
-    """
-    to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
-    if layout is not None:  # padding slots take no probability
-        sm = params["softmax"]
-        params = {**params, "softmax": {"w": sm["w"], "b": jnp.where(jnp.asarray(layout.valid()), sm["b"], -jnp.inf)}}
-    if reset_state_per_sentence:
-        return _evaluate_sentences(params, model, vocab, source, batch_size, precision, to_rows)
-    batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
-                        max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
-    step = _eval_fn(model, precision)
-    state = lstm.zero_state(model, batch_size)
-    sums, count = np.zeros(2), 0
-    for batch in batcher:
-        b = {k: v[0] for k, v in batch.items()}
-        state, ce = step(params, state, {**b, "targets": to_rows(b["targets"])})
-        sums += [float(ce["ce_fwd"].sum()), float(ce["ce_bwd"].sum())]
-        count += b["targets"][0].size
-    if count == 0:
-        raise ValueError(f"no complete evaluation window in the held-out data (need at least "
-                         f"{batch_size} x {unroll_steps} tokens); lower --batch-size")
-    return _perplexities(sums, count)
-
-
-def _perplexities(sums: np.ndarray, count: int) -> dict:
-    fwd, bwd = sums / count
-    return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
-            "perplexity_bwd": math.exp(bwd), "tokens": int(count)}
-
-
-_EVAL_CACHE: dict = {}
-
-
-def _eval_fn(model: ModelConfig, precision: str):
-    key = (model, precision)
-    if key not in _EVAL_CACHE:
-        _EVAL_CACHE[key] = jax.jit(lambda p, s, b: train.eval_step(p, s, b, model=model, precision=precision))
-    return _EVAL_CACHE[key]
-
-
-def _evaluate_sentences(params, model, vocab, source, batch_size, precision, to_rows) -> dict:
-    """Each sentence alone from zero state: inputs ``<S> w..`` -> targets ``w.. </S>`` (and reversed)."""
-    from elmo_jax.chars import batch_to_ids
-
-    sentences = [line.split() for i in range(len(source)) for line in source.read(i)]
-    sentences.sort(key=len)  # length buckets: little padding; the result does not depend on order
-    fn = _sentence_eval_fn(model, precision)
-    sums, count = np.zeros(2), 0
-    for lo in range(0, len(sentences), batch_size):
-        chunk = sentences[lo:lo + batch_size]
-        n = max(len(s) for s in chunk) + 1
-        n = -(-n // 8) * 8
-        rows = len(chunk)
-        fwd_in = [["<S>"] + s for s in chunk]
-        bwd_in = [["</S>"] + s[::-1] for s in chunk]
-        targets = np.zeros((2, batch_size, n), np.int32)
-        mask = np.zeros((batch_size, n), bool)
-        for r, s in enumerate(chunk):
-            targets[0, r, :len(s) + 1] = np.append(vocab.encode(s), vocab.eos)
-            targets[1, r, :len(s) + 1] = np.append(vocab.encode(s[::-1]), vocab.bos)
-            mask[r, :len(s) + 1] = True
-        pad = [[] for _ in range(batch_size - rows)]
-        chars = np.stack([batch_to_ids(fwd_in + pad, model.char_cnn.max_characters_per_token, n),
-                          batch_to_ids(bwd_in + pad, model.char_cnn.max_characters_per_token, n)])
-        ce = np.asarray(fn(params, chars, to_rows(targets), mask))
-        sums += ce.sum(axis=(1, 2))
-        count += int(mask.sum())
-    return _perplexities(sums, count)
-
-
-def _sentence_eval_fn(model, precision):
-    key = ("sentences", model, precision)
-    if key not in _EVAL_CACHE:
-        from elmo_jax import char_cnn
-
-        @jax.jit
-        def fn(params, chars, targets, mask):
-            x = char_cnn.apply(params["bilm"]["char_cnn"], model, chars, precision)  # [2, B, T, P]
-            outs, _ = lstm.run(params["bilm"]["lstm"], model, x, mask, None, precision)
-            p = model.lstm.projection_dim
-            sm = params["softmax"]
-            ce = jnp.stack([full_softmax_loss(outs[-1, d].reshape(-1, p), targets[d].reshape(-1), sm["w"], sm["b"],
-                                              precision).reshape(mask.shape) for d in range(2)])
-            return jnp.where(mask[None], ce, 0.0)
-        _EVAL_CACHE[key] = fn
-    return _EVAL_CACHE[key]

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from elmo_jax import bilm, char_cnn, lstm
 from elmo_jax.config import ModelConfig, TrainConfig
 from elmo_jax.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
-from elmo_jax.softmax import full_softmax_loss, sample_log_uniform_unique, sampled_softmax_loss
+from elmo_jax.softmax import sample_log_uniform_unique, sampled_softmax_loss
 
 AXIS = "data"
 
@@ -68,6 +68,15 @@ def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
                                   is_leaf=lambda x: isinstance(x, P))
 
 
+def put_global(tree, shardings):
+    """Host arrays (the same on every process) -> global arrays with ``shardings`` (a tree or
+    one sharding); each process copies only the shards its devices hold."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings)
+
+
 def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int | None = None) -> TrainState:
     """A fresh state for ``rows`` global rows (default ``train.batch_size``).
 
@@ -96,7 +105,7 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
     )
 
 
-def _token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype) -> jax.Array:
+def token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype) -> jax.Array:
     """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
     words = char_cnn.apply(params["char_cnn"], model, batch["chars"], precision, dtype)
     return words[batch["inputs"]]
@@ -130,7 +139,7 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
 
     def loss_fn(bilm_params, rows_w, rows_b):
-        x = _token_vectors(bilm_params, model, batch, precision, dtype)
+        x = token_vectors(bilm_params, model, batch, precision, dtype)
         mask = jnp.ones(targets.shape[1:], bool)
         # Gradients stop at the window edge: the carried state is an input, not a graph.
         carried = jax.lax.stop_gradient(state.lstm)
@@ -212,22 +221,6 @@ def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precisio
     step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
                          out_specs=(specs, P()))
     return jax.jit(step, donate_argnums=(0,))
-
-
-def eval_step(params: dict, lstm_state: dict, batch: dict, *, model: ModelConfig, precision="highest"
-              ) -> tuple[dict, dict]:
-    """Full-softmax cross-entropy per position and direction; returns (new LSTM state, CEs).
-
-    ``batch["targets"]`` are rows of ``params["softmax"]`` (slots, for a table in slot order)."""
-    x = _token_vectors(params["bilm"], model, batch, precision, jnp.float32)
-    targets = batch["targets"]
-    mask = jnp.ones(targets.shape[1:], bool)
-    outs, new_lstm = lstm.run(params["bilm"]["lstm"], model, x, mask, lstm_state, precision)
-    p = model.lstm.projection_dim
-    sm = params["softmax"]
-    ce = jnp.stack([full_softmax_loss(outs[-1, d].reshape(-1, p), targets[d].reshape(-1), sm["w"], sm["b"],
-                                      precision).reshape(targets.shape[1:]) for d in range(2)])
-    return new_lstm, {"ce_fwd": ce[0], "ce_bwd": ce[1]}
 
 
 def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int,

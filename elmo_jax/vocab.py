@@ -28,7 +28,7 @@ import os
 import warnings
 from typing import Iterable, Mapping, Sequence
 
-from elmo_jax.atomic import write_bytes_atomic
+from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
 from elmo_jax.data import DataError, Source, TextFiles
 
@@ -104,7 +104,8 @@ def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_
     meta = {"n_train_tokens": int(n_tokens) + int(n_sentences), "n_tokens": int(n_tokens),
             "n_sentences": int(n_sentences), "n_words": len(words), "files": _file_names(files),
             "vocab_sha256": hashlib.sha256(data).hexdigest()}
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if is_local(path):  # an object store (gs://) has no directories to make
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_bytes_atomic(path, data)
     write_bytes_atomic(path + ".json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
 
@@ -118,7 +119,7 @@ def read_vocab_meta(path: str | os.PathLike) -> dict | None:
     path = os.fspath(path)
     sidecar = path + ".json"
     try:
-        with open(sidecar, "rb") as f:
+        with open_binary(sidecar) as f:
             raw = f.read()
     except FileNotFoundError:
         return None
@@ -132,7 +133,7 @@ def read_vocab_meta(path: str | os.PathLike) -> dict | None:
     expected = meta.get("vocab_sha256")
     if expected is not None:
         try:
-            with open(path, "rb") as f:
+            with open_binary(path) as f:
                 actual = hashlib.sha256(f.read()).hexdigest()
         except FileNotFoundError:
             actual = None

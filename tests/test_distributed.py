@@ -134,7 +134,7 @@ def test_mesh_two_devices_equals_one(tmp_path):
     states, fns = {}, {}
     for n in (1, 2):
         shardings = train.state_shardings(host_state, _mesh(n))
-        states[n] = pretrain_mod._put(host_state, shardings)
+        states[n] = train.put_global(host_state, shardings)
         fns[n] = train.make_train_step(TINY, configs[n], _mesh(n))
     # The sharding is real: each device holds V_pad / n softmax rows and accumulators, B rows of LSTM state.
     for part in ("params", "opt"):
@@ -348,24 +348,49 @@ def _train_args(tmp_path, run_dir, seed) -> list[str]:
             "--seed", str(seed), "--log-every", "1", "--no-progress"]
 
 
-def _start_workers(tmp_path, seed, args: list[str] | None = None) -> tuple[list, list]:
+@pytest.fixture(scope="module")
+def worker_cache(tmp_path_factory):
+    """One persistent compilation cache for every worker process of this module: the scenarios
+    share the model and shapes, so only the first compiles."""
+    return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+# Process 1's host code fails once step 3 is logged (the CLI, with one function patched).
+FAIL_AT_STEP_3 = """
+import sys
+from elmo_jax import cli, pretrain
+real = pretrain._summarise
+def failing(window, step, *args):
+    if step >= 3:
+        raise RuntimeError("injected failure in host code")
+    return real(window, step, *args)
+pretrain._summarise = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _start_workers(tmp_path, seed, args: list[str] | None = None, cache: str = "none",
+                   process_1: list[str] | None = None) -> tuple[list, list]:
     """Two CLI processes with one CPU device each (``args``: the train command, default
-    ``_train_args`` into run_mh)."""
+    ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
+    ``-m elmo_jax``)."""
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+               ELMO_JAX_COMPILE_CACHE=cache)
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs, logs = [], []
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
     for i in range(2):
         log = open(tmp_path / f"worker{i}.log", "w+")
         args = base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
-        procs.append(subprocess.Popen([sys.executable, "-m", "elmo_jax", *args], env=env, stdout=log,
+        runner = process_1 if i == 1 and process_1 else ["-m", "elmo_jax"]
+        procs.append(subprocess.Popen([sys.executable, *runner, *args], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, cwd=tmp_path))
         logs.append(log)
     return procs, logs
 
 
-def _wait_workers(procs, logs, timeout) -> None:
+def _wait_workers(procs, logs, timeout, expect_ok: bool = True) -> list[str]:
     deadline = time.monotonic() + timeout
     try:
         for p in procs:
@@ -383,7 +408,8 @@ def _wait_workers(procs, logs, timeout) -> None:
         texts.append(log.read())
         report.append(f"--- process {i}: exit {p.returncode}\n{texts[-1][-3000:]}")
         log.close()
-    assert all(p.returncode == 0 for p in procs), "multi-host workers failed:\n" + "\n".join(report)
+    if expect_ok:
+        assert all(p.returncode == 0 for p in procs), "multi-host workers failed:\n" + "\n".join(report)
     return texts
 
 
@@ -439,28 +465,42 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     assert _max_diff(rows_1p, jax.tree_util.tree_map(np.zeros_like, rows_1p)) > 1e-3
 
 
-def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys):
+def _scenario(tmp_path, shards, n_train_tokens: int = 100, stop: list[str] = ("--steps", "100000")):
+    """Shard files, vocabulary and options for a 2-process run of TINY, one row per process;
+    returns the run dir and the train command (no checkpoint before the stop)."""
+    for i, line in enumerate(shards):
+        (tmp_path / f"shard-{i}.txt").write_text(line + "\n")
+    vocab_words = ["<S>", "</S>", "<UNK>", *sorted({w for line in shards for w in line.split()})]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
+    train_cfg = TrainConfig(n_tokens_vocab=len(vocab_words), batch_size=1, unroll_steps=MH_T,
+                            n_negative_samples_batch=6, n_epochs=1, n_train_tokens=n_train_tokens)
+    Options(model=TINY, train=train_cfg).save(tmp_path / "options.json")
+    run_dir = tmp_path / "run"
+    args = _train_args(tmp_path, run_dir, 0)
+    at = args.index("--steps")
+    return run_dir, args[:at] + list(stop) + args[at + 2:] + ["--save-every", "100000"]
+
+
+def _wait_for_metrics(run_dir, procs, lines: int) -> None:
+    """Until process 0 has logged ``lines`` steps, or a worker has exited."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= lines):
+        if any(p.poll() is not None for p in procs):
+            return
+        time.sleep(0.2)
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, worker_cache):
     """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
     run resumes from that step."""
     from elmo_jax import cli
 
     _two_local_devices()
-    for i, line in enumerate(SHARDS):
-        (tmp_path / f"shard-{i}.txt").write_text(line + "\n")
-    vocab_words = ["<S>", "</S>", "<UNK>", *sorted({w for line in SHARDS for w in line.split()})]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
-    train_cfg = TrainConfig(n_tokens_vocab=len(vocab_words), batch_size=1, unroll_steps=MH_T,
-                            n_negative_samples_batch=6, n_epochs=1, n_train_tokens=100)
-    Options(model=TINY, train=train_cfg).save(tmp_path / "options.json")
-    run_dir = tmp_path / "run"
-    args = _train_args(tmp_path, run_dir, 0)
-    args[args.index("--steps") + 1] = "100000"
-    procs, logs = _start_workers(tmp_path, 0, args + ["--save-every", "100000"])
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert all(p.poll() is None for p in procs), "a worker stopped early"
-        time.sleep(0.2)
+    run_dir, args = _scenario(tmp_path, SHARDS)
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
+    _wait_for_metrics(run_dir, procs, 3)
+    assert all(p.poll() is None for p in procs), "a worker stopped early"
     procs[1].send_signal(signal.SIGTERM)  # process 1 only
     t0 = time.monotonic()
     texts = _wait_workers(procs, logs, timeout=60)
@@ -476,3 +516,50 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys):
     assert cli.main(args[:args.index("--steps")] + ["--steps", str(step + 1)] + args[args.index("--steps") + 2:]) == 0
     assert f"from step {step}" in capsys.readouterr().out
     assert load_run(str(run_dir))[3] == step + 1
+
+
+def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, worker_cache):
+    """--epochs 1 and each process reads its own shards: process 1's ends after 2 windows,
+    process 0's after 8. Both save step 2 and exit 0."""
+    long_shard = "\n".join(SHARDS * 4)  # 8 sentences, one window each
+    run_dir, args = _scenario(tmp_path, [long_shard, SHARDS[1] + "\n" + SHARDS[0]], n_train_tokens=10_000,
+                              stop=["--epochs", "1"])
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
+    texts = _wait_workers(procs, logs, timeout=240)
+    assert "end of data at step 2" in texts[0], texts[0]
+    finals = [json.loads([l for l in t.splitlines() if l.startswith("{")][-1]) for t in texts]
+    assert [f["step"] for f in finals] == [2, 2], finals
+    assert load_run(str(run_dir))[3] == 2
+    assert all((run_dir / "host_state" / f"2.p{p}.npz").exists() for p in range(2))
+
+
+def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_path, worker_cache):
+    """Process 1's host code raises after step 3: both save step 3 at the next boundary and exit
+    non-zero within 60 s, process 1 with its own error, process 0 saying a peer failed."""
+    run_dir, args = _scenario(tmp_path, SHARDS)
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", FAIL_AT_STEP_3])
+    _wait_for_metrics(run_dir, procs, 3)
+    t0 = time.monotonic()
+    texts = _wait_workers(procs, logs, timeout=60, expect_ok=False)
+    assert time.monotonic() - t0 < 60
+    assert [p.returncode for p in procs] == [1, 1], texts
+    assert "injected failure in host code" in texts[1]
+    assert "another process failed: stopped at step 3" in texts[0], texts[0]
+    assert load_run(str(run_dir))[3] == 3
+    assert all((run_dir / "host_state" / f"3.p{p}.npz").exists() for p in range(2))
+
+
+def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(tmp_path, worker_cache):
+    """SIGKILL leaves no chance to agree or save: the survivor is stopped by jax.distributed once
+    the dead process misses its heartbeats (--heartbeat-timeout), with jax's message naming the
+    cause, instead of waiting in a collective forever. Work since the last save is lost."""
+    run_dir, args = _scenario(tmp_path, SHARDS)
+    procs, logs = _start_workers(tmp_path, 0, args + ["--heartbeat-timeout", "5"], worker_cache)
+    _wait_for_metrics(run_dir, procs, 3)
+    assert all(p.poll() is None for p in procs), "a worker stopped early"
+    procs[1].kill()
+    t0 = time.monotonic()
+    texts = _wait_workers(procs, logs, timeout=60, expect_ok=False)
+    assert time.monotonic() - t0 < 30
+    assert procs[0].returncode != 0
+    assert "heartbeat" in texts[0] and "another task died" in texts[0], texts[0][-2000:]

@@ -285,6 +285,27 @@ def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     assert n_sentences == 24 and n_tokens == sum(len(l.split()) for l in lines)
 
 
+def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, fixtures_dir):
+    import json
+
+    import tensorflow_datasets as tfds
+
+    from elmo_jax import cli
+    from elmo_jax.data import TfdsSource
+
+    run = str(fixtures_dir / "format1_run")
+    common = ["--run-dir", run, "--batch-size", "2", "--unroll-steps", "5"]
+    results = []
+    with tfds.testing.mock_data(num_examples=12):
+        source = TfdsSource("lm1b", "test")
+        (tmp_path / "test.txt").write_text("".join(line + "\n" for i in range(len(source)) for line in source.read(i)))
+        for files in ("tfds:lm1b/test", str(tmp_path / "test.txt")):
+            assert cli.main(["eval", "--files", files, *common]) == 0
+            results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert results[0]["tokens"] > 0
+    assert results[0] == results[1]
+
+
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     import signal
     import time

@@ -156,13 +156,44 @@ def test_sampled_softmax_loss_matches_numpy_and_masks_hits():
     np.testing.assert_allclose(loss[row], one[0], atol=1e-6, rtol=1e-6)
 
 
-def test_full_softmax_loss_matches_numpy():
-    h, targets, w, b, *_ = make_problem(seed=1)
+def np_full_loss(h, targets, w, b):
     logits = h.astype(np.float64) @ w.T.astype(np.float64) + b
     m = logits.max(axis=1, keepdims=True)
     log_probs = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
-    expected = -log_probs[np.arange(len(targets)), targets]
-    np.testing.assert_allclose(softmax.full_softmax_loss(h, targets, w, b), expected, atol=1e-5, rtol=1e-5)
+    return -log_probs[np.arange(len(targets)), targets]
+
+
+@pytest.mark.parametrize("block", [None, 40, 8, 5, 1])
+def test_full_softmax_loss_matches_numpy_in_any_block_size(block):
+    h, targets, w, b, *_ = make_problem(seed=1)
+    got = jax.jit(softmax.full_softmax_loss, static_argnames="block")(h, targets, w, b, block=block)
+    np.testing.assert_allclose(got, np_full_loss(h, targets, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_full_softmax_loss_padding_rows_take_no_probability_even_a_whole_block():
+    h, targets, w, b, *_ = make_problem(seed=3)
+    pad = 16  # two whole blocks of 8 (and the first block is padding only)
+    w_pad = np.concatenate([np.ones((pad, w.shape[1]), np.float32), w])
+    b_pad = np.concatenate([np.full(pad, -np.inf, np.float32), b])
+    got = softmax.full_softmax_loss(h, targets + pad, w_pad, b_pad, block=8)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, np_full_loss(h, targets, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_full_softmax_loss_with_rows_split_over_two_devices():
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    h, targets, w, b, *_ = make_problem(seed=4)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    fn = jax.jit(jax.shard_map(lambda h, t, w, b: softmax.full_softmax_loss(h, t, w, b, block=4, axis_name="x"),
+                               mesh=mesh, in_specs=(P(), P(), P("x"), P("x")), out_specs=P()))
+    np.testing.assert_allclose(fn(h, targets, w, b), np_full_loss(h, targets, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_full_softmax_loss_rejects_a_block_that_does_not_divide_the_rows():
+    h, targets, w, b, *_ = make_problem(seed=1)
+    with pytest.raises(ValueError, match="block 7 does not divide the 40 rows"):
+        softmax.full_softmax_loss(h, targets, w, b, block=7)
 
 
 def test_grad_under_jit_is_finite():

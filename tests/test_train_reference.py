@@ -247,6 +247,23 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     assert got["perplexity"] == pytest.approx(np.exp(0.5 * (fwd + bwd)), rel=1e-5)
 
 
+@pytest.mark.parametrize("reset", [False, True])
+def test_evaluate_is_the_same_on_one_or_two_devices_in_any_block_size(eval_setup, reset):
+    """Rows split over the devices (3 rows on 2: one padding row), softmax rows split too, and
+    scored 8 at a time or all at once: one number."""
+    from jax.sharding import Mesh
+
+    vocab, params, source, _ = eval_setup
+    one = Mesh(np.array(jax.devices()[:1]), ("data",))
+    two = Mesh(np.array(jax.devices()[:2]), ("data",))
+    kw = dict(batch_size=3, unroll_steps=4, reset_state_per_sentence=reset)
+    a = pretrain.evaluate(params, MODEL, vocab, source, mesh=one, **kw)
+    b = pretrain.evaluate(params, MODEL, vocab, source, mesh=two, block=8, **kw)
+    assert a["tokens"] == b["tokens"] > 0
+    for k in ("perplexity_fwd", "perplexity_bwd"):
+        assert b[k] == pytest.approx(a[k], rel=1e-6)
+
+
 # -- 2. sparse softmax update == dense Adagrad ---------------------------------------------------
 
 TRAIN_WORDS = ["<S>", "</S>", "<UNK>"] + [f"w{k}" for k in range(3, V)]
