@@ -85,7 +85,8 @@ def cmd_vocab(args: argparse.Namespace) -> None:
           f"{n_tokens} tokens in {len(files)} shard(s)")
 
 
-def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None):
+def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None,
+                      reset_state_prob: float | None = None):
     import dataclasses
 
     from elmo_jax.config import PRESETS, Options, TrainConfig
@@ -98,9 +99,10 @@ def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens
         options = Options.load(config)
     else:
         raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
-    if batch_size:
-        options = dataclasses.replace(options, train=dataclasses.replace(
-            options.train or TrainConfig(n_tokens_vocab=len(vocab)), batch_size=batch_size))
+    for key, value in (("batch_size", batch_size), ("reset_state_prob", reset_state_prob)):
+        if value is not None:
+            options = dataclasses.replace(options, train=dataclasses.replace(
+                options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 
@@ -187,7 +189,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and --config sets no "
                           f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
                           f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
-    options = _training_options(args.config, vocab, args.batch_size, n_train_tokens)
+    options = _training_options(args.config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
@@ -342,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--n-train-tokens", type=int, metavar="N",
                     help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
                          "vocab.txt.json sidecar, written by elmo-jax vocab)")
+    tr.add_argument("--reset-state-prob", type=float, metavar="P",
+                    help="chance that a row's LSTM state is zeroed at a sentence start (default: the options' "
+                         "reset_state_prob, else 0, bilm-tf's recipe); see experiments/README.md on the early blow-up")
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
     tr.add_argument("--init-from", metavar="DIR",
                     help="start a new run from another run dir or a directory of bilm-tf files (options.json, "

@@ -158,12 +158,18 @@ class TrainConfig:
     """bilm-tf's switch between sampled and full softmax in training."""
     share_embedding_softmax: bool = False
     """bilm-tf option for word-input models only; must be false for char models."""
+    reset_state_prob: float = 0.0
+    """Not bilm-tf's (which carries the LSTM state forever, 0.0): the chance that a row's state is
+    zeroed at a sentence start, so that the biLM also learns to start from zero state, as
+    evaluation and ELMo extraction do (experiments/README.md, "The early blow-up")."""
 
     def __post_init__(self):
         where = "training options"
         for name in ("n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch",
                      "n_epochs", "n_train_tokens"):
             _check_int(where, name, getattr(self, name))
+        if not 0.0 <= self.reset_state_prob <= 1.0:
+            _fail(where, f"'reset_state_prob' must be in [0, 1], found {self.reset_state_prob!r}")
         if not 0.0 <= self.dropout < 1.0:
             _fail(where, f"'dropout' must be in [0, 1), found {self.dropout!r}")
         if not self.all_clip_norm_val > 0:
@@ -269,6 +275,8 @@ class Options:
         }
         if self.train is not None:
             d.update(dataclasses.asdict(self.train))
+            if not self.train.reset_state_prob:  # bilm-tf's recipe: its own keys only
+                del d["reset_state_prob"]
         return d
 
     @classmethod

@@ -360,6 +360,8 @@ class LMBatcher:
     - ``inputs [D, 2, B, T] int32``: indices into ``chars`` (direction 0 forward, 1 backward)
     - ``targets [D, 2, B, T] int32``: vocabulary ids
     - ``rows [D, B] int32``: global row index (for dropout keys that ignore device layout)
+    - ``starts [D, 2, B, T] bool``: where a sentence starts (the input is ``<S>``, or ``</S>``
+      backward)
 
     ``rows_per_device`` is bilm-tf's ``batch_size``. ``first_row`` is this process's first global
     row (multi-host: process_index x local devices x rows).
@@ -395,9 +397,13 @@ class LMBatcher:
         return np.stack([fwd_in, bwd_in]), np.stack([fwd_tgt, bwd_tgt])
 
     def next(self) -> dict:
-        batch = split_over_devices(self.table, *self.window(), self.n_devices)
+        inputs, targets = self.window()
+        batch = split_over_devices(self.table, inputs, targets, self.n_devices)
         d, b = self.n_devices, self.rows_per_device
-        return {**batch, "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b)}
+        vocab = self.table.vocab
+        starts = inputs == np.array([vocab.bos, vocab.eos])[:, None, None]  # each direction's start marker
+        return {**batch, "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b),
+                "starts": starts.reshape(2, d, b, -1).transpose(1, 0, 2, 3)}
 
     def state(self) -> dict:
         return {f"dir{d}": s.state() for d, s in enumerate(self.streams)}

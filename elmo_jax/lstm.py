@@ -81,19 +81,22 @@ def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, confi
 
 
 def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-           h0: jax.Array, precision: Precision, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``.
+           h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
+    ``resets [2, B, T]``: the state is zeroed before those steps.
 
     The two layouts compute the same function; which one runs is decided when tracing, from the
     default backend.
     """
     if jax.default_backend() == "cpu":
-        return _layer_columns(params, config, xs, mask, c0, h0, precision, dtype)
-    return _layer_rows(params, config, xs, mask, c0, h0, precision, dtype)
+        return _layer_columns(params, config, xs, mask, c0, h0, precision, dtype, resets)
+    return _layer_rows(params, config, xs, mask, c0, h0, precision, dtype, resets)
 
 
 def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                h0: jax.Array, precision: Precision, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+                h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis)."""
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
     gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
@@ -105,16 +108,20 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
 
     def step(carry, inputs):
         c, h = carry
-        g, m = inputs  # [2, B, 4D], [B, 1]
+        g, m, *r = inputs  # [2, B, 4D], [B, 1], optionally [2, B, 1]
+        if r:
+            c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
         return _cell(z, c, h, m, project, config, -1)
 
-    (c, h), ys = jax.lax.scan(step, (c0, h0), (gx, mask.T[:, :, None]))
+    per_step = (gx, mask.T[:, :, None]) + (() if resets is None else (resets.transpose(2, 0, 1)[..., None],))
+    (c, h), ys = jax.lax.scan(step, (c0, h0), per_step)
     return ys.transpose(1, 2, 0, 3), c, h
 
 
 def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                   h0: jax.Array, precision: Precision, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+                   h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with the batch as the minor axis: state ``[2, D, B]``, weights transposed (CPU).
 
     On XLA's CPU backend a step's matmuls run much faster as ``[4D, in] @ [in, B]`` than as
@@ -131,19 +138,22 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
 
     def step(carry, inputs):
         c, h = carry  # [2, D, B], [2, P, B]
-        x, m = inputs  # [2, in, B], [1, B]
+        x, m, *r = inputs  # [2, in, B], [1, B], optionally [2, 1, B]
+        if r:
+            c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = (jnp.einsum("dgi,dib->dgb", w_x, x.astype(dtype), precision=precision).astype(jnp.float32)
              + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32) + b)
         return _cell(z, c, h, m, project, config, 1)
 
-    (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)),
-                              (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]))
+    per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
+        () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],))
+    (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)), per_step)
     return ys.transpose(1, 3, 0, 2), c.transpose(0, 2, 1), h.transpose(0, 2, 1)
 
 
 def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None,
         precision: Precision = "highest", dtype=jnp.float32, dropout_rate: float = 0.0,
-        dropout_keys: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        dropout_keys: jax.Array | None = None, resets: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Both directions' layer stacks, each over its own input in its own time order.
 
     Args:
@@ -156,6 +166,9 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
         step as in TF's DropoutWrapper (which wraps the residual, so a skip connection adds the
         dropped input). ``dropout_keys`` is ``[batch]`` keys, one per row, so masks do not depend
         on how rows are split over devices.
+      resets: ``[2, batch, time]`` bool or None: every layer's state is zeroed just before those
+        steps (training: some sentence starts begin from zero state, as evaluation and
+        extraction do; see ``TrainConfig.reset_state_prob``).
 
     Returns:
       ``[n_layers, 2, batch, time, P]`` outputs and the final state.
@@ -167,7 +180,7 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
-        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype)
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype, resets)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding
         outputs.append(ys)

@@ -123,7 +123,8 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     """One optimisation step on this device's rows and softmax shard.
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
-    ``targets [2, B, T]``, ``rows [B]`` global row ids, ``candidates [2, S]`` sampled ids,
+    ``targets [2, B, T]``, ``rows [B]`` global row ids, ``starts [2, B, T]`` sentence starts (for
+    ``train.reset_state_prob``), ``candidates [2, S]`` sampled ids,
     ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
     (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
@@ -138,13 +139,20 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     rows, received = fetch_rows(sm, batch["fetch"], axis_name)
     cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
 
+    resets = None
+    if train.reset_state_prob > 0:
+        # Drawn from the row keys like dropout: the same resets however rows are split over devices.
+        draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1),
+                                                     (2, targets.shape[2])))(row_keys)  # [B, 2, T]
+        resets = batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
+
     def loss_fn(bilm_params, rows_w, rows_b):
         x = token_vectors(bilm_params, model, batch, precision, dtype)
         mask = jnp.ones(targets.shape[1:], bool)
         # Gradients stop at the window edge: the carried state is an input, not a graph.
         carried = jax.lax.stop_gradient(state.lstm)
         outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
-                                  train.dropout, row_keys)
+                                  train.dropout, row_keys, resets)
         top = outs[-1]
         if train.dropout > 0:
             top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
@@ -201,7 +209,7 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     return new_state, metrics
 
 
-BATCH_KEYS = ("chars", "inputs", "targets", "rows", "candidates", "num_tries", "fetch", "cand_index",
+BATCH_KEYS = ("chars", "inputs", "targets", "rows", "starts", "candidates", "num_tries", "fetch", "cand_index",
               "target_index")
 
 

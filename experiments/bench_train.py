@@ -149,7 +149,7 @@ def compile_only(args) -> None:
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
     i32, sh = jnp.int32, NamedSharding(mesh, P(train.AXIS))
     shapes = {"chars": ((args.words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
-              "rows": ((b,), i32), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
+              "rows": ((b,), i32), "starts": ((2, b, t), bool), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
               "fetch": ((n, capacity), i32), "cand_index": ((2, s), i32), "target_index": ((2, b, t), i32)}
     batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
     t0 = time.perf_counter()

@@ -152,6 +152,39 @@ def test_jit_and_grad_through_bilm(allennlp_model):
     assert np.abs(np.asarray(grads["lstm"][0]["w_h"])).sum() > 0
 
 
+@pytest.mark.parametrize("layout", ["_layer_rows", "_layer_columns"])
+def test_a_reset_starts_the_rest_of_the_row_from_zero_state(layout):
+    """``resets``: before step t the state is zero, as if the row's text started there; steps
+    before t are untouched. Per direction and row."""
+    from elmo_jax import lstm
+    from elmo_jax.config import preset
+
+    config = preset("tiny")
+    fn = getattr(lstm, layout)
+    params = lstm.init(jax.random.PRNGKey(0), config)[0]
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(3), 3)
+    batch, time, dim, p = 2, 6, config.lstm.dim, config.lstm.projection_dim
+    xs = jax.random.normal(k1, (2, batch, time, p))
+    mask = jnp.ones((batch, time), bool)
+    c0, h0 = jax.random.normal(k2, (2, batch, dim)), jax.random.normal(k3, (2, batch, p))
+    resets = np.zeros((2, batch, time), bool)
+    resets[0, 1, 3] = resets[1, 0, 2] = True  # forward row 1 at step 3; backward row 0 at step 2
+    ys, c, h = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32, jnp.asarray(resets))
+    plain, _, _ = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32)
+    zero_c, zero_h = jnp.zeros_like(c0), jnp.zeros_like(h0)
+    tail3, c3, _ = fn(params, config, xs[:, :, 3:], mask[:, 3:], zero_c, zero_h, "highest", jnp.float32)
+    tail2, c2, _ = fn(params, config, xs[:, :, 2:], mask[:, 2:], zero_c, zero_h, "highest", jnp.float32)
+    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # noqa: E731
+    close(ys[0, 1, :3], plain[0, 1, :3])
+    close(ys[0, 1, 3:], tail3[0, 1])
+    close(c[0, 1], c3[0, 1])
+    close(ys[1, 0, :2], plain[1, 0, :2])
+    close(ys[1, 0, 2:], tail2[1, 0])
+    close(ys[0, 0], plain[0, 0])  # rows and directions without a reset are unchanged
+    close(ys[1, 1], plain[1, 1])
+    assert np.abs(np.asarray(ys[0, 1, 3:] - plain[0, 1, 3:])).max() > 1e-3  # the reset did something
+
+
 def test_lstm_layouts_agree_with_masks_state_and_gradients():
     """The batch-major layer (GPU/TPU) and the batch-minor one (CPU) are the same function."""
     from elmo_jax import lstm

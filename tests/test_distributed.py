@@ -5,7 +5,8 @@ another mesh do not change the optimisation.
    one device (2B rows) and of two (B rows each, the softmax split by rows): params, optimizer
    state, the carried LSTM rows and the metrics agree. Dropout is on: its keys come from the
    global row ids, so the split must not matter. The softmax shards really are V_pad / 2 rows, and
-   the compiled step gathers or all-reduces nothing that large.
+   the compiled step gathers or all-reduces nothing that large. So are the state resets at sentence
+   starts (``reset_state_prob``).
 2. Restarts: 6 steps on 2 devices equal 3 on 2 devices and 3 more on 1 device with twice the rows
    per device; a restart with another global row count keeps params, optimizer state and data
    position with one warning; a run dir of the previous checkpoint format resumes.
@@ -118,6 +119,7 @@ def _mesh(n: int) -> Mesh:
 def test_mesh_two_devices_equals_one(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
+    t = TrainConfig(**{**t.__dict__, "reset_state_prob": 0.5})  # resets, like dropout, follow the global rows
     b, steps = t.batch_size, t.unroll_steps
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     common = dict(unroll_steps=steps, max_chars=TINY.char_cnn.max_characters_per_token, seed=3)

@@ -390,7 +390,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
     i32 = jnp.int32
     batch = {"chars": jax.ShapeDtypeStruct((64, c), i32), "inputs": jax.ShapeDtypeStruct((2, b, t), i32),
              "targets": jax.ShapeDtypeStruct((2, b, t), i32), "rows": jax.ShapeDtypeStruct((b,), i32),
-             "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
+             "starts": jax.ShapeDtypeStruct((2, b, t), bool), "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
              "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
              "cand_index": jax.ShapeDtypeStruct((2, s), i32), "target_index": jax.ShapeDtypeStruct((2, b, t), i32)}
     step = jax.jit(functools.partial(train.train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
@@ -424,3 +424,32 @@ def test_compiled_step_has_no_dense_softmax_temporary():
 
     control = jax.jit(dense_softmax_step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
     assert control.temp_size_in_bytes >= dense, control
+
+
+# -- 5. zero-state starts in training ------------------------------------------------------------
+
+@pytest.mark.parametrize("prob", [0.0, 1.0])
+def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
+    """With ``reset_state_prob`` 1 every sentence start zeroes the carried state, so a window
+    whose rows all open with a sentence does not depend on the state carried into it; with 0
+    (bilm-tf) it does. Dropout on: resets and dropout draw from the same row keys, apart."""
+    (tmp_path / "vocab.txt").write_text("\n".join(EVAL_VOCAB) + "\n", encoding="utf-8")
+    (tmp_path / "text.txt").write_text(EVAL_TEXT, encoding="utf-8")
+    vocab = Vocabulary.load(tmp_path / "vocab.txt")
+    tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8, dropout=0.1,
+                     reset_state_prob=prob)
+    batcher = LMBatcher(TextFiles(str(tmp_path / "text.txt")), vocab, rows_per_device=2, unroll_steps=5,
+                        max_chars=MODEL.char_cnn.max_characters_per_token, seed=0)
+    host, _ = train.prepare_batch(batcher.next(), step=0, seed=0, train=tc, n_devices=1)
+    batch = {k: host[k][0] for k in train.BATCH_KEYS}
+    assert batch["starts"][:, :, 0].all()  # a fresh batcher's rows open with <S> (backward: </S>)
+    state = train.init_state(jax.random.PRNGKey(0), MODEL, tc)
+    rng = np.random.default_rng(0)
+    carried = {k: jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32) for k, x in state.lstm.items()}
+    step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None))
+    losses = [np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]])
+              for m in (step(state, batch)[1], step(state.replace(lstm=carried), batch)[1])]
+    if prob == 1.0:
+        np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+    else:
+        assert np.abs(losses[0] - losses[1]).min() > 1e-3
