@@ -82,16 +82,20 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
-    def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = True):
+    def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = True, read_only: bool = False):
+        """``read_only``: for readers (eval, export, embed) of a run dir that may be training right
+        now. A writer's manager deletes unfinished saves' temporary directories when it opens;
+        a reader's must not, or it destroys the save the training has in flight."""
         # Through etils.epath, so that a gs:// run dir works (an absolute path only for a local one:
         # abspath would turn gs://b/r into <cwd>/gs:/b/r).
         self.run_dir = epath.Path(os.path.abspath(run_dir) if is_local(run_dir) else run_dir)
         self.host_dir = self.run_dir / "host_state"
-        self.host_dir.mkdir(parents=True, exist_ok=True)
-        self.manager = ocp.CheckpointManager(
-            self.run_dir / "checkpoints",
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                                 cleanup_tmp_directories=True, create=True))
+        if not read_only:
+            self.host_dir.mkdir(parents=True, exist_ok=True)
+        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None) if read_only else
+                   ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                                cleanup_tmp_directories=True, create=True))
+        self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
 
     def _host_path(self, step: int, process: int) -> epath.Path:
         return self.host_dir / f"{step}.p{process}.npz"

@@ -76,7 +76,7 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
         raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
     options = Options.load(options_path)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
-    ckpt = Checkpointer(run_dir, async_save=False)
+    ckpt = Checkpointer(run_dir, read_only=True)
     try:
         steps = ckpt.steps()
         if not steps:

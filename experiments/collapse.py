@@ -81,7 +81,7 @@ def training_state(run_dir: str, step: int, options, rows: int) -> dict:
     states the training itself reached, so in its distribution."""
     from elmo_jax.export import abstract_rows, abstract_shared
 
-    ckpt = Checkpointer(run_dir, async_save=False)
+    ckpt = Checkpointer(run_dir, read_only=True)
     _, saved, _, _ = ckpt.restore(step, lambda m: (abstract_shared(options, m),
                                                    abstract_rows(options.model, m["global_rows"])))
     ckpt.close()
@@ -206,13 +206,14 @@ def main() -> None:
     parser.add_argument("--heldout", required=True)
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--out", help="also write one JSON line per checkpoint here")
+    parser.add_argument("--steps", type=int, nargs="+", help="only these checkpoints (default: all)")
     parser.add_argument("--check-step", type=int, help="only compare one training step's sampled loss with numpy")
     args = parser.parse_args()
     if args.check_step is not None:
         print(json.dumps(check_training_loss(args.run_dir, args.check_step, args.heldout)))
         return
     options, vocab, chunks = positions(args.run_dir, args.heldout, args.sentences)
-    steps = Checkpointer(args.run_dir).steps()
+    steps = args.steps or Checkpointer(args.run_dir, read_only=True).steps()
     lines = []
     print("nats per held-out token, each sentence from zero state; warm: from states the training carried (the checkpoint's rows)")
     for step in steps:

@@ -466,3 +466,20 @@ def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_r
     # Resumes from there.
     assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
                     RunSettings(run_dir=str(run_dir), steps=4, progress=False, devices=1))["step"] == 4
+
+
+def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir):
+    """eval/export/embed on a run dir that is training must not delete the temporary directory of
+    the save it has in flight (a writer's checkpoint manager does, when it opens)."""
+    import shutil
+
+    from elmo_jax.export import export_run, load_run
+
+    run = tmp_path / "run"
+    shutil.copytree(fixtures_dir / "format1_run", run)
+    in_flight = run / "checkpoints" / "9.orbax-checkpoint-tmp"
+    (in_flight / "lstm.orbax-checkpoint-tmp").mkdir(parents=True)
+    (in_flight / "lstm.orbax-checkpoint-tmp" / "part").write_bytes(b"being written")
+    assert load_run(str(run))[3] == 2
+    export_run(str(run), str(tmp_path / "export"))
+    assert (in_flight / "lstm.orbax-checkpoint-tmp" / "part").read_bytes() == b"being written"
