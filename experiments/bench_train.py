@@ -109,7 +109,8 @@ def replicated_wire_bytes(dense_params: int, tc: TrainConfig, p: int, n: int) ->
 
 def model_and_config(args, v: int):
     model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
-    tc = TrainConfig(n_tokens_vocab=v, batch_size=args.batch, unroll_steps=20, n_negative_samples_batch=args.negatives)
+    tc = TrainConfig(n_tokens_vocab=v, batch_size=args.batch, unroll_steps=20, n_negative_samples_batch=args.negatives,
+                     reset_state_prob=args.reset_state_prob)
     return model, tc
 
 
@@ -168,6 +169,7 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
     ap.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
+    ap.add_argument("--reset-state-prob", type=float, default=0.0, help="TrainConfig.reset_state_prob")
     ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
     ap.add_argument("--pipeline-only", action="store_true")
     ap.add_argument("--compile-only", type=int, nargs="+", metavar="N",
