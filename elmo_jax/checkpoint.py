@@ -92,7 +92,7 @@ class Checkpointer:
         self.host_dir = self.run_dir / "host_state"
         if not read_only:
             self.host_dir.mkdir(parents=True, exist_ok=True)
-        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None) if read_only else
+        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0) if read_only else
                    ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                 cleanup_tmp_directories=True, create=True))
         self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
