@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import warnings
 from typing import Any, Callable
@@ -92,10 +93,18 @@ class Checkpointer:
         self.host_dir = self.run_dir / "host_state"
         if not read_only:
             self.host_dir.mkdir(parents=True, exist_ok=True)
-        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0) if read_only else
+        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0, create=False)
+                   if read_only else
                    ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                 cleanup_tmp_directories=True, create=True))
-        self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
+        absl = logging.getLogger("absl")
+        level = absl.level
+        if read_only:  # Orbax warns that the directory is read only: that is the point here
+            absl.setLevel(logging.ERROR)
+        try:
+            self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
+        finally:
+            absl.setLevel(level)
 
     def _host_path(self, step: int, process: int) -> epath.Path:
         return self.host_dir / f"{step}.p{process}.npz"
