@@ -99,11 +99,12 @@ def diagnose(run_dir: str, step: int, options, vocab, chunks, seed: int = 0) -> 
     trained = acc_b > 1.0
     v = len(w)
     h_eval, h_train, h_warm, tgt = [[], []], [[], []], [[], []], [[], []]
+    carried = training_state(run_dir, step, options, max(mask.shape[0] for _, _, mask in chunks))
     for k, (batch, targets, mask) in enumerate(chunks):
         he = np.asarray(top_outputs(bilm, model, batch, mask, 0.0, seed))
         ht = np.asarray(top_outputs(bilm, model, batch, mask, t.dropout, seed + k + 1))
-        hw = np.asarray(top_outputs(bilm, model, batch, mask, 0.0, seed,
-                                    training_state(run_dir, step, options, mask.shape[0])))
+        rows = {k: x[:, :, :mask.shape[0]] for k, x in carried.items()}  # restored once per checkpoint
+        hw = np.asarray(top_outputs(bilm, model, batch, mask, 0.0, seed, rows))
         for d in range(2):
             h_eval[d].append(he[d][mask])
             h_train[d].append(ht[d][mask])

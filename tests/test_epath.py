@@ -17,9 +17,6 @@ import json
 import os
 import pathlib
 
-import h5py
-import jax
-import numpy as np
 import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
@@ -30,9 +27,8 @@ from elmo_jax.chars import Vocabulary
 from elmo_jax.data import TextFiles
 from elmo_jax.export import export_run, load_run
 from elmo_jax.pretrain import RunSettings, _MetricsFile, options_for_vocab, pretrain
-from elmo_jax.weights import load_hdf5
 
-from test_pretrain import TRAIN, bilm_tf_options
+from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
 
 RUN = "gs://bucket/run"
 
@@ -123,12 +119,7 @@ def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
     leftovers = [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
     assert not leftovers, leftovers
     # The export is complete and holds the run's weights.
-    config, bilm = load_hdf5(local / "export/options.json", local / "export/weights.hdf5")
-    assert config == options.model
-    for x, y in zip(jax.tree_util.tree_leaves(params["bilm"]), jax.tree_util.tree_leaves(bilm)):
-        np.testing.assert_array_equal(np.asarray(x), y)
-    with h5py.File(local / "export/softmax.hdf5", "r") as f:
-        np.testing.assert_array_equal(f["softmax/W"][...], params["softmax"]["w"])
+    assert_export_holds(local / "export", params, options.model)
     assert Vocabulary.load(local / "export/vocab.txt").words == vocab.words
 
 

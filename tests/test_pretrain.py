@@ -112,17 +112,22 @@ def trained_run(tmp_path_factory):
     return run_dir, options, vocab
 
 
+def assert_export_holds(export_dir, params: dict, model) -> None:
+    """The exported weights.hdf5 and softmax.hdf5 hold exactly ``params`` (id order)."""
+    config, bilm = load_hdf5(export_dir / "options.json", export_dir / "weights.hdf5")
+    assert config == model
+    for x, y in zip(jax.tree_util.tree_leaves(params["bilm"]), jax.tree_util.tree_leaves(bilm)):
+        np.testing.assert_array_equal(np.asarray(x), y)
+    with h5py.File(export_dir / "softmax.hdf5", "r") as f:
+        np.testing.assert_array_equal(f["softmax/W"][...], params["softmax"]["w"])
+
+
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     paths = export_run(str(run_dir), str(tmp_path / "export"))
     assert [os.path.basename(p) for p in paths] == ["options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"]
     _, _, params, _ = load_run(str(run_dir))
-    config, bilm = load_hdf5(tmp_path / "export/options.json", tmp_path / "export/weights.hdf5")
-    assert config == options.model
-    for x, y in zip(jax.tree_util.tree_leaves(params["bilm"]), jax.tree_util.tree_leaves(bilm)):
-        np.testing.assert_array_equal(np.asarray(x), y)
-    with h5py.File(tmp_path / "export/softmax.hdf5", "r") as f:
-        np.testing.assert_array_equal(f["softmax/W"][...], params["softmax"]["w"])
+    assert_export_holds(tmp_path / "export", params, options.model)
     assert Options.load(tmp_path / "export/options.json").train == options.train
     # Importing the export for fine-tuning with the same vocab restores every weight.
     state = finetune_state(str(tmp_path / "export"), options, vocab)
