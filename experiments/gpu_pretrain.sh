@@ -2,6 +2,7 @@
 # The pretraining run of experiments/README.md on a lent GPU machine, in one call: the same
 # `elmo-jax train` command as on the CPU, then both held-out evaluations and the export.
 #   bash experiments/gpu_pretrain.sh OUT_DIR     (needs experiments/data/lm from prep_corpus.py)
+# TRAIN_ARGS adds flags to the train command (e.g. TRAIN_ARGS='--reset-state-prob 0.1').
 # TRAIN_SECONDS bounds the training; on SIGTERM `elmo-jax train` saves its checkpoint and stops.
 set -uo pipefail
 out=${1:?usage: gpu_pretrain.sh OUT_DIR}
@@ -14,7 +15,7 @@ start=$(date +%s)
 timeout -s TERM "${TRAIN_SECONDS:-360}" python -m elmo_jax train --config experiments/data/lm/options.json \
   --train-files 'experiments/data/lm/train/*.txt' --heldout-files experiments/data/lm/heldout.txt \
   --vocab experiments/data/lm/vocab.txt --run-dir "$run" --eval-every 700 --save-every 1000 --log-every 50 \
-  --no-progress >> "$out/log.txt" 2>&1
+  --no-progress ${TRAIN_ARGS:-} >> "$out/log.txt" 2>&1
 echo "train exit $? after $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
 cp "$run/metrics.jsonl" "$run/options.json" "$out/"
 python -m elmo_jax eval --run-dir "$run" --files experiments/data/lm/heldout.txt > "$out/evals.jsonl"
