@@ -4,10 +4,13 @@
 each a learned scalar mix of the biLM layers followed by dropout, ready to feed a downstream model.
 
 Frozen means frozen. With ``trainable_bilm=False`` (the default) the biLM weights are not in the
-``"params"`` collection (linen) and are not an ``nnx.Param`` (NNX): an optimizer over the params,
-weight decay included, cannot move them, gradients never reach them (``jax.lax.stop_gradient``),
-and a checkpoint of the downstream params does not carry them. With ``trainable_bilm=True`` they
-are ordinary params under ``"bilm"``, initialised from the given weights (or at random without).
+``"params"`` collection (linen: they are the ``"frozen_bilm"`` collection) and are not an
+``nnx.Param`` (NNX): an optimizer over the params, weight decay included, cannot move them,
+gradients never reach them (``jax.lax.stop_gradient``), and a checkpoint of the downstream params
+does not carry them. With ``trainable_bilm=True`` they are ordinary params under ``"bilm"``.
+
+The linen ``Elmo`` holds no arrays: as for any pretrained Flax submodule, its weights go into the
+variables that ``init`` returns (``with_bilm``), which a jitted function takes as arguments.
 
 The two scalar-mix conventions (``convention=``):
 
@@ -24,7 +27,7 @@ Example: a tagger over a frozen ELMo (linen)::
     import flax.linen as nn
     import jax, jax.numpy as jnp, optax
     from elmo_jax import batch_to_ids
-    from elmo_jax.flax_modules import Elmo
+    from elmo_jax.flax_modules import FROZEN_COLLECTION, Elmo, with_bilm
 
     class Tagger(nn.Module):
         elmo: Elmo
@@ -36,13 +39,14 @@ Example: a tagger over a frozen ELMo (linen)::
             logits = nn.Dense(self.n_tags)(out["elmo_representations"][0])
             return logits, out["mask"]
 
-    elmo = Elmo.from_hdf5("options.json", "weights.hdf5", dropout=0.5)  # frozen biLM
+    elmo, bilm = Elmo.from_hdf5("options.json", "weights.hdf5", dropout=0.5)  # module, weights
     model = Tagger(elmo, n_tags=17)
     char_ids = batch_to_ids([["The", "cat", "sat"], ["Hi"]])            # [B, T, 50]
     tags = jnp.array([[1, 2, 3], [4, 0, 0]])
-    variables = model.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    variables = model.init(jax.random.PRNGKey(0), char_ids, deterministic=True)  # random biLM
+    variables = with_bilm(variables, bilm)                               # the pretrained one
     params = variables["params"]           # scalar mix + Dense only: no biLM in here
-    frozen = {k: v for k, v in variables.items() if k != "params"}   # {"frozen_bilm": ...}
+    frozen = {FROZEN_COLLECTION: variables[FROZEN_COLLECTION]}           # the biLM weights
     tx = optax.adamw(1e-3, weight_decay=0.01)
     opt_state = tx.init(params)
 
@@ -60,12 +64,12 @@ Example: a tagger over a frozen ELMo (linen)::
     params, opt_state, loss = train_step(params, opt_state, frozen, char_ids, tags, jax.random.PRNGKey(1))
     # Save `params` (and `opt_state`): the biLM comes from the weight files again at load time.
 
-Passing the ``"frozen_bilm"`` collection that ``init`` returns as an argument of the jitted
-function (as above) hands the biLM weights to the compiled program as arguments.
-``model.apply({"params": params}, ...)`` also works (the weights are then read from the module's
-``bilm_params`` field), but inside ``jax.jit`` they become constants embedded in every compiled
-program: harmless for a small model, on the order of 10 s of extra compile time per input shape
-(on CPU) for a released ~90M-parameter one.
+``frozen`` is an argument of the jitted step, so the biLM weights reach the compiled program as
+arguments (closing over them instead would compile them in as constants: on the order of 10 s of
+extra compile time per input shape, on a CPU, for a released ~90M-parameter model). The module
+itself holds no arrays, so ``nn.jit(Tagger, static_argnames="deterministic")`` works too. With
+``trainable_bilm=True``, ``with_bilm`` puts the weights into ``params`` instead, and there is no
+``"frozen_bilm"`` collection (pass ``frozen={}``).
 
 The same with NNX::
 
@@ -118,7 +122,7 @@ LAYER_NORM_EPSILON = {"allennlp": 1e-13, "bilm_tf": 1e-12}
 FROZEN_COLLECTION = "frozen_bilm"
 
 __all__ = ["CONVENTIONS", "Elmo", "ElmoNNX", "FROZEN_COLLECTION", "FrozenBiLM", "ScalarMix",
-           "ScalarMixNNX", "l2_penalty", "remove_sentence_markers", "scalar_mix"]
+           "ScalarMixNNX", "l2_penalty", "remove_sentence_markers", "scalar_mix", "with_bilm"]
 
 
 def _check_convention(convention: str) -> None:
@@ -222,6 +226,12 @@ def _load_hdf5(options, weights):
     return load_hdf5(options, weights)
 
 
+def _load_pretrained(name, cache_dir, sha256):
+    from elmo_jax.pretrained import load_pretrained  # the downloader: imported only when needed
+
+    return load_pretrained(name, cache_dir=cache_dir, sha256=sha256)
+
+
 # --------------------------------------------------------------------------------------- linen
 
 
@@ -258,28 +268,26 @@ class Elmo(nn.Module):
 
     Attributes:
       config: the biLM's ``ModelConfig``.
-      bilm_params: the biLM weights (``load_hdf5``'s params, a run's ``params["bilm"]``), or None
-        when only precomputed layers are fed (a trainable biLM then starts from ``bilm.init``).
       num_output_representations: how many mixes (each its own ``scalar_mix_{k}`` and dropout).
       dropout: dropout rate on each representation (rng stream ``"dropout"``).
       do_layer_norm: layer-normalise each biLM layer before mixing (see ``scalar_mix``).
-      trainable_bilm: False: the biLM is a constant (``stop_gradient``; not in ``"params"``; ``init``
-        also returns it in the ``"frozen_bilm"`` collection, to pass to ``apply`` so that the
-        weights reach a jitted program as arguments). True: the biLM is ``params["bilm"]``.
+      trainable_bilm: False: the biLM weights are the variable ``"bilm"`` of the ``"frozen_bilm"``
+        collection, read through ``stop_gradient``. True: they are ``params["bilm"]``.
       convention: ``"allennlp"`` or ``"bilm_tf"`` (module docstring).
       precision, dtype: passed to ``bilm_apply``.
+
+    The module holds no arrays (it is hashable, so ``nn.jit`` works): the biLM weights are
+    variables. ``init`` draws a random biLM; ``with_bilm(variables, bilm_params)`` puts the
+    pretrained one in its place (``from_hdf5``/``from_checkpoint`` return the module and its
+    weights). Only char-id inputs need a biLM: a model fed precomputed layers declares none.
 
     ``__call__(char_ids=None, layers=None, mask=None, *, deterministic)``: ``char_ids [B, T, C]``
     from ``batch_to_ids``, or precomputed biLM ``layers [L+1, B, T'', D]`` with ``mask [B, T'']``
     (with ``<S>``/``</S>``, ``T'' = T + 2``, for ``"allennlp"``; without for ``"bilm_tf"``).
     Returns ``{"elmo_representations": [num_output_representations x [B, T, D]], "mask": [B, T]}``.
-
-    The module holds arrays in a field, so it is not hashable: wrap ``apply`` in ``jax.jit``
-    (``nn.jit`` over a parent module fails; ``nn.remat`` works).
     """
 
     config: ModelConfig
-    bilm_params: Any = None
     num_output_representations: int = 1
     dropout: float = 0.5
     do_layer_norm: bool = False
@@ -289,37 +297,41 @@ class Elmo(nn.Module):
     dtype: Any = jnp.float32
 
     @classmethod
-    def from_hdf5(cls, options, weights, **kwargs) -> "Elmo":
-        """From bilm-tf/AllenNLP files (``options.json``, ``weights.hdf5``)."""
+    def from_hdf5(cls, options, weights, **kwargs) -> tuple["Elmo", dict]:
+        """``(module, bilm_params)`` from bilm-tf/AllenNLP files (``options.json``, ``weights.hdf5``)."""
         config, params = _load_hdf5(options, weights)
-        return cls(config=config, bilm_params=_plain(params), **kwargs)
+        return cls(config=config, **kwargs), _plain(params)
 
     @classmethod
-    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> "Elmo":
-        """From a pretraining run directory's newest (or given) checkpoint."""
+    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> tuple["Elmo", dict]:
+        """``(module, bilm_params)`` from a pretraining run directory's newest (or given) checkpoint."""
         config, params = _load_checkpoint(run_dir, step)
-        return cls(config=config, bilm_params=_plain(params), **kwargs)
+        return cls(config=config, **kwargs), _plain(params)
+
+    @classmethod
+    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> tuple["Elmo", dict]:
+        """``(module, bilm_params)`` of a released model (``elmo_jax.pretrained``: ``"original"``, ...),
+        downloaded once into the cache (``cache_dir``, ``sha256``: as for ``pretrained.fetch``)."""
+        config, params = _load_pretrained(name, cache_dir, sha256)
+        return cls(config=config, **kwargs), _plain(params)
 
     def _bilm_weights(self):
+        def random_bilm(rng):  # a placeholder of the right shapes until with_bilm replaces it
+            return _bilm.init(rng, self.config)
+
         if self.trainable_bilm:
-            def init(rng):
-                if self.bilm_params is None:
-                    return _bilm.init(rng, self.config)
-                return _plain(self.bilm_params)
-            return self.param("bilm", init)
-        if self.bilm_params is not None and self.is_initializing():
-            self.variable(FROZEN_COLLECTION, "bilm", lambda: _plain(self.bilm_params))
-        if self.has_variable(FROZEN_COLLECTION, "bilm"):
-            return jax.lax.stop_gradient(_plain(self.get_variable(FROZEN_COLLECTION, "bilm")))
-        if self.bilm_params is None:
-            return None
-        return jax.lax.stop_gradient(_plain(self.bilm_params))
+            return self.param("bilm", random_bilm)
+        if not (self.has_variable(FROZEN_COLLECTION, "bilm") or self.is_mutable_collection(FROZEN_COLLECTION)):
+            raise ValueError(f"Elmo {'/'.join(self.path) or '(top)'} has no biLM: pass the {FROZEN_COLLECTION!r} "
+                             "collection (init, then with_bilm) to apply")
+        frozen = self.variable(FROZEN_COLLECTION, "bilm", lambda: random_bilm(self.make_rng("params")))
+        return jax.lax.stop_gradient(frozen.value)
 
     @nn.compact
     def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool):
         _check_convention(self.convention)
         _split_inputs(char_ids, layers, mask)
-        weights = self._bilm_weights()  # also declares the frozen collection at init
+        weights = self._bilm_weights() if char_ids is not None else None
         layers, mask = _layers_from_inputs(self, weights, char_ids, layers, mask)
         n_layers = self.config.n_output_layers
         reps, out_mask = [], None
@@ -328,6 +340,43 @@ class Elmo(nn.Module):
                                         name=f"scalar_mix_{k}")(layers, mask)
             reps.append(nn.Dropout(self.dropout, name=f"dropout_{k}")(mixed, deterministic=deterministic))
         return {"elmo_representations": reps, "mask": out_mask}
+
+
+def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
+    """``variables`` (from ``init``) with every ``Elmo``'s biLM replaced by ``bilm_params``.
+
+    Flax's way to load pretrained weights into part of a model: ``init`` the whole model (the biLM
+    at random), then put the weights in its place, ``variables["frozen_bilm"][...]["bilm"]`` for a
+    frozen ``Elmo`` and ``variables["params"][...]["bilm"]`` for a trainable one, wherever the
+    ``Elmo`` sits in the model. Returns new dicts (nothing is changed in place). Raises ValueError
+    when the weights do not have the shapes of the model's biLM, or when the model has none.
+    """
+    new = _plain(bilm_params)
+    new_shapes = jax.tree.map(jnp.shape, new)
+    found = []
+
+    def put(tree, path, in_params):
+        out = {}
+        for key, value in tree.items():
+            # In "params", only a subtree next to a scalar mix is an Elmo's (a user's "bilm" is not).
+            if key == "bilm" and (not in_params or "scalar_mix_0" in tree):
+                where = "/".join(path + (key,))
+                if jax.tree.map(jnp.shape, _plain(value)) != new_shapes:
+                    raise ValueError(f"with_bilm: the weights do not have the shapes of the biLM at {where} "
+                                     "(another ModelConfig?)")
+                out[key] = new
+                found.append(where)
+            elif isinstance(value, Mapping):
+                out[key] = put(value, path + (key,), in_params)
+            else:
+                out[key] = value
+        return out
+
+    out = {col: put(tree, (col,), col == "params") if col in ("params", FROZEN_COLLECTION) else tree
+           for col, tree in variables.items()}
+    if not found:
+        raise ValueError("with_bilm: no Elmo biLM in these variables (init the model on char ids first)")
+    return out
 
 
 # ----------------------------------------------------------------------------------------- NNX
@@ -352,7 +401,9 @@ class ScalarMixNNX(nnx.Module):
 
 
 class ElmoNNX(nnx.Module):
-    """``Elmo`` for NNX: the same arguments and outputs (see ``Elmo``), plus ``rngs``.
+    """``Elmo`` for NNX: the same arguments and outputs (see ``Elmo``), plus ``bilm_params`` (the
+    biLM weights, or None when only precomputed layers are fed) and ``rngs``: an NNX module holds
+    its weights, so ``from_hdf5``/``from_checkpoint`` return the module alone.
 
     The biLM weights are ``FrozenBiLM`` variables (``trainable_bilm=False``; excluded from
     ``nnx.state(model, nnx.Param)`` and from an ``nnx.Optimizer(..., wrt=nnx.Param)``, and read
@@ -388,6 +439,12 @@ class ElmoNNX(nnx.Module):
     @classmethod
     def from_checkpoint(cls, run_dir, step=None, **kwargs) -> "ElmoNNX":
         config, params = _load_checkpoint(run_dir, step)
+        return cls(config, params, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> "ElmoNNX":
+        """A released model (``elmo_jax.pretrained``), downloaded once into the cache."""
+        config, params = _load_pretrained(name, cache_dir, sha256)
         return cls(config, params, **kwargs)
 
     def bilm_weights(self) -> Any:

@@ -1,8 +1,9 @@
-"""What a compiled program sends between devices, read from its HLO text.
+"""What a compiled program sends between devices, and the constants it embeds, read from its text.
 
 For tests that check a step's communication (no softmax-sized gather) and for the benchmarks'
 bytes per device per step. Only the partitioned program (``jit(...).lower(...).compile()``) has
 collectives; a program lowered against an abstract mesh has not been partitioned yet.
+``constant_sizes`` is for tests that check that weights reach a program as arguments.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, 
 _OPS = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
 _LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_OPS) + r")(?:-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+_STABLEHLO_CONSTANT = re.compile(r"constant dense<[^>]*>\s*:\s*tensor<((?:\d+x)*)[a-z]+\d*>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +71,13 @@ def wire_bytes_per_device(hlo_text: str, n: int) -> dict[str, float]:
     for c in collectives(hlo_text):
         totals[c.op] = totals.get(c.op, 0.0) + c.wire_bytes(n)
     return totals
+
+
+def constant_sizes(stablehlo_text: str) -> list[int]:
+    """Element count of every constant of a lowered program (``jit(...).lower(...).as_text()``).
+
+    A weight closed over by a jitted function is such a constant, compiled into the program (and
+    recompiled with it); one passed as an argument is not.
+    """
+    return [_count(tuple(int(d) for d in m.group(1).split("x") if d))
+            for m in _STABLEHLO_CONSTANT.finditer(stablehlo_text)]

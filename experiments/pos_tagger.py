@@ -362,8 +362,7 @@ def make_model(kind: str, n_words: int, config, hidden: int, dropout: float):
             parts = [nn.Dropout(dropout)(x, deterministic=deterministic)]
             if kind == "elmo":
                 layers = jnp.moveaxis(layers.astype(jnp.float32), 2, 0)  # Elmo wants [L+1, B, T, D]
-                elmo = Elmo(config=config, bilm_params=None, convention="bilm_tf", dropout=dropout,
-                            num_output_representations=1)
+                elmo = Elmo(config=config, convention="bilm_tf", dropout=dropout, num_output_representations=1)
                 parts.append(elmo(layers=layers, mask=mask, deterministic=deterministic)["elmo_representations"][0])
             elif kind == "layer":
                 parts.append(nn.Dropout(dropout)(layers[:, :, 0].astype(jnp.float32), deterministic=deterministic))

@@ -16,7 +16,8 @@ import elmo_jax.flax_modules as fm
 from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
 from elmo_jax.config import Options
 from elmo_jax.flax_modules import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
-                                   remove_sentence_markers, scalar_mix)
+                                   remove_sentence_markers, scalar_mix, with_bilm)
+from elmo_jax.hlo import constant_sizes
 
 from helpers import model_files
 
@@ -155,8 +156,8 @@ def make_train_step(module, tx):
 
 def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
     config, params, char_ids = model
-    tagger = Tagger(Elmo(config, params, dropout=0.1))
-    variables = tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    tagger = Tagger(Elmo(config, dropout=0.1))
+    variables = with_bilm(tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     assert set(flatten_dict(variables["params"])) == {
         ("elmo", "scalar_mix_0", "weights"), ("elmo", "scalar_mix_0", "gamma"),
         ("Dense_0", "kernel"), ("Dense_0", "bias")}
@@ -175,16 +176,15 @@ def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
     # No gradient reaches the biLM even when asked for one (stop_gradient).
     assert len(bilm_leaves(frozen_grads)) == len(before)
     assert all(not np.any(x) for x in bilm_leaves(frozen_grads))
-    # Without the frozen collection the field is used: same numbers.
-    out_a = tagger.apply({"params": new_params, **frozen}, char_ids, deterministic=True)[0]
-    out_b = tagger.apply({"params": new_params}, char_ids, deterministic=True)[0]
-    np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), atol=1e-6)
+    # Without the frozen collection there is no biLM: one clear error.
+    with pytest.raises(ValueError, match="elmo has no biLM: pass the 'frozen_bilm' collection"):
+        tagger.apply({"params": new_params}, char_ids, deterministic=True)
 
 
 def test_trainable_bilm_is_in_params_and_moves(model):
     config, params, char_ids = model
-    tagger = Tagger(Elmo(config, params, dropout=0.1, trainable_bilm=True))
-    variables = tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    tagger = Tagger(Elmo(config, dropout=0.1, trainable_bilm=True))
+    variables = with_bilm(tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     assert set(variables) == {"params"}
     for a, b in zip(bilm_leaves(variables["params"]["elmo"]["bilm"]), bilm_leaves(params)):
         np.testing.assert_array_equal(a, b)
@@ -203,8 +203,8 @@ def direct_mix(params, config, char_ids, weights, gamma, layer_norm, convention)
 
 def test_several_representations_are_independent_and_dropout_only_when_asked(model):
     config, params, char_ids = model
-    elmo = Elmo(config, params, num_output_representations=2, dropout=0.5, do_layer_norm=True)
-    variables = elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    elmo = Elmo(config, num_output_representations=2, dropout=0.5, do_layer_norm=True)
+    variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     p = jax.tree.map(np.array, variables["params"])
     assert set(p) == {"scalar_mix_0", "scalar_mix_1"}
     p["scalar_mix_1"]["weights"][:] = [2.0, -1.0, 0.5]
@@ -237,27 +237,31 @@ def test_several_representations_are_independent_and_dropout_only_when_asked(mod
 @pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
 def test_precomputed_layers_give_the_char_ids_output(model, convention):
     config, params, char_ids = model
-    elmo = Elmo(config, params, do_layer_norm=True, convention=convention)
-    variables = elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    elmo = Elmo(config, do_layer_norm=True, convention=convention)
+    variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     layers, mask, _ = bilm_layers(params, config, char_ids, convention)
     a = elmo.apply(variables, char_ids, deterministic=True)
     b = elmo.apply(variables, layers=layers, mask=mask, deterministic=True)
-    c = Elmo(config, None, do_layer_norm=True, convention=convention).apply(
-        {"params": variables["params"]}, layers=layers, mask=mask, deterministic=True)
+    # Fed layers, the module needs no biLM: its init declares none, its apply reads none.
+    on_layers = elmo.init(jax.random.PRNGKey(0), layers=layers, mask=mask, deterministic=True)
+    assert set(on_layers) == {"params"} and set(on_layers["params"]) == {"scalar_mix_0"}
+    c = elmo.apply({"params": variables["params"]}, layers=layers, mask=mask, deterministic=True)
     for other in (b, c):
         np.testing.assert_allclose(np.asarray(a["elmo_representations"][0]),
                                    np.asarray(other["elmo_representations"][0]), atol=1e-6)
         np.testing.assert_array_equal(np.asarray(a["mask"]), np.asarray(other["mask"]))
     with pytest.raises(ValueError, match="either char_ids"):
         elmo.apply(variables, char_ids, layers=layers, mask=mask, deterministic=True)
-    with pytest.raises(ValueError, match="without bilm_params"):
-        Elmo(config, None).init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    with pytest.raises(ValueError, match="no Elmo biLM in these variables"):
+        with_bilm(on_layers, params)
 
 
 def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
     config, params, char_ids = model
-    elmo = Elmo.from_hdf5(*model_files("allennlp"), dropout=0.0)
+    elmo, weights = Elmo.from_hdf5(*model_files("allennlp"), dropout=0.0)
     assert elmo.config == config and elmo.dropout == 0.0
+    for a, b in zip(bilm_leaves(weights), bilm_leaves(params)):
+        np.testing.assert_array_equal(a, b)
     options = Options.load(model_files("allennlp")[0])
     calls = []
 
@@ -267,14 +271,76 @@ def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
 
     from elmo_jax import export
     monkeypatch.setattr(export, "load_run", fake_load_run)
-    ck = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
+    ck, ck_weights = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
     nn_ck = ElmoNNX.from_checkpoint("/some/run", rngs=nnx.Rngs(0))
     assert calls == [("/some/run", 7), ("/some/run", None)]
     assert ck.config == options.model and ck.trainable_bilm and nn_ck.config == options.model
-    for a, b in zip(bilm_leaves(ck.bilm_params), bilm_leaves(params)):
+    for a, b in zip(bilm_leaves(ck_weights), bilm_leaves(params)):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(bilm_leaves(nn_ck.bilm_weights()), bilm_leaves(params)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
+    config, params, char_ids = model
+
+    class Two(nn.Module):  # a frozen and a trainable Elmo, nested, next to a user's own "bilm"
+        @nn.compact
+        def __call__(self, char_ids):
+            a = Elmo(config, name="frozen")(char_ids, deterministic=True)["elmo_representations"][0]
+            b = Elmo(config, trainable_bilm=True, name="trainable")(char_ids, deterministic=True)
+            mine = self.param("bilm", nn.initializers.ones, (3,))
+            return a + b["elmo_representations"][0] + mine.sum()
+
+    two = Two()
+    init = two.init(jax.random.PRNGKey(0), char_ids)
+    variables = with_bilm(init, params)
+    for tree in (variables[FROZEN_COLLECTION]["frozen"]["bilm"], variables["params"]["trainable"]["bilm"]):
+        for a, b in zip(bilm_leaves(tree), bilm_leaves(params)):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.asarray(variables["params"]["bilm"]), np.ones(3))
+    assert not np.array_equal(bilm_leaves(init[FROZEN_COLLECTION]["frozen"]["bilm"])[0],
+                              bilm_leaves(params)[0])  # init drew a random biLM; with_bilm made new dicts
+    # The same numbers as the biLM run directly.
+    want, _ = direct_mix(params, config, char_ids, jnp.zeros(3), 1.0, False, "allennlp")
+    np.testing.assert_allclose(np.asarray(two.apply(variables, char_ids)), 2 * np.asarray(want) + 3, atol=1e-5)
+    other = jax.tree.map(lambda x: x[..., :1] if x.ndim else x, params)
+    with pytest.raises(ValueError, match="do not have the shapes of the biLM at frozen_bilm/frozen/bilm"):
+        with_bilm(init, other)
+
+
+def test_nn_jit_of_a_module_using_elmo_equals_no_jit(model):
+    config, params, char_ids = model
+    # deterministic is a Python bool: static (nn.jit traces every other argument).
+    jitted = nn.jit(Tagger, static_argnames="deterministic")(Elmo(config, dropout=0.5))
+    plain = Tagger(Elmo(config, dropout=0.5))
+    variables = with_bilm(jitted.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    plain_variables = with_bilm(plain.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    assert jax.tree.map(np.shape, variables) == jax.tree.map(np.shape, plain_variables)
+    a = jitted.apply(variables, char_ids, deterministic=True)
+    b = plain.apply(variables, char_ids, deterministic=True)
+    np.testing.assert_allclose(np.asarray(a[0]), np.asarray(b[0]), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+    # With dropout (nn.jit derives its own dropout keys, so not the plain module's numbers).
+    noisy = jitted.apply(variables, char_ids, deterministic=False, rngs={"dropout": jax.random.PRNGKey(2)})[0]
+    assert np.all(np.isfinite(np.asarray(noisy))) and not np.allclose(np.asarray(noisy), np.asarray(a[0]))
+
+
+def test_jit_of_apply_takes_the_frozen_bilm_as_arguments_not_constants(model):
+    config, params, char_ids = model
+    tagger = Tagger(Elmo(config))
+    variables = with_bilm(tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    frozen = {FROZEN_COLLECTION: variables[FROZEN_COLLECTION]}
+    largest_weight = max(x.size for x in jax.tree.leaves(params))
+
+    def run(params, frozen, char_ids):
+        return tagger.apply({"params": params, **frozen}, char_ids, deterministic=True)
+
+    as_args = jax.jit(run).lower(variables["params"], frozen, char_ids).as_text()
+    assert max(constant_sizes(as_args)) < largest_weight  # only small constants (char ids of <S>, </S>)
+    # The check sees weights closed over: they are compiled in as constants.
+    closed = jax.jit(lambda p, ids: run(p, frozen, ids)).lower(variables["params"], char_ids).as_text()
+    assert max(constant_sizes(closed)) >= largest_weight
 
 
 # ------------------------------------------------------------------------------- NNX
@@ -320,8 +386,8 @@ def test_nnx_elmo_frozen_and_trainable(model):
 
 def test_nnx_matches_linen(model):
     config, params, char_ids = model
-    linen = Elmo(config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf")
-    variables = linen.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    linen = Elmo(config, num_output_representations=2, do_layer_norm=True, convention="bilm_tf")
+    variables = with_bilm(linen.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     elmo = ElmoNNX(config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf",
                    rngs=nnx.Rngs(0))
     elmo.scalar_mix_1.weights[...] = jnp.array([1.0, 0.0, -1.0])

@@ -1,0 +1,46 @@
+"""``import elmo_jax`` is light, and its lazily imported names resolve (PEP 562 ``__getattr__``)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import elmo_jax
+
+HEAVY = ("flax", "elmo_jax.embed", "elmo_jax.flax_modules", "elmo_jax.pretrained")
+LAZY = ("Embedder", "Elmo", "ElmoNNX", "ScalarMix", "scalar_mix", "with_bilm", "load_pretrained",
+        "enable_compile_cache")
+HAS_PRETRAINED = (pathlib.Path(elmo_jax.__file__).parent / "pretrained.py").exists()
+
+
+def test_import_elmo_jax_does_not_import_flax_or_the_embedder():
+    code = f"import sys, json, elmo_jax; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_every_lazy_name_resolves_and_is_listed(name):
+    if name == "load_pretrained" and not HAS_PRETRAINED:
+        pytest.skip("elmo_jax/pretrained.py is not written yet")
+    value = getattr(elmo_jax, name)
+    module = {"Embedder": "elmo_jax.embed", "load_pretrained": "elmo_jax.pretrained",
+              "enable_compile_cache": "elmo_jax.runtime"}.get(name, "elmo_jax.flax_modules")
+    assert value is getattr(sys.modules[module], name)
+    assert name in elmo_jax.__all__ and name in dir(elmo_jax)
+    assert len(set(elmo_jax.__all__)) == len(elmo_jax.__all__)
+
+
+def test_an_unknown_name_is_the_usual_attribute_error():
+    with pytest.raises(AttributeError, match=r"^module 'elmo_jax' has no attribute 'nope'$"):
+        elmo_jax.nope  # noqa: B018
+    assert not hasattr(elmo_jax, "Embeder")
+
+
+def test_star_import_gives_every_name_in_all():
+    ns = {}
+    exec("from elmo_jax import *", ns)
+    missing = [n for n in elmo_jax.__all__ if n not in ns and not (n == "load_pretrained" and not HAS_PRETRAINED)]
+    assert not missing
