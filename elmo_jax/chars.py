@@ -67,13 +67,31 @@ def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
     return out
 
 
+def check_tokenized(sentences: Sequence[Sequence[str]], hint: str = "split it into tokens first "
+                    "(elmo_jax.text.tokenize or str.split)") -> None:
+    """Raises ``TypeError`` (one line) for a sentence that is a ``str`` or holds a non-``str`` token.
+
+    A ``str`` is a sequence of 1-character strings, so without this check ``"The cat"`` would be
+    embedded as 7 one-letter tokens. One ``isinstance`` per token: cheap next to the rest.
+    """
+    for i, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            raise TypeError(f"sentence {i} is a str ({sentence[:40]!r}); expected a list of tokens: {hint}")
+        for j, token in enumerate(sentence):
+            if not isinstance(token, str):
+                raise TypeError(f"sentence {i}, token {j} has type {type(token).__name__} ({token!r:.40}); "
+                                f"expected str")
+
+
 def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50,
                  min_length: int = 0) -> np.ndarray:
     """Tokenized sentences -> ``[batch, max_len, max_chars] int32`` (shifted; zero rows pad).
 
     ``max_len`` is the longest sentence (at least ``min_length``, at least 1 so that an all-empty
-    batch keeps a time axis). Each distinct word's ids are computed once per call.
+    batch keeps a time axis). Each distinct word's ids are computed once per call. A sentence
+    that is a ``str`` instead of a list of tokens raises ``TypeError`` (see ``check_tokenized``).
     """
+    check_tokenized(sentences)
     lengths = [len(s) for s in sentences]
     max_len = max([min_length, 1, *lengths])
     vocab: dict[str, int] = {}

@@ -20,13 +20,20 @@ together, for a copy of a few MB.
 ``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
 bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
 previous call (no reordering, splitting or device spreading), until ``reset()``.
+
+``embed_texts`` takes raw strings, ``layers`` and ``pool`` pick and pool layers (``select_layers``,
+``pool_tokens``: pure functions, the CLI uses them too), ``hub_outputs`` gives TF-Hub's ELMo
+outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax embed`` run.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import math
 import os
-from typing import Iterable, Sequence
+import warnings
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +42,90 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import char_cnn
 from elmo_jax.bilm import bilm_from_tokens, marker_vectors
-from elmo_jax.chars import PAD_CHAR, token_to_ids
+from elmo_jax.chars import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.config import ModelConfig
 from elmo_jax.data import bucket_size
 from elmo_jax.weights import load_hdf5
 
 Precision = jax.lax.Precision | str | None
+Layers = str | Sequence[float]  # "all", "top", "average", or one weight per ELMo layer
+Tokenizer = Callable[[str], Sequence[str]]
+
+_EMBED_HINT = "use embed_texts() for raw text, or str.split()"
+
+
+# -- layer choice, pooling, raw text: pure functions, shared by Embedder and the CLI -------------
+def check_layers(layers: Layers, n_output_layers: int) -> str | np.ndarray:
+    """``layers`` validated: the name, or the weights as ``[n_output_layers] float32``."""
+    if isinstance(layers, str):
+        if layers not in ("all", "top", "average"):
+            raise ValueError(f"layers={layers!r}: expected 'all', 'top', 'average' or {n_output_layers} weights")
+        return layers
+    weights = np.asarray(layers, np.float32)
+    if weights.shape != (n_output_layers,):
+        raise ValueError(f"layers: expected {n_output_layers} weights (one per ELMo layer), got shape "
+                         f"{list(weights.shape)}")
+    return weights
+
+
+def select_layers(x: np.ndarray, layers: Layers = "all") -> np.ndarray:
+    """One sentence's ``[n_layers + 1, n_tokens, 2P]`` float32 ->
+
+    - ``"all"``: unchanged;
+    - ``"top"``: ``[n_tokens, 2P]``, the last layer;
+    - ``"average"``: ``[n_tokens, 2P]``, the mean of the layers;
+    - weights ``w`` (``n_layers + 1`` floats): ``[n_tokens, 2P]``, ``sum_k w[k] * x[k]``. The
+      weights are used as given: not normalised, no softmax, no gamma (``[1/3] * 3`` is
+      ``"average"``; for AllenNLP's scalar mix pass ``gamma * softmax(s)``).
+    """
+    if isinstance(layers, str):
+        if layers == "all":
+            return x
+        return x[-1].copy() if layers == "top" else x.mean(axis=0)  # a view would keep every layer alive
+    return np.tensordot(np.asarray(layers, np.float32), x, axes=1)
+
+
+def check_pool(pool: str | None) -> None:
+    if pool not in (None, "mean", "max"):
+        raise ValueError(f"pool={pool!r}: expected None, 'mean' or 'max'")
+
+
+def pool_tokens(x: np.ndarray, pool: str | None = None) -> np.ndarray:
+    """Pools the token axis (the second last) of one sentence: ``[..., n_tokens, D]`` -> ``[..., D]``.
+
+    ``"mean"`` or ``"max"`` over the sentence's tokens (the arrays have no padding); an empty
+    sentence gives zeros. ``None``: unchanged.
+    """
+    check_pool(pool)
+    if pool is None:
+        return x
+    if x.shape[-2] == 0:
+        return np.zeros(x.shape[:-2] + x.shape[-1:], x.dtype)
+    return x.mean(axis=-2) if pool == "mean" else x.max(axis=-2)
+
+
+def _warn_empty(n: int) -> None:
+    if n:
+        warnings.warn(f"{n} empty sentence(s) pooled to zero vectors", stacklevel=3)
+
+
+def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
+    """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
+    ``elmo_jax.text.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
+    if isinstance(texts, str):
+        raise TypeError("texts is one str; expected a list of strings (one sentence each)")
+    if tokenizer is None:
+        from elmo_jax.text import tokenize as tokenizer
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} has type {type(text).__name__}; expected a str "
+                            f"(for tokenized sentences use embed())")
+        tokens = tokenizer(text)
+        if isinstance(tokens, str):
+            raise TypeError(f"the tokenizer returned a str for text {i}; it must return a list of tokens")
+        out.append(list(tokens))
+    return out
 
 
 def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_index: jax.Array, lengths: jax.Array,
@@ -187,6 +272,17 @@ class Embedder:
         return cls(config, params, **kw)
 
     @classmethod
+    def from_pretrained(cls, name: str, *, cache_dir=None, sha256: dict | None = None, **kw) -> "Embedder":
+        """A released model by name (``"small"``, ``"medium"``, ``"original"``, ``"original_5.5b"``,
+        ``"pubmed"``): its options and weights are downloaded once into the cache
+        (``elmo_jax.pretrained``; ``cache_dir`` and ``sha256`` pins as for ``pretrained.fetch``),
+        then read from there."""
+        from elmo_jax.pretrained import load_pretrained
+
+        config, params = load_pretrained(name, cache_dir=cache_dir, sha256=sha256)
+        return cls(config, params, **kw)
+
+    @classmethod
     def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> "Embedder":
         from elmo_jax.export import load_run
 
@@ -310,11 +406,80 @@ class Embedder:
                                                       self._markers_multi))
         return [layers[i] for i in range(len(batches))]
 
-    def embed(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """``[n_layers + 1, len(sentence), 2P]`` float32 per sentence, in input order."""
+    def embed(self, sentences: Sequence[Sequence[str]], *, layers: Layers = "all",
+              pool: str | None = None) -> list[np.ndarray]:
+        """One float32 array per tokenized sentence, in input order.
+
+        By default ``[n_layers + 1, n_tokens, 2P]``. ``layers`` (``"top"``, ``"average"`` or
+        ``n_layers + 1`` weights, see ``select_layers``) makes it ``[n_tokens, 2P]``; ``pool``
+        (``"mean"`` or ``"max"`` over the tokens, see ``pool_tokens``) then drops the token axis:
+        ``[2P]``, or ``[n_layers + 1, 2P]`` with ``layers="all"``. Empty sentences pool to zeros,
+        with one warning per call. A sentence that is a ``str`` raises ``TypeError`` (raw text:
+        ``embed_texts``).
+        """
+        if isinstance(sentences, str):
+            raise TypeError(f"sentences is one str; expected a list of token lists: {_EMBED_HINT}")
+        sentences = list(sentences)
+        check_tokenized(sentences, _EMBED_HINT)
         sentences = [list(s) for s in sentences]
-        if self.stateful:
-            return self._embed_stateful(sentences)
+        layers = check_layers(layers, self.config.n_output_layers)
+        check_pool(pool)
+        out = self._embed_stateful(sentences) if self.stateful else self._embed_stateless(sentences)
+        if isinstance(layers, str) and layers == "all" and pool is None:
+            return out
+        if pool is not None:
+            _warn_empty(sum(len(s) == 0 for s in sentences))
+        return [pool_tokens(select_layers(x, layers), pool) for x in out]
+
+    def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
+                    pool: str | None = None) -> list[np.ndarray]:
+        """``embed`` of raw strings, one sentence each, tokenized by ``tokenizer`` (``str -> list[str]``;
+        default ``elmo_jax.text.tokenize``). Same outputs and options as ``embed``."""
+        return self.embed(tokenize_texts(texts, tokenizer), layers=layers, pool=pool)
+
+    def hub_outputs(self, inputs: Sequence[str] | Sequence[Sequence[str]], *, weights: Sequence[float] | None = None,
+                    tokenizer: Tokenizer | None = None) -> dict[str, np.ndarray]:
+        """The outputs of TF-Hub's ELMo module (``google/elmo``, ``as_dict=True``), for one batch.
+
+        ``inputs``: raw strings, tokenized by ``tokenizer`` (default ``str.split``, as the hub's
+        ``default`` signature splits on spaces), or token lists (its ``tokens`` signature). Batch
+        arrays are padded with zeros to ``T``, the longest sentence:
+
+        - ``word_emb`` ``[B, T, P]`` float32: the char-CNN token vectors (AllenNLP's layer 0 is
+          this twice, side by side);
+        - ``lstm_outputs1`` .. ``lstm_outputs{n_layers}`` ``[B, T, 2P]``: each biLSTM layer,
+          forward and backward side by side;
+        - ``elmo`` ``[B, T, 2P]``: ``sum_k weights[k] * layer_k`` (layer 0 = ``[word_emb, word_emb]``),
+          by default equal weights, the hub's aggregation before any training (the weights are
+          used as given, see ``select_layers``);
+        - ``default`` ``[B, 2P]``: the mean of ``elmo`` over each sentence's tokens (zeros, and
+          a warning, for an empty one);
+        - ``sequence_len`` ``[B]`` int32.
+        """
+        inputs = list(inputs)
+        kinds = {isinstance(x, str) for x in inputs}
+        if kinds == {True, False}:
+            raise TypeError("inputs mixes raw strings and token lists; give one kind")
+        sentences = tokenize_texts(inputs, tokenizer or str.split) if kinds == {True} else inputs
+        n_out = self.config.n_output_layers
+        if isinstance(weights, str):
+            raise TypeError(f"weights={weights!r}: expected {n_out} numbers (use embed() for 'top' or 'average')")
+        mix = check_layers(np.full(n_out, 1 / n_out) if weights is None else weights, n_out)
+        out = self.embed(sentences)
+        lengths = np.array([x.shape[1] for x in out], np.int32)
+        p = self.config.lstm.projection_dim
+        padded = np.zeros((n_out, len(out), int(lengths.max(initial=0)), 2 * p), np.float32)
+        for b, x in enumerate(out):
+            padded[:, b, :x.shape[1]] = x
+        elmo = np.tensordot(mix, padded, axes=1)
+        _warn_empty(int((lengths == 0).sum()))
+        result = {"word_emb": np.ascontiguousarray(padded[0, :, :, :p])}
+        result.update({f"lstm_outputs{k}": padded[k] for k in range(1, n_out)})
+        default = elmo.sum(axis=1) / np.maximum(lengths, 1).astype(np.float32)[:, None]  # padding is 0
+        result.update(elmo=elmo, default=default, sequence_len=lengths)
+        return result
+
+    def _embed_stateless(self, sentences: list[list[str]]) -> list[np.ndarray]:
         table, token_rows = self._token_table(sentences)
         out: list[np.ndarray | None] = [None] * len(sentences)
         plan = self._plan([len(s) for s in sentences])
@@ -353,16 +518,136 @@ class Embedder:
         """Stateful mode: back to zero state for every row."""
         self.state = None
 
-    def embed_stream(self, sentences: Iterable[Sequence[str]], window: int = 2048
-                     ) -> Iterable[tuple[int, np.ndarray]]:
-        """``(index, layers)`` for an iterable of sentences, ``window`` at a time (bounded memory)."""
+    def embed_stream(self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all",
+                     pool: str | None = None) -> Iterable[tuple[int, np.ndarray]]:
+        """``(index, array)`` for an iterable of tokenized sentences, ``window`` at a time (bounded
+        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences)."""
         buf: list[Sequence[str]] = []
         base = 0
         for s in sentences:
             buf.append(s)
             if len(buf) == window:
-                yield from zip(range(base, base + len(buf)), self.embed(buf))
+                yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
                 base += len(buf)
                 buf = []
         if buf:
-            yield from zip(range(base, base + len(buf)), self.embed(buf))
+            yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
+
+
+# -- sharded output: `elmo-jax embed --num-shards N --shard-index I` ---------------------------
+MANIFEST_FORMAT = "elmo-jax-embed-shard/1"
+
+
+def shard_file(output: str | os.PathLike, index: int, num_shards: int) -> str:
+    """Shard ``index``'s hdf5 for ``--output``: ``elmo.hdf5`` -> ``elmo-00001-of-00004.hdf5``.
+
+    Its manifest is that name plus ``.json``. Each shard writes only its own two files, so N
+    processes never write the same file.
+    """
+    root, ext = os.path.splitext(os.fspath(output))
+    return f"{root}-{index:05d}-of-{num_shards:05d}{ext}"
+
+
+def shard_manifest(output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool,
+                   **extra) -> dict:
+    """The manifest of shard ``index``: it holds lines ``index, index + num_shards, ...`` of the
+    input's ``num_lines``, each as dataset ``str(line)``, or, when ``pooled``, as row
+    ``(line - index) // num_shards`` of dataset ``embeddings``. ``file`` is relative to the manifest."""
+    return {"format": MANIFEST_FORMAT, "file": os.path.basename(shard_file(output, index, num_shards)),
+            "shard_index": index, "num_shards": num_shards, "num_lines": num_lines,
+            "lines": {"start": index, "stop": num_lines, "step": num_shards},
+            "dataset": "embeddings" if pooled else "{line}", **extra}
+
+
+class ShardedEmbeddings:
+    """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
+    processes of a ``--num-shards N`` run, or the one file of an unsharded run.
+
+    ``source``: the ``--output`` the shards were given (their manifests are found next to it),
+    a list of the shards' manifests (``*.hdf5.json``), or the hdf5 of an unsharded run.
+    ``len(view)`` is the input's line count; ``view[i]`` is line i's array as stored (float32
+    ``[n_layers + 1, n_tokens, 2P]`` by default, ``[2P]`` with ``--pool``, ...); iteration yields
+    them in line order. Files open on first use; ``close()`` (or ``with``) closes them.
+    """
+
+    def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike]):
+        self._files: dict[str, object] = {}  # path -> open h5py.File
+        if not isinstance(source, (str, os.PathLike)):
+            self._shards = self._check([self._read_manifest(os.fspath(p)) for p in source])
+            return
+        source = os.fspath(source)
+        if source.endswith(".json"):
+            self._shards = self._check([self._read_manifest(source)])
+            return
+        root, ext = os.path.splitext(source)
+        paths = sorted(glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json"))
+        self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
+
+    @staticmethod
+    def _read_manifest(path: str) -> dict:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+        if m.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{path}: not an elmo-jax embed shard manifest (format {m.get('format')!r})")
+        return {**m, "path": os.path.join(os.path.dirname(path), m["file"]), "manifest": path}
+
+    @staticmethod
+    def _check(shards: list[dict]) -> list[dict]:
+        if not shards:
+            raise FileNotFoundError("no shard manifests given")
+        runs = {(m["num_shards"], m["num_lines"]) for m in shards}
+        if len(runs) > 1:
+            raise ValueError(f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
+                             f"{', '.join(m['manifest'] for m in shards)}")
+        n = shards[0]["num_shards"]
+        by_index = {m["shard_index"]: m for m in shards}
+        missing = [i for i in range(n) if i not in by_index]
+        if missing:
+            hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
+            raise FileNotFoundError(f"shard(s) {missing} of {n} have no manifest next to {hint} "
+                                    f"(still running, or failed?)")
+        return [by_index[i] for i in range(n)]
+
+    @staticmethod
+    def _unsharded(path: str) -> dict:
+        import h5py
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
+        with h5py.File(path, "r") as f:
+            pooled = "embeddings" in f
+            n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
+        return {"path": path, "num_lines": n, "lines": {"start": 0, "stop": n, "step": 1},
+                "dataset": "embeddings" if pooled else "{line}"}
+
+    def __len__(self) -> int:
+        return self._shards[0]["num_lines"]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"line {i} out of range for {n} lines")
+        i = int(i) % n
+        shard = self._shards[i % len(self._shards)]  # shard k holds the lines i with i % N == k
+        f = self._files.get(shard["path"])
+        if f is None:
+            import h5py
+
+            f = self._files[shard["path"]] = h5py.File(shard["path"], "r")
+        if shard["dataset"] == "embeddings":
+            return f["embeddings"][(i - shard["lines"]["start"]) // shard["lines"]["step"]]
+        return f[str(i)][()]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> "ShardedEmbeddings":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
