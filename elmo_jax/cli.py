@@ -16,11 +16,13 @@ from elmo_jax.chars import VocabError, utf8_lines
 from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import ConfigError
 from elmo_jax.data import DataError
+from elmo_jax.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
+from elmo_jax.pretrained import PretrainedError
 from elmo_jax.weights import WeightsError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
-USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, FileNotFoundError,
-               IsADirectoryError, NotADirectoryError, PermissionError)
+USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, PretrainedError,
+               FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 DEMO_SENTENCES = [
     "I ate an apple and a pear for lunch .",
@@ -244,69 +246,153 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_embed(args: argparse.Namespace) -> None:
     import h5py
 
-    from elmo_jax.embed import Embedder
+    from elmo_jax.atomic import write_text_atomic
+    from elmo_jax.embed import Embedder, check_layers, pool_tokens, shard_file, shard_manifest
 
-    if bool(args.run_dir) == bool(args.options):
-        raise ConfigError("give either --run-dir or --options with --weights")
+    if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
+        raise ConfigError("give one of --model, --run-dir, or --options with --weights")
+    sharded = args.num_shards is not None
+    if sharded and not (args.num_shards >= 1 and args.shard_index is not None
+                        and 0 <= args.shard_index < args.num_shards):
+        raise ConfigError(f"--num-shards {args.num_shards} needs --shard-index in 0..{args.num_shards - 1}")
+    if args.shard_index is not None and not sharded:
+        raise ConfigError("--shard-index needs --num-shards")
     if not os.path.isfile(args.input):
         raise DataError(f"{args.input}: input file not found")
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise DataError(f"{args.output}: the directory {out_dir} does not exist")
     kw = dict(batch_tokens=args.batch_tokens, dtype=args.dtype)
-    embedder = (Embedder.from_checkpoint(args.run_dir, **kw) if args.run_dir
-                else Embedder.from_hdf5(args.options, args.weights, **kw))
+    if args.model:
+        embedder = Embedder.from_pretrained(args.model, **kw)
+    elif args.run_dir:
+        embedder = Embedder.from_checkpoint(args.run_dir, **kw)
+    else:
+        embedder = Embedder.from_hdf5(args.options, args.weights, **kw)
+    try:
+        layers = check_layers(args.layers, embedder.config.n_output_layers)
+    except ValueError as e:
+        raise ConfigError(f"--layers: {e}") from None
+    # This process embeds lines start, start + step, ... (0-based); unsharded: all of them.
+    start, step = (args.shard_index, args.num_shards) if sharded else (0, 1)
+    output = shard_file(args.output, start, step) if sharded else args.output
     with open(args.input, "rb") as f:
         total = sum(1 for _ in f)
+    mine = len(range(start, total, step))
+    if sharded:
+        try:  # a manifest says its shard is complete: a stale one must not outlive its file
+            os.unlink(output + ".json")
+        except FileNotFoundError:
+            pass
     sentence_to_index: dict[str, str] = {}
-    with atomic_path(args.output) as tmp, h5py.File(tmp, "w") as out:
+    empty = 0
+    with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
         from tqdm import tqdm
-        lines = (line.split() for _, line in utf8_lines(args.input, DataError))
-        with tqdm(total=total, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
-            for i, layers in embedder.embed_stream(_remember(lines, sentence_to_index, args.sentence_to_index),
-                                                   window=args.window):
-                if args.layers == "top":
-                    layers = layers[-1]
-                elif args.layers == "average":
-                    layers = layers.mean(axis=0)
-                out.create_dataset(str(i), data=layers.astype(np.float32))
+        lines = (line.split() for n, line in utf8_lines(args.input, DataError) if (n - 1) % step == start)
+        lines = _remember(lines, sentence_to_index, args.sentence_to_index, start, step)
+        write = _pooled_rows(out, mine, embedder.config, layers, args.window) if args.pool else None
+        with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
+            for k, x in embedder.embed_stream(lines, window=args.window, layers=layers):
+                if write:
+                    # Pooled here, not by embed: the empty lines are counted for one line at the end.
+                    empty += x.shape[-2] == 0
+                    write(pool_tokens(x, args.pool))  # rows come in line order
+                else:
+                    out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
                 bar.update(1)
+        if write:
+            write(None)
         if args.sentence_to_index:
             out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
+    if sharded:
+        extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=args.pool,
+                     input=os.path.abspath(args.input))
+        write_text_atomic(output + ".json", json.dumps(shard_manifest(args.output, start, step, total,
+                                                                      bool(args.pool), **extra), indent=1) + "\n")
+    if empty:
+        print(f"elmo-jax embed: {empty} empty line(s) pooled to zero vectors", file=sys.stderr)
     if total == 0:
-        print(f"elmo-jax embed: {args.input} is empty; wrote {args.output} with no datasets", file=sys.stderr)
+        print(f"elmo-jax embed: {args.input} is empty; wrote {output} with no datasets", file=sys.stderr)
+    elif sharded:
+        print(f"wrote {mine} of {total} lines (shard {start} of {step}) to {output} and {output}.json",
+              file=sys.stderr)
     else:
-        print(f"wrote {total} sentences to {args.output}", file=sys.stderr)
+        print(f"wrote {total} sentences to {output}", file=sys.stderr)
 
 
-def _remember(lines, table: dict, enabled: bool):
+def _pooled_rows(out, n_rows: int, config, layers, window: int):
+    """``write(row)`` appends to dataset ``embeddings`` ``[n_rows, ...]`` float32 of ``out``, buffered
+    ``window`` rows at a time (an h5py write per row is slow); ``write(None)`` flushes."""
+    shape = (config.n_output_layers, config.output_dim) if isinstance(layers, str) and layers == "all" \
+        else (config.output_dim,)
+    ds = out.create_dataset("embeddings", shape=(n_rows, *shape), dtype=np.float32)
+    buf: list[np.ndarray] = []
+    done = 0
+
+    def write(row: np.ndarray | None) -> None:
+        nonlocal done
+        if row is not None:
+            buf.append(row)
+        if buf and (row is None or len(buf) >= window):
+            ds[done:done + len(buf)] = np.stack(buf)
+            done += len(buf)
+            buf.clear()
+    return write
+
+
+def _layers_arg(value: str):
+    if value in ("all", "top", "average"):
+        return value
+    try:
+        return tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected all, top, average or comma-separated weights") from None
+
+
+def _remember(lines, table: dict, enabled: bool, start: int = 0, step: int = 1):
     for i, tokens in enumerate(lines):
         if enabled:
-            table.setdefault(" ".join(tokens), str(i))
+            table.setdefault(" ".join(tokens), str(start + i * step))
         yield tokens
 
 
-def default_compile_cache() -> str:
-    """``$ELMO_JAX_COMPILE_CACHE``, else ``$XDG_CACHE_HOME/elmo_jax/xla`` (``~/.cache/...``)."""
-    if "ELMO_JAX_COMPILE_CACHE" in os.environ:
-        return os.environ["ELMO_JAX_COMPILE_CACHE"]
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo_jax", "xla")
+def cmd_models(args: argparse.Namespace) -> None:
+    """Lists the released models and their cache state; or fetches one (--fetch), or rehashes the cache (--verify)."""
+    from elmo_jax import pretrained
 
-
-def enable_compile_cache(path: str) -> None:
-    """JAX's persistent compilation cache in ``path`` ("" or "none": off).
-
-    A job compiles one program per batch shape (about a second each on a CPU); a second run
-    with the same shapes loads them instead. Every compile is kept, since even short ones add
-    up over a job's many shapes.
-    """
-    if path.lower() in ("", "none"):
+    if args.fetch:
+        model = pretrained.get_model(args.fetch)
+        files = tuple(model.files) if args.all_files else pretrained.DEFAULT_FILES
+        paths = pretrained.fetch(model, files, cache_dir=args.cache_dir, progress=False if args.no_progress else None)
+        for role, path in paths.items():
+            print(f"{role}: {path}")
         return
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    rows = pretrained.cache_status(args.cache_dir)
+    width = max(len(r.file) for r in rows)
+    print(f"cache: {pretrained.cache_root(args.cache_dir)}")
+    for model in pretrained.list_models():
+        print(f"\n{model.name}: {model.summary()}")
+        for r in (r for r in rows if r.model == model.name):
+            size = f"{r.size:,}" if r.size is not None else "?"
+            state = r.state if r.state in ("cached", "missing") else f"{r.state} ({r.on_disk:,} bytes)"
+            print(f"  {r.role:<10} {r.file:<{width}} {size:>13}  {state}")
+    if args.verify:
+        bad = 0
+        print()
+        for model in pretrained.list_models():
+            try:
+                hashes = pretrained.verify(model, cache_dir=args.cache_dir)
+            except PretrainedError as e:
+                bad += 1
+                print(f"{model.name}: FAILED: {e}")
+                continue
+            if hashes:
+                print(f"{model.name}: {len(hashes)} cached file(s) match their sha256")
+        if bad:
+            raise PretrainedError(f"{bad} model(s) failed verification")
+    else:
+        print("\nelmo-jax models --fetch NAME downloads a model (--all-files: softmax, vocab, checkpoint too); "
+              "--verify rechecks the cached files' sha256")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -380,13 +466,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     em = sub.add_parser("embed", help="ELMo layers of every line of a file into hdf5 (bilm-tf's dump format)")
+    em.add_argument("--model", help="a released model, downloaded once into the cache (see elmo-jax models)")
     em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
     em.add_argument("--options", help="bilm-tf options.json (with --weights)")
     em.add_argument("--weights", help="bilm-tf weights hdf5")
     em.add_argument("--input", required=True, help="UTF-8 text, one whitespace-tokenized sentence per line")
-    em.add_argument("--output", required=True, help="hdf5 to write: dataset 'i' for line i (0-based)")
-    em.add_argument("--layers", choices=["all", "top", "average"], default="all",
-                    help="all: [n_layers+1, n_tokens, 2P]; top or average: [n_tokens, 2P]")
+    em.add_argument("--output", required=True,
+                    help="hdf5 to write: dataset 'i' for line i (0-based); with --pool one dataset 'embeddings', "
+                         "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
+                         "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
+                         "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
+                         "elmo_jax.embed.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order")
+    em.add_argument("--layers", type=_layers_arg, default="all", metavar="{all,top,average,W0,W1,...}",
+                    help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
+                         "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]")
+    em.add_argument("--pool", choices=["mean", "max"],
+                    help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings' "
+                         "[n_lines, 2P], or [n_lines, n_layers+1, 2P] with --layers all")
+    em.add_argument("--num-shards", type=int, metavar="N",
+                    help="split the work over N independent processes: this one embeds the lines i with "
+                         "i %% N == --shard-index into its own file (see --output)")
+    em.add_argument("--shard-index", type=int, metavar="I", help="this process's shard, 0..N-1 (with --num-shards)")
     em.add_argument("--batch-tokens", type=int, default=4096, help="token budget of one batch")
     em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
     em.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -399,7 +499,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out-dir", required=True)
     ex.add_argument("--step", type=int)
     ex.set_defaults(func=cmd_export)
+
+    mo = sub.add_parser("models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify")
+    mo.add_argument("--fetch", metavar="NAME", help="download a model's options and weights into the cache")
+    mo.add_argument("--all-files", action="store_true", help="with --fetch: also softmax, vocab and TF checkpoint")
+    mo.add_argument("--verify", action="store_true", help="recompute the sha256 of every cached file")
+    mo.add_argument("--cache-dir", help="the model cache (default: $ELMO_JAX_HOME, else ~/.cache/elmo_jax/models)")
+    mo.add_argument("--no-progress", action="store_true")
+    # No XLA compile cache: setting it up would import jax, which listing models never needs.
+    mo.set_defaults(func=cmd_models, compile_cache="none")
     return p
+
+
+# The commands that run JAX programs: a GPU or TPU left unused is worth a warning for these.
+COMPUTE_COMMANDS = ("train", "eval", "embed", "demo", "export")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
         parser.error("--options needs --weights")
+    if args.command in COMPUTE_COMMANDS:
+        warn_if_accelerator_unused()
     try:
         enable_compile_cache(args.compile_cache)
         args.func(args)
