@@ -79,23 +79,30 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.data import open_source
     from elmo_jax.vocab import build_vocab, count_tokens, write_vocab
 
+    from elmo_jax.chars import Vocabulary
+
     files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
-    words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size)
+    extend = Vocabulary.load(args.extend).words if args.extend else None
+    words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
     write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
     print(f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
           f"{n_tokens} tokens in {len(files)} shard(s)")
 
 
-def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens: int | None,
-                      reset_state_prob: float | None = None):
+def _training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
+                      reset_state_prob: float | None = None, model=None):
+    """Options for a run: ``--config`` (a preset or an options.json), or with ``config=None`` the
+    biLM ``model`` of an ``--init-from`` source with bilm-tf's training recipe."""
     import dataclasses
 
     from elmo_jax.config import PRESETS, Options, TrainConfig
     from elmo_jax.pretrain import options_for_vocab
 
-    strict = config not in PRESETS
-    if config in PRESETS:
+    strict = config is not None and config not in PRESETS
+    if config is None:
+        options = Options(model=model, train=_recipe_train(len(vocab)))
+    elif config in PRESETS:
         options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
     elif os.path.isfile(config):
         options = Options.load(config)
@@ -108,9 +115,9 @@ def _training_options(config: str, vocab, batch_size: int | None, n_train_tokens
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 
-def _config_sets(config: str, key: str) -> bool:
+def _config_sets(config: str | None, key: str) -> bool:
     """Whether ``--config`` is an options.json that gives ``key`` itself (presets give no counts)."""
-    if not os.path.isfile(config):
+    if config is None or not os.path.isfile(config):
         return False
     try:
         with open(config, encoding="utf-8") as f:
@@ -174,15 +181,23 @@ def cmd_train(args: argparse.Namespace) -> None:
         # abort in the coordination service (a C++ stack trace) instead of printing this line.
         shard_for_process(source, 0, args.num_processes)
     _maybe_distributed(args)
+    warm = None
+    if args.init_from and not _has_checkpoint(args.run_dir):  # a resumed run continues from its own
+        from elmo_jax.warmstart import read_warmstart
+
+        warm = read_warmstart(args.init_from)
     vocab_path = args.vocab
     if vocab_path is None:
         vocab_path = os.path.join(args.run_dir, "vocab.txt")
         if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
             epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
             counts, n_tokens, n_sentences = count_tokens(source)
-            write_vocab(build_vocab(counts, min_count=args.min_count), vocab_path, n_tokens, n_sentences,
-                        [source.name(i) for i in range(len(source))])
-            print(f"no --vocab: wrote {vocab_path}")
+            # Continuing a model: its words keep their softmax rows, the new text's words are added.
+            old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
+            write_vocab(build_vocab(counts, min_count=args.min_count, extend=old_words), vocab_path, n_tokens,
+                        n_sentences, [source.name(i) for i in range(len(source))])
+            extended = f", {len(old_words)} words of {args.init_from} included" if old_words else ""
+            print(f"no --vocab: wrote {vocab_path}{extended}")
     vocab = Vocabulary.load(vocab_path)
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = args.n_train_tokens or meta.get("n_train_tokens")
@@ -191,23 +206,30 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and --config sets no "
                           f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
                           f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
-    options = _training_options(args.config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob)
+    config = args.config or (None if warm is not None else "tiny")
+    options = _training_options(config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob,
+                                warm.model if warm is not None else None)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
                            devices=args.devices)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     init_state = None
-    if args.init_from:
-        from elmo_jax.export import finetune_state
+    if warm is not None:
+        from elmo_jax.warmstart import finetune_state
 
-        if not epath.Path(args.init_from).is_dir():
-            raise CheckpointError(f"--init-from {args.init_from}: not a directory")
-        init_state = finetune_state(args.init_from, options, vocab, seed=args.seed)
+        init_state = finetune_state(warm, options, vocab, seed=args.seed)
     last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+
+
+def _has_checkpoint(run_dir: str) -> bool:
+    from etils import epath
+
+    checkpoints = epath.Path(run_dir, "checkpoints")
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
@@ -239,7 +261,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     from elmo_jax.export import export_run
 
-    paths = export_run(args.run_dir, args.out_dir, args.step)
+    paths = export_run(args.run_dir, args.out_dir, args.step, args.layout)
     print("wrote " + ", ".join(paths))
 
 
@@ -414,10 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--min-count", type=int, default=1)
     vocab.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT")
     vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
+    vocab.add_argument("--extend", metavar="VOCAB", help="keep every word of this vocabulary (continued pretraining: "
+                                                         "their softmax rows carry over); all sorted by the new counts")
     vocab.set_defaults(func=cmd_vocab)
 
     tr = sub.add_parser("train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample")
-    tr.add_argument("--config", default="tiny", help="preset (tiny, small, medium, original) or a bilm-tf options.json")
+    tr.add_argument("--config", help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
+                                      "tiny, or with --init-from the source's biLM and bilm-tf's recipe)")
     tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
     tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
     tr.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT (ArrayRecord)")
@@ -434,10 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="chance that a row's LSTM state is zeroed at a sentence start (default: the options' "
                          "reset_state_prob, else 0, bilm-tf's recipe); see experiments/README.md on the early blow-up")
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
-    tr.add_argument("--init-from", metavar="DIR",
-                    help="start a new run from another run dir or a directory of bilm-tf files (options.json, "
-                         "weights.hdf5, optionally softmax.hdf5 + vocab.txt): weights and accumulators carry over, "
-                         "softmax rows by word; ignored when --run-dir already holds a checkpoint")
+    tr.add_argument("--init-from", metavar="SOURCE",
+                    help="continue pretraining another model: a released model's name (see elmo-jax models), a "
+                         "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
+                         "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
+                         "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
+                         "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
+                         "holds a checkpoint")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
@@ -498,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--run-dir", required=True)
     ex.add_argument("--out-dir", required=True)
     ex.add_argument("--step", type=int)
+    ex.add_argument("--layout", choices=["elmo_jax", "released"], default="elmo_jax",
+                    help="file names: options.json, weights.hdf5, softmax.hdf5, vocab.txt; or AllenNLP's released "
+                         "ones (elmo_<shape>_options.json, elmo_<shape>_weights.hdf5, "
+                         "elmo_<shape>_softmax_weights.hdf5, vocab-<shape>.txt)")
     ex.set_defaults(func=cmd_export)
 
     mo = sub.add_parser("models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify")

@@ -1,4 +1,4 @@
-"""A run directory's weights in id order: load, export to bilm-tf files, start a fine-tuning run.
+"""A run directory's weights in id order: load them, export them to bilm-tf files.
 
 Checkpoints keep the softmax in ``RowLayout`` slot order (split by rows over the devices);
 everything here works in vocabulary id order, ``[V, P]``, as bilm-tf's files do. Both checkpoint
@@ -20,7 +20,7 @@ from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer
 from elmo_jax.config import Options
 from elmo_jax.sharded_softmax import RowLayout
-from elmo_jax.weights import load_hdf5, save_hdf5
+from elmo_jax.weights import save_hdf5
 
 
 def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
@@ -106,13 +106,36 @@ def write_vocab_file(path: str | os.PathLike, vocab: Vocabulary) -> None:
     write_text_atomic(path, "\n".join(vocab.words) + "\n")
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None) -> list[str]:
-    """A run's checkpoint -> bilm-tf files: ``options.json`` (with the training keys),
-    ``weights.hdf5`` (AllenNLP's layout), ``softmax.hdf5`` (``softmax/W`` [V, P], ``softmax/b`` [V])
-    and ``vocab.txt``. Each file is written atomically. Either dir may be a ``gs://`` path."""
+def released_stem(model) -> str:
+    """AllenNLP's name for a biLM shape, e.g. ``2x4096_512_2048cnn_2xhighway`` for ``original``."""
+    c, l = model.char_cnn, model.lstm
+    return f"{l.n_layers}x{l.dim}_{l.projection_dim}_{c.n_filters}cnn_{c.n_highway}xhighway"
+
+
+LAYOUTS = ("elmo_jax", "released")
+
+
+def export_names(model, layout: str = "elmo_jax") -> list[str]:
+    """The four files' names: options, weights, softmax, vocabulary. ``"released"``: AllenNLP's
+    (``elmo_<stem>_options.json``, ``elmo_<stem>_weights.hdf5``, ``elmo_<stem>_softmax_weights.hdf5``,
+    ``vocab-<stem>.txt``), which AllenNLP and bilm-tf users load as they load the released models."""
+    if layout == "elmo_jax":
+        return ["options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"]
+    if layout != "released":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    stem = released_stem(model)
+    return [f"elmo_{stem}_options.json", f"elmo_{stem}_weights.hdf5", f"elmo_{stem}_softmax_weights.hdf5",
+            f"vocab-{stem}.txt"]
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,
+               layout: str = "elmo_jax") -> list[str]:
+    """A run's checkpoint -> bilm-tf files: options (with the training keys), weights (AllenNLP's
+    layout), softmax (``softmax/W`` [V, P], ``softmax/b`` [V]) and vocabulary, named as
+    ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``."""
     options, vocab, params, step = load_run(run_dir, step)
     epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
-    paths = [os.path.join(out_dir, n) for n in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt")]
+    paths = [os.path.join(out_dir, n) for n in export_names(options.model, layout)]
     save_hdf5(options, params["bilm"], paths[0], paths[1])
     with atomic_path(paths[2]) as tmp:
         with h5py.File(tmp, "w") as f:
@@ -120,47 +143,3 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int
             f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
     write_vocab_file(paths[3], vocab)
     return paths
-
-
-def finetune_state(source: str, options: Options, vocab: Vocabulary, seed: int = 0) -> dict:
-    """A fresh shared state (no LSTM rows; numpy, softmax in id order) for ``options``/``vocab``
-    that starts from another model: ``pretrain(..., init_state=...)`` trains from it.
-
-    ``source`` is a run directory (params and Adagrad accumulators carry over) or a directory of
-    bilm-tf files (``options.json``, ``weights.hdf5``, optionally ``softmax.hdf5`` + ``vocab.txt``;
-    accumulators start at 1.0). Softmax rows (and accumulators) of the words both vocabularies share
-    are copied by word; the other rows are initialised as in a fresh run. The step restarts at 0.
-    """
-    layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
-    fresh = softmax_in_id_order(jax.device_get(train.init_state(jax.random.PRNGKey(seed), options.model,
-                                                                options.train, 1).shared()), layout)
-    if epath.Path(source, "checkpoints").is_dir():  # a run dir, possibly gs://
-        old_options, old_vocab, old, _ = read_run(source)
-        bilm_params, dense_opt = old["params"]["bilm"], old["opt"]["bilm"]
-        softmax, acc = old["params"]["softmax"], old["opt"]["softmax"]
-        old_model = old_options.model
-    else:
-        old_model, bilm_params = load_hdf5(os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5"))
-        dense_opt = fresh["opt"]["bilm"]
-        softmax = acc = old_vocab = None
-        if os.path.isfile(os.path.join(source, "softmax.hdf5")):
-            with h5py.File(os.path.join(source, "softmax.hdf5"), "r") as f:
-                softmax = {"w": f["softmax/W"][...], "b": f["softmax/b"][...]}
-            old_vocab = Vocabulary.load(os.path.join(source, "vocab.txt"))
-    if old_model != options.model:
-        raise CheckpointError(f"{source}: its model differs from the options given; fine-tuning keeps the "
-                              f"biLM shape (saved {old_model}, now {options.model})")
-    state = dict(fresh)
-    state["params"] = {"bilm": bilm_params, "softmax": dict(fresh["params"]["softmax"])}
-    state["opt"] = {"bilm": dense_opt, "softmax": dict(fresh["opt"]["softmax"])}
-    if softmax is not None:
-        shared = [(i, old_vocab.word_to_id(w)) for i, w in enumerate(vocab.words) if w in old_vocab]
-        if shared:
-            new_ids, old_ids = (np.array(x) for x in zip(*shared))
-            for name in ("w", "b"):
-                state["params"]["softmax"][name] = np.array(state["params"]["softmax"][name])
-                state["params"]["softmax"][name][new_ids] = np.asarray(softmax[name])[old_ids]
-                if acc is not None:
-                    state["opt"]["softmax"][name] = np.array(state["opt"]["softmax"][name])
-                    state["opt"]["softmax"][name][new_ids] = np.asarray(acc[name])[old_ids]
-    return state

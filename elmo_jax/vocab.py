@@ -60,21 +60,31 @@ def count_tokens(files: TextFiles | Source) -> tuple[collections.Counter, int, i
     return counts, n_tokens, n_sentences
 
 
-def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None) -> list[str]:
+def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None,
+                extend: Sequence[str] | None = None) -> list[str]:
     """``['<S>', '</S>', '<UNK>', *words]``: words with ``count >= min_count``, most frequent first.
 
     Ties are broken by the word itself (Python string order), so the result is deterministic.
     Specials found in ``counts`` are not repeated. ``max_size`` caps the total length, specials
     included.
+
+    ``extend``: an existing vocabulary (continued pretraining) whose words are all kept, whatever
+    their count here, so that their softmax rows carry over. The merged list is still sorted by
+    the counts of this corpus, because the log-uniform sampler assumes ids in frequency order;
+    words of ``extend`` that do not occur here come last, in their old order.
     """
     if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
         raise VocabError(f"min_count must be an integer >= 1, got {min_count!r}")
     if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4):
         raise VocabError(f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least "
                          f"one word) or None, got {max_size!r}")
-    words = sorted(w for w, c in counts.items() if c >= min_count and w not in SPECIALS)
-    # Stable (also with reverse=True): equal counts keep the string order of the first sort.
-    words.sort(key=counts.__getitem__, reverse=True)
+    words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
+    old_rank = {}
+    for w in extend or ():
+        if w not in SPECIALS:
+            old_rank.setdefault(w, len(old_rank))
+            words.add(w)
+    words = sorted(words, key=lambda w: (-counts.get(w, 0), old_rank.get(w, 0) if not counts.get(w) else 0, w))
     if max_size is not None:
         words = words[: max_size - len(SPECIALS)]
     return [*SPECIALS, *words]

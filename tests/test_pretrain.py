@@ -17,10 +17,11 @@ import pytest
 from elmo_jax import cli, train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer
-from elmo_jax.export import abstract_rows, abstract_shared, export_run, finetune_state, load_run, read_run
+from elmo_jax.export import abstract_rows, abstract_shared, export_run, load_run, read_run
 from elmo_jax.config import Options
 from elmo_jax.data import LMBatcher, TextFiles
 from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
+from elmo_jax.warmstart import finetune_state
 from elmo_jax.weights import load_hdf5
 
 from helpers import FIXTURES

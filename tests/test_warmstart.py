@@ -1,0 +1,159 @@
+"""Continued pretraining: every source ``--init-from`` reads, vocabulary extension, and bad sources."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from elmo_jax import cli
+from elmo_jax.chars import Vocabulary
+from elmo_jax.checkpoint import CheckpointError
+from elmo_jax.config import Options
+from elmo_jax.data import TextFiles
+from elmo_jax.export import export_names, export_run, load_run, read_run
+from elmo_jax.pretrain import RunSettings, options_for_vocab, pretrain
+from elmo_jax.vocab import build_vocab
+from elmo_jax.warmstart import finetune_state, read_warmstart
+from elmo_jax.weights import WeightsError
+
+from test_pretrain import TRAIN, bilm_tf_options
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run") / "r"
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+             RunSettings(run_dir=str(run_dir), steps=2, save_every=2, progress=False, devices=1, async_save=False))
+    return run_dir, options, vocab
+
+
+@pytest.fixture(scope="module")
+def released(run, tmp_path_factory):
+    """The run exported under AllenNLP's released file names."""
+    out = tmp_path_factory.mktemp("released")
+    export_run(str(run[0]), str(out), layout="released")
+    return out
+
+
+def _same(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_released_names_round_trip(run, released):
+    run_dir, options, vocab = run
+    assert sorted(os.listdir(released)) == sorted(export_names(options.model, "released"))
+    warm = read_warmstart(str(released))
+    _, _, params, _ = load_run(str(run_dir))
+    assert warm.kind == "hdf5" and warm.bilm_acc is None and warm.vocab.words == vocab.words
+    _same(warm.bilm, params["bilm"])
+    _same(warm.softmax, params["softmax"])
+
+
+def test_every_source_gives_the_same_weights_and_only_a_run_its_accumulators(run, released, tmp_path):
+    run_dir, options, vocab = run
+    plain = tmp_path / "plain"
+    export_run(str(run_dir), str(plain))
+    from_run, from_plain, from_released = (finetune_state(str(s), options, vocab) for s in (run_dir, plain, released))
+    old = read_run(str(run_dir))[2]
+    for state in (from_run, from_plain, from_released):
+        _same(state["params"], old["params"])
+    _same(from_run["opt"], old["opt"])
+    _same(from_plain["opt"], from_released["opt"])  # no optimizer state in hdf5: accumulators start at 1.0
+    assert all((np.asarray(x) == 1.0).all() for x in jax.tree_util.tree_leaves(from_plain["opt"]))
+
+
+def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
+    counts = {"new": 9, "shared": 5, "rare": 1, "tie": 5}
+    old = ["<S>", "</S>", "<UNK>", "gone2", "shared", "rare", "gone1"]
+    assert build_vocab(counts, min_count=2, extend=old) == [
+        "<S>", "</S>", "<UNK>", "new", "shared", "tie", "rare", "gone2", "gone1"]
+    assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
+
+
+def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, released, tmp_path):
+    """No --config, no --vocab: the source's biLM, its words plus the new text's, sorted by new counts."""
+    _, options, vocab = run
+    text = tmp_path / "new.txt"
+    text.write_text("the zebra said hello .\nhello zebra .\n" * 5)
+    out = tmp_path / "ft"
+    assert cli.main(["train", "--init-from", str(released), "--train-files", str(text), "--run-dir", str(out),
+                     "--steps", "1", "--batch-size", "2", "--devices", "1", "--no-progress"]) == 0
+    new_vocab = Vocabulary.load(out / "vocab.txt")
+    assert set(vocab.words) <= set(new_vocab.words) and {"zebra", "hello"} <= set(new_vocab.words)
+    counts = {w: 0 for w in new_vocab.words}
+    for w in text.read_text().split():
+        counts[w] += 1
+    got = [counts[w] for w in new_vocab.words[3:]]
+    assert got == sorted(got, reverse=True)  # frequency order for the log-uniform sampler
+    saved = Options.load(out / "options.json")
+    assert saved.model == options.model and saved.train.n_tokens_vocab == len(new_vocab)
+    assert load_run(str(out))[3] == 1
+
+
+def test_released_model_by_name(run, released, tmp_path, monkeypatch):
+    """A registry name fetches the files (here: a local mirror directory standing in for AllenNLP's)."""
+    from elmo_jax import pretrained
+    from model_server import fixture_model
+
+    run_dir, options, vocab = run
+    entry = fixture_model("pubmed")
+    names = export_names(options.model, "released")
+    files = {role: (pretrained.RemoteFile(f"m/{name}", (released / name).stat().st_size),)
+             for role, name in zip(("options", "weights", "softmax", "vocab"), names)}
+    monkeypatch.setitem(pretrained.MODELS, "pubmed", dataclasses.replace(entry, files=files))
+    mirror = tmp_path / "mirror"
+    shutil.copytree(released, mirror / "m")
+    monkeypatch.setenv("ELMO_JAX_MIRROR", str(mirror))
+    monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache"))
+    warm = read_warmstart("pubmed")
+    _same(warm.bilm, load_run(str(run_dir))[2]["bilm"])
+    assert warm.vocab.words == vocab.words
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_sources_give_one_line(run, released, tmp_path, capsys):
+    run_dir, options, vocab = run
+    names = export_names(options.model, "released")
+    # A softmax whose rows disagree with its vocabulary.
+    d = _copy(released, tmp_path / "rows")
+    (d / names[3]).write_text("\n".join(vocab.words[:-1]) + "\n")
+    with pytest.raises(CheckpointError, match=r"softmax rows, but its vocabulary .* has"):
+        read_warmstart(str(d))
+    # A vocabulary without the three specials.
+    d = _copy(released, tmp_path / "specials")
+    (d / names[3]).write_text("\n".join(["x1"] + vocab.words[3:] + ["x2", "x3"]) + "\n")
+    with pytest.raises(CheckpointError, match="must contain"):
+        read_warmstart(str(d))
+    # A softmax file without the datasets.
+    d = _copy(released, tmp_path / "nosoftmax")
+    with h5py.File(d / names[2], "w") as f:
+        f["other"] = np.zeros(3)
+    with pytest.raises(WeightsError, match="softmax/W"):
+        read_warmstart(str(d))
+    # Not a model at all, and an unknown name.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no options file"):
+        read_warmstart(str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match="neither a directory nor a released model"):
+        read_warmstart("no-such-model")
+    # An --init-from whose biLM differs from --config: one line from the CLI.
+    other = json.loads((released / names[0]).read_text())
+    other["lstm"]["projection_dim"] *= 2
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    code = cli.main(["train", "--init-from", str(released), "--config", str(tmp_path / "other.json"),
+                     "--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt"),
+                     "--run-dir", str(tmp_path / "x"), "--steps", "1", "--devices", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
