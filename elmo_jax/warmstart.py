@@ -99,13 +99,22 @@ def _from_released(name: str) -> Warmstart:
 def _from_tf_checkpoint(path: str, vocab_path: str | None) -> Warmstart:
     from elmo_jax import tf_checkpoint
 
-    ckpt = tf_checkpoint.read_bilm_tf(path)
-    vocab = _load_vocab(vocab_path, len(ckpt["softmax"]["w"]), path) if vocab_path else None
-    if vocab is None:
+    try:
+        ckpt = tf_checkpoint.read_bilm_tf(path)
+    except tf_checkpoint.TFCheckpointError as e:
+        raise CheckpointError(str(e)) from None
+    if ckpt["config"] is None:
+        # The tensors give the shapes, not the clips, activation or skip connections.
+        raise CheckpointError(f"{path}: no options.json next to the TF checkpoint (bilm-tf saves its training "
+                              f"options there); put the model's options.json in {os.path.dirname(ckpt['prefix'])}")
+    softmax = ckpt["params"].get("softmax")
+    if softmax is None or vocab_path is None:
         raise CheckpointError(f"{path}: a TF checkpoint's softmax rows are words of its vocabulary; put that "
                               f"vocabulary (vocab*.txt) in the checkpoint's directory or the one above it")
-    return Warmstart(path, "tf_checkpoint", ckpt["model"], ckpt["bilm"], ckpt["bilm_acc"], ckpt["softmax"],
-                     ckpt["softmax_acc"], vocab, ckpt["global_step"])
+    vocab = _load_vocab(vocab_path, len(softmax["w"]), path)
+    acc = ckpt["accumulators"] or {}
+    return Warmstart(path, "tf_checkpoint", ckpt["config"], ckpt["params"]["bilm"], acc.get("bilm"), softmax,
+                     acc.get("softmax"), vocab, ckpt["global_step"])
 
 
 def _find_vocab(directory: str, also_parent: bool = False) -> str | None:

@@ -21,7 +21,10 @@ from elmo_jax.vocab import build_vocab
 from elmo_jax.warmstart import finetune_state, read_warmstart
 from elmo_jax.weights import WeightsError
 
+from helpers import FIXTURES
 from test_pretrain import TRAIN, bilm_tf_options
+
+TRAIN_WORDS = Vocabulary.load(TRAIN / "vocab.txt").words[3:]
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +160,39 @@ def test_bad_sources_give_one_line(run, released, tmp_path, capsys):
                      "--run-dir", str(tmp_path / "x"), "--steps", "1", "--devices", "1", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
+
+
+def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabulary(tmp_path):
+    """bilm-tf's TF checkpoint (written by TensorFlow, read without it): weights, softmax rows and
+    Adagrad slots carry over by word; the new text's words get fresh rows."""
+    from elmo_jax.tf_checkpoint import read_bilm_tf
+
+    ckpt = shutil.copytree(FIXTURES / "tf_checkpoint" / "single", tmp_path / "ckpt")
+    old_words = ["<S>", "</S>", "<UNK>", *TRAIN_WORDS[:5], *[f"old{i}" for i in range(42)]]
+    (tmp_path / "vocab-test.txt").write_text("\n".join(old_words) + "\n")  # next to the checkpoint dir
+    warm = read_warmstart(str(ckpt))
+    ref = read_bilm_tf(str(ckpt))
+    assert warm.kind == "tf_checkpoint" and warm.step == ref["global_step"] and warm.vocab.words == old_words
+    out = tmp_path / "ft"
+    assert cli.main(["train", "--init-from", str(ckpt), "--train-files", str(TRAIN / "data.txt"), "--run-dir",
+                     str(out), "--steps", "1", "--batch-size", "2", "--devices", "1", "--no-progress"]) == 0
+    new_vocab = Vocabulary.load(out / "vocab.txt")
+    assert set(old_words) <= set(new_vocab.words) and len(new_vocab) > len(old_words)
+    # Step 0 of the continued run is the checkpoint, row by row.
+    options = Options.load(out / "options.json")
+    state = finetune_state(warm, options, new_vocab)
+    _same(state["params"]["bilm"], ref["params"]["bilm"])
+    for i, w in enumerate(new_vocab.words):
+        if w in warm.vocab:
+            j = warm.vocab.word_to_id(w)
+            np.testing.assert_array_equal(state["params"]["softmax"]["w"][i], ref["params"]["softmax"]["w"][j])
+            np.testing.assert_array_equal(state["opt"]["softmax"]["w"][i], ref["accumulators"]["softmax"]["w"][j])
+        else:
+            assert (state["opt"]["softmax"]["w"][i] == 1.0).all()
+    from elmo_jax.warmstart import _accumulators
+    _same(_accumulators(state["opt"]["bilm"]), ref["accumulators"]["bilm"])
+    assert load_run(str(out))[3] == 1
+    # Without the vocabulary the softmax rows mean nothing: refused in one line.
+    (tmp_path / "vocab-test.txt").unlink()
+    with pytest.raises(CheckpointError, match="vocabulary"):
+        read_warmstart(str(ckpt))
