@@ -33,7 +33,7 @@ import os
 import re
 import struct
 import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -661,43 +661,6 @@ def _infer_config(prefix: str, names: dict[str, str], ckpt: TFCheckpoint):
                                 f"shapes: {e}); pass options= to say what it should hold") from None
 
 
-def _bilm_tree(config, get: Callable[[str], np.ndarray], pad: float) -> dict:
-    """hdf5-named tensors -> the params tree of ``elmo_jax.weights.load_hdf5`` (``pad``: the value
-    of the padding row put in front of a 261-row ``char_embed``; a missing ``CNN_proj`` (bilm-tf
-    has none when n_filters == projection_dim) is the identity for weights, ``pad`` for slots)."""
-    from elmo_jax.weights import _lstm_prefix
-
-    c, l = config.char_cnn, config.lstm
-    char_embed = np.asarray(get("char_embed"), np.float32)
-    if char_embed.shape[0] == 261:
-        char_embed = np.concatenate([np.full((1, c.embedding_dim), pad, np.float32), char_embed])
-    else:
-        char_embed = char_embed.copy()
-        char_embed[0] = pad
-    conv = [{"w": np.array(get(f"CNN/W_cnn_{i}")[0]), "b": np.array(get(f"CNN/b_cnn_{i}"))}
-            for i in range(len(c.filters))]
-    highway = []
-    for k in range(c.n_highway):
-        r = {n: get(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
-        highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
-                        "b": np.concatenate([r["b_carry"], r["b_transform"]])})
-    w_proj = get("CNN_proj/W_proj")
-    if w_proj is None:
-        eye = np.eye(c.n_filters, dtype=np.float32)
-        proj = {"w": eye if pad == 0 else np.full_like(eye, pad), "b": np.full(l.projection_dim, pad, np.float32)}
-    else:
-        proj = {"w": np.array(w_proj), "b": np.array(get("CNN_proj/b_proj"))}
-    layers = []
-    p = l.projection_dim
-    for layer in range(l.n_layers):
-        w0 = np.stack([get(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
-        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:],
-                       "b": np.stack([get(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
-                       "w_proj": np.stack([get(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
-    return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
-            "lstm": layers}
-
-
 def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) -> dict:
     """A bilm-tf training checkpoint -> this project's trees, with numpy leaves::
 
@@ -714,7 +677,7 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
     1.0 (Adagrad's initial value) in the accumulators. The softmax leaves stay memmap views;
     ``verify`` checks the crc32c of every tensor read.
     """
-    from elmo_jax.weights import expected_datasets
+    from elmo_jax.weights import expected_datasets, params_from_datasets
 
     ckpt = TFCheckpoint(path)
     prefix = ckpt.prefix
@@ -774,10 +737,10 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
             return None
         return {"w": ckpt.get(table["softmax/W"], verify=verify), "b": ckpt.get(table["softmax/b"], verify=verify)}
 
-    params = {"bilm": _bilm_tree(config, getter(weights), 0.0), "softmax": softmax(weights)}
+    params = {"bilm": params_from_datasets(config, getter(weights), 0.0), "softmax": softmax(weights)}
     accumulators = None
     if has_slots:
-        accumulators = {"bilm": _bilm_tree(config, getter(slots), 1.0), "softmax": softmax(slots)}
+        accumulators = {"bilm": params_from_datasets(config, getter(slots), 1.0), "softmax": softmax(slots)}
 
     global_step = None
     if "global_step" in ckpt:

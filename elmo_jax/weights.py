@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Callable
 
 import h5py
 import jax
@@ -80,50 +81,62 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     except OSError as e:
         raise WeightsError(f"{path}: not a readable HDF5 file ({e})") from None
     with f:
-        if "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
-            char_embed = _read(f, path, "char_embed", (262, c.embedding_dim), hint)
-        else:
-            char_embed = np.concatenate([np.zeros((1, c.embedding_dim), np.float32),
-                                         _read(f, path, "char_embed", shapes["char_embed"], hint)])
-        char_embed[0] = 0.0
-        conv = []
-        for i, (w, n) in enumerate(c.filters):
-            conv.append({"w": _read(f, path, f"CNN/W_cnn_{i}", shapes[f"CNN/W_cnn_{i}"], hint)[0],
-                         "b": _read(f, path, f"CNN/b_cnn_{i}", shapes[f"CNN/b_cnn_{i}"], hint)})
-        extra_highway = f"CNN_high_{c.n_highway}"
+        extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)
         if extra_highway in f:
             raise WeightsError(f"{path}: has '{extra_highway}' but the options say n_highway {c.n_highway}{hint}")
-        highway = []
-        for k in range(c.n_highway):
-            r = {name: _read(f, path, f"CNN_high_{k}/{name}", shapes[f"CNN_high_{k}/{name}"], hint)
-                 for name in ("W_carry", "W_transform", "b_carry", "b_transform")}
-            highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
-                            "b": np.concatenate([r["b_carry"], r["b_transform"]])})
-        if "CNN_proj" not in f and c.n_filters == l.projection_dim:
-            proj = {"w": np.eye(c.n_filters, dtype=np.float32), "b": np.zeros(l.projection_dim, np.float32)}
-        else:
-            proj = {"w": _read(f, path, "CNN_proj/W_proj", shapes["CNN_proj/W_proj"], hint),
-                    "b": _read(f, path, "CNN_proj/b_proj", shapes["CNN_proj/b_proj"], hint)}
-        extra_layer = _lstm_prefix(0, l.n_layers)
         if extra_layer in f:
             raise WeightsError(f"{path}: has '{extra_layer}' but the options say n_layers {l.n_layers}{hint}")
-        layers = []
-        for layer in range(l.n_layers):
-            per_dir = []
-            for direction in range(2):
-                pre = _lstm_prefix(direction, layer)
-                per_dir.append({name: _read(f, path, f"{pre}/{name}", shapes[f"{pre}/{name}"], hint)
-                                for name in ("W_0", "B", "W_P_0")})
-            w0 = np.stack([d["W_0"] for d in per_dir])
-            p = l.projection_dim
-            layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:], "b": np.stack([d["B"] for d in per_dir]),
-                           "w_proj": np.stack([d["W_P_0"] for d in per_dir])})
+
+        def get(name: str) -> np.ndarray | None:
+            if name == "char_embed" and "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
+                return _read(f, path, name, (262, c.embedding_dim), hint)
+            if name.startswith("CNN_proj/") and "CNN_proj" not in f and c.n_filters == l.projection_dim:
+                return None
+            return _read(f, path, name, shapes[name], hint)
+
+        params = params_from_datasets(config, get)
     if c.n_characters == 261:
         # Inference always uses the shifted ids; the file's options only say how it was trained.
         config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
-    params = {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
-              "lstm": layers}
     return config, params
+
+
+def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | None], pad: float = 0.0) -> dict:
+    """bilm-tf's tensors by hdf5 name (``get``; ``expected_datasets`` gives the names and shapes)
+    -> the params tree, for weight files and TF checkpoints alike. ``pad``: the padding row of
+    ``char_embed`` (0 for weights, Adagrad's 1.0 for its slots), put in front of a 261-row one;
+    ``get`` returns None for a ``CNN_proj`` bilm-tf did not build (n_filters == projection_dim),
+    read as the identity for weights and ``pad`` for slots."""
+
+    c, l = config.char_cnn, config.lstm
+    char_embed = np.asarray(get("char_embed"), np.float32)
+    if char_embed.shape[0] == 261:
+        char_embed = np.concatenate([np.full((1, c.embedding_dim), pad, np.float32), char_embed])
+    else:
+        char_embed = char_embed.copy()
+        char_embed[0] = pad
+    conv = [{"w": np.array(get(f"CNN/W_cnn_{i}")[0]), "b": np.array(get(f"CNN/b_cnn_{i}"))}
+            for i in range(len(c.filters))]
+    highway = []
+    for k in range(c.n_highway):
+        r = {n: get(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
+        highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
+                        "b": np.concatenate([r["b_carry"], r["b_transform"]])})
+    w_proj = get("CNN_proj/W_proj")
+    if w_proj is None:
+        eye = np.eye(c.n_filters, dtype=np.float32)
+        proj = {"w": eye if pad == 0 else np.full_like(eye, pad), "b": np.full(l.projection_dim, pad, np.float32)}
+    else:
+        proj = {"w": np.array(w_proj), "b": np.array(get("CNN_proj/b_proj"))}
+    layers = []
+    p = l.projection_dim
+    for layer in range(l.n_layers):
+        w0 = np.stack([get(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
+        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:],
+                       "b": np.stack([get(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
+                       "w_proj": np.stack([get(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
+    return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
+            "lstm": layers}
 
 
 def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
