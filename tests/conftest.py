@@ -3,12 +3,19 @@
 No more than 2: with 4 or 8 fake devices XLA's CPU collectives time out on a 2-core machine.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The CLI's persistent compilation cache stays off in tests (and out of ~/.cache) unless a test sets it.
-os.environ["ELMO_JAX_COMPILE_CACHE"] = "none"
+# One persistent compilation cache for the session (never ~/.cache): many tests build the same
+# programs (the tiny model's train step, the CLI's in subprocesses) from new closures, which
+# jax's in-memory cache does not match but the persistent one, keyed by the program, does.
+_CACHE = tempfile.mkdtemp(prefix="elmo_jax_test_xla_")
+atexit.register(shutil.rmtree, _CACHE, True)
+os.environ["ELMO_JAX_COMPILE_CACHE"] = _CACHE
 
 import pathlib  # noqa: E402
 
@@ -20,3 +27,9 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="session")
 def fixtures_dir() -> pathlib.Path:
     return FIXTURES
+
+
+def pytest_configure(config):
+    from elmo_jax.runtime import enable_compile_cache
+
+    enable_compile_cache(_CACHE)  # in-process library calls too, not only the CLI
