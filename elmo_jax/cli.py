@@ -91,7 +91,7 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 
 
 def _training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
-                      reset_state_prob: float | None = None, model=None):
+                      reset_state_prob: float | None = None, model=None, learning_rate: float | None = None):
     """Options for a run: ``--config`` (a preset or an options.json), or with ``config=None`` the
     biLM ``model`` of an ``--init-from`` source with bilm-tf's training recipe."""
     import dataclasses
@@ -108,7 +108,8 @@ def _training_options(config: str | None, vocab, batch_size: int | None, n_train
         options = Options.load(config)
     else:
         raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
-    for key, value in (("batch_size", batch_size), ("reset_state_prob", reset_state_prob)):
+    for key, value in (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
+                       ("learning_rate", learning_rate)):
         if value is not None:
             options = dataclasses.replace(options, train=dataclasses.replace(
                 options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
@@ -207,8 +208,15 @@ def cmd_train(args: argparse.Namespace) -> None:
                           f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
                           f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
     config = args.config or (None if warm is not None else "tiny")
+    learning_rate = args.learning_rate
+    if (learning_rate is None and warm is not None and warm.bilm_acc is None
+            and not _config_sets(args.config, "learning_rate")):
+        from elmo_jax.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
+
+        print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
+              f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
     options = _training_options(config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob,
-                                warm.model if warm is not None else None)
+                                warm.model if warm is not None else None, learning_rate)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
@@ -458,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--reset-state-prob", type=float, metavar="P",
                     help="chance that a row's LSTM state is zeroed at a sentence start (default: the options' "
                          "reset_state_prob, else 0, bilm-tf's recipe); see experiments/README.md on the early blow-up")
+    tr.add_argument("--learning-rate", type=float, metavar="LR",
+                    help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
+                         "has no optimizer state)")
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
     tr.add_argument("--init-from", metavar="SOURCE",
                     help="continue pretraining another model: a released model's name (see elmo-jax models), a "

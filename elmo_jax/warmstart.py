@@ -39,6 +39,15 @@ from elmo_jax.sharded_softmax import RowLayout
 from elmo_jax.weights import WeightsError, load_hdf5
 
 
+# The learning rate a continued run uses when its source has no Adagrad accumulators (hdf5 files):
+# they restart at 1.0, so bilm-tf's 0.2 makes the first updates as large as at step 1 of
+# pretraining. Measured by experiments/fresh_accumulators.py on a 1,500-step model continued on its
+# own text (held-out perplexity 218.8 at the start): at 0.2, 258.6 / 249.3 / 214.5 after 20 / 50 /
+# 100 steps; at 0.05, 212.3 / 208.3 / 207.6 (at 0.02: 212.1 / 209.4 / 208.4; from its real
+# accumulators at 0.2: 218.0 / 214.2 / 211.5).
+NO_ACCUMULATORS_LEARNING_RATE = 0.05
+
+
 @dataclasses.dataclass
 class Warmstart:
     """A model to continue from (numpy leaves; softmax ``{"w": [V, P], "b": [V]}`` in vocabulary order).

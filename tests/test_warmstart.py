@@ -18,7 +18,7 @@ from elmo_jax.data import TextFiles
 from elmo_jax.export import export_names, export_run, load_run, read_run
 from elmo_jax.pretrain import RunSettings, options_for_vocab, pretrain
 from elmo_jax.vocab import build_vocab
-from elmo_jax.warmstart import finetune_state, read_warmstart
+from elmo_jax.warmstart import NO_ACCUMULATORS_LEARNING_RATE, finetune_state, read_warmstart
 from elmo_jax.weights import WeightsError
 
 from helpers import FIXTURES
@@ -81,7 +81,7 @@ def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
 
 
-def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, released, tmp_path):
+def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, released, tmp_path, capsys):
     """No --config, no --vocab: the source's biLM, its words plus the new text's, sorted by new counts."""
     _, options, vocab = run
     text = tmp_path / "new.txt"
@@ -98,6 +98,9 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, releas
     assert got == sorted(got, reverse=True)  # frequency order for the log-uniform sampler
     saved = Options.load(out / "options.json")
     assert saved.model == options.model and saved.train.n_tokens_vocab == len(new_vocab)
+    # hdf5 files carry no accumulators: the gentler learning rate, said in one line.
+    assert saved.train.learning_rate == NO_ACCUMULATORS_LEARNING_RATE
+    assert "has no optimizer state" in capsys.readouterr().out
     assert load_run(str(out))[3] == 1
 
 
@@ -180,6 +183,7 @@ def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabular
     assert set(old_words) <= set(new_vocab.words) and len(new_vocab) > len(old_words)
     # Step 0 of the continued run is the checkpoint, row by row.
     options = Options.load(out / "options.json")
+    assert options.train.learning_rate == 0.2  # its accumulators came along: bilm-tf's rate
     state = finetune_state(warm, options, new_vocab)
     _same(state["params"]["bilm"], ref["params"]["bilm"])
     for i, w in enumerate(new_vocab.words):
