@@ -147,6 +147,24 @@ def diagnose(run_dir: str, step: int, options, vocab, chunks, seed: int = 0) -> 
     return result
 
 
+def start_gap(run_dir: str, step: int, options, chunks) -> dict:
+    """Only the two columns ``--reset-state-prob`` is about: mean full-softmax CE per direction
+    from zero state and from the carried rows, ``{"fwd": {"zero": ., "carried": .}, "bwd": ...}``
+    (``diagnose``'s ``full_mean`` and ``full_warm_mean``, at a fraction of its cost)."""
+    _, _, shared, _ = read_run(run_dir, step)
+    bilm = jax.device_put(shared["params"]["bilm"])
+    w, b = np.asarray(shared["params"]["softmax"]["w"]), np.asarray(shared["params"]["softmax"]["b"])
+    carried = training_state(run_dir, step, options, max(mask.shape[0] for _, _, mask in chunks))
+    ce = {(d, s): [] for d in ("fwd", "bwd") for s in ("zero", "carried")}
+    for batch, targets, mask in chunks:
+        rows = {k: x[:, :, :mask.shape[0]] for k, x in carried.items()}
+        for start, state in (("zero", None), ("carried", rows)):
+            h = np.asarray(top_outputs(bilm, options.model, batch, mask, 0.0, 0, state))
+            for d, direction in enumerate(("fwd", "bwd")):
+                ce[direction, start].append(_full_ce(h[d][mask], targets[d][mask], w, b))
+    return {d: {s: float(np.concatenate(ce[d, s]).mean()) for s in ("zero", "carried")} for d in ("fwd", "bwd")}
+
+
 def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) -> dict:
     """The sampled loss of one real training step (``train.train_step`` on the checkpoint's state,
     one device, dropout off so that the outputs are reproducible) against an independent numpy

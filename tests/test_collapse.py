@@ -33,10 +33,9 @@ def test_with_resets_a_zero_start_scores_like_a_carried_state(tmp_path, prob=0.1
     assert cli.main(["train", "--run-dir", run, "--steps", str(STEPS), "--save-every", str(STEPS),
                      "--log-every", "50", "--devices", "1", "--no-progress",
                      "--reset-state-prob", str(prob)]) == 0
-    options, vocab, chunks = collapse.positions(run, str(HELDOUT), 64)
-    result = collapse.diagnose(run, STEPS, options, vocab, chunks)
+    options, _, chunks = collapse.positions(run, str(HELDOUT), 64)
+    ce = collapse.start_gap(run, STEPS, options, chunks)
     for d in ("fwd", "bwd"):
-        zero, carried = result[d]["full_mean"], result[d]["full_warm_mean"]
-        assert abs(zero - carried) < MAX_GAP, (d, zero, carried)
+        assert abs(ce[d]["zero"] - ce[d]["carried"]) < MAX_GAP, (d, ce)
     # Neither direction is off on its own (the blow-up hit one direction at a time).
-    assert abs(result["fwd"]["full_mean"] - result["bwd"]["full_mean"]) < 0.3, result
+    assert abs(ce["fwd"]["zero"] - ce["bwd"]["zero"]) < 0.3, ce
