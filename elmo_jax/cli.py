@@ -16,8 +16,8 @@ from elmo_jax.chars import VocabError, utf8_lines
 from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import ConfigError
 from elmo_jax.data import DataError
-from elmo_jax.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.pretrained import PretrainedError
+from elmo_jax.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.weights import WeightsError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
@@ -76,10 +76,9 @@ def bundled_sample() -> tuple[str, str]:
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
+    from elmo_jax.chars import Vocabulary
     from elmo_jax.data import open_source
     from elmo_jax.vocab import build_vocab, count_tokens, write_vocab
-
-    from elmo_jax.chars import Vocabulary
 
     files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
