@@ -47,4 +47,11 @@ pinned $WEB 930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1 ||
 check $WEB 930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1
 rm -rf ../data/raw/web && mkdir -p ../data/raw/web
 dpkg -x $WEB ../data/raw/web
-echo "fetched into experiments/cache/; next: python experiments/prep_corpus.py"
+# Python's documentation (reST sources), the new domain of continued pretraining (prep_domain.py).
+PYDOC=python3.11-doc_3.11.2-6+deb12u8_all.deb
+pinned $PYDOC 50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b ||
+  apt-get download python3.11-doc=3.11.2-6+deb12u8 2>/dev/null
+check $PYDOC 50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b
+rm -rf ../data/raw/pydoc && mkdir -p ../data/raw/pydoc
+dpkg -x $PYDOC ../data/raw/pydoc
+echo "fetched into experiments/cache/; next: python experiments/prep_corpus.py (and prep_domain.py)"
