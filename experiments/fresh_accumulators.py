@@ -10,7 +10,9 @@ given steps:
 
 - ``run``: from the run dir itself, the real accumulators (what a TF checkpoint also gives);
 - ``hdf5@LR``: from its hdf5 export (weights, softmax, vocabulary), accumulators 1.0, learning
-  rate LR.
+  rate LR;
+- ``tf@LR``: from the same run written as a bilm-tf TF checkpoint (``--tf-checkpoint``, made by
+  ``run_to_tf_checkpoint.py``): the real accumulators again, read without TensorFlow.
 
     python experiments/fresh_accumulators.py --run-dir runs/reset01 \\
         --train-files 'experiments/data/lm/train/*.txt' --heldout experiments/data/lm/heldout.txt \\
@@ -59,6 +61,7 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=500, help="held-out sentences scored")
     p.add_argument("--at", type=int, nargs="+", default=[0, 20, 50, 100], help="steps to score at")
     p.add_argument("--variants", nargs="+", default=["run", "hdf5@0.2", "hdf5@0.05"])
+    p.add_argument("--tf-checkpoint", help="the run as a TF checkpoint directory, for the tf variants")
     p.add_argument("--work-dir", help="where the continued runs go (default: a temporary directory)")
     p.add_argument("--out", help="also append one JSON line per (variant, step) here")
     args = p.parse_args()
@@ -73,7 +76,7 @@ def main() -> None:
         kind, _, lr = variant.partition("@")
         lr = float(lr) if lr else options.train.learning_rate
         run_options = dataclasses.replace(options, train=dataclasses.replace(options.train, learning_rate=lr))
-        warm = read_warmstart(args.run_dir if kind == "run" else export_dir)
+        warm = read_warmstart({"run": args.run_dir, "hdf5": export_dir, "tf": args.tf_checkpoint}[kind])
         state = finetune_state(warm, run_options, vocab)
         run_dir = os.path.join(work, variant.replace("@", "_"))
         for step in sorted(args.at):
