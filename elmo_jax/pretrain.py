@@ -324,7 +324,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
              on_metrics: Callable[[dict], None] | None = None, fixed_candidates: bool = False) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
-    ``init_state``: a shared state, softmax in id order (``export.finetune_state``), to start
+    ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
     from instead of a fresh init (fine-tuning).
     """
     t, model = options.train, options.model
