@@ -10,7 +10,7 @@ stored notebook is exactly what a Colab user runs.
 
 The kernel is this interpreter (a "python3" kernelspec first on ``JUPYTER_PATH``, as in
 test_notebook.py) and inherits this process's environment, conftest's settings included (two CPU
-devices, no persistent compile cache). The fixture's numbers are meaningless, so the test checks that
+devices, the session's compile cache). The fixture's numbers are meaningless, so the test checks that
 every cell ran and printed its results, not what they are.
 """
 
