@@ -18,16 +18,17 @@ import pytest
 NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "colab_quickstart.ipynb"
 
 
-def _read():
+def read_notebook(path: pathlib.Path = NOTEBOOK):
     import nbformat
 
-    return nbformat.read(NOTEBOOK, as_version=4)
+    return nbformat.read(path, as_version=4)
 
 
-def test_notebook_is_stored_without_outputs():
+def stored_code_cells(path: pathlib.Path) -> list:
+    """The notebook's code cells, after checking it is valid, runs in "python3" and stores no outputs."""
     import nbformat
 
-    nb = _read()
+    nb = read_notebook(path)
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "python3"
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -35,6 +36,11 @@ def test_notebook_is_stored_without_outputs():
     for i, cell in enumerate(code):
         assert cell.get("outputs", []) == [], f"code cell {i} has stored outputs: clear them before committing"
         assert cell.get("execution_count") is None, f"code cell {i} has an execution count"
+    return code
+
+
+def test_notebook_is_stored_without_outputs():
+    stored_code_cells(NOTEBOOK)
 
 
 def _this_interpreter_kernelspec(root: pathlib.Path) -> pathlib.Path:
@@ -73,7 +79,7 @@ def test_notebook_runs(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
 
-    nb = _read()
+    nb = read_notebook()
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}})
     try:
         client.execute()

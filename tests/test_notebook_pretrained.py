@@ -24,7 +24,7 @@ import pytest
 
 from elmo_jax import pretrained
 from model_server import serve_fixture
-from test_notebook import _text, _this_interpreter_kernelspec
+from test_notebook import _text, _this_interpreter_kernelspec, read_notebook, stored_code_cells
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "colab_pretrained.ipynb"
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -39,23 +39,8 @@ pretrained.MODELS["original"] = fixture_model("original")  # the registry entry,
 """
 
 
-def _read():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_notebook_is_stored_without_outputs():
-    import nbformat
-
-    nb = _read()
-    nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code, "no code cells"
-    for i, cell in enumerate(code):
-        assert cell.get("outputs", []) == [], f"code cell {i} has stored outputs: clear them before committing"
-        assert cell.get("execution_count") is None, f"code cell {i} has an execution count"
+    code = stored_code_cells(NOTEBOOK)
     source = "\n".join(c.source for c in code)
     # What a Colab user runs: the released model, no test machinery.
     assert 'MODEL = "original"' in source and "Embedder.from_pretrained(MODEL)" in source
@@ -80,7 +65,7 @@ def test_notebook_runs_against_a_local_mirror(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
 
-    nb = _read()
+    nb = read_notebook(NOTEBOOK)
     n_stored = len(nb.cells)
     nb.cells.insert(0, nbformat.v4.new_code_cell(SETUP_CELL))
     with serve_fixture(tmp_path, "original") as server:

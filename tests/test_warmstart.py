@@ -14,34 +14,22 @@ from elmo_jax import cli
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError
 from elmo_jax.config import Options
-from elmo_jax.data import TextFiles
 from elmo_jax.export import export_names, export_run, load_run, read_run
-from elmo_jax.pretrain import RunSettings, options_for_vocab, pretrain
 from elmo_jax.vocab import build_vocab
 from elmo_jax.warmstart import NO_ACCUMULATORS_LEARNING_RATE, finetune_state, read_warmstart
 from elmo_jax.weights import WeightsError
 
 from helpers import FIXTURES
-from test_pretrain import TRAIN, bilm_tf_options
+from test_pretrain import TRAIN, trained_run  # noqa: F401  (a fixture: test_pretrain's short run)
 
 TRAIN_WORDS = Vocabulary.load(TRAIN / "vocab.txt").words[3:]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run") / "r"
-    vocab = Vocabulary.load(TRAIN / "vocab.txt")
-    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
-    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-             RunSettings(run_dir=str(run_dir), steps=2, save_every=2, progress=False, devices=1, async_save=False))
-    return run_dir, options, vocab
-
-
-@pytest.fixture(scope="module")
-def released(run, tmp_path_factory):
+def released(trained_run, tmp_path_factory):
     """The run exported under AllenNLP's released file names."""
     out = tmp_path_factory.mktemp("released")
-    export_run(str(run[0]), str(out), layout="released")
+    export_run(str(trained_run[0]), str(out), layout="released")
     return out
 
 
@@ -50,8 +38,8 @@ def _same(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_released_names_round_trip(run, released):
-    run_dir, options, vocab = run
+def test_released_names_round_trip(trained_run, released):
+    run_dir, options, vocab = trained_run
     assert sorted(os.listdir(released)) == sorted(export_names(options.model, "released"))
     warm = read_warmstart(str(released))
     _, _, params, _ = load_run(str(run_dir))
@@ -60,8 +48,8 @@ def test_released_names_round_trip(run, released):
     _same(warm.softmax, params["softmax"])
 
 
-def test_every_source_gives_the_same_weights_and_only_a_run_its_accumulators(run, released, tmp_path):
-    run_dir, options, vocab = run
+def test_every_source_gives_the_same_weights_and_only_a_run_its_accumulators(trained_run, released, tmp_path):
+    run_dir, options, vocab = trained_run
     plain = tmp_path / "plain"
     export_run(str(run_dir), str(plain))
     from_run, from_plain, from_released = (finetune_state(str(s), options, vocab) for s in (run_dir, plain, released))
@@ -81,9 +69,9 @@ def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
 
 
-def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, released, tmp_path, capsys):
+def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run, released, tmp_path, capsys):
     """No --config, no --vocab: the source's biLM, its words plus the new text's, sorted by new counts."""
-    _, options, vocab = run
+    _, options, vocab = trained_run
     text = tmp_path / "new.txt"
     text.write_text("the zebra said hello .\nhello zebra .\n" * 5)
     out = tmp_path / "ft"
@@ -104,12 +92,12 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(run, releas
     assert load_run(str(out))[3] == 1
 
 
-def test_released_model_by_name(run, released, tmp_path, monkeypatch):
+def test_released_model_by_name(trained_run, released, tmp_path, monkeypatch):
     """A registry name fetches the files (here: a local mirror directory standing in for AllenNLP's)."""
     from elmo_jax import pretrained
     from model_server import fixture_model
 
-    run_dir, options, vocab = run
+    run_dir, options, vocab = trained_run
     entry = fixture_model("pubmed")
     names = export_names(options.model, "released")
     files = {role: (pretrained.RemoteFile(f"m/{name}", (released / name).stat().st_size),)
@@ -129,8 +117,8 @@ def _copy(src, dst):
     return dst
 
 
-def test_bad_sources_give_one_line(run, released, tmp_path, capsys):
-    run_dir, options, vocab = run
+def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
+    run_dir, options, vocab = trained_run
     names = export_names(options.model, "released")
     # A softmax whose rows disagree with its vocabulary.
     d = _copy(released, tmp_path / "rows")
