@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.layout import Layout, for_backend
 
 Precision = jax.lax.Precision | str | None
 
@@ -81,21 +82,19 @@ def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, confi
 
 
 def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-           h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+           h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None, layout: Layout
            ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
     ``resets [2, B, T]``: the state is zeroed before those steps.
 
-    The two layouts compute the same function; which one runs is decided when tracing, from the
-    default backend.
+    The two layouts compute the same function (``elmo_jax.layout`` picks one per backend).
     """
-    if jax.default_backend() == "cpu":
-        return _layer_columns(params, config, xs, mask, c0, h0, precision, dtype, resets)
-    return _layer_rows(params, config, xs, mask, c0, h0, precision, dtype, resets)
+    f = _layer_columns if layout.lstm == "columns" else _layer_rows
+    return f(params, config, xs, mask, c0, h0, precision, dtype, resets, layout.unroll)
 
 
 def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+                h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis)."""
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
@@ -115,12 +114,12 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
         return _cell(z, c, h, m, project, config, -1)
 
     per_step = (gx, mask.T[:, :, None]) + (() if resets is None else (resets.transpose(2, 0, 1)[..., None],))
-    (c, h), ys = jax.lax.scan(step, (c0, h0), per_step)
+    (c, h), ys = jax.lax.scan(step, (c0, h0), per_step, unroll=unroll)
     return ys.transpose(1, 2, 0, 3), c, h
 
 
 def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                   h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None
+                   h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with the batch as the minor axis: state ``[2, D, B]``, weights transposed (CPU).
 
@@ -147,13 +146,14 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
 
     per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
         () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],))
-    (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)), per_step)
+    (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)), per_step, unroll=unroll)
     return ys.transpose(1, 3, 0, 2), c.transpose(0, 2, 1), h.transpose(0, 2, 1)
 
 
 def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None,
         precision: Precision = "highest", dtype=jnp.float32, dropout_rate: float = 0.0,
-        dropout_keys: jax.Array | None = None, resets: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        dropout_keys: jax.Array | None = None, resets: jax.Array | None = None, layout: Layout | None = None
+        ) -> tuple[jax.Array, dict]:
     """Both directions' layer stacks, each over its own input in its own time order.
 
     Args:
@@ -169,18 +169,21 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
       resets: ``[2, batch, time]`` bool or None: every layer's state is zeroed just before those
         steps (training: some sentence starts begin from zero state, as evaluation and
         extraction do; see ``TrainConfig.reset_state_prob``).
+      layout: ``elmo_jax.layout.Layout`` (default: the backend's, read when tracing).
 
     Returns:
       ``[n_layers, 2, batch, time, P]`` outputs and the final state.
     """
     l = config.lstm
+    layout = layout or for_backend()
     if state is None:
         state = zero_state(config, xs.shape[1])
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
-        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype, resets)
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype, resets,
+                           layout)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding
         outputs.append(ys)
@@ -191,8 +194,8 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
 
 
 def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
-          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32
-          ) -> tuple[jax.Array, dict]:
+          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32,
+          layout: Layout | None = None) -> tuple[jax.Array, dict]:
     """The biLSTM over sentences (inference).
 
     Args:
@@ -206,7 +209,7 @@ def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Ar
     """
     mask = jnp.arange(x.shape[1])[None, :] < lengths[:, None]
     xs = jnp.stack([x, reverse_within_length(x, lengths)])
-    out, new_state = run(params, config, xs, mask, state, precision, dtype)
+    out, new_state = run(params, config, xs, mask, state, precision, dtype, layout=layout)
     bwd = jax.vmap(reverse_within_length, in_axes=(0, None))(out[:, 1], lengths)
     return jnp.concatenate([out[:, 0], bwd], axis=-1), new_state
 

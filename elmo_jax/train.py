@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import bilm, char_cnn, lstm
 from elmo_jax.config import ModelConfig, TrainConfig
+from elmo_jax.layout import Layout, for_backend
 from elmo_jax.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
 from elmo_jax.softmax import sample_log_uniform_unique, sampled_softmax_loss
 
@@ -105,9 +106,11 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
     )
 
 
-def token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype) -> jax.Array:
+def token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype,
+                  layout: Layout | None = None) -> jax.Array:
     """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
-    words = char_cnn.apply(params["char_cnn"], model, batch["chars"], precision, dtype)
+    chunk = None if layout is None else layout.cnn_chunk
+    words = char_cnn.apply(params["char_cnn"], model, batch["chars"], precision, dtype, chunk)
     return words[batch["inputs"]]
 
 
@@ -118,8 +121,8 @@ def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
 
 
 def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: TrainConfig,
-               precision="highest", dtype=jnp.float32, axis_name: str | None = AXIS
-               ) -> tuple[TrainState, dict]:
+               precision="highest", dtype=jnp.float32, axis_name: str | None = AXIS,
+               layout: Layout | None = None) -> tuple[TrainState, dict]:
     """One optimisation step on this device's rows and softmax shard.
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
@@ -128,15 +131,18 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
     (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
-    ``axis_name`` None it runs on one device alone, outside any mesh.
+    ``axis_name`` None it runs on one device alone, outside any mesh. ``layout``: see
+    ``elmo_jax.layout`` (default: the backend's).
     """
+    layout = layout or for_backend()
     v, p = train.n_tokens_vocab, model.lstm.projection_dim
     targets, cands = batch["targets"], batch["candidates"]
     n_pos = targets.shape[1] * targets.shape[2]
     flat_targets = targets.reshape(2, n_pos)
     row_keys = _row_keys(state, batch["rows"])
     sm = state.params["softmax"]
-    rows, received = fetch_rows(sm, batch["fetch"], axis_name)
+    with jax.named_scope("softmax_rows"):
+        rows, received = fetch_rows(sm, batch["fetch"], axis_name)
     cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
 
     resets = None
@@ -146,21 +152,25 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
                                                      (2, targets.shape[2])))(row_keys)  # [B, 2, T]
         resets = batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
 
+    # The named scopes label the parts of the step in a profile (experiments/bench_variants.py).
     def loss_fn(bilm_params, rows_w, rows_b):
-        x = token_vectors(bilm_params, model, batch, precision, dtype)
+        with jax.named_scope("char_cnn"):
+            x = token_vectors(bilm_params, model, batch, precision, dtype, layout)
         mask = jnp.ones(targets.shape[1:], bool)
         # Gradients stop at the window edge: the carried state is an input, not a graph.
         carried = jax.lax.stop_gradient(state.lstm)
-        outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
-                                  train.dropout, row_keys, resets)
+        with jax.named_scope("lstm"):
+            outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
+                                      train.dropout, row_keys, resets, layout)
         top = outs[-1]
         if train.dropout > 0:
             top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
-        per_dir = [
-            sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
-                                 rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
-                                 batch["num_tries"][d], v, precision).mean()
-            for d in range(2)]
+        with jax.named_scope("softmax"):
+            per_dir = [
+                sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
+                                     rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
+                                     batch["num_tries"][d], v, precision).mean()
+                for d in range(2)]
         loss = 0.5 * (per_dir[0] + per_dir[1])
         # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
         # that scale changes the effective step size, so it is kept.
@@ -174,7 +184,8 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     (g_bilm, g_w, g_b), (per_dir, new_lstm) = jax.grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
         bilm_params, rows["w"], rows["b"])
     rows_per_device = sm["b"].shape[0]
-    ids, g_rows = return_grads({"w": g_w, "b": g_b}, received, rows_per_device, axis_name)
+    with jax.named_scope("softmax_rows"):
+        ids, g_rows = return_grads({"w": g_w, "b": g_b}, received, rows_per_device, axis_name)
     if axis_name is not None:
         # The loss is a mean over this device's rows: the global loss is the mean over devices.
         n_dev = jax.lax.axis_size(axis_name)
@@ -190,12 +201,14 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
     g_bilm = jax.tree_util.tree_map(lambda g: g * scale, g_bilm)
 
-    updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
-    new_bilm = optax.apply_updates(state.params["bilm"], updates)
-    sparse = SparseAdagrad(train.learning_rate)
-    new_sm, new_acc = {}, {}
-    for name in ("w", "b"):
-        new_sm[name], new_acc[name] = sparse.apply(sm[name], state.opt["softmax"][name], ids, g_rows[name] * scale)
+    with jax.named_scope("optimizer"):
+        updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
+        new_bilm = optax.apply_updates(state.params["bilm"], updates)
+        sparse = SparseAdagrad(train.learning_rate)
+        new_sm, new_acc = {}, {}
+        for name in ("w", "b"):
+            new_sm[name], new_acc[name] = sparse.apply(sm[name], state.opt["softmax"][name], ids,
+                                                       g_rows[name] * scale)
 
     loss_sums = per_dir * n_pos
     count = jnp.asarray(n_pos, jnp.float32)
@@ -214,7 +227,8 @@ BATCH_KEYS = ("chars", "inputs", "targets", "rows", "starts", "candidates", "num
 
 
 @functools.lru_cache(maxsize=8)
-def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precision="highest", dtype=jnp.float32):
+def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precision="highest", dtype=jnp.float32,
+                    layout: Layout | None = None):
     """``train_step`` under ``shard_map`` over ``mesh`` inside ``jit``; the state is donated
     (updated in place: the softmax and its accumulators are never copied).
 
@@ -223,7 +237,7 @@ def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precisio
     the same model, recipe and mesh share the compiled programs."""
     def per_device(state, batch):
         return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
-                          precision=precision, dtype=dtype, axis_name=AXIS)
+                          precision=precision, dtype=dtype, axis_name=AXIS, layout=layout)
 
     specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
     step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),

@@ -11,9 +11,9 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 20) -> float:
-    """The measured float32 matmul rate of the default device, GFLOP/s (best of ``repeats``)."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+def matmul_gflops(n: int = 2048, repeats: int = 20, dtype=jnp.float32) -> float:
+    """The measured ``dtype`` matmul rate of the default device, GFLOP/s (best of ``repeats``)."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     f = jax.jit(lambda a: a @ a)
     f(a).block_until_ready()
     best = min(_time(lambda: f(a).block_until_ready()) for _ in range(repeats))

@@ -162,6 +162,61 @@ def compile_only(args) -> None:
                       "temp_bytes": getattr(mem, "temp_size_in_bytes", None)}))
 
 
+def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, mesh: Mesh) -> tuple[list, int, int]:
+    """``args.steps + 2`` global batches from the corpus at ``path``, all with one distinct-word
+    width and one fetch capacity (so no timed step recompiles); and that width and capacity."""
+    n = mesh.size
+    batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20,
+                        max_chars=model.char_cnn.max_characters_per_token, n_devices=n)
+    feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False)
+    host = [feed.next(i) for i in range(args.steps + 2)]
+    width, capacity = max(b["chars"].shape[1] for b in host), feed.capacity
+    batches = []
+    for b in host:
+        local = {k: np.asarray(x) for k, x in jax.device_get(b).items()}
+        local["chars"] = np.pad(local["chars"], ((0, 0), (0, width - local["chars"].shape[1]), (0, 0)))
+        plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(tc.n_tokens_vocab), n, capacity)
+        local.update(plan)
+        batches.append({k: jax.device_put(x, NamedSharding(mesh, P(train.AXIS))) for k, x in local.items()})
+    return batches, width, capacity
+
+
+def time_step(model, tc: TrainConfig, mesh: Mesh, batches: list, precision="highest", dtype=jnp.float32,
+              layout=None, trace_dir: str | None = None):
+    """Median seconds of one train step over ``batches[1:]`` (``batches[0]`` warms up), and the
+    compiled step. With ``trace_dir``, the timed steps also run under ``jax.profiler.trace``."""
+    n = mesh.size
+    step = train.make_train_step(model, tc, mesh, precision, dtype, layout)
+    shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(
+        jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
+    state = jax.jit(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
+                    out_shardings=shardings)()
+    compiled = step.lower(state, batches[0]).compile()
+    state, m = step(state, batches[0])
+    jax.block_until_ready(m)
+    times = []
+    if trace_dir:
+        jax.profiler.start_trace(trace_dir)
+    for b in batches[1:]:
+        t = time.perf_counter()
+        state, m = step(state, b)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - t)
+    if trace_dir:
+        jax.profiler.stop_trace()
+    del state
+    return float(np.median(times)), compiled
+
+
+def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:
+    """FLOPs executed by one step on ``n`` devices: 3 x forward (the char CNN over ``width``
+    distinct words, the biLSTM, the sampled softmax)."""
+    p = model.lstm.projection_dim
+    fwd = n * (width * encoder_flops(model) + tc.batch_size * 20 * lstm_flops(model)
+               + 2 * tc.batch_size * 20 * 2 * p * (tc.n_negative_samples_batch + 1))
+    return 3 * fwd
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
@@ -208,46 +263,16 @@ def main() -> None:
         print(f"device: {jax.devices()[0].device_kind} x {n}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
         for v in args.vocabs:
             model, tc = model_and_config(args, v)
-            batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=args.batch, unroll_steps=20,
-                                max_chars=model.char_cnn.max_characters_per_token, n_devices=n)
-            feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False)
-            host = [feed.next(i) for i in range(args.steps + 2)]
-            # One distinct-word width and one fetch capacity for all timed steps: no step recompiles.
-            width, capacity = max(b["chars"].shape[1] for b in host), feed.capacity
-            batches = []
-            for i, b in enumerate(host):
-                local = {k: np.asarray(x) for k, x in jax.device_get(b).items()}
-                local["chars"] = np.pad(local["chars"], ((0, 0), (0, width - local["chars"].shape[1]), (0, 0)))
-                plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(v), n, capacity)
-                local.update(plan)
-                batches.append({k: jax.device_put(x, NamedSharding(mesh, P(train.AXIS))) for k, x in local.items()})
-            step = train.make_train_step(model, tc, mesh)
-            shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(
-                jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
-            state = jax.jit(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
-                            out_shardings=shardings)()
-            compiled = step.lower(state, batches[0]).compile()
+            batches, width, capacity = device_batches(args, model, tc, vocab, path, mesh)
+            sec, compiled = time_step(model, tc, mesh, batches)
             mem = compiled.memory_analysis()
-            state, m = step(state, batches[0])
-            jax.block_until_ready(m)
-            times = []
-            for b in batches[1:]:
-                t = time.perf_counter()
-                state, m = step(state, b)
-                jax.block_until_ready(m)
-                times.append(time.perf_counter() - t)
-            sec = float(np.median(times))
             tokens = args.batch * 20 * n
-            p = model.lstm.projection_dim
-            fwd = n * (width * encoder_flops(model) + args.batch * 20 * lstm_flops(model)
-                       + 2 * args.batch * 20 * 2 * p * (args.negatives + 1))
-            gflops = 3 * fwd / sec / 1e9
+            gflops = train_flops(model, tc, width, n) / sec / 1e9
             temp = f", compiled temp {mem.temp_size_in_bytes / 2**20:.0f} MiB" if mem is not None else ""
-            print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {len(times)})  {tokens / sec:7.0f} tokens/s  "
+            print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {args.steps})  {tokens / sec:7.0f} tokens/s  "
                   f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
                   f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}")
             report_comm("   ", compiled.as_text(), n, model, tc)
-            del state
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""How the model's arrays are laid out and blocked per backend: a speed choice, never a result.
+
+Every layout computes the same function (tests compare them). The table below is measured:
+``experiments/bench_bilm.py`` (CPU) and ``experiments/bench_variants.py`` (GPU) print the figures
+behind each entry, and experiments/README.md records them.
+
+| backend | lstm      | unroll | cnn_chunk | why |
+|---------|-----------|--------|-----------|-----|
+| cpu     | "columns" | 1      | 32        | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache |
+| gpu     | "rows"    | 1      | 32        | batch-major (not yet measured against the alternatives) |
+| tpu     | "rows"    | 1      | 32        | as the GPU: a batch on the minor (lane) axis would waste most of a vector register |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """``lstm``: "columns" (state ``[2, D, B]``, batch minor) or "rows" (``[2, B, D]``).
+    ``unroll``: scan steps per loop iteration (1: none). ``cnn_chunk``: tokens per char-CNN block
+    (0: all tokens in one block)."""
+
+    lstm: str = "rows"
+    unroll: int = 1
+    cnn_chunk: int = 0
+
+    def __post_init__(self):
+        if self.lstm not in ("rows", "columns"):
+            raise ValueError(f"Layout.lstm must be 'rows' or 'columns', got {self.lstm!r}")
+        if self.unroll < 1 or self.cnn_chunk < 0:
+            raise ValueError(f"Layout needs unroll >= 1 and cnn_chunk >= 0, got {self}")
+
+
+BY_BACKEND = {
+    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32),
+    "gpu": Layout(lstm="rows", unroll=1, cnn_chunk=32),
+    "tpu": Layout(lstm="rows", unroll=1, cnn_chunk=32),
+}
+
+
+def for_backend(backend: str | None = None) -> Layout:
+    """The table's layout for ``backend`` (default: JAX's default backend, read when tracing)."""
+    backend = backend or jax.default_backend()
+    return BY_BACKEND.get(backend, BY_BACKEND["gpu"])
