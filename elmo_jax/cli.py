@@ -218,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                                 warm.model if warm is not None else None, learning_rate)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
-                           log_every=args.log_every, dtype=args.dtype, progress=not args.no_progress,
+                           log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
                            devices=args.devices)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     init_state = None
@@ -291,7 +291,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise DataError(f"{args.output}: the directory {out_dir} does not exist")
-    kw = dict(batch_tokens=args.batch_tokens, dtype=args.dtype)
+    kw = dict(batch_tokens=args.batch_tokens, precision=_policy(args, "float32"))
     if args.model:
         embedder = Embedder.from_pretrained(args.model, **kw)
     elif args.run_dir:
@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     tr.add_argument("--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)")
     tr.add_argument("--log-every", type=int, default=10)
-    tr.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="matmul compute dtype")
+    _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument("--no-progress", action="store_true")
     tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
@@ -527,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--shard-index", type=int, metavar="I", help="this process's shard, 0..N-1 (with --num-shards)")
     em.add_argument("--batch-tokens", type=int, default=4096, help="token budget of one batch")
     em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
-    em.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
     em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
     em.add_argument("--no-progress", action="store_true")
     em.set_defaults(func=cmd_embed)
@@ -551,6 +551,33 @@ def build_parser() -> argparse.ArgumentParser:
     # No XLA compile cache: setting it up would import jax, which listing models never needs.
     mo.set_defaults(func=cmd_models, compile_cache="none")
     return p
+
+
+def _add_precision(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--precision", choices=["float32", "tf32", "bfloat16"],
+                        help=f"matmul precision (elmo_jax.policy; tf32: GPUs only); {default}")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], help=argparse.SUPPRESS)  # deprecated
+
+
+def _policy(args, default: str | None) -> str | None:
+    """The --precision policy (``default`` when not given; None: the library's own default),
+    checked against this backend; --dtype, its deprecated predecessor, still works."""
+    from elmo_jax import policy
+
+    name = args.precision
+    if args.dtype is not None:
+        if name is not None and name != args.dtype:
+            raise ConfigError(f"--dtype {args.dtype} and --precision {name} disagree; --dtype is deprecated: "
+                              f"give --precision alone")
+        print(f"elmo-jax {args.command}: --dtype is deprecated; use --precision {args.dtype}", file=sys.stderr)
+        name = args.dtype
+    name = name or default
+    if name is not None:
+        try:
+            policy.check(name)
+        except ValueError as e:
+            raise ConfigError(f"--precision: {e}") from None
+    return name
 
 
 # The commands that run JAX programs: a GPU or TPU left unused is worth a warning for these.

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import char_cnn
+from elmo_jax import char_cnn, policy
 from elmo_jax.bilm import bilm_from_tokens, marker_vectors
 from elmo_jax.chars import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.config import ModelConfig
@@ -206,21 +206,24 @@ class Embedder:
 
     Args:
       batch_tokens: the token budget of one batch (rows x padded length).
-      dtype: ``"float32"`` or ``"bfloat16"`` matmuls (outputs are float32 either way).
+      precision: ``"float32"`` (default: bilm-tf's numbers), ``"tf32"`` (GPUs) or ``"bfloat16"``
+        matmuls; outputs are float32 either way (``elmo_jax.policy``). ``dtype=`` is its
+        deprecated predecessor.
       token_cache: words whose token vectors are computed once, up front (e.g. a vocabulary).
       dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
       devices: how many local devices to spread blocks and batches over (default: all).
       stateful: bilm-tf's stateful mode (see module doc).
     """
 
-    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int = 4096, dtype: str = "float32",
-                 precision: Precision = "highest", token_cache: Sequence[str] | None = None, dedup: bool = True,
-                 devices: int | None = None, stateful: bool = False):
+    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int = 4096, precision: str = "float32",
+                 token_cache: Sequence[str] | None = None, dedup: bool = True, devices: int | None = None,
+                 stateful: bool = False, dtype: str | None = None):
         self.config = config
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
         self.batch_tokens = max(1, int(batch_tokens))
-        self.dtype = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+        self.policy = policy.from_legacy(precision, dtype, default="float32", what="Embedder")
+        precision, self.dtype = policy.matmul_args(self.policy)
         self.precision = precision
         self.dedup = dedup
         self.stateful = stateful

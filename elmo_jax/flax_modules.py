@@ -115,6 +115,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from elmo_jax import bilm as _bilm
+from elmo_jax import policy
 from elmo_jax.config import ModelConfig
 
 CONVENTIONS = ("allennlp", "bilm_tf")
@@ -254,9 +255,11 @@ def _layers_from_inputs(module, weights, char_ids, layers, mask):
     if char_ids is not None:
         if weights is None:
             raise ValueError(f"{type(module).__name__} was built without bilm_params: pass precomputed layers and mask")
+        precision, dtype = policy.matmul_args(policy.from_legacy(
+            module.precision, module.dtype, default="float32", what=type(module).__name__))
         layers, mask, _ = _bilm.bilm_apply(weights, module.config, jnp.asarray(char_ids), None,
                                            keep_sentence_markers=module.convention == "allennlp",
-                                           precision=module.precision, dtype=module.dtype)
+                                           precision=precision, dtype=dtype)
     n_layers = module.config.n_output_layers
     if layers.shape[0] != n_layers:
         raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
@@ -274,7 +277,8 @@ class Elmo(nn.Module):
       trainable_bilm: False: the biLM weights are the variable ``"bilm"`` of the ``"frozen_bilm"``
         collection, read through ``stop_gradient``. True: they are ``params["bilm"]``.
       convention: ``"allennlp"`` or ``"bilm_tf"`` (module docstring).
-      precision, dtype: passed to ``bilm_apply``.
+      precision: ``"float32"`` (default), ``"tf32"`` or ``"bfloat16"`` matmuls in the biLM
+        (``elmo_jax.policy``); ``dtype`` is deprecated (``precision="bfloat16"`` replaces it).
 
     The module holds no arrays (it is hashable, so ``nn.jit`` works): the biLM weights are
     variables. ``init`` draws a random biLM; ``with_bilm(variables, bilm_params)`` puts the
@@ -293,8 +297,8 @@ class Elmo(nn.Module):
     do_layer_norm: bool = False
     trainable_bilm: bool = False
     convention: str = "allennlp"
-    precision: Any = "highest"
-    dtype: Any = jnp.float32
+    precision: str = "float32"
+    dtype: Any = None
 
     @classmethod
     def from_hdf5(cls, options, weights, **kwargs) -> tuple["Elmo", dict]:
@@ -414,7 +418,7 @@ class ElmoNNX(nnx.Module):
 
     def __init__(self, config: ModelConfig, bilm_params: Any = None, *, num_output_representations: int = 1,
                  dropout: float = 0.5, do_layer_norm: bool = False, trainable_bilm: bool = False,
-                 convention: str = "allennlp", precision: Any = "highest", dtype: Any = jnp.float32,
+                 convention: str = "allennlp", precision: str = "float32", dtype: Any = None,
                  rngs: nnx.Rngs):
         _check_convention(convention)
         self.config = config

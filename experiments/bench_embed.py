@@ -7,14 +7,17 @@ bilm-tf fixture (lm_embeddings_sentences.json). Real tokens are counted once. We
 (speed does not depend on them). For each shape: float32 and bfloat16, with and without a token
 cache holding the words of the input, and the process's peak memory so far.
 
-A third input is a whole job: the 2,074 sentences of the bundled sample's ``heldout.txt`` through
-a fresh ``Embedder`` (float32), first cold (every compile included, as a user's first call) and
-then again warm.
+A third input is a whole job: the 2,074 sentences of the bundled sample's ``heldout.txt`` (or
+``--job-file``, e.g. the experiments' held-out text, 119k tokens) through a fresh ``Embedder`` per
+precision (``--job-precisions``, default float32), first cold (every compile included, as a
+user's first call) and then again warm. ``--job-only`` runs only that; it also runs the previous
+commit's tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -39,21 +42,32 @@ def natural_sentences() -> list[list[str]]:
         return [s.split() for group in json.load(f) for s in group]
 
 
-def sample_sentences() -> list[list[str]]:
-    with open(os.path.join(ROOT, "elmo_jax/data/sample/heldout.txt"), encoding="utf-8") as f:
+def sample_sentences(path: str | None = None) -> list[list[str]]:
+    with open(path or os.path.join(ROOT, "elmo_jax/data/sample/heldout.txt"), encoding="utf-8") as f:
         return [line.split() for line in f if line.strip()]
 
 
-def bench_job(name: str, params, config) -> None:
-    sents = sample_sentences()
+def make_embedder(config, params, precision: str, **kw) -> Embedder:
+    # A tree from before elmo_jax.policy named the policy dtype= ("float32"/"bfloat16").
+    if importlib.util.find_spec("elmo_jax.policy") is None:
+        return Embedder(config, params, dtype=precision, **kw)
+    return Embedder(config, params, precision=precision, **kw)
+
+
+def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float) -> None:
+    sents = sample_sentences(path)
     n = sum(len(s) for s in sents)
-    embedder = Embedder(config, params, devices=1)
-    for label in ("cold", "warm"):
-        t = time.perf_counter()
-        embedder.embed(sents)
-        sec = time.perf_counter() - t
-        print(f"{name:8s} float32  {len(sents):,} sample sentences ({n:,} tokens), {label}: {n / sec:8.0f} tokens/s "
-              f"({sec:.1f} s)")
+    distinct = len({w for s in sents for w in s})
+    flops = distinct * encoder_flops(config) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
+    what = f"{len(sents):,} sentences of {os.path.basename(path) if path else 'the sample'} ({n:,} tokens)"
+    for precision in precisions:
+        embedder = make_embedder(config, params, precision, devices=1)
+        for label in ("cold", "warm"):
+            t = time.perf_counter()
+            embedder.embed(sents)
+            sec = time.perf_counter() - t
+            print(f"{name:8s} {precision:8s} {what}, {label}: {n / sec:8.0f} tokens/s ({sec:.1f} s; "
+                  f"{100 * flops / sec / 1e9 / peak:.0f}% of the float32 matmul, useful FLOPs only)", flush=True)
 
 
 def main() -> None:
@@ -61,6 +75,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["small", "original"])
     ap.add_argument("--repeats", type=int, default=10, help="best of this many timed calls per input")
     ap.add_argument("--job-only", action="store_true", help="only the whole-job measurement")
+    ap.add_argument("--job-file", help="text, one tokenized sentence per line (default: the bundled sample's)")
+    ap.add_argument("--job-precisions", nargs="+", default=["float32"])
     args = ap.parse_args()
     peak = matmul_gflops()
     print(f"device: {jax.devices()[0].device_kind} x1; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
@@ -68,14 +84,14 @@ def main() -> None:
     for name in args.shapes:
         config = preset(name)
         params = init_bilm(jax.random.PRNGKey(0), config)
-        bench_job(name, params, config)
+        bench_job(name, params, config, args.job_file, args.job_precisions, peak)
         if args.job_only:
             continue
         for dtype in ("float32", "bfloat16"):
             for cached in (False, True):
                 for label, sents in inputs.items():
                     words = sorted({w for s in sents for w in s}) if cached else None
-                    embedder = Embedder(config, params, dtype=dtype, token_cache=words, devices=1)
+                    embedder = make_embedder(config, params, dtype, token_cache=words, devices=1)
                     embedder.embed(sents)  # warm-up: compiles
                     best = float("inf")
                     for _ in range(args.repeats):

@@ -17,6 +17,7 @@ import argparse
 import collections
 import glob
 import os
+import re
 import sys
 import tempfile
 
@@ -30,7 +31,7 @@ from jax.sharding import Mesh  # noqa: E402
 from bench_common import matmul_gflops  # noqa: E402
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus  # noqa: E402
 from elmo_jax import train  # noqa: E402
-from elmo_jax.layout import Layout  # noqa: E402
+from elmo_jax.layout import Layout, for_backend  # noqa: E402
 
 _PRESET = jax.lax.DotAlgorithmPreset
 # name -> (precision, compute dtype, layout). "f32" with rows/1/32 is the layout every GPU ran before
@@ -48,6 +49,9 @@ VARIANTS = {
     "f32-c0": ("highest", jnp.float32, Layout("rows", 1, 0)),
     "f32-c0-u5": ("highest", jnp.float32, Layout("rows", 5, 0)),
     "cpu": ("highest", jnp.float32, Layout("columns", 1, 32)),
+    # The library's defaults on a GPU today: training's bfloat16 policy, and float32 (extraction's).
+    "gpu": ("default", jnp.bfloat16, for_backend("gpu")),
+    "gpu-f32": ("highest", jnp.float32, for_backend("gpu")),
 }
 
 PARTS = ("char_cnn", "lstm", "softmax_rows", "softmax", "optimizer")
@@ -89,7 +93,7 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float) -> str:
                 kernels += 1
                 by_op[op] += e.duration_ns
                 where.setdefault(op, (e.name[:60], scope[:100]))
-                part = next((p for p in PARTS if f"/{p}" in scope or scope.startswith(p)), "other")
+                part = next((p for p in PARTS if re.search(rf"\b{p}\b", scope)), "other")
                 # The backward pass of the scan is a while loop too; keep it apart from the forward.
                 if part == "lstm" and "transpose" in scope:
                     part = "lstm (backward)"

@@ -2,42 +2,65 @@
 # Every GPU figure of experiments/README.md in one call on a lent GPU machine (it has jax, flax,
 # optax, orbax and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
 #   bash experiments/gpu_bench.sh [OUT_DIR]
-# PARTS picks parts (default all): variants (precision x layout, with a profile of the bf16
-# default: profile_top.txt), quality (1,000 steps of the experiments' config in bfloat16 and in
-# float32, each scored on held-out text; needs experiments/data/lm, carried), train, embed.
-# BASELINE=DIR: the previous commit's tree (git archive), timed beside this one in the same call.
+# PARTS picks parts (default: variants profile cli embed):
+#   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
+#             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
+#             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
+#   profile   a jax.profiler trace of the "gpu" step with XLA's command buffers off (so that each
+#             kernel keeps its name stack): profile_top.txt, device time per part of the step
+#   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
+#             held-out text (needs experiments/data/lm, carried)
+#   cli       `elmo-jax train` itself, `original` shape, 128 rows: tokens/s with the host
+#             pipeline in the loop (needs experiments/data/lm)
+#   embed     a whole extraction job, `original` shape, on experiments/data/lm/heldout.txt (or the
+#             bundled sample), float32 and bfloat16; with BASELINE=DIR (the previous commit's
+#             elmo_jax, from git archive) the same job on that tree, in the same call
+# SHAPE/BATCH shrink the shapes for a CPU rehearsal.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
-parts=${PARTS:-variants quality train embed}
+parts=${PARTS:-variants profile cli embed}
+shape=${SHAPE:-original}
+batch=${BATCH:-128}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true) | tee "$out/gpu.txt"
 python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
 has() { [[ " $parts " == *" $1 "* ]]; }
+lm=experiments/data/lm
 if has variants; then
-  timeout "${VARIANTS_S:-240}" python experiments/bench_variants.py --shape "${SHAPE:-original}" --batch "${BATCH:-128}" --steps 5 \
-    --variants ${VARIANTS:-f32 bf16 bf16-c0 bf16-c0-u5 tf32 bf16-c0-u20} --profile "${PROFILE:-bf16-c0}" \
-    --profile-out "$out" 2>&1 | tee "$out/variants.txt"
+  timeout "${VARIANTS_S:-150}" python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
+    --variants ${VARIANTS:-f32 gpu gpu-f32} 2>&1 | tee "$out/variants.txt"
 fi
-if has quality && [ -d experiments/data/lm ]; then
+if has profile; then
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "${PROFILE_S:-70}" \
+    python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 3 --variants "${PROFILE:-gpu}" \
+    --profile "${PROFILE:-gpu}" --profile-out "$out" 2>&1 | tail -40
+fi
+if has quality && [ -d $lm ]; then
   for dtype in float32 bfloat16; do
-    timeout "${QUALITY_S:-80}" python -m elmo_jax train --config experiments/data/lm/options.json \
-      --train-files 'experiments/data/lm/train/*.txt' --heldout-files experiments/data/lm/heldout.txt \
-      --vocab experiments/data/lm/vocab.txt --run-dir "/tmp/quality_$dtype" --steps "${QUALITY_STEPS:-1000}" \
-      --dtype "$dtype" --reset-state-prob 0.1 --log-every "${QUALITY_LOG:-100}" --eval-every "${QUALITY_STEPS:-1000}" \
-      --save-every "${QUALITY_STEPS:-1000}" --no-progress > "/tmp/quality_$dtype.log" 2>&1
+    timeout "${QUALITY_S:-80}" python -m elmo_jax train --config $lm/options.json \
+      --train-files "$lm/train/*.txt" --heldout-files $lm/heldout.txt --vocab $lm/vocab.txt \
+      --run-dir "/tmp/quality_$dtype" --steps "${QUALITY_STEPS:-1000}" --precision "$dtype" --reset-state-prob 0.1 \
+      --log-every "${QUALITY_LOG:-100}" --eval-every "${QUALITY_STEPS:-1000}" --save-every "${QUALITY_STEPS:-1000}" \
+      --no-progress > "/tmp/quality_$dtype.log" 2>&1
     echo "quality $dtype: exit $?" | tee -a "$out/quality.txt"
-    tail -2 "/tmp/quality_$dtype.log" | tee -a "$out/quality.txt"
     grep -h '"heldout' "/tmp/quality_$dtype/metrics.jsonl" | sed "s/^/$dtype /" | tee -a "$out/quality.txt"
   done
 fi
-if has train; then
-  timeout "${TRAIN_S:-120}" python experiments/bench_train.py --shape original --batch 128 --steps 5 --vocabs 793471 \
-    2>&1 | tee "$out/bench_train_original.txt"
-  if [ -n "${BASELINE:-}" ]; then
-    (cd "$BASELINE" && PYTHONPATH=. timeout "${TRAIN_S:-120}" python experiments/bench_train.py --shape original \
-      --batch 128 --steps 5 --vocabs 793471) 2>&1 | sed 's/^/baseline: /' | tee -a "$out/bench_train_original.txt"
-  fi
+if has cli && [ -d $lm ]; then
+  timeout "${CLI_S:-90}" python -m elmo_jax --compile-cache none train --config "$shape" --batch-size "$batch" \
+    --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt --run-dir /tmp/cli_run --steps "${CLI_STEPS:-300}" \
+    --log-every 50 --save-every 100000 --no-progress > /tmp/cli.log 2>&1
+  echo "cli train: exit $?" | tee "$out/cli.txt"
+  head -3 /tmp/cli.log | tee -a "$out/cli.txt"
+  python -c "import json,sys; [print(l['step'], round(l['tokens_per_s']), l.get('startup_s', '')) for l in map(json.loads, open(sys.argv[1]))]" \
+    /tmp/cli_run/metrics.jsonl 2>&1 | tee -a "$out/cli.txt"
 fi
 if has embed; then
-  timeout "${EMBED_S:-150}" python experiments/bench_embed.py --shapes original --repeats 3 2>&1 | tee "$out/bench_embed.txt"
+  job=(); [ -f $lm/heldout.txt ] && job=(--job-file $lm/heldout.txt)
+  timeout "${EMBED_S:-100}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+    --job-precisions float32 bfloat16 2>&1 | tee "$out/embed.txt"
+  if [ -n "${BASELINE:-}" ]; then
+    PYTHONPATH="$BASELINE" timeout "${EMBED_S:-100}" python experiments/bench_embed.py --shapes "$shape" --job-only \
+      "${job[@]}" --job-precisions float32 bfloat16 2>&1 | sed 's/^/baseline: /' | tee -a "$out/embed.txt"
+  fi
 fi

@@ -163,7 +163,7 @@ def test_embed_tokens_is_the_same_function_inside_jit(model, sentences, expected
 
 def test_bfloat16_is_close_to_float32(model, sentences, expected):
     config, params = model
-    out = Embedder(config, params, dtype="bfloat16").embed(sentences[:6])
+    out = Embedder(config, params, precision="bfloat16").embed(sentences[:6])
     for got, exp in zip(out, expected[:6]):
         assert got.dtype == np.float32
         assert np.all(np.abs(got - exp) <= 2e-2 + 1e-2 * np.abs(exp))

@@ -21,6 +21,7 @@ from elmo_jax.chars import Vocabulary, token_to_ids
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles
 from elmo_jax.export import softmax_in_id_order, softmax_in_slot_order
+from elmo_jax.layout import BY_BACKEND
 from elmo_jax.sharded_softmax import RowLayout
 from elmo_jax.softmax import sampled_softmax_loss
 
@@ -314,7 +315,9 @@ def _reference_step(state, batch, tc: TrainConfig):
     return optax.apply_updates(params, updates), opt_state[0].sum_of_squares, norm, per_dir * n_pos, new_lstm
 
 
-def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state):
+@pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
+def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
+    """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), run here."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
     # both target and candidate once, with its summed gradient) scales every update.
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8,
@@ -342,7 +345,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state):
         functools.partial(_reference_step, tc=tc))(state, batch)
     # The step works on the softmax in slot order (padding slots included); the reference in id order.
     stored = softmax_in_slot_order(jax.device_get({k: v for k, v in state.items() if k != "lstm"}), LAYOUT)
-    step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None))
+    step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None, layout=layout))
     new_stored, metrics = step(train.TrainState(**stored, lstm=state["lstm"]), batch)
     new_stored, metrics = jax.device_get((new_stored, metrics))
     pad = ~LAYOUT.valid()

@@ -1,0 +1,74 @@
+"""The one precision policy of the API: ``"float32"``, ``"tf32"`` or ``"bfloat16"``.
+
+| policy     | matmul inputs        | accumulate | where                                            |
+|------------|----------------------|------------|--------------------------------------------------|
+| "float32"  | float32, full passes | float32    | the CPU's default; extraction's default anywhere |
+| "tf32"     | TF32 (10-bit mantissa) | float32  | GPUs only (NVIDIA Ampere and later)              |
+| "bfloat16" | bfloat16             | float32    | training's default on GPUs and TPUs              |
+
+Under every policy the params, the Adagrad accumulators, the LSTM cell state, the logsumexp and
+the loss stay float32: only the matmul (and convolution) inputs are rounded. ``"float32"`` is the
+one that reproduces bilm-tf's and AllenNLP's numbers (to about 1e-6); XLA's own default on a GPU
+or TPU is neither exact nor named, which is why the library never uses it unasked.
+
+The functions below the policy (``bilm_apply``, ``train_step``, ...) take the pair that
+``matmul_args`` returns: a ``jax.lax`` precision and a compute dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+POLICIES = ("float32", "tf32", "bfloat16")
+
+
+def matmul_args(policy: str) -> tuple[object, object]:
+    """``(precision, dtype)`` for ``policy``: what ``bilm_apply``, ``char_cnn.apply``,
+    ``lstm.run`` and ``train_step`` take."""
+    check(policy)
+    if policy == "float32":
+        return "highest", jnp.float32
+    if policy == "tf32":
+        return jax.lax.DotAlgorithmPreset.TF32_TF32_F32, jnp.float32
+    # bfloat16 inputs, float32 accumulation (the MXU / tensor-core default for bfloat16 operands).
+    return "default", jnp.bfloat16
+
+
+def check(policy: str, backend: str | None = None) -> str:
+    """``policy`` if valid here, else a one-line ValueError naming what is allowed."""
+    if policy not in POLICIES:
+        raise ValueError(f"precision must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if policy == "tf32":
+        backend = backend or jax.default_backend()
+        if backend != "gpu":
+            raise ValueError(f"precision 'tf32' is a GPU matmul mode; this backend is {backend}: use "
+                             f"'float32' or 'bfloat16'")
+    return policy
+
+
+def default_for_training(backend: str | None = None) -> str:
+    """``"float32"`` on a CPU (where bfloat16 matmuls are slower), ``"bfloat16"`` on GPUs and TPUs."""
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
+def from_legacy(precision=None, dtype=None, *, default: str, what: str) -> str:
+    """The policy meant by the arguments this module replaced, with a DeprecationWarning.
+
+    ``precision`` a policy name passes through. Otherwise the old pair: ``dtype`` "bfloat16"
+    (or ``jnp.bfloat16``) means "bfloat16"; a ``jax.lax`` precision "highest" with a float32 dtype
+    means "float32". ``what`` names the caller in the warning (e.g. "Embedder").
+    """
+    if precision in POLICIES and dtype is None:
+        return precision
+    if precision is None and dtype is None:
+        return default
+    bf16 = dtype is not None and jnp.dtype(dtype) == jnp.bfloat16
+    policy = "bfloat16" if bf16 else "float32"
+    if not bf16 and precision not in (None, "highest", jax.lax.Precision.HIGHEST, "float32"):
+        raise ValueError(f"{what}: precision={precision!r} is not a policy; use one of {', '.join(POLICIES)}")
+    warnings.warn(f"{what}: dtype= and jax precisions are deprecated; use precision={policy!r} "
+                  f"(one of {', '.join(POLICIES)})", DeprecationWarning, stacklevel=3)
+    return policy

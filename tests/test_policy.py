@@ -1,0 +1,93 @@
+"""The precision policy (elmo_jax.policy): names, defaults, what it replaced, and where it is used."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import policy
+from elmo_jax import load_hdf5
+from elmo_jax.cli import main as cli_main
+from tests.helpers import model_files
+
+
+def tiny_model():
+    return load_hdf5(*model_files("allennlp"))
+
+
+def test_each_policy_maps_to_a_precision_and_dtype():
+    assert policy.matmul_args("float32") == ("highest", jnp.float32)
+    assert policy.matmul_args("bfloat16") == ("default", jnp.bfloat16)
+    with pytest.raises(ValueError, match="one of float32, tf32, bfloat16; got 'fp16'"):
+        policy.matmul_args("fp16")
+
+
+def test_tf32_is_refused_off_a_gpu_in_one_line():
+    assert policy.check("tf32", backend="gpu") == "tf32"
+    with pytest.raises(ValueError, match="GPU matmul mode; this backend is cpu"):
+        policy.check("tf32", backend="cpu")
+
+
+def test_training_defaults_to_bfloat16_on_accelerators_only():
+    assert policy.default_for_training("cpu") == "float32"
+    assert policy.default_for_training("gpu") == policy.default_for_training("tpu") == "bfloat16"
+
+
+def test_the_old_arguments_still_work_with_a_deprecation_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert policy.from_legacy("tf32", None, default="float32", what="x") == "tf32"
+        assert policy.from_legacy(None, None, default="bfloat16", what="x") == "bfloat16"
+    with pytest.warns(DeprecationWarning, match="use precision='bfloat16'"):
+        assert policy.from_legacy("highest", jnp.bfloat16, default="float32", what="x") == "bfloat16"
+    with pytest.warns(DeprecationWarning, match="use precision='float32'"):
+        assert policy.from_legacy("highest", None, default="bfloat16", what="x") == "float32"
+    with pytest.raises(ValueError, match="precision='high' is not a policy"):
+        policy.from_legacy("high", None, default="float32", what="x")
+
+
+def test_embedder_dtype_is_the_deprecated_spelling_of_precision():
+    from elmo_jax.embed import Embedder
+
+    config, params = tiny_model()
+    sents = [["a", "small", "test"], ["two"]]
+    new = Embedder(config, params, precision="bfloat16").embed(sents)
+    with pytest.warns(DeprecationWarning):
+        old = Embedder(config, params, dtype="bfloat16").embed(sents)
+    exact = Embedder(config, params).embed(sents)
+    for a, b, c in zip(new, old, exact):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == np.float32
+        assert np.abs(a - c).max() > 0  # bfloat16 matmuls did run
+        np.testing.assert_allclose(a, c, atol=0.05 * np.abs(c).max())
+
+
+def test_cli_refuses_tf32_on_cpu_and_maps_dtype(tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("a b c\n")
+    args = ["--compile-cache", "none", "embed", "--options", "x.json", "--weights", "x.hdf5", "--input", str(text),
+            "--output", str(tmp_path / "out.hdf5")]
+    assert cli_main(args + ["--precision", "tf32"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision: precision 'tf32' is a GPU matmul mode" in err and "Traceback" not in err
+    assert cli_main(args + ["--precision", "float32", "--dtype", "bfloat16"]) == 2
+    assert "disagree" in capsys.readouterr().err
+
+
+def test_flax_module_takes_the_policy():
+    from elmo_jax import Elmo, batch_to_ids
+
+    config, params = tiny_model()
+    ids = batch_to_ids([["a", "b"]])
+    outs = {}
+    for p in ("float32", "bfloat16"):
+        module = Elmo(config=config, precision=p, dropout=0.0)
+        variables = module.init(jax.random.PRNGKey(0), ids, deterministic=True)
+        from elmo_jax import with_bilm
+
+        variables = with_bilm(variables, params)
+        outs[p] = np.asarray(module.apply(variables, ids, deterministic=True)["elmo_representations"][0])
+    assert np.abs(outs["float32"] - outs["bfloat16"]).max() > 0
+    np.testing.assert_allclose(outs["bfloat16"], outs["float32"], atol=0.05 * np.abs(outs["float32"]).max())
