@@ -41,8 +41,10 @@ BLOCK = 4096
 
 def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
              unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
-             layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK) -> dict:
-    """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens"}``.
+             layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK,
+             scored: np.ndarray | None = None) -> dict:
+    """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
+    "unk_rate"}``.
 
     ``perplexity`` is ``exp(mean CE)`` over all target tokens with ``CE = 0.5 * (CE_fwd +
     CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is the same number).
@@ -53,6 +55,11 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     ``layout``'s slot order (a training state's ``[V_pad, P]``, padding slots ignored).
     ``mesh``: a 1-D mesh over ``"data"``; default, that of a softmax already split over one, else
     every device. Multi-process: every process calls this with the same text and params.
+
+    ``scored``: ``[V]`` bool, the target ids that count (default: all). Models with different
+    vocabularies are comparable only on targets every one of them can name: the others still
+    feed the LSTM as inputs, but their losses are left out (``tokens`` counts per direction's
+    mean). ``unk_rate``: the share of target positions that are ``<UNK>`` in ``vocab``.
     """
     mesh = mesh or _mesh_of(params["softmax"]["w"])
     n_dev = mesh.size
@@ -74,25 +81,30 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
         batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
                             max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
         table, windows = batcher.table, _windows(batcher)
-    state, sums, count = zero, [], 0
+    state, sums, count, unks, positions = zero, [], np.zeros(2), 0, 0
     for inputs, targets, mask in windows:
+        unks += int((mask[None] & (targets == vocab.unk)).sum())
+        positions += 2 * int(mask.sum())
+        score = np.broadcast_to(mask[None], targets.shape) if scored is None else mask[None] & scored[targets]
         extra = padded - inputs.shape[1]  # rows that read nothing, so that each device has as many
         inputs, targets = (np.pad(x, ((0, 0), (0, extra), (0, 0))) for x in (inputs, targets))
         mask = np.pad(mask, ((0, extra), (0, 0)))
+        score = np.pad(score, ((0, 0), (0, extra), (0, 0)))
         targets = to_rows(targets).astype(np.int32)
         local = split_over_devices(table, inputs, targets, n_dev)
         local = {"chars": local["chars"], "inputs": local["inputs"], "mask": mask.reshape(n_dev, padded // n_dev, -1)}
-        carried, s = step(placed, valid, state, put_global(local, by_row), put_global((targets, mask), everywhere))
+        carried, s = step(placed, valid, state, put_global(local, by_row), put_global((targets, score), everywhere))
         if not reset_state_per_sentence:
             state = carried
         sums.append(s)  # read back at the end: the host deals the next window meanwhile
-        count += int(mask.sum())
-    if count == 0:
+        count += score.sum(axis=(1, 2))
+    if count.min() == 0:
         raise ValueError(f"no complete evaluation window in the held-out data (need at least "
                          f"{batch_size} x {unroll_steps} tokens); lower --batch-size")
     fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / count
     return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
-            "perplexity_bwd": math.exp(bwd), "tokens": count}
+            "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()) if scored is not None else int(count[0]),
+            "unk_rate": unks / max(positions, 1)}
 
 
 def _mesh_of(w) -> Mesh:
@@ -129,15 +141,15 @@ def _place(tree, sharding):
 
 @functools.lru_cache(maxsize=None)
 def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
-    """``(params, valid, lstm_state, local, (targets, mask)) -> (lstm_state, CE sums [2])``,
+    """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their
-    mask), ``targets [2, rows, T]`` (rows of the table) and ``mask [rows, T]`` are all rows, on
-    every device."""
+    mask), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
+    positions that count) are all rows, on every device."""
     p = model.lstm.projection_dim
 
     def per_device(params, valid, state, local, everywhere):
         local = {k: x[0] for k, x in local.items()}
-        targets, mask = everywhere
+        targets, score = everywhere
         x = token_vectors(params["bilm"], model, local, precision, jnp.float32)
         outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, precision)
         # Every device scores every position against its share of the softmax rows.
@@ -145,7 +157,7 @@ def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
         sm = params["softmax"]
         bias = jnp.where(valid, sm["b"], -jnp.inf)
         ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision, block, AXIS)
-        return state, jnp.where(mask[None], ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
+        return state, jnp.where(score, ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
 
     in_specs = ({"bilm": P(), "softmax": P(AXIS)}, P(AXIS), P(None, None, AXIS), P(AXIS), P())
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(None, None, AXIS), P())))

@@ -16,12 +16,11 @@ import warnings
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import lstm, train
+from elmo_jax import lstm, policy, train
 from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
@@ -46,8 +45,10 @@ class RunSettings:
     keep: int = 3
     eval_every: int = 0
     log_every: int = 10
-    precision: str = "highest"
-    dtype: str = "float32"
+    precision: str | None = None
+    """Matmul policy (``elmo_jax.policy``): None is bfloat16 on a GPU or TPU, float32 on a CPU."""
+    dtype: str | None = None
+    """Deprecated: ``precision`` replaces it."""
     progress: bool = True
     async_save: bool = True
     devices: int | None = None
@@ -374,8 +375,11 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         print(f"{settings.run_dir}: already trained to step {start} (asked for {total}); nothing to do")
         ckpt.close()
         return {"step": start}
+    matmuls = policy.from_legacy(settings.precision, settings.dtype, default=policy.default_for_training(),
+                                 what="RunSettings")
     if jax.process_index() == 0:
         until = f" to step {total}" if total is not None else ""
+        until += f" ({matmuls} matmuls)"
         if start:
             stream = batcher.streams[0]
             print(f"resuming {settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
@@ -383,8 +387,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         else:
             how = "from scratch" if init_state is None else "from the given initial state"
             print(f"starting {settings.run_dir} {how}{until}")
-    dtype = jnp.bfloat16 if settings.dtype == "bfloat16" else jnp.float32
-    step_fn = train.make_train_step(model, t, mesh, settings.precision, dtype)
+    precision, dtype = policy.matmul_args(matmuls)
+    step_fn = train.make_train_step(model, t, mesh, precision, dtype)
     batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
     metrics = _MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if jax.process_index() == 0 \
         else None

@@ -230,15 +230,24 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     vocab, params, source, sentences = eval_setup
     ref = NumpyBiLM(params, MODEL)
     to_id = word_ids(EVAL_VOCAB)
-    sums, count = np.zeros(2), 0
+    # `scored`: only targets outside this set count (e.g. words another model's vocabulary lacks);
+    # <UNK> among them.
+    skip = {to_id("the"), to_id("<UNK>"), to_id("</S>")}
+    sums, count, kept_sums, kept, unks = np.zeros(2), 0, np.zeros(2), np.zeros(2), 0
     for s in sentences:
         for d in range(2):
             state = ref.zero_state()  # every sentence alone, from zero state
             for word, target in direction_pairs(s, d):
                 top, state = ref.step(d, word, state)
-                sums[d] += ref.cross_entropy(top, to_id(target))
+                ce = ref.cross_entropy(top, to_id(target))
+                sums[d] += ce
+                unks += to_id(target) == to_id("<UNK>")
+                if to_id(target) not in skip:
+                    kept_sums[d] += ce
+                    kept[d] += 1
         count += len(s) + 1
     fwd, bwd = sums / count
+    assert unks > 0 and kept.min() < count
 
     # batch_size 3 over 9 sentences of several lengths: padded positions and padding rows.
     got = pretrain.evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True)
@@ -246,6 +255,14 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     assert got["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert got["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
     assert got["perplexity"] == pytest.approx(np.exp(0.5 * (fwd + bwd)), rel=1e-5)
+    assert got["unk_rate"] == pytest.approx(unks / (2 * count))
+    scored = np.ones(len(EVAL_VOCAB), bool)
+    scored[list(skip)] = False
+    part = pretrain.evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True, scored=scored)
+    fwd, bwd = kept_sums / kept
+    assert part["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
+    assert part["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
+    assert part["perplexity"] == pytest.approx(np.exp(0.5 * (fwd + bwd)), rel=1e-5)
 
 
 @pytest.mark.parametrize("reset", [False, True])
