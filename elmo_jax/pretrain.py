@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import warnings
+import weakref
 from typing import Callable
 
 import jax
@@ -28,6 +29,7 @@ from elmo_jax.config import ConfigError, Options, TrainConfig
 from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.perplexity import evaluate
+from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher
 from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
 
 
@@ -206,31 +208,54 @@ class GlobalBatches:
     and what all processes must agree on at every step boundary. One small all-gather per step
     (multi-process runs only) carries the distinct-word count, the fetch capacity (which only
     grows) and whether any process wants to stop, so that every stop happens at the same step on
-    every process and no process is left waiting in a collective of a step the others skipped."""
+    every process and no process is left waiting in a collective of a step the others skipped.
+
+    ``prefetch``: host batches (``prefetch.HostPipeline``) built ahead in a background thread,
+    while the device runs the step before (0: built in ``next``, on the loop's thread). The
+    agreement and the global arrays stay on the loop's thread, once per step in step order.
+    ``workers``: processes that draw the candidates ahead (``prefetch.CandidatePool``; 0: drawn
+    where the batch is built). ``close()`` stops both; so does dropping the object.
+
+    The batcher runs ahead of the loop: a checkpoint saves ``data_state()``, not
+    ``batcher.state()``.
+    """
 
     def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
-                 fixed: bool):
+                 fixed: bool, prefetch: int = 2, workers: int = 0):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
         self.sharding = NamedSharding(mesh, P(train.AXIS))
         self.error: BaseException | None = None  # this process's own failure, re-raised after the save
+        self.prefetch = prefetch
+        self.host = HostPipeline(batcher, train_cfg, mesh.size, seed, first_device, fixed, workers,
+                                 keep_state=prefetch > 0)
+        self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
+        self._data_state: dict | None = None
+        # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
+        self._parts: list = [self.host]
+        self._closer = weakref.finalize(self, _close_all, self._parts)
 
     def next(self, step_number: int, stopping: str | None = None) -> dict:
         """The global batch of ``step_number``; raises ``StopTogether`` if any process stops here.
 
         ``stopping``: this process's own reason to stop (``StopTogether.REASONS``). An exception
-        while building the batch is one too (kept in ``self.error``)."""
+        while building the batch is one too (kept in ``self.error``). Called once per step, in
+        step order."""
         n, local, capacity = self.mesh.size, None, 0
         if stopping is None:
             try:
-                local = self.batcher.next()
-                local, capacity = train.prepare_batch(
-                    local, step=step_number, seed=self.seed, train=self.train, n_devices=n,
-                    first_device=self.first_device, fixed=self.fixed, capacity=self.capacity)
-            except StopIteration:
+                item = self._take(step_number)
+            except Exception as e:  # noqa: BLE001 - e.g. the prefetch thread is gone
+                item = HostBatch(step_number, error=e)
+            if item.data_state is not None:
+                self._data_state = item.data_state
+            if isinstance(item.error, StopIteration):
                 stopping = "end of data"
-            except Exception as e:  # noqa: BLE001 - every process must hear of it before it stops
-                stopping, self.error = "error", e
+            elif item.error is not None:  # every process must hear of it before it stops
+                stopping, self.error = "error", item.error
+            else:
+                # A batch built ahead may have been planned before the last agreement.
+                local, capacity = item.batch, max(item.capacity, self.capacity)
         words = local["chars"].shape[1] if local is not None else 0
         words, capacity, reason = _agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
         if reason:
@@ -239,11 +264,40 @@ class GlobalBatches:
             plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(self.train.n_tokens_vocab),
                                  n, capacity)
             local.update(plan)
-        self.capacity = capacity
+        self.capacity = self.host.agreed = capacity
         if words != local["chars"].shape[1]:
             local["chars"] = np.pad(local["chars"], ((0, 0), (0, words - local["chars"].shape[1]), (0, 0)))
         return {k: jax.make_array_from_process_local_data(self.sharding, local[k], (n,) + local[k].shape[1:])
                 for k in train.BATCH_KEYS}
+
+    def _take(self, step_number: int) -> HostBatch:
+        if not self.prefetch:
+            return self.host.build(step_number)
+        if self._prefetcher is None:
+            self._data_state = self.batcher.state()  # before the thread moves the batcher on
+            self._prefetcher = Prefetcher(self.host.build, step_number, self.prefetch)
+            self._parts.insert(0, self._prefetcher)  # stopped before the pool it draws from
+        item = self._prefetcher.take()
+        if item.step != step_number:
+            raise RuntimeError(f"asked for the batch of step {step_number}, but the next one prefetched is of step "
+                               f"{item.step}: GlobalBatches.next must be called once per step, in order")
+        return item
+
+    def data_state(self) -> dict:
+        """The batcher's state after the last batch ``next`` took (what a checkpoint of the steps
+        taken so far holds; with prefetch the batcher itself is further on)."""
+        if self._prefetcher is None:
+            return self.batcher.state()
+        return self._data_state
+
+    def close(self) -> None:
+        """Stops the prefetch thread and the candidate workers (idempotent)."""
+        self._closer()
+
+
+def _close_all(parts: list) -> None:
+    for part in parts:
+        part.close()
 
 
 def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
@@ -403,7 +457,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         if saved[-1] == step_number:  # e.g. a signal arrived on a save step
             return
         saved.append(step_number)
-        ckpt.save(step_number, state.shared(), state.lstm, {"data": batcher.state()},
+        ckpt.save(step_number, state.shared(), state.lstm, {"data": batches.data_state()},
                   _meta(options, vocab, global_rows, n_local))
 
     last: dict = {}
@@ -466,6 +520,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                 error = e
     if pending is not None:
         _accumulate(window, pending)
+    batches.close()  # the batches built ahead are not needed; data_state() stays
     save(step)  # every process reaches this at the same step
     ckpt.close()
     if progress is not None:

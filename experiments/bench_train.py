@@ -87,6 +87,54 @@ def bench_pipeline(vocab: Vocabulary, path: str, rows: int, max_chars: int) -> f
     return n * rows * 20 / (time.perf_counter() - t)  # real tokens, counted once, with char ids
 
 
+def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: int, steps: int = 30) -> dict:
+    """Milliseconds per step of each part of the host work, one after the other on one core."""
+    batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
+    batcher.next()  # loads and encodes the shard
+    layout, parts = RowLayout.for_vocab(tc.n_tokens_vocab), dict.fromkeys(("batcher", "data state", "candidates",
+                                                                           "plan_fetch"), 0.0)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        batch = batcher.next()
+        t1 = time.perf_counter()
+        batcher.state()
+        t2 = time.perf_counter()
+        batch = train.add_candidates(batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch,
+                                     vocab_size=tc.n_tokens_vocab)
+        t3 = time.perf_counter()
+        plan_fetch(batch["candidates"], batch["targets"], layout, 1)
+        t4 = time.perf_counter()
+        for k, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            parts[k] += dt * 1e3 / steps
+    return parts
+
+
+def bench_host_pipeline(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: int, prefetch: int,
+                        workers: int, device_s: float = 0.0, seconds: float = 4.0) -> float:
+    """Seconds per step of a loop over ``GlobalBatches.next`` on one device: the whole host side of
+    a step (batcher, candidates, fetch plan, global arrays) with ``prefetch`` batches built ahead in
+    a thread and ``workers`` processes drawing candidates. ``device_s``: each step then waits that
+    long with the GIL released, as the loop waits on a device (0: batches taken as fast as they come)."""
+    mesh = Mesh(np.array(jax.local_devices()[:1]), (train.AXIS,))
+    batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
+    feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
+    try:
+        jax.block_until_ready(feed.next(0))  # starts the thread and the workers, loads the shard
+        step, t = 1, time.perf_counter()
+        while time.perf_counter() - t < 1.0:  # to the steady state
+            jax.block_until_ready(feed.next(step))
+            step += 1
+        n, t = 0, time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            jax.block_until_ready(feed.next(step + n))
+            if device_s:
+                time.sleep(device_s)
+            n += 1
+        return (time.perf_counter() - t) / n
+    finally:
+        feed.close()
+
+
 def softmax_bytes(v: int, p: int, n: int) -> tuple[float, float]:
     """(row-split, replicated) bytes per device of the softmax weights, bias and accumulators."""
     layout = RowLayout.for_vocab(v)
@@ -168,8 +216,9 @@ def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, m
     n = mesh.size
     batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20,
                         max_chars=model.char_cnn.max_characters_per_token, n_devices=n)
-    feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False)
+    feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False, prefetch=0)
     host = [feed.next(i) for i in range(args.steps + 2)]
+    feed.close()  # no more batches: stop building them ahead
     width, capacity = max(b["chars"].shape[1] for b in host), feed.capacity
     batches = []
     for b in host:
@@ -256,6 +305,20 @@ def main() -> None:
         print(f"input pipeline alone, one core (100k vocab, 128 rows x 20, both directions' windows with char ids): "
               f"{rate:,.0f} tokens/s")
         if args.pipeline_only:
+            # The whole host side of a step at the original shape's sizes (the batcher's words
+            # come from the 100k-word corpus; candidates and fetch plan at V = 793,471).
+            tc = TrainConfig(n_tokens_vocab=793_471, batch_size=128, unroll_steps=20, n_negative_samples_batch=8192)
+            parts = host_step_parts(vocab, path, tc, 50)
+            print(f"host work per step, one after the other on one core (128 rows x 20, V=793,471, 8,192 negatives): "
+                  + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items()))
+            # 15 ms: the original shape's train step on one H100 (issue 15).
+            print(f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores): batches taken "
+                  f"as fast as they come | each step also waiting 15 ms on a device")
+            for prefetch, workers in ((0, 0), (2, 0), (2, 1), (2, 2)):
+                rates = [bench_host_pipeline(vocab, path, tc, 50, prefetch, workers, device_s)
+                         for device_s in (0.0, 0.015)]
+                print(f"  prefetch {prefetch}, {workers} candidate worker(s): " + " | ".join(
+                    f"{sec * 1e3:5.1f} ms/step {128 * 20 / sec:9,.0f} tokens/s" for sec in rates))
             return
         peak = matmul_gflops()
         n = args.devices

@@ -350,8 +350,8 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
         assert cli.main([*common, "--steps", steps]) == 0
         outputs.append(capsys.readouterr())
     said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
-    assert said == [[f"starting {run} from scratch to step 2"],
-                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3"],
+    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls)"],
+                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls)"],
                     [f"{run}: already trained to step 3 (asked for 3); nothing to do"]]
     # Each session's first metrics line times its start-up (compile) apart from the steps.
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,183 @@
+"""Host work done ahead of the step (``elmo_jax.prefetch``, ``GlobalBatches(prefetch=, workers=)``):
+the same candidates, batches and data state as built in the loop, failures reported at their
+step, and nothing left running."""
+
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from elmo_jax import train
+from elmo_jax.chars import Vocabulary
+from elmo_jax.config import TrainConfig
+from elmo_jax.data import LMBatcher, TextFiles
+from elmo_jax.prefetch import CandidatePool
+from elmo_jax.pretrain import GlobalBatches, StopTogether
+
+ROWS, STEPS = 3, 7  # rows per device, unroll steps
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two shards of Zipfian sentences; words w50..w59 are out of the vocabulary (their spelling is
+    part of the data state)."""
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(60)]
+    for k in range(2):
+        lines = [" ".join(words[i] for i in np.minimum(rng.zipf(1.3, rng.integers(3, 12)), 60) - 1) for _ in range(40)]
+        (d / f"part{k}.txt").write_text("\n".join(lines) + "\n")
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", *words[:50]], source="test")
+    return vocab, str(d / "*.txt")
+
+
+def _feed(corpus, prefetch: int, workers: int = 0) -> GlobalBatches:
+    vocab, files = corpus
+    batcher = LMBatcher(TextFiles(files), vocab, rows_per_device=ROWS, unroll_steps=STEPS, max_chars=20, n_devices=2,
+                        seed=5, max_epochs=1)
+    cfg = TrainConfig(n_tokens_vocab=len(vocab), batch_size=ROWS, unroll_steps=STEPS, n_negative_samples_batch=16)
+    mesh = Mesh(np.array(jax.devices()[:2]), (train.AXIS,))
+    return GlobalBatches(batcher, cfg, mesh, seed=3, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
+
+
+def _assert_states_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for d in a:
+        assert a[d].keys() == b[d].keys()
+        for k in a[d]:
+            np.testing.assert_array_equal(a[d][k], b[d][k], err_msg=f"{d}/{k}")
+
+
+def _host(batch: dict) -> dict:
+    return {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
+
+
+def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
+    args = dict(seed=7, num_sampled=2048, vocab_size=793_471, first_device=2, fixed=False)
+    batch = {"inputs": np.zeros((2, 2, ROWS, STEPS), np.int32), "targets": np.ones((2, 2, ROWS, STEPS), np.int32)}
+    with CandidatePool(n_devices=2, workers=2, **args) as pool:
+        for step in (0, 1, 2, 5, 6):  # a jump: the draws queued for steps 3 and 4 are dropped
+            got, want = pool.add(batch, step), train.add_candidates(batch, step=step, **args)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert got[k].dtype == want[k].dtype
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"step {step}: {k}")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus, workers):
+    plain, ahead = _feed(corpus, prefetch=0), _feed(corpus, prefetch=2, workers=workers)
+    states, batches = [], []
+    try:
+        _assert_states_equal(ahead.data_state(), plain.data_state())
+        step = 0
+        while True:
+            try:
+                want = plain.next(step)
+            except StopTogether as e:
+                assert e.reason == "end of data"
+                with pytest.raises(StopTogether, match="end of data"):  # at the same step
+                    ahead.next(step)
+                break
+            got = ahead.next(step)
+            assert got.keys() == want.keys() == set(train.BATCH_KEYS)
+            for k, x in _host(want).items():
+                np.testing.assert_array_equal(_host(got)[k], x, err_msg=f"step {step}: {k}")
+            # The batcher is ahead of the loop; the state to save is that after this step's batch.
+            _assert_states_equal(ahead.data_state(), plain.data_state())
+            states.append(ahead.data_state())
+            batches.append(_host(want))
+            step += 1
+        assert step >= 6
+        _assert_states_equal(ahead.data_state(), plain.data_state())
+    finally:
+        plain.close()
+        ahead.close()
+    # Resumed from the state saved after step 2, the data continues as it did.
+    resumed = _feed(corpus, prefetch=2, workers=0)
+    resumed.batcher.restore(states[2])
+    try:
+        for step in range(3, len(batches)):
+            got = _host(resumed.next(step))
+            for k in ("chars", "inputs", "targets", "rows", "starts"):
+                np.testing.assert_array_equal(got[k], batches[step][k], err_msg=f"resumed, step {step}: {k}")
+    finally:
+        resumed.close()
+
+
+def test_a_failure_while_building_ahead_is_reported_at_its_step(corpus):
+    feed = _feed(corpus, prefetch=2)
+    real_next, calls = feed.batcher.next, []
+
+    def failing_next():
+        calls.append(1)
+        if len(calls) == 4:
+            raise OSError("shard unreadable (simulated)")
+        return real_next()
+
+    feed.batcher.next = failing_next
+    try:
+        for step in range(3):
+            feed.next(step)
+        assert feed.error is None
+        with pytest.raises(StopTogether, match="error"):
+            feed.next(3)
+        assert isinstance(feed.error, OSError)
+    finally:
+        feed.close()
+
+
+def _prefetch_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "elmo-jax-prefetch"]
+
+
+def test_close_or_dropping_stops_the_thread_and_the_workers(corpus):
+    before = set(multiprocessing.active_children())
+    for close in (True, False):
+        feed = _feed(corpus, prefetch=2, workers=1)
+        feed.next(0)
+        feed.next(1)
+        assert _prefetch_threads() and set(multiprocessing.active_children()) - before
+        if close:
+            feed.close()
+            feed.close()  # again: nothing more to do
+        del feed
+        gc.collect()  # dropped without close(): its finaliser stops both
+        assert not _prefetch_threads()
+        assert not set(multiprocessing.active_children()) - before
+
+
+def test_a_dead_worker_fails_the_step_with_one_line():
+    batch = {"inputs": np.zeros((1, 2, ROWS, STEPS), np.int32)}
+    with CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1) as pool:
+        pool.add(batch, 0)
+        for pid in list(pool._executor._processes):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="candidate sampling worker process died") as e:
+            for step in range(1, 100):  # the draws already done may still come back
+                pool.add(batch, step)
+        assert "\n" not in str(e.value)
+
+
+def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
+    script = textwrap.dedent("""
+        import numpy as np
+        from elmo_jax.prefetch import CandidatePool, HostBatch, Prefetcher
+
+        pool = CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1)
+        batch = {"inputs": np.zeros((1, 2, 3, 7), np.int32)}
+        ahead = Prefetcher(lambda step: HostBatch(step, pool.add(batch, step)), 0, 2)
+        print(ahead.take().step, ahead.take().step)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"]
