@@ -89,7 +89,7 @@ def read_warmstart(source: str) -> Warmstart:
 
 def _from_run(run_dir: str) -> Warmstart:
     options, vocab, shared, step = read_run(run_dir)
-    return Warmstart(run_dir, "run", options.model, shared["params"]["bilm"], _accumulators(shared["opt"]["bilm"]),
+    return Warmstart(run_dir, "run", options.model, shared["params"]["bilm"], dense_accumulators(shared["opt"]["bilm"]),
                      shared["params"]["softmax"], shared["opt"]["softmax"], vocab, step)
 
 
@@ -198,7 +198,7 @@ def _load_vocab(path: str, rows: int, softmax_source: str) -> Vocabulary:
     return vocab
 
 
-def _accumulators(opt_state) -> dict:
+def dense_accumulators(opt_state) -> dict:
     """The Adagrad sums of squares of an optax ``adagrad`` state (``train.dense_optimizer``)."""
     return next(s.sum_of_squares for s in jax.tree_util.tree_leaves(
         opt_state, is_leaf=lambda s: hasattr(s, "sum_of_squares")) if hasattr(s, "sum_of_squares"))

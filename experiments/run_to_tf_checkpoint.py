@@ -40,13 +40,13 @@ def tf_name(hdf5_name: str) -> str:
 
 def dump(run_dir: str, out: str) -> None:
     from elmo_jax.export import read_run, write_vocab_file
-    from elmo_jax.warmstart import _accumulators
+    from elmo_jax.warmstart import dense_accumulators
     from elmo_jax.weights import to_datasets
 
     options, vocab, shared, step = read_run(run_dir)
     model = options.model
     tensors = {"global_step": np.float32(step)}
-    for tree, suffix in ((shared["params"]["bilm"], ""), (_accumulators(shared["opt"]["bilm"]), "/Adagrad")):
+    for tree, suffix in ((shared["params"]["bilm"], ""), (dense_accumulators(shared["opt"]["bilm"]), "/Adagrad")):
         for name, x in to_datasets(model, tree).items():
             tensors[tf_name(name) + suffix] = x
     for part, suffix in (("params", ""), ("opt", "/Adagrad")):
@@ -84,11 +84,11 @@ def check(run_dir: str, out: str) -> None:
     import jax
 
     from elmo_jax.export import read_run
-    from elmo_jax.warmstart import _accumulators, read_warmstart
+    from elmo_jax.warmstart import dense_accumulators, read_warmstart
 
     options, vocab, shared, step = read_run(run_dir)
     warm = read_warmstart(out)
-    pairs = [(warm.bilm, shared["params"]["bilm"]), (warm.bilm_acc, _accumulators(shared["opt"]["bilm"])),
+    pairs = [(warm.bilm, shared["params"]["bilm"]), (warm.bilm_acc, dense_accumulators(shared["opt"]["bilm"])),
              (warm.softmax, shared["params"]["softmax"]), (warm.softmax_acc, shared["opt"]["softmax"])]
     n = 0
     for got, want in pairs:

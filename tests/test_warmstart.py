@@ -181,8 +181,8 @@ def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabular
             np.testing.assert_array_equal(state["opt"]["softmax"]["w"][i], ref["accumulators"]["softmax"]["w"][j])
         else:
             assert (state["opt"]["softmax"]["w"][i] == 1.0).all()
-    from elmo_jax.warmstart import _accumulators
-    _same(_accumulators(state["opt"]["bilm"]), ref["accumulators"]["bilm"])
+    from elmo_jax.warmstart import dense_accumulators
+    _same(dense_accumulators(state["opt"]["bilm"]), ref["accumulators"]["bilm"])
     assert load_run(str(out))[3] == 1
     # Without the vocabulary the softmax rows mean nothing: refused in one line.
     (tmp_path / "vocab-test.txt").unlink()
