@@ -216,10 +216,12 @@ def cmd_train(args: argparse.Namespace) -> None:
               f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
     options = _training_options(config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob,
                                 warm.model if warm is not None else None, learning_rate)
+    if args.prefetch < 0 or args.host_workers < 0:
+        raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
-                           devices=args.devices)
+                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     init_state = None
     if warm is not None:
@@ -483,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--log-every", type=int, default=10)
     _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
+    tr.add_argument("--prefetch", type=int, default=2, metavar="N", help="host batches built ahead in a thread (0: off)")
+    tr.add_argument("--host-workers", type=int, default=0, metavar="N",
+                    help="processes that draw the sampled candidates ahead (0: drawn with each batch)")
     tr.add_argument("--no-progress", action="store_true")
     tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
     tr.add_argument("--num-processes", type=int)

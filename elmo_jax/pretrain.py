@@ -55,6 +55,10 @@ class RunSettings:
     async_save: bool = True
     devices: int | None = None
     """Local devices to use (default: all). Multi-host runs use all of them."""
+    prefetch: int = 2
+    """Host batches built ahead in a thread (0: built in the loop); see ``GlobalBatches``."""
+    host_workers: int = 0
+    """Processes drawing the sampled candidates ahead (0: drawn with the batch)."""
 
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
@@ -443,7 +447,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
             print(f"starting {settings.run_dir} {how}{until}")
     precision, dtype = policy.matmul_args(matmuls)
     step_fn = train.make_train_step(model, t, mesh, precision, dtype)
-    batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates)
+    batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates,
+                            prefetch=settings.prefetch, workers=settings.host_workers)
     metrics = _MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if jax.process_index() == 0 \
         else None
     progress = None

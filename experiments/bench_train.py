@@ -309,7 +309,7 @@ def main() -> None:
             # come from the 100k-word corpus; candidates and fetch plan at V = 793,471).
             tc = TrainConfig(n_tokens_vocab=793_471, batch_size=128, unroll_steps=20, n_negative_samples_batch=8192)
             parts = host_step_parts(vocab, path, tc, 50)
-            print(f"host work per step, one after the other on one core (128 rows x 20, V=793,471, 8,192 negatives): "
+            print("host work per step, one after the other on one core (128 rows x 20, V=793,471, 8,192 negatives): "
                   + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items()))
             # 15 ms: the original shape's train step on one H100 (issue 15).
             print(f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores): batches taken "

@@ -11,7 +11,8 @@
 #   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
 #             held-out text (needs experiments/data/lm, carried)
 #   cli       `elmo-jax train` itself, `original` shape, 128 rows: tokens/s with the host
-#             pipeline in the loop (needs experiments/data/lm)
+#             pipeline in the loop (needs experiments/data/lm; CLI_ARGS adds flags, e.g.
+#             '--prefetch 0' or '--host-workers 2')
 #   embed     a whole extraction job, `original` shape, on experiments/data/lm/heldout.txt (or the
 #             bundled sample), float32 and bfloat16; with BASELINE=DIR (the previous commit's
 #             elmo_jax, from git archive) the same job on that tree, in the same call
@@ -49,7 +50,7 @@ fi
 if has cli && [ -d $lm ]; then
   timeout "${CLI_S:-90}" python -m elmo_jax --compile-cache none train --config "$shape" --batch-size "$batch" \
     --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt --run-dir /tmp/cli_run --steps "${CLI_STEPS:-300}" \
-    --log-every 50 --save-every 100000 --no-progress > /tmp/cli.log 2>&1
+    --log-every 50 --save-every 100000 --no-progress ${CLI_ARGS:-} > /tmp/cli.log 2>&1
   echo "cli train: exit $?" | tee "$out/cli.txt"
   head -3 /tmp/cli.log | tee -a "$out/cli.txt"
   python -c "import json,sys; [print(l['step'], round(l['tokens_per_s']), l.get('startup_s', '')) for l in map(json.loads, open(sys.argv[1]))]" \
