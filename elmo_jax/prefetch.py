@@ -8,21 +8,25 @@ the step's critical path:
 - ``CandidatePool`` draws the candidates of the next steps in worker processes. They are a pure
   function of (seed, step, global device, direction), so they can be drawn before the batch that
   needs them exists, and bit for bit as in-process.
-- ``Prefetcher`` builds whole host batches (``HostPipeline.build``) in a background thread,
-  ``depth`` steps ahead of the training loop, while the device runs the current step.
+- ``Prefetcher`` builds whole host batches (``HostPipeline.build``: with the batcher's state
+  after each, and copied to the devices) in a background thread, ``depth`` steps ahead of the
+  training loop, while the device runs the current step.
 
-What has to happen in step order on the loop's thread (the multi-process agreement, the global
-arrays) stays in ``pretrain.GlobalBatches``.
+What has to happen in step order on the loop's thread (the multi-process agreement, and a batch
+it changes) stays in ``pretrain.GlobalBatches``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import multiprocessing
+import os
 import queue
 import threading
 from concurrent.futures.process import BrokenProcessPool
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +47,26 @@ def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: in
     return out["candidates"], out["num_tries"]
 
 
+def _started() -> None:
+    """In a worker, when it starts: nothing (unpickling it imports this module: the draws' imports)."""
+
+
+def default_workers(n_devices: int, cores: int | None = None) -> int:
+    """Candidate workers for ``n_devices`` local devices on ``cores`` cores (default: this machine's).
+
+    0 on 1-2 cores. Measured on 2 cores at the original shape (experiments/bench_train.py
+    --pipeline-only, one device): with batches built ahead, 1 worker lowers the builder's
+    ceiling from ~11.5 to ~8.5 ms a step, 2 workers do not (~11.5: four busy threads on two
+    cores), and building in the loop without prefetch is ~9 ms; a 15 ms step hides all of them.
+    A worker costs ~1.7 s of CPU and ~180 MB to start, and on a 2-core machine without an
+    accelerator it takes its cycles from the train step itself. With more cores: one per 3
+    local devices (a worker draws one device's candidates, S = 8192, V ~ 8e5, in ~4 ms: 3 fit a
+    15 ms step), leaving 2 cores to the loop and the builder.
+    """
+    cores = cores or os.cpu_count() or 1
+    return 0 if cores <= 2 else max(1, min(math.ceil(n_devices / 3), cores - 2))
+
+
 class CandidatePool:
     """``train.add_candidates`` for steps in order, drawn ahead in ``workers`` processes.
 
@@ -52,8 +76,9 @@ class CandidatePool:
 
     The workers are started with "spawn": forking a process that has imported jax (whose runtime
     holds threads and locks) is unsafe. Each worker imports numpy and jax (not its backends) once,
-    a second or two at the start. A worker that dies fails the step that waited on it with one
-    line (``RuntimeError``); ``close()`` (or ``with``) stops them, and so does interpreter exit.
+    a second or two at the start; until then the steps are drawn in-process, so that the first
+    steps do not wait for them. A worker that dies fails the step that waited on it with one line
+    (``RuntimeError``); ``close()`` (or ``with``) stops them, and so does interpreter exit.
     """
 
     def __init__(self, *, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int = 0,
@@ -66,14 +91,20 @@ class CandidatePool:
         self._executor = None
         if workers > 0:
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"))
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_started)
+            self._ready = self._executor.submit(_started)  # done once a worker has started
+
+    @property
+    def ready(self) -> bool:
+        """Whether the draws come from the workers yet (in-process until one has started)."""
+        return self._executor is not None and self._ready.done()
 
     def add(self, batch: dict, step: int) -> dict:
         """``batch`` (leading device axis D, as ``add_candidates`` takes it) with ``candidates
         [D, 2, S]`` and ``num_tries [D, 2]`` of ``step`` added."""
         if batch["inputs"].shape[0] != self.n_devices:
             raise ValueError(f"a batch of {batch['inputs'].shape[0]} devices; this pool draws for {self.n_devices}")
-        if self._executor is None:
+        if self._executor is None or not self._ready.done():
             return train.add_candidates(batch, step=step, **self.args)
         for s in [s for s in self._futures if s < step]:  # skipped steps (a restart): not needed
             self._futures.pop(s).cancel()
@@ -109,6 +140,8 @@ class HostBatch:
     """``train.prepare_batch``'s output: the batcher's arrays ``[D, ...]``, candidates, fetch plan."""
     capacity: int = 0
     """The fetch capacity ``batch`` was planned with."""
+    arrays: dict | None = None
+    """``batch`` as the step's global arrays (``HostPipeline``'s ``to_device``), or None."""
     error: BaseException | None = None
     """StopIteration at the end of the data, or what failed while building this step's batch."""
     data_state: dict | None = None
@@ -124,11 +157,15 @@ class HostPipeline:
     is planned with the largest capacity planned here so far, or the last one every process agreed
     on (``agreed``, set by the loop's thread), whichever is larger: the same capacity as
     ``prepare_batch(capacity=agreed)`` would give, or one that the loop's agreement replans.
+
+    ``keep_state``: capture ``batcher.state()`` with each batch. ``to_device``: also make the
+    batch's global arrays, where it is built (the loop's thread then has nothing to copy).
     """
 
     def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, n_devices: int, seed: int, first_device: int,
-                 fixed: bool, workers: int = 0, keep_state: bool = False):
-        self.batcher, self.n_devices, self.keep_state = batcher, n_devices, keep_state
+                 fixed: bool, workers: int = 0, keep_state: bool = False,
+                 to_device: Callable[[dict], dict] | None = None):
+        self.batcher, self.n_devices, self.keep_state, self.to_device = batcher, n_devices, keep_state, to_device
         self.layout = RowLayout.for_vocab(train_cfg.n_tokens_vocab)
         self.pool = CandidatePool(seed=seed, num_sampled=train_cfg.n_negative_samples_batch,
                                   vocab_size=train_cfg.n_tokens_vocab, n_devices=batcher.n_devices,
@@ -151,7 +188,9 @@ class HostPipeline:
         plan, capacity = plan_fetch(batch["candidates"], batch["targets"], self.layout, self.n_devices,
                                     max(self.capacity, self.agreed))
         self.capacity = capacity
-        return HostBatch(step, {**batch, **plan}, capacity, data_state=state)
+        batch = {**batch, **plan}
+        arrays = self.to_device(batch) if self.to_device is not None else None
+        return HostBatch(step, batch, capacity, arrays, data_state=state)
 
     def _state(self) -> dict | None:
         return self.batcher.state() if self.keep_state else None

@@ -7,6 +7,7 @@ around it (restore-or-init, hooks every N steps, checkpoint on exit), in the lev
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from elmo_jax.config import ConfigError, Options, TrainConfig
 from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.perplexity import evaluate
-from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher
+from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher, default_workers
 from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
 
 
@@ -215,24 +216,31 @@ class GlobalBatches:
     every process and no process is left waiting in a collective of a step the others skipped.
 
     ``prefetch``: host batches (``prefetch.HostPipeline``) built ahead in a background thread,
-    while the device runs the step before (0: built in ``next``, on the loop's thread). The
-    agreement and the global arrays stay on the loop's thread, once per step in step order.
+    while the device runs the step before, and copied to the devices there (0: built in ``next``,
+    on the loop's thread). The agreement stays on the loop's thread, once per step in step order;
+    a batch it changes (another process needs more words or capacity) is planned and copied again.
     ``workers``: processes that draw the candidates ahead (``prefetch.CandidatePool``; 0: drawn
-    where the batch is built). ``close()`` stops both; so does dropping the object.
+    where the batch is built; None: ``prefetch.default_workers``, none on 1-2 cores). ``close()``
+    stops both; so does dropping the object.
 
     The batcher runs ahead of the loop: a checkpoint saves ``data_state()``, not
     ``batcher.state()``.
     """
 
     def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
-                 fixed: bool, prefetch: int = 2, workers: int = 0):
+                 fixed: bool, prefetch: int = 2, workers: int | None = None):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
         self.sharding = NamedSharding(mesh, P(train.AXIS))
         self.error: BaseException | None = None  # this process's own failure, re-raised after the save
         self.prefetch = prefetch
+        workers = default_workers(batcher.n_devices) if workers is None else workers
+        # Built ahead, a batch is copied to the devices ahead too: in the loop's thread each copy
+        # waits for the GIL, which the builder's Python code holds more often than not.
         self.host = HostPipeline(batcher, train_cfg, mesh.size, seed, first_device, fixed, workers,
-                                 keep_state=prefetch > 0)
+                                 keep_state=prefetch > 0,
+                                 to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch
+                                 else None)
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
         self._data_state: dict | None = None
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
@@ -245,7 +253,7 @@ class GlobalBatches:
         ``stopping``: this process's own reason to stop (``StopTogether.REASONS``). An exception
         while building the batch is one too (kept in ``self.error``). Called once per step, in
         step order."""
-        n, local, capacity = self.mesh.size, None, 0
+        n, local, capacity, arrays = self.mesh.size, None, 0, None
         if stopping is None:
             try:
                 item = self._take(step_number)
@@ -259,7 +267,7 @@ class GlobalBatches:
                 stopping, self.error = "error", item.error
             else:
                 # A batch built ahead may have been planned before the last agreement.
-                local, capacity = item.batch, max(item.capacity, self.capacity)
+                local, capacity, arrays = item.batch, max(item.capacity, self.capacity), item.arrays
         words = local["chars"].shape[1] if local is not None else 0
         words, capacity, reason = _agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
         if reason:
@@ -268,11 +276,12 @@ class GlobalBatches:
             plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(self.train.n_tokens_vocab),
                                  n, capacity)
             local.update(plan)
+            arrays = None
         self.capacity = self.host.agreed = capacity
         if words != local["chars"].shape[1]:
             local["chars"] = np.pad(local["chars"], ((0, 0), (0, words - local["chars"].shape[1]), (0, 0)))
-        return {k: jax.make_array_from_process_local_data(self.sharding, local[k], (n,) + local[k].shape[1:])
-                for k in train.BATCH_KEYS}
+            arrays = None
+        return arrays if arrays is not None else _global_arrays(self.sharding, n, local)
 
     def _take(self, step_number: int) -> HostBatch:
         if not self.prefetch:
@@ -297,6 +306,12 @@ class GlobalBatches:
     def close(self) -> None:
         """Stops the prefetch thread and the candidate workers (idempotent)."""
         self._closer()
+
+
+def _global_arrays(sharding: NamedSharding, n: int, local: dict) -> dict:
+    """This process's host batch ``[D, ...]`` -> the step's global arrays ``[n, ...]``."""
+    return {k: jax.make_array_from_process_local_data(sharding, local[k], (n,) + local[k].shape[1:])
+            for k in train.BATCH_KEYS}
 
 
 def _close_all(parts: list) -> None:

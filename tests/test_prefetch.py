@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import jax
 import numpy as np
@@ -20,7 +21,7 @@ from elmo_jax import train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.prefetch import CandidatePool
+from elmo_jax.prefetch import CandidatePool, default_workers
 from elmo_jax.pretrain import GlobalBatches, StopTogether
 
 ROWS, STEPS = 3, 7  # rows per device, unroll steps
@@ -61,11 +62,20 @@ def _host(batch: dict) -> dict:
     return {k: np.asarray(v) for k, v in jax.device_get(batch).items()}
 
 
+def _wait_ready(pool: CandidatePool) -> None:
+    deadline = time.monotonic() + 60
+    while not pool.ready:
+        assert time.monotonic() < deadline, "the candidate workers did not start"
+        time.sleep(0.05)
+
+
 def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
     args = dict(seed=7, num_sampled=2048, vocab_size=793_471, first_device=2, fixed=False)
     batch = {"inputs": np.zeros((2, 2, ROWS, STEPS), np.int32), "targets": np.ones((2, 2, ROWS, STEPS), np.int32)}
     with CandidatePool(n_devices=2, workers=2, **args) as pool:
-        for step in (0, 1, 2, 5, 6):  # a jump: the draws queued for steps 3 and 4 are dropped
+        for step in (0, 1, 2, 5, 6, 7):  # a jump: the draws queued for steps 3 and 4 are dropped
+            if step == 1:  # step 0 was drawn in-process, while the workers started
+                _wait_ready(pool)
             got, want = pool.add(batch, step), train.add_candidates(batch, step=step, **args)
             assert got.keys() == want.keys()
             for k in want:
@@ -89,6 +99,8 @@ def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus,
                     ahead.next(step)
                 break
             got = ahead.next(step)
+            if step == 0 and workers:  # drawn in-process while the workers start; then by them
+                _wait_ready(ahead.host.pool)
             assert got.keys() == want.keys() == set(train.BATCH_KEYS)
             for k, x in _host(want).items():
                 np.testing.assert_array_equal(_host(got)[k], x, err_msg=f"step {step}: {k}")
@@ -159,6 +171,7 @@ def test_close_or_dropping_stops_the_thread_and_the_workers(corpus):
 def test_a_dead_worker_fails_the_step_with_one_line():
     batch = {"inputs": np.zeros((1, 2, ROWS, STEPS), np.int32)}
     with CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1) as pool:
+        _wait_ready(pool)
         pool.add(batch, 0)
         for pid in list(pool._executor._processes):
             os.kill(pid, signal.SIGKILL)
@@ -168,12 +181,20 @@ def test_a_dead_worker_fails_the_step_with_one_line():
         assert "\n" not in str(e.value)
 
 
+def test_default_workers():
+    assert [default_workers(d, cores) for d, cores in ((1, 1), (8, 2), (1, 16), (8, 16), (8, 4))] == [0, 0, 1, 3, 2]
+
+
 def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
     script = textwrap.dedent("""
+        import time
+
         import numpy as np
         from elmo_jax.prefetch import CandidatePool, HostBatch, Prefetcher
 
         pool = CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1)
+        while not pool.ready:
+            time.sleep(0.05)
         batch = {"inputs": np.zeros((1, 2, 3, 7), np.int32)}
         ahead = Prefetcher(lambda step: HostBatch(step, pool.add(batch, step)), 0, 2)
         print(ahead.take().step, ahead.take().step)
