@@ -103,7 +103,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
                          f"{batch_size} x {unroll_steps} tokens); lower --batch-size")
     fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / count
     return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
-            "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()) if scored is not None else int(count[0]),
+            "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()),
             "unk_rate": unks / max(positions, 1)}
 
 

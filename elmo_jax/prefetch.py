@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 import multiprocessing
-import os
 import queue
 import threading
 from concurrent.futures.process import BrokenProcessPool
@@ -33,7 +31,6 @@ import numpy as np
 from elmo_jax import train
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import LMBatcher
-from elmo_jax.sharded_softmax import RowLayout, plan_fetch
 
 
 def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int,
@@ -49,22 +46,6 @@ def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: in
 
 def _started() -> None:
     """In a worker, when it starts: nothing (unpickling it imports this module: the draws' imports)."""
-
-
-def default_workers(n_devices: int, cores: int | None = None) -> int:
-    """Candidate workers for ``n_devices`` local devices on ``cores`` cores (default: this machine's).
-
-    0 on 1-2 cores. Measured on 2 cores at the original shape (experiments/bench_train.py
-    --pipeline-only, one device): with batches built ahead, 1 worker lowers the builder's
-    ceiling from ~11.5 to ~8.5 ms a step, 2 workers do not (~11.5: four busy threads on two
-    cores), and building in the loop without prefetch is ~9 ms; a 15 ms step hides all of them.
-    A worker costs ~1.7 s of CPU and ~180 MB to start, and on a 2-core machine without an
-    accelerator it takes its cycles from the train step itself. With more cores: one per 3
-    local devices (a worker draws one device's candidates, S = 8192, V ~ 8e5, in ~4 ms: 3 fit a
-    15 ms step), leaving 2 cores to the loop and the builder.
-    """
-    cores = cores or os.cpu_count() or 1
-    return 0 if cores <= 2 else max(1, min(math.ceil(n_devices / 3), cores - 2))
 
 
 class CandidatePool:
@@ -166,7 +147,7 @@ class HostPipeline:
                  fixed: bool, workers: int = 0, keep_state: bool = False,
                  to_device: Callable[[dict], dict] | None = None):
         self.batcher, self.n_devices, self.keep_state, self.to_device = batcher, n_devices, keep_state, to_device
-        self.layout = RowLayout.for_vocab(train_cfg.n_tokens_vocab)
+        self.vocab_size = train_cfg.n_tokens_vocab
         self.pool = CandidatePool(seed=seed, num_sampled=train_cfg.n_negative_samples_batch,
                                   vocab_size=train_cfg.n_tokens_vocab, n_devices=batcher.n_devices,
                                   first_device=first_device, fixed=fixed, workers=workers)
@@ -184,11 +165,9 @@ class HostPipeline:
     def _build(self, step: int) -> HostBatch:
         batch = self.batcher.next()
         state = self._state()
-        batch = self.pool.add(batch, step)
-        plan, capacity = plan_fetch(batch["candidates"], batch["targets"], self.layout, self.n_devices,
-                                    max(self.capacity, self.agreed))
+        batch, capacity = train.plan_batch(self.pool.add(batch, step), self.vocab_size, self.n_devices,
+                                           max(self.capacity, self.agreed))
         self.capacity = capacity
-        batch = {**batch, **plan}
         arrays = self.to_device(batch) if self.to_device is not None else None
         return HostBatch(step, batch, capacity, arrays, data_state=state)
 

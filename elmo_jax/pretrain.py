@@ -30,8 +30,8 @@ from elmo_jax.config import ConfigError, Options, TrainConfig
 from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.perplexity import evaluate
-from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher, default_workers
-from elmo_jax.sharded_softmax import LayoutError, RowLayout, plan_fetch
+from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher
+from elmo_jax.sharded_softmax import LayoutError, RowLayout
 
 
 @dataclasses.dataclass
@@ -59,7 +59,10 @@ class RunSettings:
     prefetch: int = 2
     """Host batches built ahead in a thread (0: built in the loop); see ``GlobalBatches``."""
     host_workers: int = 0
-    """Processes drawing the sampled candidates ahead (0: drawn with the batch)."""
+    """Processes drawing the sampled candidates ahead (0: drawn with the batch). On 2 cores 1
+    worker raised the host's ceiling (``bench_train.py --pipeline-only``: 8.6 against 10.1 ms a
+    step) and 2 lowered it; a 15 ms device step hid all of them, hence 0 until a GPU host is
+    measured."""
 
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
@@ -220,7 +223,7 @@ class GlobalBatches:
     on the loop's thread). The agreement stays on the loop's thread, once per step in step order;
     a batch it changes (another process needs more words or capacity) is planned and copied again.
     ``workers``: processes that draw the candidates ahead (``prefetch.CandidatePool``; 0: drawn
-    where the batch is built; None: ``prefetch.default_workers``, none on 1-2 cores). ``close()``
+    where the batch is built, the default, as ``RunSettings.host_workers``). ``close()``
     stops both; so does dropping the object.
 
     The batcher runs ahead of the loop: a checkpoint saves ``data_state()``, not
@@ -228,13 +231,12 @@ class GlobalBatches:
     """
 
     def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
-                 fixed: bool, prefetch: int = 2, workers: int | None = None):
+                 fixed: bool, prefetch: int = 2, workers: int = 0):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
         self.sharding = NamedSharding(mesh, P(train.AXIS))
         self.error: BaseException | None = None  # this process's own failure, re-raised after the save
         self.prefetch = prefetch
-        workers = default_workers(batcher.n_devices) if workers is None else workers
         # Built ahead, a batch is copied to the devices ahead too: in the loop's thread each copy
         # waits for the GIL, which the builder's Python code holds more often than not.
         self.host = HostPipeline(batcher, train_cfg, mesh.size, seed, first_device, fixed, workers,
@@ -273,9 +275,7 @@ class GlobalBatches:
         if reason:
             raise StopTogether(StopTogether.REASONS[reason])
         if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity
-            plan, _ = plan_fetch(local["candidates"], local["targets"], RowLayout.for_vocab(self.train.n_tokens_vocab),
-                                 n, capacity)
-            local.update(plan)
+            local, _ = train.plan_batch(local, self.train.n_tokens_vocab, n, capacity)
             arrays = None
         self.capacity = self.host.agreed = capacity
         if words != local["chars"].shape[1]:

@@ -270,6 +270,12 @@ def prepare_batch(batch: dict, *, step: int, seed: int, train: TrainConfig, n_de
     capacity used (at least ``capacity``; see ``sharded_softmax.plan_fetch``)."""
     batch = add_candidates(batch, step=step, seed=seed, num_sampled=train.n_negative_samples_batch,
                            vocab_size=train.n_tokens_vocab, first_device=first_device, fixed=fixed)
-    plan, capacity = plan_fetch(batch["candidates"], batch["targets"], RowLayout.for_vocab(train.n_tokens_vocab),
-                                n_devices, capacity)
+    return plan_batch(batch, train.n_tokens_vocab, n_devices, capacity)
+
+
+def plan_batch(batch: dict, vocab_size: int, n_devices: int, capacity: int = 0) -> tuple[dict, int]:
+    """A host batch with its candidates -> the same with the fetch plan of ``plan_fetch`` (which
+    may replace an older one), and the capacity used (at least ``capacity``)."""
+    plan, capacity = plan_fetch(batch["candidates"], batch["targets"], RowLayout.for_vocab(vocab_size), n_devices,
+                                capacity)
     return {**batch, **plan}, capacity

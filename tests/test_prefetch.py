@@ -21,7 +21,7 @@ from elmo_jax import train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.prefetch import CandidatePool, default_workers
+from elmo_jax.prefetch import CandidatePool
 from elmo_jax.pretrain import GlobalBatches, StopTogether
 
 ROWS, STEPS = 3, 7  # rows per device, unroll steps
@@ -179,10 +179,6 @@ def test_a_dead_worker_fails_the_step_with_one_line():
             for step in range(1, 100):  # the draws already done may still come back
                 pool.add(batch, step)
         assert "\n" not in str(e.value)
-
-
-def test_default_workers():
-    assert [default_workers(d, cores) for d, cores in ((1, 1), (8, 2), (1, 16), (8, 16), (8, 4))] == [0, 0, 1, 3, 2]
 
 
 def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
