@@ -16,6 +16,7 @@ import numpy as np
 
 from elmo_jax.chars import PAD_CHAR
 from elmo_jax.config import CharCNNConfig, ModelConfig
+from elmo_jax.initializers import Normal, Uniform, draw
 from elmo_jax.layout import for_backend
 
 Precision = jax.lax.Precision | str | None
@@ -24,27 +25,23 @@ Precision = jax.lax.Precision | str | None
 def init(key: jax.Array, config: ModelConfig) -> dict:
     """bilm-tf's initialisers, so training from scratch follows the reference recipe."""
     c, p = config.char_cnn, config.lstm.projection_dim
-    f = c.n_filters
-    keys = iter(jax.random.split(key, 3 + len(c.filters) + 2 * c.n_highway))
-    char_embed = jax.random.uniform(next(keys), (c.n_characters, c.embedding_dim), minval=-1.0, maxval=1.0)
+    f, e = c.n_filters, c.embedding_dim
+    if c.activation == "relu":
+        conv_specs = [Uniform((width, e, n), -0.05, 0.05) for width, n in c.filters]
+    else:
+        conv_specs = [Normal((width, e, n), np.sqrt(1.0 / (width * e))) for width, n in c.filters]
+    # Per highway layer: carry, then transform.
+    highway_specs = [Normal((f, f), np.sqrt(1.0 / f)) for _ in range(2 * c.n_highway)]
+    char_embed, *weights = draw(key, [Uniform((c.n_characters, e), -1.0, 1.0), *conv_specs, *highway_specs,
+                                      Normal((f, p), np.sqrt(1.0 / f))])
     if c.n_characters == 262:
         char_embed = char_embed.at[0].set(0.0)
-    conv = []
-    for width, n in c.filters:
-        k = next(keys)
-        if c.activation == "relu":
-            w = jax.random.uniform(k, (width, c.embedding_dim, n), minval=-0.05, maxval=0.05)
-        else:
-            w = jax.random.normal(k, (width, c.embedding_dim, n)) * np.sqrt(1.0 / (width * c.embedding_dim))
-        conv.append({"w": w, "b": jnp.zeros((n,))})
-    highway = []
-    for _ in range(c.n_highway):
-        w_carry = jax.random.normal(next(keys), (f, f)) * np.sqrt(1.0 / f)
-        w_transform = jax.random.normal(next(keys), (f, f)) * np.sqrt(1.0 / f)
-        # b_carry = -2: the gate starts mostly closed, so the highway starts near the identity.
-        b = jnp.concatenate([jnp.full((f,), -2.0), jnp.zeros((f,))])
-        highway.append({"w": jnp.concatenate([w_carry, w_transform], axis=1), "b": b})
-    proj = {"w": jax.random.normal(next(keys), (f, p)) * np.sqrt(1.0 / f), "b": jnp.zeros((p,))}
+    conv = [{"w": w, "b": jnp.zeros((n,))} for w, (_, n) in zip(weights, c.filters)]
+    highway_w = weights[len(c.filters):-1]
+    # b_carry = -2: the gate starts mostly closed, so the highway starts near the identity.
+    b = jnp.concatenate([jnp.full((f,), -2.0), jnp.zeros((f,))])
+    highway = [{"w": jnp.concatenate(highway_w[2 * i:2 * i + 2], axis=1), "b": b} for i in range(c.n_highway)]
+    proj = {"w": weights[-1], "b": jnp.zeros((p,))}
     return {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj}
 
 

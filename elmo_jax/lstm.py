@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.initializers import Uniform, draw
 from elmo_jax.layout import Layout, for_backend
 
 Precision = jax.lax.Precision | str | None
@@ -35,19 +36,15 @@ def init(key: jax.Array, config: ModelConfig) -> list[dict]:
     l = config.lstm
     d, p = l.dim, l.projection_dim
 
-    def glorot(k, shape):
+    def glorot(shape):
         fan_in, fan_out = shape[-2], shape[-1]
         lim = np.sqrt(6.0 / (fan_in + fan_out))
-        return jax.random.uniform(k, shape, minval=-lim, maxval=lim)
+        return Uniform(shape, -lim, lim)
 
-    layers = []
-    for k in jax.random.split(key, l.n_layers):
-        k1, k2 = jax.random.split(k)
-        # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
-        w0 = glorot(k1, (2, p + p, 4 * d))
-        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)),
-                       "w_proj": glorot(k2, (2, d, p))})
-    return layers
+    # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
+    weights = draw(key, [spec for _ in range(l.n_layers) for spec in (glorot((2, p + p, 4 * d)), glorot((2, d, p)))])
+    return [{"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)), "w_proj": w_proj}
+            for w0, w_proj in zip(weights[0::2], weights[1::2])]
 
 
 def zero_state(config: ModelConfig, batch: int) -> dict:
