@@ -16,6 +16,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _CACHE = tempfile.mkdtemp(prefix="elmo_jax_test_xla_")
 atexit.register(shutil.rmtree, _CACHE, True)
 os.environ["ELMO_JAX_COMPILE_CACHE"] = _CACHE
+# The same cache for subprocesses that use the library without the CLI (the notebook's kernel):
+# jax reads these at import.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import pathlib  # noqa: E402
 

@@ -1,8 +1,9 @@
 """experiments/colab_quickstart.ipynb runs top to bottom (a short training run) and is stored without outputs.
 
 The notebook is executed in a fresh kernel with ``nbclient``, in a temporary working directory, with
-``ELMO_NOTEBOOK_STEPS=40`` and the run directory under ``tmp_path``. The kernel inherits this process's
-environment (``XLA_FLAGS`` from conftest included). To be sure the kernel is this interpreter (the one
+``ELMO_NOTEBOOK_STEPS=40``, ``ELMO_NOTEBOOK_HELDOUT_SENTENCES=40`` and the run directory under
+``tmp_path``. The kernel inherits this process's environment (``XLA_FLAGS`` and the session's
+compile cache from conftest). To be sure the kernel is this interpreter (the one
 with elmo_jax installed) and not whatever a user-level "python3" kernelspec points at, the test puts a
 "python3" kernelspec whose argv is ``sys.executable`` first on ``JUPYTER_PATH``.
 """
@@ -75,6 +76,7 @@ def test_notebook_runs(tmp_path, monkeypatch):
     assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
     run_dir = tmp_path / "run"
     monkeypatch.setenv("ELMO_NOTEBOOK_STEPS", "40")
+    monkeypatch.setenv("ELMO_NOTEBOOK_HELDOUT_SENTENCES", "40")
     monkeypatch.setenv("ELMO_NOTEBOOK_RUN_DIR", str(run_dir))
     work = tmp_path / "work"
     work.mkdir()
