@@ -55,10 +55,47 @@ VARIANTS = {
 }
 
 PARTS = ("char_cnn", "lstm", "softmax_rows", "softmax", "optimizer")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 
 
-def summarize_trace(trace_dir: str, steps: int, wall_s: float) -> str:
-    """A text summary of the device events of the newest trace under ``trace_dir``."""
+def hlo_scopes(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> its ``op_name`` (the JAX name stack) in compiled HLO text.
+
+    A GPU trace names each kernel's HLO instruction (``hlo_op``) but, from jax 0.11 on, gives
+    ``XlaModule:`` as its name stack (``tf_op``), so the parts of the step come from the compiled
+    module's metadata instead. A fusion without metadata of its own takes the first ``op_name``
+    inside the computation it calls.
+    """
+    scopes, calls, inside, current = {}, {}, collections.defaultdict(list), None
+    for line in hlo_text.splitlines():
+        if (m := _COMPUTATION.match(line)) and "=" not in line.split("{")[0]:
+            current = m.group(1)
+            continue
+        if not (m := _INSTRUCTION.match(line)):
+            continue
+        name, rest = m.groups()
+        if (op := re.search(r'op_name="([^"]*)"', rest)):
+            scopes[name] = op.group(1)
+            inside[current].append(op.group(1))
+        elif (callee := re.search(r"calls=%?([\w.\-]+)", rest)):
+            calls[name] = callee.group(1)
+    for name, callee in calls.items():
+        if inside.get(callee):
+            scopes[name] = inside[callee][0]
+    return scopes
+
+
+def part_of(scope: str) -> str:
+    """The part of the train step (``PARTS``, "lstm (backward)", or "other") a name stack belongs to."""
+    part = next((p for p in PARTS if re.search(rf"\b{p}\b", scope)), "other")
+    # The backward pass of the scan is a while loop too; keep it apart from the forward.
+    return "lstm (backward)" if part == "lstm" and "transpose" in scope else part
+
+
+def summarize_trace(trace_dir: str, steps: int, wall_s: float, hlo_text: str = "") -> str:
+    """A text summary of the device events of the newest trace under ``trace_dir``; ``hlo_text``
+    (the compiled step's ``as_text()``) names the part of the step each kernel belongs to."""
     from jax.profiler import ProfileData
 
     paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
@@ -66,22 +103,16 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float) -> str:
         return "no trace written\n"
     data = ProfileData.from_file(paths[-1])
     by_op = collections.Counter()
-    by_part = collections.Counter()
+    by_part, part_kernels = collections.Counter(), collections.Counter()
     where = {}
     kernels = 0
     device_planes = [p for p in data.planes if p.name.startswith("/device:")]
-    # The name stack (tf_op) may sit on the "XLA Ops" line rather than on the kernels: map op -> scope.
-    scopes, seen = {}, []
+    scopes, seen = hlo_scopes(hlo_text), []
     for plane in device_planes:
         for line in plane.lines:
             events = list(line.events)
             if events:
                 seen.append(f"{plane.name} | {line.name}: {len(events)} events, stats {[k for k, _ in events[0].stats]}")
-            for e in events:
-                stats = {k: str(v) for k, v in e.stats}
-                scope = stats.get("tf_op") or stats.get("name_stack") or stats.get("long_name")
-                if scope:
-                    scopes.setdefault(stats.get("hlo_op", e.name), scope)
     for plane in device_planes:
         for line in plane.lines:
             if "stream" not in line.name.lower():
@@ -89,21 +120,20 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float) -> str:
             for e in line.events:
                 stats = {k: str(v) for k, v in e.stats}
                 op = stats.get("hlo_op", e.name)
-                scope = scopes.get(op, "")
+                scope = scopes.get(op) or stats.get("tf_op", "")
                 kernels += 1
                 by_op[op] += e.duration_ns
-                where.setdefault(op, (e.name[:60], scope[:100]))
-                part = next((p for p in PARTS if re.search(rf"\b{p}\b", scope)), "other")
-                # The backward pass of the scan is a while loop too; keep it apart from the forward.
-                if part == "lstm" and "transpose" in scope:
-                    part = "lstm (backward)"
-                by_part[part] += e.duration_ns
+                where.setdefault(op, (e.name[:60], scope[-100:]))
+                by_part[part_of(scope)] += e.duration_ns
+                part_kernels[part_of(scope)] += 1
     busy = sum(by_op.values()) / 1e6
     lines = ["lines: " + "\n  ".join(seen[:12]),
              f"per step: wall {wall_s * 1e3:.1f} ms, device busy {busy / steps:.1f} ms "
-             f"({100 * busy / steps / (wall_s * 1e3):.0f}%), {kernels / steps:.0f} kernels",
-             "device time per part of the step (ms per step):"]
-    lines += [f"  {part:<16} {ns / 1e6 / steps:8.2f}" for part, ns in by_part.most_common()]
+             f"({100 * busy / steps / (wall_s * 1e3):.0f}%), {kernels / steps:.0f} kernels, "
+             f"{len(scopes)} HLO instructions with a name stack",
+             "device time per part of the step (ms per step, kernels per step):"]
+    lines += [f"  {part:<16} {ns / 1e6 / steps:8.2f} {part_kernels[part] / steps:6.0f}"
+              for part, ns in by_part.most_common()]
     lines.append("top 20 ops (ms per step, kernel, name stack):")
     for op, ns in by_op.most_common(20):
         kname, scope = where[op]
@@ -143,7 +173,7 @@ def main() -> None:
             precision, dtype, layout = VARIANTS[name]
             trace = os.path.join(tmp, "trace") if name == args.profile else None
             try:
-                sec, _ = time_step(model, tc, mesh, batches, precision, dtype, layout, trace_dir=trace)
+                sec, compiled = time_step(model, tc, mesh, batches, precision, dtype, layout, trace_dir=trace)
             except Exception as e:  # a variant a backend rejects (tf32 on a CPU) must not stop the rest
                 print(f"{name:<12} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
                 continue
@@ -152,7 +182,7 @@ def main() -> None:
                   f"({100 * rate / f32:.0f}% of f32 matmul, {100 * rate / bf16:.0f}% of bf16)  "
                   f"[{np.dtype(dtype).name}, {getattr(precision, 'name', precision)}, {layout}]", flush=True)
             if trace:
-                text = summarize_trace(trace, args.steps, sec)
+                text = summarize_trace(trace, args.steps, sec, compiled.as_text())
                 os.makedirs(args.profile_out, exist_ok=True)
                 with open(os.path.join(args.profile_out, "profile_top.txt"), "w") as f:
                     f.write(f"{name}: {args.shape}, {args.batch} rows x 20\n" + text)

@@ -7,7 +7,8 @@
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
 #   profile   a jax.profiler trace of the "gpu" step with XLA's command buffers off (so that each
-#             kernel keeps its name stack): profile_top.txt, device time per part of the step
+#             kernel is its own event): profile_top.txt, device time per part of the step (each
+#             kernel's HLO instruction looked up in the compiled module's name stacks)
 #   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
 #             held-out text (needs experiments/data/lm, carried)
 #   cli       `elmo-jax train` itself, `original` shape, 128 rows: tokens/s with the host
