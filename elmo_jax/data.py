@@ -292,13 +292,20 @@ class _Stream:
         return out_in, out_tgt
 
     # -- checkpointing ----------------------------------------------------------------------
-    def state(self) -> dict:
+    def snapshot(self) -> tuple:
+        """The position and the rows' buffered slices as they are now: cheap enough for every
+        step (references to the shard's arrays, no copies); ``state(snapshot)`` makes it a dict."""
+        return ((self.epoch, self.shard_pos, self.sentence_pos),
+                [[(a, b, lo, hi) for a, b, lo, hi in buf] for buf in self.buffers])
+
+    def state(self, snapshot: tuple | None = None) -> dict:
+        position, buffers = snapshot if snapshot is not None else self.snapshot()
         pairs = [np.concatenate([np.stack([a[lo:hi], b[lo:hi]]) for a, b, lo, hi in buf], axis=1)
-                 if buf else np.zeros((2, 0), np.int64) for buf in self.buffers]
+                 if buf else np.zeros((2, 0), np.int64) for buf in buffers]
         flat = np.concatenate(pairs, axis=1)
         # Buffered OOV words are saved by spelling: their ids are only meaningful in this process.
         oov = np.unique(flat[0][flat[0] >= len(self.table.vocab)]).tolist()  # vectorised: runs every step with prefetch
-        return {"position": np.array([self.epoch, self.shard_pos, self.sentence_pos], np.int64),
+        return {"position": np.array(position, np.int64),
                 "buffer_lengths": np.array([p.shape[1] for p in pairs], np.int64),
                 "buffer_inputs": flat[0], "buffer_targets": flat[1],
                 "oov_ids": np.array(oov, np.int64),
@@ -405,8 +412,20 @@ class LMBatcher:
         return {**batch, "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b),
                 "starts": starts.reshape(2, d, b, -1).transpose(1, 0, 2, 3)}
 
-    def state(self) -> dict:
-        return {f"dir{d}": s.state() for d, s in enumerate(self.streams)}
+    def snapshot(self) -> list:
+        """Where the batcher is now, cheaply (~0.1 ms; ``state()`` costs ~2 ms at 128 rows): turn
+        it into a checkpointable state with ``state(snapshot)``, even after more batches."""
+        return [s.snapshot() for s in self.streams]
+
+    def state(self, snapshot: list | None = None) -> dict:
+        """The checkpointable position: now, or at ``snapshot``."""
+        snapshot = snapshot if snapshot is not None else [None] * len(self.streams)
+        return {f"dir{d}": s.state(snap) for d, (s, snap) in enumerate(zip(self.streams, snapshot))}
+
+    @staticmethod
+    def epoch_of(snapshot: list) -> int:
+        """``epoch`` as it was at ``snapshot``."""
+        return min(position[0] for position, _ in snapshot)
 
     def restore(self, state: dict) -> None:
         for d, s in enumerate(self.streams):

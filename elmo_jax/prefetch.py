@@ -125,9 +125,9 @@ class HostBatch:
     """``batch`` as the step's global arrays (``HostPipeline``'s ``to_device``), or None."""
     error: BaseException | None = None
     """StopIteration at the end of the data, or what failed while building this step's batch."""
-    data_state: dict | None = None
-    """``batcher.state()`` right after this step's ``batcher.next()``: what a checkpoint saved after
-    this step must hold. None when not captured (no prefetch: the batcher itself is there)."""
+    data_state: list | None = None
+    """``batcher.snapshot()`` right after this step's ``batcher.next()``: what a checkpoint saved
+    after this step must hold. None when not captured (no prefetch: the batcher itself is there)."""
 
 
 class HostPipeline:
@@ -139,7 +139,7 @@ class HostPipeline:
     on (``agreed``, set by the loop's thread), whichever is larger: the same capacity as
     ``prepare_batch(capacity=agreed)`` would give, or one that the loop's agreement replans.
 
-    ``keep_state``: capture ``batcher.state()`` with each batch. ``to_device``: also make the
+    ``keep_state``: capture ``batcher.snapshot()`` with each batch. ``to_device``: also make the
     batch's global arrays, where it is built (the loop's thread then has nothing to copy).
     """
 
@@ -171,8 +171,8 @@ class HostPipeline:
         arrays = self.to_device(batch) if self.to_device is not None else None
         return HostBatch(step, batch, capacity, arrays, data_state=state)
 
-    def _state(self) -> dict | None:
-        return self.batcher.state() if self.keep_state else None
+    def _state(self) -> list | None:
+        return self.batcher.snapshot() if self.keep_state else None
 
     def close(self) -> None:
         self.pool.close()

@@ -244,7 +244,7 @@ class GlobalBatches:
                                  to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch
                                  else None)
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
-        self._data_state: dict | None = None
+        self._data_state: list | None = None  # a batcher.snapshot()
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
         self._parts: list = [self.host]
         self._closer = weakref.finalize(self, _close_all, self._parts)
@@ -287,7 +287,7 @@ class GlobalBatches:
         if not self.prefetch:
             return self.host.build(step_number)
         if self._prefetcher is None:
-            self._data_state = self.batcher.state()  # before the thread moves the batcher on
+            self._data_state = self.batcher.snapshot()  # before the thread moves the batcher on
             self._prefetcher = Prefetcher(self.host.build, step_number, self.prefetch)
             self._parts.insert(0, self._prefetcher)  # stopped before the pool it draws from
         item = self._prefetcher.take()
@@ -301,7 +301,13 @@ class GlobalBatches:
         taken so far holds; with prefetch the batcher itself is further on)."""
         if self._prefetcher is None:
             return self.batcher.state()
-        return self._data_state
+        return self.batcher.state(self._data_state)
+
+    def epoch(self) -> int:
+        """The batcher's epoch after the last batch ``next`` took (the one to log)."""
+        if self._prefetcher is None:
+            return self.batcher.epoch
+        return LMBatcher.epoch_of(self._data_state)
 
     def close(self) -> None:
         """Stops the prefetch thread and the candidate workers (idempotent)."""
@@ -516,7 +522,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                     pending = None
                     # A window of the first step alone has only that step's run to time.
                     n, seconds = (timed, time.perf_counter() - t_window) if timed else (1, first_run)
-                    last = _summarise(window, step, batcher.epoch, tokens_per_step * n, seconds)
+                    last = _summarise(window, step, batches.epoch(), tokens_per_step * n, seconds)
                     if startup is not None:
                         last["startup_s"], startup = startup, None
                     window = {k: 0.0 for k in window} | {"n": 0}

@@ -12,6 +12,8 @@ gradient.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +44,22 @@ def expected_count(ids: jax.Array, num_tries, vocab_size: int) -> jax.Array:
     return -jnp.expm1(jnp.asarray(num_tries, jnp.float32) * jnp.log1p(-p))
 
 
+@functools.lru_cache(maxsize=16)
+def _expected_draws(num_sampled: int, vocab_size: int) -> float:
+    """The number of draws ``n`` after which ``num_sampled`` distinct ids are expected:
+    ``sum_k 1 - (1 - P(k))**n = num_sampled``, by bisection (once per run: ~0.1 s at V ~ 8e5)."""
+    k = np.arange(vocab_size, dtype=np.float64)
+    log_miss = np.log1p(-np.log1p(1.0 / (k + 1.0)) / np.log(vocab_size + 1.0))  # log(1 - P(k))
+    distinct = lambda n: vocab_size - np.exp(n * log_miss).sum()  # noqa: E731
+    lo = hi = float(num_sampled)
+    while distinct(hi) < num_sampled:
+        hi *= 2
+    for _ in range(24):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if distinct(mid) < num_sampled else (lo, mid)
+    return hi
+
+
 def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int,
                               vocab_size: int) -> tuple[np.ndarray, int]:
     """TF's ``LogUniformCandidateSampler(unique=True)`` on the host.
@@ -51,27 +69,43 @@ def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int,
     draw and the exact number of draws that took (the draw giving the last new id included).
 
     A Python loop over draws costs ~10 ms at ``S = 8192``; instead uniforms are drawn in chunks
-    and the first occurrences found with ``np.unique``. Since the chunks consume the generator's
-    stream in order, the result equals that of the one-draw-at-a-time loop on the same stream.
+    of 1.04x the expected number of draws (the draws needed vary by ~1 %, so one chunk nearly
+    always does), and each id's first draw is found in O(chunk) with ``np.minimum.at`` where a
+    ``[V]`` table is small, by sorting the chunk where it is not. Since the chunks consume the
+    generator's stream in order, the result equals that of the one-draw-at-a-time loop on the
+    same stream. (Sorting a growing array of all draws, as before, took 9.6 ms at S = 8192,
+    V = 28k, where ids repeat most; this takes 1.1 ms.)
     """
     if not 0 < num_sampled < vocab_size:
         raise ValueError(f"num_sampled must be in [1, vocab_size): got num_sampled={num_sampled}, "
                          f"vocab_size={vocab_size} (a unique sampler cannot draw the whole vocabulary)")
     log_range = np.log(vocab_size + 1.0)
-    draws = np.empty(0, np.int64)
-    # Under a Zipfian proposal the frequent ids repeat a lot; 2x covers V ~ 1e6, S ~ 8e3 in one go.
-    chunk = 2 * num_sampled + 64
+    chunk = int(1.04 * _expected_draws(num_sampled, vocab_size)) + 64
+    found, drawn, need = [], 0, num_sampled
     while True:
         u = rng.random(chunk)
         # Inverse CDF: the CDF of P at k is log(k+2) / log(V+1). The clip only guards round-off.
-        new = np.clip(np.floor(np.exp(u * log_range)).astype(np.int64) - 1, 0, vocab_size - 1)
-        draws = np.concatenate([draws, new])
-        _, first = np.unique(draws, return_index=True)
-        if first.size >= num_sampled:
-            first.sort()
-            first = first[:num_sampled]
-            return draws[first].astype(np.int32), int(first[-1]) + 1
-        chunk *= 2
+        ids = np.clip(np.floor(np.exp(u * log_range)).astype(np.int64) - 1, 0, vocab_size - 1)
+        new = _first_draws(ids, vocab_size)
+        if found:  # a later chunk (rare): drop ids an earlier one found
+            new = new[~np.isin(ids[new], np.concatenate(found))]
+        if new.size >= need:
+            found.append(ids[new[:need]])
+            return np.concatenate(found).astype(np.int32), drawn + int(new[need - 1]) + 1
+        found.append(ids[new])
+        need -= new.size
+        drawn += chunk
+
+
+def _first_draws(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The positions in ``ids`` where an id appears for the first time, ascending."""
+    if vocab_size > 8 * ids.size:  # a [V] table would cost more than sorting the draws
+        _, first = np.unique(ids, return_index=True)
+        return np.sort(first)
+    at = np.arange(ids.size)
+    first = np.full(vocab_size, ids.size, np.int64)
+    np.minimum.at(first, ids, at)
+    return np.flatnonzero(first[ids] == at)
 
 
 def sampled_softmax_loss(h: jax.Array, targets: jax.Array, true_w: jax.Array, true_b: jax.Array,

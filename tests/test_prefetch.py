@@ -41,10 +41,10 @@ def corpus(tmp_path_factory):
     return vocab, str(d / "*.txt")
 
 
-def _feed(corpus, prefetch: int, workers: int = 0) -> GlobalBatches:
+def _feed(corpus, prefetch: int, workers: int = 0, epochs: int = 1) -> GlobalBatches:
     vocab, files = corpus
     batcher = LMBatcher(TextFiles(files), vocab, rows_per_device=ROWS, unroll_steps=STEPS, max_chars=20, n_devices=2,
-                        seed=5, max_epochs=1)
+                        seed=5, max_epochs=epochs)
     cfg = TrainConfig(n_tokens_vocab=len(vocab), batch_size=ROWS, unroll_steps=STEPS, n_negative_samples_batch=16)
     mesh = Mesh(np.array(jax.devices()[:2]), (train.AXIS,))
     return GlobalBatches(batcher, cfg, mesh, seed=3, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
@@ -85,8 +85,8 @@ def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus, workers):
-    plain, ahead = _feed(corpus, prefetch=0), _feed(corpus, prefetch=2, workers=workers)
-    states, batches = [], []
+    plain, ahead = _feed(corpus, prefetch=0, epochs=2), _feed(corpus, prefetch=2, workers=workers, epochs=2)
+    states, batches, epochs = [], [], []
     try:
         _assert_states_equal(ahead.data_state(), plain.data_state())
         step = 0
@@ -106,16 +106,18 @@ def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus,
                 np.testing.assert_array_equal(_host(got)[k], x, err_msg=f"step {step}: {k}")
             # The batcher is ahead of the loop; the state to save is that after this step's batch.
             _assert_states_equal(ahead.data_state(), plain.data_state())
+            assert ahead.epoch() == plain.epoch() == plain.batcher.epoch  # the epoch logged: this step's
+            epochs.append(ahead.epoch())
             states.append(ahead.data_state())
             batches.append(_host(want))
             step += 1
-        assert step >= 6
+        assert step >= 6 and epochs[0] == 0 and epochs[-1] == 1, epochs
         _assert_states_equal(ahead.data_state(), plain.data_state())
     finally:
         plain.close()
         ahead.close()
     # Resumed from the state saved after step 2, the data continues as it did.
-    resumed = _feed(corpus, prefetch=2, workers=0)
+    resumed = _feed(corpus, prefetch=2, workers=0, epochs=2)
     resumed.batcher.restore(states[2])
     try:
         for step in range(3, len(batches)):

@@ -65,7 +65,7 @@ def test_sampler_basic(vocab_size, num_sampled):
     assert again[1] == tries
 
 
-@pytest.mark.parametrize("vocab_size,num_sampled", [(32, 16), (50, 10), (5000, 300)])
+@pytest.mark.parametrize("vocab_size,num_sampled", [(32, 16), (50, 10), (5000, 300), (28_000, 2048)])
 def test_sampler_equals_one_draw_at_a_time_loop(vocab_size, num_sampled):
     # The chunked draws consume the generator's stream in the same order as TF's loop would,
     # so candidates, their order and num_tries must all be identical.
