@@ -18,7 +18,10 @@ from elmo_jax.config import ModelConfig
 Precision = jax.lax.Precision | str | None
 
 
+@functools.partial(jax.jit, static_argnames="config")
 def init(key: jax.Array, config: ModelConfig) -> dict:
+    """Fresh biLM params. Jitted: run eagerly, the weights' ~30 slices and scalings would each
+    compile a program of their own."""
     k1, k2 = jax.random.split(key)
     return {"char_cnn": char_cnn.init(k1, config), "lstm": lstm.init(k2, config)}
 

@@ -34,6 +34,9 @@ from elmo_jax import init_bilm, preset  # noqa: E402
 from elmo_jax.embed import Embedder  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPILES: list[float] = []  # seconds of each XLA compile in this process (a persistent-cache hit is not one)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, sec, **_: COMPILES.append(sec) if event == "/jax/core/compile/backend_compile_duration" else None)
 
 
 def natural_sentences() -> list[list[str]]:
@@ -63,11 +66,14 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
     for precision in precisions:
         embedder = make_embedder(config, params, precision, devices=1)
         for label in ("cold", "warm"):
+            compiles = len(COMPILES)
             t = time.perf_counter()
             embedder.embed(sents)
             sec = time.perf_counter() - t
-            print(f"{name:8s} {precision:8s} {what}, {label}: {n / sec:8.0f} tokens/s ({sec:.1f} s; "
-                  f"{100 * flops / sec / 1e9 / peak:.0f}% of the float32 matmul, useful FLOPs only)", flush=True)
+            new = COMPILES[compiles:]
+            print(f"{name:8s} {precision:8s} {what}, {label}: {n / sec:8.0f} tokens/s ({sec:.1f} s, of which "
+                  f"{sum(new):.1f} s compiling {len(new)} programs; {100 * flops / sec / 1e9 / peak:.0f}% of the "
+                  f"float32 matmul, useful FLOPs only)", flush=True)
 
 
 def main() -> None:

@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# Every GPU figure of experiments/README.md in one call on a lent GPU machine (it has jax, flax,
-# optax, orbax and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
+# Every GPU figure of experiments/README.md on a lent GPU machine (it has jax, flax, optax, orbax
+# and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
 #   bash experiments/gpu_bench.sh [OUT_DIR]
-# PARTS picks parts (default: variants profile cli embed):
+# PARTS picks parts, run in this order (default: embed cli profile, about 9 minutes with
+# BASELINE: two calls, PARTS=embed then PARTS="cli profile"):
+#   embed     a whole extraction job, `original` shape, on experiments/data/lm/heldout.txt (or the
+#             bundled sample), bfloat16 and float32, cold (compiles included) and warm; with
+#             BASELINE=DIR (the previous commit's tree, from git archive) that tree's float32
 #   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
+#   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
+#             held-out text (needs experiments/data/lm, carried)
+#   cli       `elmo-jax train` itself, `original` shape, 128 rows, 300 steps: tokens/s with the
+#             host pipeline in the loop, once per flag set in CLI_VARIANTS (';'-separated;
+#             default: prefetch 0, prefetch 2, prefetch 2 with 2 candidate workers), and the
+#             BASELINE tree's (needs experiments/data/lm)
 #   profile   a jax.profiler trace of the "gpu" step with XLA's command buffers off (so that each
 #             kernel is its own event): profile_top.txt, device time per part of the step (each
 #             kernel's HLO instruction looked up in the compiled module's name stacks)
-#   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
-#             held-out text (needs experiments/data/lm, carried)
-#   cli       `elmo-jax train` itself, `original` shape, 128 rows: tokens/s with the host
-#             pipeline in the loop (needs experiments/data/lm; CLI_ARGS adds flags, e.g.
-#             '--prefetch 0' or '--host-workers 2')
-#   embed     a whole extraction job, `original` shape, on experiments/data/lm/heldout.txt (or the
-#             bundled sample), float32 and bfloat16; with BASELINE=DIR (the previous commit's
-#             elmo_jax, from git archive) the same job on that tree, in the same call
 # SHAPE/BATCH shrink the shapes for a CPU rehearsal.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
-parts=${PARTS:-variants profile cli embed}
+parts=${PARTS:-embed cli profile}
 shape=${SHAPE:-original}
 batch=${BATCH:-128}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -28,14 +30,18 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
 has() { [[ " $parts " == *" $1 "* ]]; }
 lm=experiments/data/lm
+if has embed; then
+  job=(); [ -f $lm/heldout.txt ] && job=(--job-file $lm/heldout.txt)
+  timeout "${EMBED_S:-240}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+    --job-precisions bfloat16 float32 2>&1 | tee "$out/embed.txt"
+  if [ -n "${BASELINE:-}" ]; then  # the previous commit's float32, the figure extraction must not fall below
+    PYTHONPATH="$BASELINE" timeout "${EMBED_BASELINE_S:-150}" python experiments/bench_embed.py --shapes "$shape" \
+      --job-only "${job[@]}" --job-precisions float32 2>&1 | sed 's/^/baseline: /' | tee -a "$out/embed.txt"
+  fi
+fi
 if has variants; then
   timeout "${VARIANTS_S:-150}" python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
     --variants ${VARIANTS:-f32 gpu gpu-f32} 2>&1 | tee "$out/variants.txt"
-fi
-if has profile; then
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "${PROFILE_S:-70}" \
-    python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 3 --variants "${PROFILE:-gpu}" \
-    --profile "${PROFILE:-gpu}" --profile-out "$out" 2>&1 | tail -40
 fi
 if has quality && [ -d $lm ]; then
   for dtype in float32 bfloat16; do
@@ -49,20 +55,25 @@ if has quality && [ -d $lm ]; then
   done
 fi
 if has cli && [ -d $lm ]; then
-  timeout "${CLI_S:-90}" python -m elmo_jax --compile-cache none train --config "$shape" --batch-size "$batch" \
-    --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt --run-dir /tmp/cli_run --steps "${CLI_STEPS:-300}" \
-    --log-every 50 --save-every 100000 --no-progress ${CLI_ARGS:-} > /tmp/cli.log 2>&1
-  echo "cli train: exit $?" | tee "$out/cli.txt"
-  head -3 /tmp/cli.log | tee -a "$out/cli.txt"
-  python -c "import json,sys; [print(l['step'], round(l['tokens_per_s']), l.get('startup_s', '')) for l in map(json.loads, open(sys.argv[1]))]" \
-    /tmp/cli_run/metrics.jsonl 2>&1 | tee -a "$out/cli.txt"
+  # One compile cache for the runs: each run's start-up then loads the step instead of compiling it.
+  IFS=';' read -ra variants <<< "${CLI_VARIANTS:---prefetch 0;--prefetch 2;--prefetch 2 --host-workers 2}"
+  runs=("${variants[@]}"); [ -n "${BASELINE:-}" ] && runs+=("baseline")
+  : > "$out/cli.txt"
+  for flags in "${runs[@]}"; do
+    tree=.; extra=$flags; [ "$flags" = baseline ] && tree=$BASELINE && extra=""
+    rm -rf /tmp/cli_run
+    # shellcheck disable=SC2086  # the flags are words
+    PYTHONPATH="$tree" timeout "${CLI_S:-75}" python -m elmo_jax --compile-cache /tmp/xla_cli train --config "$shape" \
+      --batch-size "$batch" --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt --run-dir /tmp/cli_run \
+      --steps "${CLI_STEPS:-300}" --log-every 50 --save-every 100000 --no-progress $extra > /tmp/cli.log 2>&1
+    echo "cli train [$flags]: exit $?" | tee -a "$out/cli.txt"
+    head -1 /tmp/cli.log | tee -a "$out/cli.txt"
+    python -c "import json,sys; [print(l['step'], round(l['tokens_per_s']), l.get('startup_s', '')) for l in map(json.loads, open(sys.argv[1]))]" \
+      /tmp/cli_run/metrics.jsonl 2>&1 | tee -a "$out/cli.txt"
+  done
 fi
-if has embed; then
-  job=(); [ -f $lm/heldout.txt ] && job=(--job-file $lm/heldout.txt)
-  timeout "${EMBED_S:-100}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
-    --job-precisions float32 bfloat16 2>&1 | tee "$out/embed.txt"
-  if [ -n "${BASELINE:-}" ]; then
-    PYTHONPATH="$BASELINE" timeout "${EMBED_S:-100}" python experiments/bench_embed.py --shapes "$shape" --job-only \
-      "${job[@]}" --job-precisions float32 bfloat16 2>&1 | sed 's/^/baseline: /' | tee -a "$out/embed.txt"
-  fi
+if has profile; then
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "${PROFILE_S:-70}" \
+    python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 3 --variants "${PROFILE:-gpu}" \
+    --profile "${PROFILE:-gpu}" --profile-out "$out" 2>&1 | tail -40
 fi
