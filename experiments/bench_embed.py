@@ -65,6 +65,11 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
     what = f"{len(sents):,} sentences of {os.path.basename(path) if path else 'the sample'} ({n:,} tokens)"
     for precision in precisions:
         embedder = make_embedder(config, params, precision, devices=1)
+        if precision == precisions[0] and hasattr(embedder, "_plan"):  # a tree without it: no line
+            plan = embedder._plan([len(s) for s in sents])
+            print(f"{name:8s} the job's plan: {len(plan)} batches, {sum(t + 2 for _, _, t in plan):,} sequential "
+                  f"LSTM steps, {sum(r * (t + 2) for _, r, t in plan):,} padded token-steps "
+                  f"({sum(len(s) + 2 for s in sents):,} real)", flush=True)
         for label in ("cold", "warm"):
             compiles = len(COMPILES)
             t = time.perf_counter()
