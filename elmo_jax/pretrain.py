@@ -60,9 +60,9 @@ class RunSettings:
     """Host batches built ahead in a thread (0: built in the loop); see ``GlobalBatches``."""
     host_workers: int = 0
     """Processes drawing the sampled candidates ahead (0: drawn with the batch). On 2 cores 1
-    worker raised the host's ceiling (``bench_train.py --pipeline-only``: 8.6 against 10.1 ms a
-    step) and 2 lowered it; a 15 ms device step hid all of them, hence 0 until a GPU host is
-    measured."""
+    worker raised the host's ceiling (``bench_train.py --pipeline-only``: 8.8 against 10.6 ms a
+    step in the loop) and 2 lowered it (13.7 ms); a 15 ms device step hid all but the last, hence
+    0 until a GPU host is measured."""
 
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
