@@ -19,7 +19,10 @@
 #   profile   a jax.profiler trace of the "gpu" step with XLA's command buffers off (so that each
 #             kernel is its own event): profile_top.txt, device time per part of the step (each
 #             kernel's HLO instruction looked up in the compiled module's name stacks)
-# SHAPE/BATCH shrink the shapes for a CPU rehearsal.
+# SHAPE/BATCH shrink the shapes for a CPU rehearsal. Both inputs are ignored by git: make them with
+#   git archive --prefix=.baseline/ <previous commit> | tar -x
+#   bash experiments/fetch_data.sh && python experiments/prep_corpus.py
+# and carry ".baseline" and "experiments/data/lm" (3 + 11 MB) to the device machine.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
 parts=${PARTS:-embed cli profile}
