@@ -304,7 +304,7 @@ class _Stream:
                  if buf else np.zeros((2, 0), np.int64) for buf in buffers]
         flat = np.concatenate(pairs, axis=1)
         # Buffered OOV words are saved by spelling: their ids are only meaningful in this process.
-        oov = np.unique(flat[0][flat[0] >= len(self.table.vocab)]).tolist()  # vectorised: runs every step with prefetch
+        oov = np.unique(flat[0][flat[0] >= len(self.table.vocab)]).tolist()
         return {"position": np.array(position, np.int64),
                 "buffer_lengths": np.array([p.shape[1] for p in pairs], np.int64),
                 "buffer_inputs": flat[0], "buffer_targets": flat[1],

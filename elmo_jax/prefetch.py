@@ -125,7 +125,7 @@ class HostBatch:
     """``batch`` as the step's global arrays (``HostPipeline``'s ``to_device``), or None."""
     error: BaseException | None = None
     """StopIteration at the end of the data, or what failed while building this step's batch."""
-    data_state: list | None = None
+    data_snapshot: list | None = None
     """``batcher.snapshot()`` right after this step's ``batcher.next()``: what a checkpoint saved
     after this step must hold. None when not captured (no prefetch: the batcher itself is there)."""
 
@@ -160,18 +160,18 @@ class HostPipeline:
         try:
             return self._build(step)
         except Exception as e:  # noqa: BLE001 - StopIteration (the end of the data) included
-            return HostBatch(step, error=e, data_state=self._state())
+            return HostBatch(step, error=e, data_snapshot=self._snapshot())
 
     def _build(self, step: int) -> HostBatch:
         batch = self.batcher.next()
-        state = self._state()
+        snapshot = self._snapshot()
         batch, capacity = train.plan_batch(self.pool.add(batch, step), self.vocab_size, self.n_devices,
                                            max(self.capacity, self.agreed))
         self.capacity = capacity
         arrays = self.to_device(batch) if self.to_device is not None else None
-        return HostBatch(step, batch, capacity, arrays, data_state=state)
+        return HostBatch(step, batch, capacity, arrays, data_snapshot=snapshot)
 
-    def _state(self) -> list | None:
+    def _snapshot(self) -> list | None:
         return self.batcher.snapshot() if self.keep_state else None
 
     def close(self) -> None:

@@ -244,7 +244,7 @@ class GlobalBatches:
                                  to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch
                                  else None)
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
-        self._data_state: list | None = None  # a batcher.snapshot()
+        self._snapshot: list | None = None  # batcher.snapshot() after the last batch taken
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
         self._parts: list = [self.host]
         self._closer = weakref.finalize(self, _close_all, self._parts)
@@ -261,8 +261,8 @@ class GlobalBatches:
                 item = self._take(step_number)
             except Exception as e:  # noqa: BLE001 - e.g. the prefetch thread is gone
                 item = HostBatch(step_number, error=e)
-            if item.data_state is not None:
-                self._data_state = item.data_state
+            if item.data_snapshot is not None:
+                self._snapshot = item.data_snapshot
             if isinstance(item.error, StopIteration):
                 stopping = "end of data"
             elif item.error is not None:  # every process must hear of it before it stops
@@ -287,7 +287,7 @@ class GlobalBatches:
         if not self.prefetch:
             return self.host.build(step_number)
         if self._prefetcher is None:
-            self._data_state = self.batcher.snapshot()  # before the thread moves the batcher on
+            self._snapshot = self.batcher.snapshot()  # before the thread moves the batcher on
             self._prefetcher = Prefetcher(self.host.build, step_number, self.prefetch)
             self._parts.insert(0, self._prefetcher)  # stopped before the pool it draws from
         item = self._prefetcher.take()
@@ -301,13 +301,13 @@ class GlobalBatches:
         taken so far holds; with prefetch the batcher itself is further on)."""
         if self._prefetcher is None:
             return self.batcher.state()
-        return self.batcher.state(self._data_state)
+        return self.batcher.state(self._snapshot)
 
     def epoch(self) -> int:
         """The batcher's epoch after the last batch ``next`` took (the one to log)."""
         if self._prefetcher is None:
             return self.batcher.epoch
-        return LMBatcher.epoch_of(self._data_state)
+        return LMBatcher.epoch_of(self._snapshot)
 
     def close(self) -> None:
         """Stops the prefetch thread and the candidate workers (idempotent)."""

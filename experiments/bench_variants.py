@@ -124,8 +124,9 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float, hlo_text: str = "
                 kernels += 1
                 by_op[op] += e.duration_ns
                 where.setdefault(op, (e.name[:60], scope[-100:]))
-                by_part[part_of(scope)] += e.duration_ns
-                part_kernels[part_of(scope)] += 1
+                part = part_of(scope)
+                by_part[part] += e.duration_ns
+                part_kernels[part] += 1
     busy = sum(by_op.values()) / 1e6
     lines = ["lines: " + "\n  ".join(seen[:12]),
              f"per step: wall {wall_s * 1e3:.1f} ms, device busy {busy / steps:.1f} ms "

@@ -64,7 +64,7 @@ def train(tree: str) -> float:
     m = re.search(r"V=\s*10,000:.*?([\d.]+) tokens/s", r.stdout)
     if not m:
         raise SystemExit(f"no tokens/s in the output of {script}:\n{r.stdout[-2000:]}")
-    return float(m.group(1).replace(",", ""))
+    return float(m.group(1))
 
 
 def main() -> None:
