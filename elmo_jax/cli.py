@@ -530,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="split the work over N independent processes: this one embeds the lines i with "
                          "i %% N == --shard-index into its own file (see --output)")
     em.add_argument("--shard-index", type=int, metavar="I", help="this process's shard, 0..N-1 (with --num-shards)")
-    em.add_argument("--batch-tokens", type=int, default=4096, help="token budget of one batch")
+    em.add_argument("--batch-tokens", type=int, default=None,
+                    help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)")
     em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
     _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
     em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")

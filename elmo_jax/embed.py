@@ -7,15 +7,18 @@ whatever else is in the call. Under it:
 - each distinct word of a call is encoded by the char CNN once (``dedup``), in blocks of words of
   similar length, each block over only the char columns it needs (``char_cnn.trim_char_ids``);
 - words of an optional token cache skip the char CNN altogether; other words fall back to it;
-- sentences are sorted by length and cut into batches by a token budget, the time axis padded to
-  a few bucket lengths (little padding, few compiles); the biLSTM runs per batch;
-- blocks and batches are spread over the local devices, one per device, several at a time: a
-  group of up to n of them is stacked into ``[n, ...]``, split over a ``Mesh`` of the devices
-  and run by ``shard_map`` (the params live replicated on every device).
+- sentences are packed end to end into rows (``Packing``: longest first, each into the row
+  that is shortest so far), each starting from zero state, and the biLSTM runs over the rows a
+  fixed number of steps per call (``elmo_jax.layout``: ``extract_steps``), its state carried from
+  call to call. A large job thus compiles one biLSTM program, pads only the ends of its rows,
+  and takes about ``total steps / rows`` sequential steps (or its longest sentence's), however its
+  lengths are spread;
+- char-CNN blocks are spread over the local devices, a group of up to n of them stacked into
+  ``[n, ...]`` and split over a ``Mesh`` of the devices by ``shard_map``; the packed rows are
+  split the same way (the params live replicated on every device).
 
-A batch's token vectors are looked up on the host, between the two device programs: as a device
-program the lookup compiled once per (words, rows, time) shape, more programs than the other two
-together, for a copy of a few MB.
+The call's token vectors go to the device once, as a table padded to a row bucket (a compile per
+bucket, not per word count); each biLSTM call gathers its steps' vectors from it on the device.
 
 ``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
 bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
@@ -28,7 +31,9 @@ outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import heapq
 import json
 import math
 import os
@@ -40,11 +45,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import char_cnn, policy
+from elmo_jax import char_cnn, lstm, policy
 from elmo_jax.bilm import bilm_from_tokens, marker_vectors
 from elmo_jax.chars import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.config import ModelConfig
 from elmo_jax.data import bucket_size
+from elmo_jax.layout import Layout, for_backend
 from elmo_jax.weights import load_hdf5
 
 Precision = jax.lax.Precision | str | None
@@ -185,6 +191,66 @@ def _rows_within(n: int) -> int:
     return 3 * p // 2 if 3 * p // 2 <= n else p
 
 
+def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Longest first, each item into the row that is shortest so far (LPT scheduling: the longest
+    row is within one item of the mean, or the longest item). ``steps`` of 0 take no room.
+
+    Returns each item's row and first step, and the longest row's steps.
+    """
+    load = np.zeros(rows, np.int64)
+    row, start = np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64)
+    heap = [(0, r) for r in range(rows)]
+    for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
+        if steps[i]:
+            at, r = heapq.heappop(heap)
+            row[i], start[i], load[r] = r, at, at + steps[i]
+            heapq.heappush(heap, (load[r], r))
+    return row, start, int(load.max(initial=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Sentences laid end to end in ``rows`` streams, run ``steps`` at a time in ``calls`` calls.
+
+    Sentence i (with markers, ``n + 2`` steps) takes steps ``start[i]`` .. of row ``row[i]``. The
+    backward stream holds each sentence reversed in the same place, so both directions restart at
+    the same steps and a row's padding is only at its end.
+    """
+
+    rows: int
+    steps: int
+    calls: int
+    row: np.ndarray
+    start: np.ndarray
+
+    def streams(self, token_rows: Sequence[np.ndarray], bos: int, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``index [2, rows, T]`` int32 (table rows of the forward and backward streams), ``mask``
+        and ``starts`` ``[rows, T]`` bool (a step of a sentence; its first step), ``T = calls x steps``."""
+        shape = (self.rows, self.calls * self.steps)
+        index, mask, starts = np.zeros((2,) + shape, np.int32), np.zeros(shape, bool), np.zeros(shape, bool)
+        for ids, r, s in zip(token_rows, self.row, self.start):
+            n = len(ids)
+            if n:
+                index[0, r, s], index[0, r, s + 1:s + n + 1], index[0, r, s + n + 1] = bos, ids, eos
+                index[1, r, s], index[1, r, s + 1:s + n + 1], index[1, r, s + n + 1] = eos, ids[::-1], bos
+                mask[r, s:s + n + 2] = True
+                starts[r, s] = True
+        return index, mask, starts
+
+    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray, lengths: Sequence[int], p: int) -> None:
+        """Copies call ``call``'s outputs ``ys [n_layers, 2, rows, steps, P]`` into the sentences'
+        arrays ``out[i] [n_layers + 1, n, 2P]`` (layers 1..; backward steps back in token order)."""
+        lo, hi = call * self.steps, (call + 1) * self.steps
+        n_tokens = np.asarray(lengths, np.int64)
+        # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
+        for i in np.flatnonzero((self.start + 1 < hi) & (self.start + n_tokens + 1 > lo) & (n_tokens > 0)):
+            n, r, s = lengths[i], self.row[i], self.start[i]
+            a, b = max(s + 1, lo), min(s + n + 1, hi)
+            if a < b:
+                out[i][1:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
+                out[i][1:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
+
+
 def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     """Stacks up to ``n`` arrays of one rank into ``[n, ...]``, padding every axis to the largest.
 
@@ -205,7 +271,8 @@ class Embedder:
     """Holds a biLM's params and its compiled functions; see the module doc.
 
     Args:
-      batch_tokens: the token budget of one batch (rows x padded length).
+      batch_tokens: token-steps of one biLSTM call on one device (rows x steps, at least one
+        row); default: the backend's ``elmo_jax.layout`` entry (``extract_tokens``).
       precision: ``"float32"`` (default: bilm-tf's numbers), ``"tf32"`` (GPUs) or ``"bfloat16"``
         matmuls; outputs are float32 either way (``elmo_jax.policy``). ``dtype=`` is its
         deprecated predecessor.
@@ -213,15 +280,18 @@ class Embedder:
       dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
       devices: how many local devices to spread blocks and batches over (default: all).
       stateful: bilm-tf's stateful mode (see module doc).
+      layout: ``elmo_jax.layout.Layout`` (default: the backend's); a speed choice, never a result.
     """
 
-    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int = 4096, precision: str = "float32",
-                 token_cache: Sequence[str] | None = None, dedup: bool = True, devices: int | None = None,
-                 stateful: bool = False, dtype: str | None = None):
+    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int | None = None,
+                 precision: str = "float32", token_cache: Sequence[str] | None = None, dedup: bool = True,
+                 devices: int | None = None, stateful: bool = False, dtype: str | None = None,
+                 layout: Layout | None = None):
         self.config = config
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
-        self.batch_tokens = max(1, int(batch_tokens))
+        self.layout = layout or for_backend()
+        self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
         self.policy = policy.from_legacy(precision, dtype, default="float32", what="Embedder")
         precision, self.dtype = policy.matmul_args(self.policy)
         self.precision = precision
@@ -239,9 +309,17 @@ class Embedder:
         def contextualize(p, tokens, lengths, markers, state=None):
             return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
 
-        # Two programs, not one: the char CNN compiles per (block rows, char columns) and the
-        # biLSTM per (rows, time), so a job compiles the sum of those shape sets, not their product.
+        def contextualize_packed(p, table, index, mask, starts, state):
+            # Both streams restart from zero state at each sentence's first step (its <S>, or its
+            # </S> going backward): packed sentences never see each other.
+            resets = jnp.broadcast_to(starts, (2,) + starts.shape)
+            return lstm.run(p["lstm"], config, table[index], mask, state, precision, self.dtype, resets=resets,
+                            layout=self.layout)
+
+        # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
+        # per shape, so a job compiles the sum of those shape sets, not their product.
         self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
+        self._packed = jax.jit(contextualize_packed)
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
@@ -262,8 +340,14 @@ class Embedder:
 
             # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
             self._encode_multi = per_device(lambda p, c: encode(p, c[0])[None], (P(), P("data")))
-            self._contextualize_multi = per_device(lambda p, t, l, m: contextualize(p, t[0], l[0], m)[0][None],
-                                                   (P(), P("data"), P("data"), P()))
+            # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
+            rows, state_rows = P(None, "data"), P(None, None, "data")
+            self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
+            self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows, P("data"), P("data")))
+            self._packed_multi = jax.jit(jax.shard_map(
+                contextualize_packed, mesh=mesh, check_vma=False,
+                in_specs=(P(), P(), P(None, "data"), P("data"), P("data"), state_rows),
+                out_specs=(P(None, None, "data"), state_rows)))
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
@@ -367,26 +451,21 @@ class Embedder:
         return table, rows
 
     # -- batching --------------------------------------------------------------------------------
-    def _plan(self, lengths: Sequence[int]) -> list[tuple[list[int], int, int]]:
-        """``(sentence indices, rows, time)`` per batch, sentences sorted by length.
-
-        Each batch takes as many sentences as the largest row bucket that keeps
-        ``rows x (time + 2)`` (the LSTM's steps) within the token budget, so only a batch cut
-        short (the last, or one whose time bucket grew) has padding rows (rounding each batch's
-        count up to a power of 2 instead made padding a large share of the LSTM's work).
-        """
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches, current, time = [], [], 0
-        for i in order:
-            t = max(time, _length_bucket(lengths[i]))
-            if current and len(current) + 1 > _rows_within(self.batch_tokens // (t + 2)):
-                batches.append((current, time))
-                current, t = [], _length_bucket(lengths[i])
-            current.append(i)
-            time = t
-        if current:
-            batches.append((current, time))
-        return [(ids, _batch_rows(len(ids)), time) for ids, time in batches]
+    def _packing(self, lengths: Sequence[int]) -> Packing:
+        """Where each sentence runs (see ``Packing``): the fewest rows (a row bucket, a multiple of
+        the device count) that hold the job in about its longest sentence's steps, at most
+        ``batch_tokens // extract_steps`` per device, and calls of ``extract_steps`` steps, or
+        fewer (a length bucket) when the rows are shorter than that."""
+        steps = [n + 2 for n in lengths if n > 0]  # an empty sentence has no outputs: not run
+        k_max = self.layout.extract_steps
+        if not steps:
+            return Packing(self.n_devices, 1, 0, np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64))
+        per_device = _rows_within(max(1, self.batch_tokens // k_max))
+        need = _batch_rows(-(-sum(steps) // (max(steps) * self.n_devices)))
+        rows = self.n_devices * min(per_device, need)
+        row, start, longest = _pack([n + 2 if n > 0 else 0 for n in lengths], rows)
+        k = min(k_max, _length_bucket(longest - 2) + 2)
+        return Packing(rows, k, -(-longest // k), row, start)
 
     @staticmethod
     def _batch(table: np.ndarray, token_rows: list[np.ndarray], rows: int, time: int) -> dict:
@@ -397,17 +476,6 @@ class Embedder:
             index[r, :len(ids)] = ids
             lengths[r] = len(ids)
         return {"tokens": table[index], "lengths": lengths}
-
-    def _run(self, batches: list[dict]) -> list[np.ndarray]:
-        if len(batches) == 1 or self.n_devices == 1:
-            out = [self._contextualize(self.params, b["tokens"], b["lengths"], self._markers)[0] for b in batches]
-            return [np.asarray(x) for x in out]
-        # One program for the group needs one shape: pad every batch of the group to the largest.
-        stacked = jax.device_put({k: _pad_group([b[k] for b in batches], self.n_devices) for k in batches[0]},
-                                 self._group_sharding)
-        layers = np.asarray(self._contextualize_multi(self._params_multi, stacked["tokens"], stacked["lengths"],
-                                                      self._markers_multi))
-        return [layers[i] for i in range(len(batches))]
 
     def embed(self, sentences: Sequence[Sequence[str]], *, layers: Layers = "all",
               pool: str | None = None) -> list[np.ndarray]:
@@ -484,15 +552,41 @@ class Embedder:
 
     def _embed_stateless(self, sentences: list[list[str]]) -> list[np.ndarray]:
         table, token_rows = self._token_table(sentences)
-        out: list[np.ndarray | None] = [None] * len(sentences)
-        plan = self._plan([len(s) for s in sentences])
-        for lo in range(0, len(plan), self.n_devices):
-            group = plan[lo:lo + self.n_devices]
-            batches = [self._batch(table, [token_rows[i] for i in ids], rows, time) for ids, rows, time in group]
-            for (ids, _, _), layers in zip(group, self._run(batches)):
-                for r, i in enumerate(ids):
-                    out[i] = np.ascontiguousarray(layers[:, r, :len(sentences[i])])
-        return out  # type: ignore[return-value]
+        lengths = [len(s) for s in sentences]
+        pack = self._packing(lengths)
+        p, n_out = self.config.lstm.projection_dim, self.config.n_output_layers
+        out = [np.empty((n_out, n, 2 * p), np.float32) for n in lengths]
+        for x, ids in zip(out, token_rows):
+            x[0, :, :p] = x[0, :, p:] = table[ids]  # layer 0: each token's vector, twice
+        if pack.calls == 0:
+            return out
+        # The device's table: the call's words, then <S> and </S>, padded to a bucket (one
+        # compile per bucket, not per word count); the lookup runs on the device, so only
+        # indices cross to it per call.
+        bos, eos = len(table), len(table) + 1
+        device_table = np.zeros((_batch_rows(len(table) + 2), p), np.float32)
+        device_table[:len(table)], device_table[bos:eos + 1] = table, np.asarray(self._markers)
+        index, mask, starts = pack.streams(token_rows, bos, eos)
+        l = self.config.lstm
+        state = {"c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
+                 "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32)}
+        if self.n_devices == 1:
+            run, params, device_table = self._packed, self.params, jax.device_put(device_table)
+            place = lambda *arrays: arrays  # noqa: E731  (jit moves host arrays itself)
+        else:
+            run, params = self._packed_multi, self._params_multi
+            device_table = jax.device_put(device_table, self._replicated)
+            state = jax.device_put(state, self._state_sharding)
+            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
+        k = pack.steps
+        results = []
+        for c in range(pack.calls):  # all dispatched before the first wait; each call carries the state on
+            at = slice(c * k, (c + 1) * k)
+            ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state)
+            results.append(ys)
+        for c, ys in enumerate(results):
+            pack.scatter(out, c, np.asarray(ys), lengths, p)
+        return out
 
     def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
         rows = len(sentences)

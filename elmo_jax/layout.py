@@ -10,6 +10,15 @@ behind each entry, and experiments/README.md records them.
 | gpu     | "rows"    | 20     | 0         | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20 |
 | tpu     | "rows"    | 20     | 0         | not measured: the GPU's choice; a batch on the minor (lane) axis would waste most of a vector register |
 
+Extraction (``elmo_jax.embed``) packs sentences end to end into rows and runs the biLSTM in calls
+of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
+
+| backend | extract_steps | extract_tokens | measured |
+|---------|---------------|----------------|----------|
+| cpu     | 16            | 4096           | `small`, the experiments' held-out job (5,577 sentences), warm, tokens/s: 16 steps x 256 rows 8,167-8,668, 32 x 128 8,004-8,451, 64 x 64 6,978-7,037; 8,192 token-steps a call (384 or 256 rows) 7,165-8,137 |
+| gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
+| tpu     | 40            | 16384          | not measured: the GPU's choice |
+
 On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
 kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
 bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
@@ -27,23 +36,26 @@ import jax
 class Layout:
     """``lstm``: "columns" (state ``[2, D, B]``, batch minor) or "rows" (``[2, B, D]``).
     ``unroll``: scan steps per loop iteration (1: none). ``cnn_chunk``: tokens per char-CNN block
-    (0: all tokens in one block)."""
+    (0: all tokens in one block). ``extract_steps``, ``extract_tokens``: extraction's biLSTM
+    steps per call and token-steps per call and device (rows x steps)."""
 
     lstm: str = "rows"
     unroll: int = 1
     cnn_chunk: int = 0
+    extract_steps: int = 40
+    extract_tokens: int = 16384
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
             raise ValueError(f"Layout.lstm must be 'rows' or 'columns', got {self.lstm!r}")
-        if self.unroll < 1 or self.cnn_chunk < 0:
+        if self.unroll < 1 or self.cnn_chunk < 0 or self.extract_steps < 1 or self.extract_tokens < 1:
             raise ValueError(f"Layout needs unroll >= 1 and cnn_chunk >= 0, got {self}")
 
 
 BY_BACKEND = {
-    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32),
-    "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0),
-    "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0),
+    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096),
+    "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
+    "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
 }
 
 

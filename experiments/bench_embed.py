@@ -10,13 +10,16 @@ cache holding the words of the input, and the process's peak memory so far.
 A third input is a whole job: the 2,074 sentences of the bundled sample's ``heldout.txt`` (or
 ``--job-file``, e.g. the experiments' held-out text, 119k tokens) through a fresh ``Embedder`` per
 precision (``--job-precisions``, default float32), first cold (every compile included, as a
-user's first call) and then again warm. ``--job-only`` runs only that; it also runs the previous
-commit's tree (``git archive``), whose ``Embedder`` took ``dtype=``.
+user's first call) and then again warm (``--job-repeats`` times). ``--job-tokens`` and
+``--job-steps`` compare ``batch_tokens`` and ``Layout.extract_steps`` values (rows x steps per
+biLSTM call, steps per call). ``--job-only`` runs only that; it also runs the previous commit's
+tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -57,28 +60,58 @@ def make_embedder(config, params, precision: str, **kw) -> Embedder:
     return Embedder(config, params, precision=precision, **kw)
 
 
-def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float) -> None:
+def job_plan(embedder, lengths: list[int]) -> str:
+    """The biLSTM's work for these sentence lengths: calls, sequential steps, padded token-steps."""
+    real = f"{sum(n + 2 for n in lengths if n):,} real"
+    if hasattr(embedder, "_packing"):
+        pack = embedder._packing(lengths)
+        return (f"the job's plan: {pack.calls} calls of {pack.rows} rows x {pack.steps} steps, "
+                f"{pack.calls * pack.steps:,} sequential LSTM steps, "
+                f"{pack.rows * pack.calls * pack.steps:,} padded token-steps ({real})")
+    if hasattr(embedder, "_plan"):  # the batches of 807c246 and before
+        plan = embedder._plan(lengths)
+        return (f"the job's plan: {len(plan)} batches, {sum(t + 2 for _, _, t in plan):,} sequential LSTM steps, "
+                f"{sum(r * (t + 2) for _, r, t in plan):,} padded token-steps ({real})")
+    return "the job's plan: (not known to this tree)"
+
+
+def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float,
+              settings: list[dict], repeats: int = 1) -> None:
     sents = sample_sentences(path)
     n = sum(len(s) for s in sents)
     distinct = len({w for s in sents for w in s})
     flops = distinct * encoder_flops(config) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
     what = f"{len(sents):,} sentences of {os.path.basename(path) if path else 'the sample'} ({n:,} tokens)"
     for precision in precisions:
-        embedder = make_embedder(config, params, precision, devices=1)
-        if precision == precisions[0] and hasattr(embedder, "_plan"):  # a tree without it: no line
-            plan = embedder._plan([len(s) for s in sents])
-            print(f"{name:8s} the job's plan: {len(plan)} batches, {sum(t + 2 for _, _, t in plan):,} sequential "
-                  f"LSTM steps, {sum(r * (t + 2) for _, r, t in plan):,} padded token-steps "
-                  f"({sum(len(s) + 2 for s in sents):,} real)", flush=True)
-        for label in ("cold", "warm"):
-            compiles = len(COMPILES)
-            t = time.perf_counter()
-            embedder.embed(sents)
-            sec = time.perf_counter() - t
-            new = COMPILES[compiles:]
-            print(f"{name:8s} {precision:8s} {what}, {label}: {n / sec:8.0f} tokens/s ({sec:.1f} s, of which "
-                  f"{sum(new):.1f} s compiling {len(new)} programs; {100 * flops / sec / 1e9 / peak:.0f}% of the "
-                  f"float32 matmul, useful FLOPs only)", flush=True)
+        for kw in settings:
+            embedder = make_embedder(config, params, precision, devices=1, **kw)
+            label = " ".join(f"extract_steps={v.extract_steps}" if k == "layout" else f"{k}={v}" for k, v in kw.items())
+            if precision == precisions[0]:
+                print(f"{name:8s} {label} {job_plan(embedder, [len(s) for s in sents])}", flush=True)
+            for run in ("cold",) + ("warm",) * repeats:
+                compiles = len(COMPILES)
+                t = time.perf_counter()
+                embedder.embed(sents)
+                sec = time.perf_counter() - t
+                new = COMPILES[compiles:]
+                print(f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
+                      f"{sum(new):.1f} s compiling {len(new)} programs; {100 * flops / sec / 1e9 / peak:.0f}% of the "
+                      f"float32 matmul, useful FLOPs only)", flush=True)
+
+
+def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
+    """Embedder keywords for each (batch_tokens, extract_steps) asked for; [{}]: the defaults
+    (the only choice a tree from before ``Layout.extract_steps`` has)."""
+    from elmo_jax.layout import for_backend
+
+    out = []
+    for t in tokens or [None]:
+        for k in steps or [None]:
+            kw = {} if t is None else {"batch_tokens": t}
+            if k is not None:
+                kw["layout"] = dataclasses.replace(for_backend(), extract_steps=k)
+            out.append(kw)
+    return out
 
 
 def main() -> None:
@@ -88,6 +121,9 @@ def main() -> None:
     ap.add_argument("--job-only", action="store_true", help="only the whole-job measurement")
     ap.add_argument("--job-file", help="text, one tokenized sentence per line (default: the bundled sample's)")
     ap.add_argument("--job-precisions", nargs="+", default=["float32"])
+    ap.add_argument("--job-tokens", nargs="+", type=int, help="batch_tokens values to compare (default: the library's)")
+    ap.add_argument("--job-steps", nargs="+", type=int, help="extract_steps values to compare (default: the layout's)")
+    ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
     args = ap.parse_args()
     peak = matmul_gflops()
     print(f"device: {jax.devices()[0].device_kind} x1; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
@@ -95,7 +131,8 @@ def main() -> None:
     for name in args.shapes:
         config = preset(name)
         params = init_bilm(jax.random.PRNGKey(0), config)
-        bench_job(name, params, config, args.job_file, args.job_precisions, peak)
+        bench_job(name, params, config, args.job_file, args.job_precisions, peak,
+                  job_settings(args.job_tokens, args.job_steps), args.job_repeats)
         if args.job_only:
             continue
         for dtype in ("float32", "bfloat16"):

@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import h5py
+import jax
 import numpy as np
 import pytest
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.embed import Embedder
+from elmo_jax.layout import Layout
 
 from helpers import FIXTURES, model_files, reference_batches
 
@@ -39,7 +41,8 @@ def expected(model, sentences):
             for s in sentences]
 
 
-@pytest.mark.parametrize("kw", [{}, {"dedup": False}, {"devices": 1}, {"batch_tokens": 40}, {"batch_tokens": 100000}])
+@pytest.mark.parametrize("kw", [{}, {"dedup": False}, {"devices": 1}, {"batch_tokens": 40}, {"batch_tokens": 100000},
+                                {"layout": Layout("rows", 3, 0, extract_steps=5, extract_tokens=10)}])
 def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences, expected, kw):
     config, params = model
     embedder = Embedder(config, params, **kw)
@@ -70,44 +73,82 @@ def test_two_devices_give_the_vectors_of_one(model):
         n = rng.choice([1, 2, 5, 9, 13, 30])
         sentences.append(words[lo:lo + n])
         lo += n
-    one = Embedder(config, params, devices=1, batch_tokens=64)
-    two = Embedder(config, params, devices=2, batch_tokens=64)
+    layout = Layout("columns", 1, 32, extract_steps=32)
+    one = Embedder(config, params, devices=1, batch_tokens=64, layout=layout)
+    two = Embedder(config, params, devices=2, batch_tokens=64, layout=layout)
     assert two.n_devices == 2 and -(-len(words) // ENCODE_ROWS) == 3
-    plan = two._plan([len(s) for s in sentences])
-    # An odd number of batches (the last group has one), and groups whose batches differ in shape.
-    assert len(plan) % 2 == 1 and len(plan) >= 5
-    assert any(plan[i][1:] != plan[i + 1][1:] for i in range(0, len(plan) - 1, 2))
+    pack = two._packing([len(s) for s in sentences])
+    assert pack.rows == 4 and pack.calls > 1  # 2 rows a device; sentences cross calls
     calls = []
 
-    def spy(fn):
+    def spy(fn, axis):
         def call(p, *args):
-            # One block or batch per device: each holds [1, ...] of the stacked group.
-            assert [s.data.shape[0] for s in args[0].addressable_shards] == [1, 1]
+            # Each device holds its own part of the inputs: one block, or half the rows.
+            assert [s.data.shape[axis] for s in args[axis > 0].addressable_shards] == [1 if axis == 0 else 2] * 2
             calls.append(fn)
             return fn(p, *args)
         return call
-    two._encode_multi, two._contextualize_multi = spy(two._encode_multi), spy(two._contextualize_multi)
+    two._encode_multi, two._packed_multi = spy(two._encode_multi, 0), spy(two._packed_multi, 1)
     got, want = two.embed(sentences), one.embed(sentences)
-    assert len(calls) == 2 + len(plan) // 2
+    assert len(calls) == 2 + pack.calls
     for g, w in zip(got, want):
         assert g.dtype == np.float32
-        np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)  # on CPU in fact bit-equal
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("budget", [1, 40, 4096])
-def test_plan_covers_every_sentence_once_within_the_budget(model, budget):
+@pytest.mark.parametrize("budget,devices", [(1, 1), (40, 2), (4096, 1), (4096, 2)])
+def test_packing_places_every_sentence_once_without_overlap_within_the_budget(model, budget, devices):
+
     config, params = model
     rng = random.Random(budget)
     lengths = [rng.choice([0, 1, 3, 7, 20, 21, 22, 40, 90, 700]) for _ in range(3000)]
-    plan = Embedder(config, params, batch_tokens=budget)._plan(lengths)
-    assert sorted(i for ids, _, _ in plan for i in ids) == list(range(len(lengths)))
-    for ids, rows, time in plan:
-        assert len(ids) <= rows and time >= max(lengths[i] for i in ids)
-        assert rows == 1 or rows * (time + 2) <= budget
-    # Rows are filled up to the budget: only a batch cut short by a longer time bucket, or the
-    # last one, has padding rows.
-    short = [rows for ids, rows, _ in plan if len(ids) < rows]
-    assert len(short) <= len({time for _, _, time in plan})
+    layout = Layout("columns", 1, 32, extract_steps=16)
+    pack = Embedder(config, params, batch_tokens=budget, devices=devices, layout=layout)._packing(lengths)
+    assert pack.rows % devices == 0 and pack.steps == 16
+    assert pack.rows // devices <= max(1, budget // 16)  # rows x steps within the budget (or one row)
+    used = np.zeros((pack.rows, pack.calls * pack.steps), np.int64)
+    for n, r, s in zip(lengths, pack.row, pack.start):
+        if n:
+            used[r, s:s + n + 2] += 1  # raises if past the last call
+            assert s + n + 2 <= used.shape[1]
+    assert used.max() == 1 and used.sum() == sum(n + 2 for n in lengths if n)
+    # Each row is filled from its start (padding only at the end), and no row is longer than the
+    # mean plus the longest sentence (LPT), so the last call is the only one with much padding.
+    loads = used.sum(axis=1)
+    assert all(used[r, :loads[r]].all() for r in range(pack.rows))
+    assert loads.max() <= loads.mean() + max(lengths) + 2
+    assert (pack.calls - 1) * pack.steps < loads.max()
+
+
+def test_a_small_call_runs_one_short_call_and_a_large_job_one_program(model):
+    from elmo_jax.embed import _length_bucket
+
+    config, params = model
+    embedder = Embedder(config, params, devices=1, layout=Layout("columns", 1, 32, extract_steps=16, extract_tokens=128))
+    pack = embedder._packing([3, 5, 4])  # in 4 rows, 7 steps: one call of a length bucket, not of 16 steps
+    assert (pack.rows, pack.steps, pack.calls) == (4, _length_bucket(5) + 2, 1) and pack.steps < 16
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(60)]
+    jobs = [[[rng.choice(vocab) for _ in range(rng.randint(1, 25))] for _ in range(n)] for n in (200, 90, 300)]
+    compiles = []
+
+    def listen(event, seconds, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    # Off, so that a program another test left in the persistent cache still counts as one.
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        for k, job in enumerate(jobs):
+            pack = embedder._packing([len(s) for s in job])
+            assert (pack.rows, pack.steps) == (8, 16) and pack.calls > 10
+            embedder.embed(job)
+            if k == 0:
+                compiles.clear()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []  # every call of the later jobs ran the programs the first one compiled
 
 
 def test_stateful_mode_reproduces_the_reference_protocol(model):
