@@ -192,8 +192,8 @@ def _rows_within(n: int) -> int:
 
 
 def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Longest first, each item into the row that is shortest so far (LPT scheduling: the longest
-    row is within one item of the mean, or the longest item). ``steps`` of 0 take no room.
+    """Longest first, each item into the row that is shortest so far (LPT scheduling: no row is
+    longer than the mean plus the longest item). ``steps`` of 0 take no room.
 
     Returns each item's row and first step, and the longest row's steps.
     """
@@ -249,6 +249,22 @@ class Packing:
             if a < b:
                 out[i][1:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
                 out[i][1:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
+
+
+def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, max_steps: int) -> Packing:
+    """Where each sentence of ``lengths`` tokens runs (see ``Packing``): the fewest rows (a row
+    bucket, a multiple of ``n_devices``) that hold them in about the longest sentence's steps, at
+    most ``batch_tokens // max_steps`` a device (at least 1), in calls of ``max_steps`` steps, or
+    fewer (a length bucket) when the rows are shorter than that."""
+    steps = [n + 2 if n > 0 else 0 for n in lengths]  # an empty sentence has no outputs: not run
+    if not any(steps):
+        return Packing(n_devices, 1, 0, np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64))
+    per_device = _rows_within(max(1, batch_tokens // max_steps))
+    need = _batch_rows(-(-sum(steps) // (max(steps) * n_devices)))
+    rows = n_devices * min(per_device, need)
+    row, start, longest = _pack(steps, rows)
+    k = min(max_steps, _length_bucket(longest - 2) + 2)
+    return Packing(rows, k, -(-longest // k), row, start)
 
 
 def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
@@ -452,20 +468,7 @@ class Embedder:
 
     # -- batching --------------------------------------------------------------------------------
     def _packing(self, lengths: Sequence[int]) -> Packing:
-        """Where each sentence runs (see ``Packing``): the fewest rows (a row bucket, a multiple of
-        the device count) that hold the job in about its longest sentence's steps, at most
-        ``batch_tokens // extract_steps`` per device, and calls of ``extract_steps`` steps, or
-        fewer (a length bucket) when the rows are shorter than that."""
-        steps = [n + 2 for n in lengths if n > 0]  # an empty sentence has no outputs: not run
-        k_max = self.layout.extract_steps
-        if not steps:
-            return Packing(self.n_devices, 1, 0, np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64))
-        per_device = _rows_within(max(1, self.batch_tokens // k_max))
-        need = _batch_rows(-(-sum(steps) // (max(steps) * self.n_devices)))
-        rows = self.n_devices * min(per_device, need)
-        row, start, longest = _pack([n + 2 if n > 0 else 0 for n in lengths], rows)
-        k = min(k_max, _length_bucket(longest - 2) + 2)
-        return Packing(rows, k, -(-longest // k), row, start)
+        return pack_sentences(lengths, self.n_devices, self.batch_tokens, self.layout.extract_steps)
 
     @staticmethod
     def _batch(table: np.ndarray, token_rows: list[np.ndarray], rows: int, time: int) -> dict:

@@ -15,7 +15,7 @@ of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per dev
 
 | backend | extract_steps | extract_tokens | measured |
 |---------|---------------|----------------|----------|
-| cpu     | 16            | 4096           | `small`, the experiments' held-out job (5,577 sentences), warm, tokens/s: 16 steps x 256 rows 8,167-8,668, 32 x 128 8,004-8,451, 64 x 64 6,978-7,037; 8,192 token-steps a call (384 or 256 rows) 7,165-8,137 |
+| cpu     | 16            | 4096           | `small`, the experiments' held-out job, warm (`experiments/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps |
 | gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
 | tpu     | 40            | 16384          | not measured: the GPU's choice |
 

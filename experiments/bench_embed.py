@@ -99,6 +99,49 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
                       f"float32 matmul, useful FLOPs only)", flush=True)
 
 
+def bench_host(name: str, config, path: str | None, backend: str) -> None:
+    """The host's share of the job under ``backend``'s layout, no device involved: the packing,
+    the index streams, and the copies into per-sentence arrays (layer 0 from the token table; the
+    biLSTM layers from every call's outputs, here zeros), ms each, and the tokens/s they allow."""
+    import numpy as np
+
+    from elmo_jax.embed import pack_sentences
+    from elmo_jax.layout import BY_BACKEND
+
+    sents = sample_sentences(path)
+    lengths = [len(s) for s in sents]
+    layout, p, n_layers = BY_BACKEND[backend], config.lstm.projection_dim, config.lstm.n_layers
+    slot: dict[str, int] = {}
+    token_rows = [np.array([slot.setdefault(w, len(slot)) for w in s], np.int64) for s in sents]
+    table = np.ones((len(slot), p), np.float32)
+    times = {}
+    t = time.perf_counter()
+    pack = pack_sentences(lengths, 1, layout.extract_tokens, layout.extract_steps)
+    times["packing"] = time.perf_counter() - t
+    t = time.perf_counter()
+    pack.streams(token_rows, len(slot), len(slot) + 1)
+    times["index streams"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = [np.zeros((n_layers + 1, n, 2 * p), np.float32) for n in lengths]
+    for x in out:
+        x.fill(0.0)  # the first write to new memory: the OS maps it in then, page by page
+    times["new output memory"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for x, ids in zip(out, token_rows):
+        x[0, :, :p] = x[0, :, p:] = table[ids]
+    times["layer 0"] = time.perf_counter() - t
+    ys = np.zeros((n_layers, 2, pack.rows, pack.steps, p), np.float32)
+    t = time.perf_counter()
+    for c in range(pack.calls):
+        pack.scatter(out, c, ys, lengths, p)
+    times["biLSTM layers"] = time.perf_counter() - t
+    n = sum(lengths)
+    gb = sum(x.nbytes for x in out) / 1e9
+    print(f"{name:8s} host side under the {backend} layout ({pack.calls} calls of {pack.rows} x {pack.steps}; "
+          f"{gb:.2f} GB of outputs): " + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items())
+          + f"; {n / sum(times.values()):,.0f} tokens/s if nothing else ran", flush=True)
+
+
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
     """Embedder keywords for each (batch_tokens, extract_steps) asked for; [{}]: the defaults
     (the only choice a tree from before ``Layout.extract_steps`` has)."""
@@ -124,7 +167,13 @@ def main() -> None:
     ap.add_argument("--job-tokens", nargs="+", type=int, help="batch_tokens values to compare (default: the library's)")
     ap.add_argument("--job-steps", nargs="+", type=int, help="extract_steps values to compare (default: the layout's)")
     ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
+    ap.add_argument("--host-only", metavar="BACKEND",
+                    help="only the host's share of the job under this backend's layout (e.g. gpu), no device")
     args = ap.parse_args()
+    if args.host_only:
+        for name in args.shapes:
+            bench_host(name, preset(name), args.job_file, args.host_only)
+        return
     peak = matmul_gflops()
     print(f"device: {jax.devices()[0].device_kind} x1; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
     inputs = {"32x20 random words": random_sentences(32, 20), "30 natural sentences": natural_sentences()}
