@@ -288,6 +288,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
         raise ConfigError(f"--num-shards {args.num_shards} needs --shard-index in 0..{args.num_shards - 1}")
     if args.shard_index is not None and not sharded:
         raise ConfigError("--shard-index needs --num-shards")
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise ConfigError(f"--batch-tokens must be 1 or more; got {args.batch_tokens}")
     if not os.path.isfile(args.input):
         raise DataError(f"{args.input}: input file not found")
     out_dir = os.path.dirname(os.path.abspath(args.output))

@@ -25,12 +25,14 @@ bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's 
 previous call (no reordering, splitting or device spreading), until ``reset()``.
 
 ``embed_texts`` takes raw strings, ``layers`` and ``pool`` pick and pool layers (``select_layers``,
-``pool_tokens``: pure functions, the CLI uses them too), ``hub_outputs`` gives TF-Hub's ELMo
+``pool_tokens``: pure functions, the CLI uses them too; stateless, a mix of layers is computed on
+the device, so the host receives and keeps only that layer), ``hub_outputs`` gives TF-Hub's ELMo
 outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax embed`` run.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import heapq
@@ -89,6 +91,16 @@ def select_layers(x: np.ndarray, layers: Layers = "all") -> np.ndarray:
             return x
         return x[-1].copy() if layers == "top" else x.mean(axis=0)  # a view would keep every layer alive
     return np.tensordot(np.asarray(layers, np.float32), x, axes=1)
+
+
+def mix_weights(layers: str | np.ndarray, n_output_layers: int) -> np.ndarray | None:
+    """``check_layers``' result as the weights ``select_layers`` applies (None: ``"all"``)."""
+    if isinstance(layers, str):
+        if layers == "all":
+            return None
+        return np.eye(n_output_layers, dtype=np.float32)[-1] if layers == "top" else \
+            np.full(n_output_layers, 1 / n_output_layers, np.float32)
+    return layers
 
 
 def check_pool(pool: str | None) -> None:
@@ -238,17 +250,18 @@ class Packing:
         return index, mask, starts
 
     def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray, lengths: Sequence[int], p: int) -> None:
-        """Copies call ``call``'s outputs ``ys [n_layers, 2, rows, steps, P]`` into the sentences'
-        arrays ``out[i] [n_layers + 1, n, 2P]`` (layers 1..; backward steps back in token order)."""
+        """Copies call ``call``'s outputs ``ys [L, 2, rows, steps, P]`` into the last ``L`` layers of
+        the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order."""
         lo, hi = call * self.steps, (call + 1) * self.steps
+        first = out[0].shape[0] - ys.shape[0] if out else 0
         n_tokens = np.asarray(lengths, np.int64)
         # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
         for i in np.flatnonzero((self.start + 1 < hi) & (self.start + n_tokens + 1 > lo) & (n_tokens > 0)):
             n, r, s = lengths[i], self.row[i], self.start[i]
             a, b = max(s + 1, lo), min(s + n + 1, hi)
             if a < b:
-                out[i][1:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
-                out[i][1:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
+                out[i][first:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
+                out[i][first:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
 
 
 def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, max_steps: int) -> Packing:
@@ -280,6 +293,7 @@ def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     return out
 
 
+IN_FLIGHT = 2  # biLSTM calls dispatched ahead of the one whose outputs the host copies out
 ENCODE_ROWS = 128  # words per char-CNN block: large enough for efficient matmuls, small enough to waste little
 
 
@@ -325,12 +339,18 @@ class Embedder:
         def contextualize(p, tokens, lengths, markers, state=None):
             return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
 
-        def contextualize_packed(p, table, index, mask, starts, state):
+        def contextualize_packed(p, table, index, mask, starts, state, weights=None):
             # Both streams restart from zero state at each sentence's first step (its <S>, or its
             # </S> going backward): packed sentences never see each other.
             resets = jnp.broadcast_to(starts, (2,) + starts.shape)
-            return lstm.run(p["lstm"], config, table[index], mask, state, precision, self.dtype, resets=resets,
-                            layout=self.layout)
+            x = table[index]
+            ys, state = lstm.run(p["lstm"], config, x, mask, state, precision, self.dtype, resets=resets,
+                                 layout=self.layout)
+            if weights is not None:
+                # The layer mix here, not on the host: a third of the bytes cross to it and are kept
+                # (layer 0 is each step's token vector, in both streams).
+                ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
+            return ys, state
 
         # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
         # per shape, so a job compiles the sum of those shape sets, not their product.
@@ -362,7 +382,7 @@ class Embedder:
             self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows, P("data"), P("data")))
             self._packed_multi = jax.jit(jax.shard_map(
                 contextualize_packed, mesh=mesh, check_vma=False,
-                in_specs=(P(), P(), P(None, "data"), P("data"), P("data"), state_rows),
+                in_specs=(P(), P(), P(None, "data"), P("data"), P("data"), state_rows, P()),
                 out_specs=(P(None, None, "data"), state_rows)))
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
@@ -498,12 +518,14 @@ class Embedder:
         sentences = [list(s) for s in sentences]
         layers = check_layers(layers, self.config.n_output_layers)
         check_pool(pool)
-        out = self._embed_stateful(sentences) if self.stateful else self._embed_stateless(sentences)
-        if isinstance(layers, str) and layers == "all" and pool is None:
+        if self.stateful:
+            out = [select_layers(x, layers) for x in self._embed_stateful(sentences)]
+        else:
+            out = self._embed_stateless(sentences, mix_weights(layers, self.config.n_output_layers))
+        if pool is None:
             return out
-        if pool is not None:
-            _warn_empty(sum(len(s) == 0 for s in sentences))
-        return [pool_tokens(select_layers(x, layers), pool) for x in out]
+        _warn_empty(sum(len(s) == 0 for s in sentences))
+        return [pool_tokens(x, pool) for x in out]
 
     def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
                     pool: str | None = None) -> list[np.ndarray]:
@@ -553,16 +575,19 @@ class Embedder:
         result.update(elmo=elmo, default=default, sequence_len=lengths)
         return result
 
-    def _embed_stateless(self, sentences: list[list[str]]) -> list[np.ndarray]:
+    def _embed_stateless(self, sentences: list[list[str]], weights: np.ndarray | None = None) -> list[np.ndarray]:
+        """Every layer ``[n_layers + 1, n, 2P]`` per sentence, or with ``weights`` (``mix_weights``)
+        their mix ``[n, 2P]``, computed on the device."""
         table, token_rows = self._token_table(sentences)
         lengths = [len(s) for s in sentences]
         pack = self._packing(lengths)
         p, n_out = self.config.lstm.projection_dim, self.config.n_output_layers
-        out = [np.empty((n_out, n, 2 * p), np.float32) for n in lengths]
-        for x, ids in zip(out, token_rows):
-            x[0, :, :p] = x[0, :, p:] = table[ids]  # layer 0: each token's vector, twice
+        out = [np.empty((1 if weights is not None else n_out, n, 2 * p), np.float32) for n in lengths]
+        if weights is None:
+            for x, ids in zip(out, token_rows):
+                x[0, :, :p] = x[0, :, p:] = table[ids]  # layer 0: each token's vector, twice
         if pack.calls == 0:
-            return out
+            return out if weights is None else [x[0] for x in out]
         # The device's table: the call's words, then <S> and </S>, padded to a bucket (one
         # compile per bucket, not per word count); the lookup runs on the device, so only
         # indices cross to it per call.
@@ -582,14 +607,19 @@ class Embedder:
             state = jax.device_put(state, self._state_sharding)
             place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
         k = pack.steps
-        results = []
-        for c in range(pack.calls):  # all dispatched before the first wait; each call carries the state on
-            at = slice(c * k, (c + 1) * k)
-            ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state)
-            results.append(ys)
-        for c, ys in enumerate(results):
-            pack.scatter(out, c, np.asarray(ys), lengths, p)
-        return out
+        pending: collections.deque = collections.deque()
+        for c in range(pack.calls + IN_FLIGHT):
+            if c < pack.calls:  # each call carries the state on
+                at = slice(c * k, (c + 1) * k)
+                ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state,
+                                weights)
+                pending.append((c, ys))
+            # The host copies out a call's outputs while the device runs the next ones, and holds
+            # no more than IN_FLIGHT calls' outputs on the device, however long the job.
+            if len(pending) > IN_FLIGHT or (c >= pack.calls and pending):
+                done, ys = pending.popleft()
+                pack.scatter(out, done, np.asarray(ys), lengths, p)
+        return out if weights is None else [x[0] for x in out]
 
     def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
         rows = len(sentences)

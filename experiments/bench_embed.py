@@ -10,9 +10,10 @@ cache holding the words of the input, and the process's peak memory so far.
 A third input is a whole job: the 2,074 sentences of the bundled sample's ``heldout.txt`` (or
 ``--job-file``, e.g. the experiments' held-out text, 119k tokens) through a fresh ``Embedder`` per
 precision (``--job-precisions``, default float32), first cold (every compile included, as a
-user's first call) and then again warm (``--job-repeats`` times). ``--job-tokens`` and
-``--job-steps`` compare ``batch_tokens`` and ``Layout.extract_steps`` values (rows x steps per
-biLSTM call, steps per call). ``--job-only`` runs only that; it also runs the previous commit's
+user's first call) and then again warm (``--job-repeats`` times). ``--job-tokens``,
+``--job-steps`` and ``--job-layers`` compare ``batch_tokens`` and ``Layout.extract_steps``
+values (rows x steps per biLSTM call, steps per call) and ``embed(layers=)``. ``--host-only gpu``
+times only the host's share of the job under that backend's layout. ``--job-only`` runs only that; it also runs the previous commit's
 tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 """
 
@@ -76,22 +77,23 @@ def job_plan(embedder, lengths: list[int]) -> str:
 
 
 def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float,
-              settings: list[dict], repeats: int = 1) -> None:
+              settings: list[dict], repeats: int = 1, layer_choices: tuple[str, ...] = ("all",)) -> None:
     sents = sample_sentences(path)
     n = sum(len(s) for s in sents)
     distinct = len({w for s in sents for w in s})
     flops = distinct * encoder_flops(config) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
     what = f"{len(sents):,} sentences of {os.path.basename(path) if path else 'the sample'} ({n:,} tokens)"
     for precision in precisions:
-        for kw in settings:
+        for kw, layers in ((kw, layers) for kw in settings for layers in layer_choices):
             embedder = make_embedder(config, params, precision, devices=1, **kw)
             label = " ".join(f"extract_steps={v.extract_steps}" if k == "layout" else f"{k}={v}" for k, v in kw.items())
-            if precision == precisions[0]:
+            label += f" layers={layers}" if layers != "all" else ""
+            if precision == precisions[0] and layers == layer_choices[0]:
                 print(f"{name:8s} {label} {job_plan(embedder, [len(s) for s in sents])}", flush=True)
             for run in ("cold",) + ("warm",) * repeats:
                 compiles = len(COMPILES)
                 t = time.perf_counter()
-                embedder.embed(sents)
+                embedder.embed(sents, layers=layers)
                 sec = time.perf_counter() - t
                 new = COMPILES[compiles:]
                 print(f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
@@ -102,7 +104,8 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
 def bench_host(name: str, config, path: str | None, backend: str) -> None:
     """The host's share of the job under ``backend``'s layout, no device involved: the packing,
     the index streams, and the copies into per-sentence arrays (layer 0 from the token table; the
-    biLSTM layers from every call's outputs, here zeros), ms each, and the tokens/s they allow."""
+    biLSTM layers from every call's outputs, here zeros), ms each, and the tokens/s they allow;
+    for every layer, and for one (``layers="top"``, or any mix: it is mixed on the device)."""
     import numpy as np
 
     from elmo_jax.embed import pack_sentences
@@ -114,32 +117,35 @@ def bench_host(name: str, config, path: str | None, backend: str) -> None:
     slot: dict[str, int] = {}
     token_rows = [np.array([slot.setdefault(w, len(slot)) for w in s], np.int64) for s in sents]
     table = np.ones((len(slot), p), np.float32)
-    times = {}
-    t = time.perf_counter()
-    pack = pack_sentences(lengths, 1, layout.extract_tokens, layout.extract_steps)
-    times["packing"] = time.perf_counter() - t
-    t = time.perf_counter()
-    pack.streams(token_rows, len(slot), len(slot) + 1)
-    times["index streams"] = time.perf_counter() - t
-    t = time.perf_counter()
-    out = [np.zeros((n_layers + 1, n, 2 * p), np.float32) for n in lengths]
-    for x in out:
-        x.fill(0.0)  # the first write to new memory: the OS maps it in then, page by page
-    times["new output memory"] = time.perf_counter() - t
-    t = time.perf_counter()
-    for x, ids in zip(out, token_rows):
-        x[0, :, :p] = x[0, :, p:] = table[ids]
-    times["layer 0"] = time.perf_counter() - t
-    ys = np.zeros((n_layers, 2, pack.rows, pack.steps, p), np.float32)
-    t = time.perf_counter()
-    for c in range(pack.calls):
-        pack.scatter(out, c, ys, lengths, p)
-    times["biLSTM layers"] = time.perf_counter() - t
-    n = sum(lengths)
-    gb = sum(x.nbytes for x in out) / 1e9
-    print(f"{name:8s} host side under the {backend} layout ({pack.calls} calls of {pack.rows} x {pack.steps}; "
-          f"{gb:.2f} GB of outputs): " + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items())
-          + f"; {n / sum(times.values()):,.0f} tokens/s if nothing else ran", flush=True)
+    for layers in ("all", "top"):
+        times = {}
+        t = time.perf_counter()
+        pack = pack_sentences(lengths, 1, layout.extract_tokens, layout.extract_steps)
+        times["packing"] = time.perf_counter() - t
+        t = time.perf_counter()
+        pack.streams(token_rows, len(slot), len(slot) + 1)
+        times["index streams"] = time.perf_counter() - t
+        t = time.perf_counter()
+        out = [np.zeros((n_layers + 1 if layers == "all" else 1, n, 2 * p), np.float32) for n in lengths]
+        for x in out:
+            x.fill(0.0)  # the first write to new memory: the OS maps it in then, page by page
+        times["new output memory"] = time.perf_counter() - t
+        if layers == "all":
+            t = time.perf_counter()
+            for x, ids in zip(out, token_rows):
+                x[0, :, :p] = x[0, :, p:] = table[ids]
+            times["layer 0"] = time.perf_counter() - t
+        ys = np.zeros((n_layers if layers == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
+        t = time.perf_counter()
+        for c in range(pack.calls):
+            pack.scatter(out, c, ys, lengths, p)
+        times["biLSTM layers" if layers == "all" else "the mixed layer"] = time.perf_counter() - t
+        gb = sum(x.nbytes for x in out) / 1e9
+        del out
+        print(f"{name:8s} host side, layers={layers}, under the {backend} layout ({pack.calls} calls of "
+              f"{pack.rows} x {pack.steps}; {gb:.2f} GB of outputs): "
+              + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items())
+              + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s if nothing else ran", flush=True)
 
 
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
@@ -167,6 +173,8 @@ def main() -> None:
     ap.add_argument("--job-tokens", nargs="+", type=int, help="batch_tokens values to compare (default: the library's)")
     ap.add_argument("--job-steps", nargs="+", type=int, help="extract_steps values to compare (default: the layout's)")
     ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
+    ap.add_argument("--job-layers", nargs="+", default=["all"], choices=["all", "top", "average"],
+                    help="embed(layers=...) values to compare")
     ap.add_argument("--host-only", metavar="BACKEND",
                     help="only the host's share of the job under this backend's layout (e.g. gpu), no device")
     args = ap.parse_args()
@@ -181,7 +189,7 @@ def main() -> None:
         config = preset(name)
         params = init_bilm(jax.random.PRNGKey(0), config)
         bench_job(name, params, config, args.job_file, args.job_precisions, peak,
-                  job_settings(args.job_tokens, args.job_steps), args.job_repeats)
+                  job_settings(args.job_tokens, args.job_steps), args.job_repeats, tuple(args.job_layers))
         if args.job_only:
             continue
         for dtype in ("float32", "bfloat16"):

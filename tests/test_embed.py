@@ -260,6 +260,22 @@ def test_layer_choice(embedder, sentences, expected):
         embedder.embed(some, layers="bottom")
 
 
+def test_a_layer_mix_is_computed_before_the_host_and_equals_the_mix_of_all_layers(model, sentences):
+    """``layers`` other than "all" are mixed on the device, per call of packed rows (here 5 steps
+    a call, so sentences cross calls): the host receives and keeps one layer, not all of them."""
+    config, params = model
+    embedder = Embedder(config, params, layout=Layout("columns", 1, 32, extract_steps=5, extract_tokens=10))
+    assert embedder._packing([len(s) for s in sentences]).calls > 20
+    full = embedder.embed(sentences)
+    weights = np.float32([0.5, -1.0, 2.0])
+    for layers, pick, tol in (("top", lambda e: e[-1], 0.0), ("average", lambda e: e.mean(axis=0), 1e-6),
+                              (weights, lambda e: np.tensordot(weights, e, axes=1), 1e-6)):
+        for got, e in zip(embedder.embed(sentences, layers=layers), full):
+            assert got.shape == e.shape[1:] and got.flags.c_contiguous
+            assert got.base is None or got.base.nbytes == got.nbytes  # no hidden copy of every layer
+            np.testing.assert_allclose(got, pick(e), atol=tol, rtol=0)
+
+
 def test_pooling_over_the_tokens(embedder, sentences):
     some = [sentences[0], [], sentences[3], []]
     full = embedder.embed(some)
@@ -401,6 +417,8 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--num-shards", "2",
                    "--shard-index", "2") == 2
     assert "needs --shard-index in 0..1" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
+    assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "max.hdf5", "mean.hdf5"]
 
 
