@@ -308,7 +308,7 @@ class Embedder:
         deprecated predecessor.
       token_cache: words whose token vectors are computed once, up front (e.g. a vocabulary).
       dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
-      devices: how many local devices to spread blocks and batches over (default: all).
+      devices: how many local devices to spread char-CNN blocks and packed rows over (default: all).
       stateful: bilm-tf's stateful mode (see module doc).
       layout: ``elmo_jax.layout.Layout`` (default: the backend's); a speed choice, never a result.
     """
@@ -360,18 +360,18 @@ class Embedder:
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
         if self.n_devices > 1:
-            # A group of up to n blocks (or batches) is stacked into [n, ...] and split over the
-            # mesh's "data" axis, so each device runs the single-device function on its own one.
+            # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
+            # "data" axis, so each device runs the single-device function on its own one.
             mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
             replicated = NamedSharding(mesh, P())
             self._group_sharding = NamedSharding(mesh, P("data"))
-            # The params (and marker vectors) go to every device once, here, not on every call.
+            # The params go to every device once, here, not on every call.
             self._params_multi = jax.device_put(self.params, replicated)
-            self._markers_multi = jax.device_put(self._markers, replicated)
 
             def per_device(fn, in_specs):
-                # check_vma off: the functions have no collectives, and the LSTM's scan starts from a
-                # zero state that does not vary over devices while its carry does, which the check rejects.
+                # check_vma off (here and for the packed biLSTM below): the functions have no
+                # collectives, and a scan whose carry starts from values that do not vary over
+                # devices but then does is rejected by the check.
                 return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
 
             # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
