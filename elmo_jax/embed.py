@@ -224,7 +224,8 @@ def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]
 class Packing:
     """Sentences laid end to end in ``rows`` streams, run ``steps`` at a time in ``calls`` calls.
 
-    Sentence i (with markers, ``n + 2`` steps) takes steps ``start[i]`` .. of row ``row[i]``. The
+    Sentence i (``length[i]`` tokens, ``+ 2`` steps with its markers; 0: not run) takes steps
+    ``start[i]`` .. of row ``row[i]``. The
     backward stream holds each sentence reversed in the same place, so both directions restart at
     the same steps and a row's padding is only at its end.
     """
@@ -234,6 +235,7 @@ class Packing:
     calls: int
     row: np.ndarray
     start: np.ndarray
+    length: np.ndarray
 
     def streams(self, token_rows: Sequence[np.ndarray], bos: int, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``index [2, rows, T]`` int32 (table rows of the forward and backward streams), ``mask``
@@ -249,15 +251,15 @@ class Packing:
                 starts[r, s] = True
         return index, mask, starts
 
-    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray, lengths: Sequence[int], p: int) -> None:
+    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray) -> None:
         """Copies call ``call``'s outputs ``ys [L, 2, rows, steps, P]`` into the last ``L`` layers of
         the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order."""
         lo, hi = call * self.steps, (call + 1) * self.steps
         first = out[0].shape[0] - ys.shape[0] if out else 0
-        n_tokens = np.asarray(lengths, np.int64)
+        p = ys.shape[-1]
         # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
-        for i in np.flatnonzero((self.start + 1 < hi) & (self.start + n_tokens + 1 > lo) & (n_tokens > 0)):
-            n, r, s = lengths[i], self.row[i], self.start[i]
+        for i in np.flatnonzero((self.start + 1 < hi) & (self.start + self.length + 1 > lo) & (self.length > 0)):
+            n, r, s = self.length[i], self.row[i], self.start[i]
             a, b = max(s + 1, lo), min(s + n + 1, hi)
             if a < b:
                 out[i][first:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
@@ -270,14 +272,15 @@ def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, ma
     most ``batch_tokens // max_steps`` a device (at least 1), in calls of ``max_steps`` steps, or
     fewer (a length bucket) when the rows are shorter than that."""
     steps = [n + 2 if n > 0 else 0 for n in lengths]  # an empty sentence has no outputs: not run
+    length = np.asarray(lengths, np.int64).reshape(-1)
     if not any(steps):
-        return Packing(n_devices, 1, 0, np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64))
+        return Packing(n_devices, 1, 0, np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64), length)
     per_device = _rows_within(max(1, batch_tokens // max_steps))
     need = _batch_rows(-(-sum(steps) // (max(steps) * n_devices)))
     rows = n_devices * min(per_device, need)
     row, start, longest = _pack(steps, rows)
     k = min(max_steps, _length_bucket(longest - 2) + 2)
-    return Packing(rows, k, -(-longest // k), row, start)
+    return Packing(rows, k, -(-longest // k), row, start, length)
 
 
 def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
@@ -618,7 +621,7 @@ class Embedder:
             # no more than IN_FLIGHT calls' outputs on the device, however long the job.
             if len(pending) > IN_FLIGHT or (c >= pack.calls and pending):
                 done, ys = pending.popleft()
-                pack.scatter(out, done, np.asarray(ys), lengths, p)
+                pack.scatter(out, done, np.asarray(ys))
         return out if weights is None else [x[0] for x in out]
 
     def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
