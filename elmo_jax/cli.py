@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shlex
 import sys
+import warnings
 from importlib import resources
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -278,7 +281,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     import h5py
 
     from elmo_jax.atomic import write_text_atomic
-    from elmo_jax.embed import Embedder, check_layers, pool_tokens, shard_file, shard_manifest
+    from elmo_jax.embed import Embedder, check_layers, shard_file, shard_manifest
 
     if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
         raise ConfigError("give one of --model, --run-dir, or --options with --weights")
@@ -318,18 +321,21 @@ def cmd_embed(args: argparse.Namespace) -> None:
         except FileNotFoundError:
             pass
     sentence_to_index: dict[str, str] = {}
-    empty = 0
+    counts = collections.Counter()
     with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
         from tqdm import tqdm
         lines = (line.split() for n, line in utf8_lines(args.input, DataError) if (n - 1) % step == start)
         lines = _remember(lines, sentence_to_index, args.sentence_to_index, start, step)
         write = _pooled_rows(out, mine, embedder.config, layers, args.window) if args.pool else None
-        with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar:
-            for k, x in embedder.embed_stream(lines, window=args.window, layers=layers):
+        with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar, \
+                warnings.catch_warnings():
+            # Pooled by embed (on the device); its empty-sentence warning per window gives way to
+            # one line at the end.
+            warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
+            for k, x in embedder.embed_stream(_count_empty(lines, counts), window=args.window, layers=layers,
+                                              pool=args.pool):
                 if write:
-                    # Pooled here, not by embed: the empty lines are counted for one line at the end.
-                    empty += x.shape[-2] == 0
-                    write(pool_tokens(x, args.pool))  # rows come in line order
+                    write(x)  # rows come in line order
                 else:
                     out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
                 bar.update(1)
@@ -342,8 +348,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
                      input=os.path.abspath(args.input))
         write_text_atomic(output + ".json", json.dumps(shard_manifest(args.output, start, step, total,
                                                                       bool(args.pool), **extra), indent=1) + "\n")
-    if empty:
-        print(f"elmo-jax embed: {empty} empty line(s) pooled to zero vectors", file=sys.stderr)
+    if args.pool and counts["empty"]:
+        print(f"elmo-jax embed: {counts['empty']} empty line(s) pooled to zero vectors", file=sys.stderr)
     if total == 0:
         print(f"elmo-jax embed: {args.input} is empty; wrote {output} with no datasets", file=sys.stderr)
     elif sharded:
@@ -351,6 +357,12 @@ def cmd_embed(args: argparse.Namespace) -> None:
               file=sys.stderr)
     else:
         print(f"wrote {total} sentences to {output}", file=sys.stderr)
+
+
+def _count_empty(lines: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[str]]:
+    for tokens in lines:
+        counts["empty"] += not tokens
+        yield tokens
 
 
 def _pooled_rows(out, n_rows: int, config, layers, window: int):

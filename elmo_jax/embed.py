@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import glob
 import heapq
 import json
@@ -265,6 +266,35 @@ class Packing:
                 out[i][first:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
                 out[i][first:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
 
+    def pieces(self, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+        """For pooling on the device: the part of a sentence's tokens that one call runs is a piece.
+
+        Returns ``segment [rows, calls x steps]`` int32, each token step's piece, numbered within its
+        call and device from 0 (-1: a marker or padding step), and ``owner [calls, n_devices x S]``
+        int64, the sentence of device d's piece j at ``d x S + j`` (-1: none). ``S``, the pieces a
+        call and device may hold, is a row bucket, so that jobs share a few program shapes.
+        """
+        k, per_device = self.steps, self.rows // n_devices
+        sent = np.flatnonzero(self.length > 0)
+        first = self.start[sent] + 1  # token j of a sentence is step start + 1 + j in both streams
+        end = first + self.length[sent]
+        c0, c1 = first // k, (end - 1) // k
+        count = c1 - c0 + 1
+        i = np.repeat(sent, count)
+        call = np.repeat(c0, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        group = call * n_devices + self.row[i] // per_device
+        order = np.argsort(group, kind="stable")
+        sizes = np.bincount(group, minlength=self.calls * n_devices)
+        local = np.empty(len(i), np.int64)
+        local[order] = np.arange(len(i)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        s = _batch_rows(int(sizes.max(initial=1)))
+        owner = np.full((self.calls, n_devices * s), -1, np.int64)
+        owner[call, (self.row[i] // per_device) * s + local] = i
+        segment = np.full((self.rows, self.calls * k), -1, np.int32)
+        for j, c, q in zip(i, call, local):
+            segment[self.row[j], max(self.start[j] + 1, c * k):min(self.start[j] + self.length[j] + 1, (c + 1) * k)] = q
+        return segment, owner
+
 
 def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, max_steps: int) -> Packing:
     """Where each sentence of ``lengths`` tokens runs (see ``Packing``): the fewest rows (a row
@@ -293,6 +323,18 @@ def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     out = np.full((n,) + shape, fill, arrays[0].dtype)
     for k, a in enumerate(arrays):
         out[(k,) + tuple(slice(0, d) for d in a.shape)] = a
+    return out
+
+
+def new_outputs(table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int) -> list[np.ndarray]:
+    """Each sentence's ``[layers, n, 2P]`` float32 array, for ``table [words, P]`` and each
+    sentence's rows in it; with every layer (``layers > 1``), layer 0 is filled in: each token's
+    vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``."""
+    p = table.shape[1]
+    out = [np.empty((layers, len(ids), 2 * p), np.float32) for ids in token_rows]
+    if layers > 1:
+        for x, ids in zip(out, token_rows):
+            x[0, :, :p] = x[0, :, p:] = table[ids]
     return out
 
 
@@ -342,7 +384,8 @@ class Embedder:
         def contextualize(p, tokens, lengths, markers, state=None):
             return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
 
-        def contextualize_packed(p, table, index, mask, starts, state, weights=None):
+        def contextualize_packed(p, table, index, mask, starts, state, weights=None, segment=None, pieces=1,
+                                 pool="mean"):
             # Both streams restart from zero state at each sentence's first step (its <S>, or its
             # </S> going backward): packed sentences never see each other.
             resets = jnp.broadcast_to(starts, (2,) + starts.shape)
@@ -353,12 +396,21 @@ class Embedder:
                 # The layer mix here, not on the host: a third of the bytes cross to it and are kept
                 # (layer 0 is each step's token vector, in both streams).
                 ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
-            return ys, state
+            elif segment is not None:
+                ys = jnp.concatenate([x[None], ys])
+            if segment is None:
+                return ys, state
+            # Pooled here too: the host receives a sum (or max) per sentence piece, not per token.
+            # Sum and max do not depend on order, so the backward stream needs no un-reversing.
+            n, r, k = ys.shape[0], ys.shape[2], ys.shape[3]
+            steps = jnp.moveaxis(ys.reshape(n, 2, r * k, -1), 2, 0)  # [rows x steps, layers, 2, P]
+            op = jax.ops.segment_sum if pool == "mean" else jax.ops.segment_max
+            return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
 
         # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
         # per shape, so a job compiles the sum of those shape sets, not their product.
         self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
-        self._packed = jax.jit(contextualize_packed)
+        self._packed = jax.jit(contextualize_packed, static_argnames=("pieces", "pool"))
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
@@ -382,11 +434,19 @@ class Embedder:
             # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
             rows, state_rows = P(None, "data"), P(None, None, "data")
             self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
-            self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows, P("data"), P("data")))
-            self._packed_multi = jax.jit(jax.shard_map(
-                contextualize_packed, mesh=mesh, check_vma=False,
-                in_specs=(P(), P(), P(None, "data"), P("data"), P("data"), state_rows, P()),
-                out_specs=(P(None, None, "data"), state_rows)))
+            self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
+            def packed_multi(p, table, index, mask, starts, state, weights=None, segment=None, pieces=1,
+                             pool="mean"):
+                specs = (P(), P(), P(None, "data"), P("data"), P("data"), state_rows, P())
+                fn = functools.partial(contextualize_packed, pieces=pieces, pool=pool)
+                if segment is None:
+                    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=(P(None, None, "data"), state_rows),
+                                         check_vma=False)(p, table, index, mask, starts, state, weights)
+                # Each device numbers its own pieces: their sums come back one device after another.
+                return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P("data"),), out_specs=(P("data"), state_rows),
+                                     check_vma=False)(p, table, index, mask, starts, state, weights, segment)
+
+            self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
@@ -524,11 +584,11 @@ class Embedder:
         if self.stateful:
             out = [select_layers(x, layers) for x in self._embed_stateful(sentences)]
         else:
-            out = self._embed_stateless(sentences, mix_weights(layers, self.config.n_output_layers))
+            out = self._embed_stateless(sentences, mix_weights(layers, self.config.n_output_layers), pool)
         if pool is None:
             return out
         _warn_empty(sum(len(s) == 0 for s in sentences))
-        return [pool_tokens(x, pool) for x in out]
+        return [pool_tokens(x, pool) for x in out] if self.stateful else out
 
     def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
                     pool: str | None = None) -> list[np.ndarray]:
@@ -578,19 +638,54 @@ class Embedder:
         result.update(elmo=elmo, default=default, sequence_len=lengths)
         return result
 
-    def _embed_stateless(self, sentences: list[list[str]], weights: np.ndarray | None = None) -> list[np.ndarray]:
+    def _embed_stateless(self, sentences: list[list[str]], weights: np.ndarray | None = None,
+                         pool: str | None = None) -> list[np.ndarray]:
         """Every layer ``[n_layers + 1, n, 2P]`` per sentence, or with ``weights`` (``mix_weights``)
-        their mix ``[n, 2P]``, computed on the device."""
+        their mix ``[n, 2P]``; ``pool`` then drops the token axis. Mixes and pools are computed on
+        the device."""
         table, token_rows = self._token_table(sentences)
-        lengths = [len(s) for s in sentences]
-        pack = self._packing(lengths)
-        p, n_out = self.config.lstm.projection_dim, self.config.n_output_layers
-        out = [np.empty((1 if weights is not None else n_out, n, 2 * p), np.float32) for n in lengths]
-        if weights is None:
-            for x, ids in zip(out, token_rows):
-                x[0, :, :p] = x[0, :, p:] = table[ids]  # layer 0: each token's vector, twice
+        pack = self._packing([len(s) for s in sentences])
+        layers = 1 if weights is not None else self.config.n_output_layers
+        if pool is not None:
+            segment, owner = pack.pieces(self.n_devices)
+            # [sentences, layers, 2, P]: the sum (or max) of each sentence's pieces so far.
+            acc = np.full((len(sentences), layers, 2, table.shape[1]), 0.0 if pool == "mean" else -np.inf, np.float32)
+
+            def take(c: int, pooled: np.ndarray) -> None:
+                ids = owner[c]
+                ok = ids >= 0
+                # A sentence lies in one row, so it has at most one piece a call: no repeated ids.
+                if pool == "mean":
+                    acc[ids[ok]] += pooled[ok]
+                else:
+                    acc[ids[ok]] = np.maximum(acc[ids[ok]], pooled[ok])
+
+            self._run_packed(pack, table, token_rows, take, weights, segment, owner.shape[1] // self.n_devices, pool)
+            if pool == "mean":
+                acc /= np.maximum(pack.length, 1).astype(np.float32)[:, None, None, None]
+            acc[pack.length == 0] = 0.0
+            acc = acc.reshape(len(sentences), layers, -1)  # [fwd, bwd] side by side: 2P
+            return [x[0].copy() if weights is not None else x.copy() for x in acc]
+        outputs: list[list[np.ndarray]] = []
+
+        def take(c: int, ys: np.ndarray) -> None:
+            if not outputs:  # made only now, while the device runs the first calls
+                outputs.append(new_outputs(table, token_rows, layers))
+            pack.scatter(outputs[0], c, ys)
+
+        self._run_packed(pack, table, token_rows, take, weights)
+        out = outputs[0] if outputs else new_outputs(table, token_rows, layers)
+        return out if weights is None else [x[0] for x in out]
+
+    def _run_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray],
+                    take: Callable[[int, np.ndarray], None], weights: np.ndarray | None = None,
+                    segment: np.ndarray | None = None, pieces: int = 1, pool: str = "mean") -> None:
+        """Runs ``pack``'s calls and hands each call's outputs to ``take(call, array)`` on the host:
+        ``[L, 2, rows, steps, P]`` (every biLSTM layer, or the mix of all), or with ``segment``
+        (``Packing.pieces``) the sum or max of each piece, ``[n_devices x pieces, L, 2, P]``."""
         if pack.calls == 0:
-            return out if weights is None else [x[0] for x in out]
+            return
+        p = self.config.lstm.projection_dim
         # The device's table: the call's words, then <S> and </S>, padded to a bucket (one
         # compile per bucket, not per word count); the lookup runs on the device, so only
         # indices cross to it per call.
@@ -608,21 +703,25 @@ class Embedder:
             run, params = self._packed_multi, self._params_multi
             device_table = jax.device_put(device_table, self._replicated)
             state = jax.device_put(state, self._state_sharding)
-            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
+            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings[:len(arrays)])  # noqa: E731
         k = pack.steps
         pending: collections.deque = collections.deque()
         for c in range(pack.calls + IN_FLIGHT):
             if c < pack.calls:  # each call carries the state on
                 at = slice(c * k, (c + 1) * k)
-                ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state,
-                                weights)
+                if segment is None:
+                    ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state,
+                                    weights)
+                else:
+                    *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at], segment[:, at])
+                    ys, state = run(params, device_table, *inputs, state, weights, seg, pieces, pool)
+                ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
                 pending.append((c, ys))
-            # The host copies out a call's outputs while the device runs the next ones, and holds
-            # no more than IN_FLIGHT calls' outputs on the device, however long the job.
+            # The host takes a call's outputs while the device runs the next ones, and holds no
+            # more than IN_FLIGHT calls' outputs on the device, however long the job.
             if len(pending) > IN_FLIGHT or (c >= pack.calls and pending):
                 done, ys = pending.popleft()
-                pack.scatter(out, done, np.asarray(ys))
-        return out if weights is None else [x[0] for x in out]
+                take(done, np.asarray(ys))
 
     def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
         rows = len(sentences)

@@ -292,6 +292,54 @@ def test_pooling_over_the_tokens(embedder, sentences):
         embedder.embed(some, pool="sum")
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, sentences, devices, monkeypatch):
+    """Pooled, the host receives one sum (or max) per piece of a sentence that a call runs, never
+    its tokens' vectors; with 5-step calls most sentences are split over several calls."""
+    from elmo_jax.embed import Packing, pool_tokens, select_layers
+
+    config, params = model
+    embedder = Embedder(config, params, devices=devices, layout=Layout("columns", 1, 32, extract_steps=5,
+                                                                       extract_tokens=10))
+    assert embedder.n_devices == devices
+    some = sentences * 2
+    full = embedder.embed(some)
+
+    def no_scatter(*_):
+        raise AssertionError("pooled output went through the per-token copy")
+    monkeypatch.setattr(Packing, "scatter", no_scatter)
+    with pytest.warns(UserWarning, match=r"^2 empty"):
+        for layers, pool, tol in (("all", "mean", 1e-6), ("all", "max", 0.0), ("top", "max", 0.0),
+                                  ([0.5, -1.0, 2.0], "mean", 1e-6), ([0.5, -1.0, 2.0], "max", 1e-6)):
+            got = embedder.embed(some, layers=layers, pool=pool)
+            for g, x in zip(got, full):
+                want = pool_tokens(select_layers(x, layers), pool)
+                assert g.dtype == np.float32 and g.shape == want.shape and g.base is None
+                np.testing.assert_allclose(g, want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_pieces_name_each_sentences_tokens_in_every_call(devices):
+    from elmo_jax.embed import _batch_rows, pack_sentences
+
+    rng = random.Random(devices)
+    lengths = [rng.choice([0, 1, 2, 5, 9, 30, 61]) for _ in range(400)]
+    pack = pack_sentences(lengths, devices, 8 * 7, 7)
+    segment, owner = pack.pieces(devices)
+    per_device, s = pack.rows // devices, owner.shape[1] // devices
+    assert pack.calls > 10 and s == _batch_rows(s) and segment.shape == (pack.rows, pack.calls * pack.steps)
+    seen = np.zeros(segment.shape, bool)
+    for i, (n, r, start) in enumerate(zip(lengths, pack.row, pack.start)):
+        for t in range(start + 1, start + n + 1):  # the sentence's token steps, markers excluded
+            c, piece = t // pack.steps, segment[r, t]
+            assert 0 <= piece < s and owner[c, (r // per_device) * s + piece] == i
+            seen[r, t] = True
+    assert (segment[~seen] == -1).all()
+    assert sorted(owner[owner >= 0].tolist()) == sorted(  # each (sentence, call) pair once
+        i for i, (n, st) in enumerate(zip(lengths, pack.start)) if n
+        for _ in range((st + n) // pack.steps - (st + 1) // pack.steps + 1))
+
+
 def test_hub_outputs_have_tf_hubs_names_shapes_and_values(embedder):
     texts = ["the cat is on the mat", "dogs are in the fog", ""]
     with pytest.warns(UserWarning, match="^1 empty sentence"):
