@@ -12,7 +12,7 @@ A third input is a whole job: the 2,074 sentences of the bundled sample's ``held
 precision (``--job-precisions``, default float32), first cold (every compile included, as a
 user's first call) and then again warm (``--job-repeats`` times). ``--job-tokens``,
 ``--job-steps`` and ``--job-layers`` compare ``batch_tokens`` and ``Layout.extract_steps``
-values (rows x steps per biLSTM call, steps per call) and ``embed(layers=)``. ``--host-only gpu``
+values (rows x steps per biLSTM call, steps per call) and ``embed(layers=)``, ``--job-pool`` ``embed(pool=)``. ``--host-only gpu``
 times only the host's share of the job under that backend's layout. ``--job-only`` runs only that; it also runs the previous commit's
 tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 """
@@ -77,23 +77,24 @@ def job_plan(embedder, lengths: list[int]) -> str:
 
 
 def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float,
-              settings: list[dict], repeats: int = 1, layer_choices: tuple[str, ...] = ("all",)) -> None:
+              settings: list[dict], repeats: int = 1, layer_choices: tuple[str, ...] = ("all",),
+              pools: tuple[str | None, ...] = (None,)) -> None:
     sents = sample_sentences(path)
     n = sum(len(s) for s in sents)
     distinct = len({w for s in sents for w in s})
     flops = distinct * encoder_flops(config) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
     what = f"{len(sents):,} sentences of {os.path.basename(path) if path else 'the sample'} ({n:,} tokens)"
     for precision in precisions:
-        for kw, layers in ((kw, layers) for kw in settings for layers in layer_choices):
+        for kw, layers, pool in ((kw, layers, pool) for kw in settings for layers in layer_choices for pool in pools):
             embedder = make_embedder(config, params, precision, devices=1, **kw)
             label = " ".join(f"extract_steps={v.extract_steps}" if k == "layout" else f"{k}={v}" for k, v in kw.items())
-            label += f" layers={layers}" if layers != "all" else ""
-            if precision == precisions[0] and layers == layer_choices[0]:
+            label += (f" layers={layers}" if layers != "all" else "") + (f" pool={pool}" if pool else "")
+            if precision == precisions[0] and layers == layer_choices[0] and pool == pools[0]:
                 print(f"{name:8s} {label} {job_plan(embedder, [len(s) for s in sents])}", flush=True)
             for run in ("cold",) + ("warm",) * repeats:
                 compiles = len(COMPILES)
                 t = time.perf_counter()
-                embedder.embed(sents, layers=layers)
+                embedder.embed(sents, layers=layers, pool=pool)
                 sec = time.perf_counter() - t
                 new = COMPILES[compiles:]
                 print(f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
@@ -102,50 +103,64 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
 
 
 def bench_host(name: str, config, path: str | None, backend: str) -> None:
-    """The host's share of the job under ``backend``'s layout, no device involved: the packing,
-    the index streams, and the copies into per-sentence arrays (layer 0 from the token table; the
-    biLSTM layers from every call's outputs, here zeros), ms each, and the tokens/s they allow;
-    for every layer, and for one (``layers="top"``, or any mix: it is mixed on the device)."""
+    """The host's share of the job under ``backend``'s layout, no device involved (the device's
+    outputs are zeros here), ms each and the tokens/s they allow: the packing and index streams,
+    then per output form the host's work on each call's outputs: every layer (the per-sentence
+    arrays with layer 0 filled in, then the copies of the biLSTM layers), one layer
+    (``layers="top"`` or any mix, mixed on the device), or pooled (``pool=``, pooled on the
+    device: the piece table, then adding each call's piece sums). Each form twice: first, and
+    again once the first pass's arrays are freed, as every window of a long job after the first
+    reuses the memory of the one before (new memory costs a page fault per 4 KiB page)."""
     import numpy as np
 
-    from elmo_jax.embed import pack_sentences
+    from elmo_jax.embed import new_outputs, pack_sentences
     from elmo_jax.layout import BY_BACKEND
 
     sents = sample_sentences(path)
     lengths = [len(s) for s in sents]
-    layout, p, n_layers = BY_BACKEND[backend], config.lstm.projection_dim, config.lstm.n_layers
+    layout, p, n_out = BY_BACKEND[backend], config.lstm.projection_dim, config.n_output_layers
     slot: dict[str, int] = {}
     token_rows = [np.array([slot.setdefault(w, len(slot)) for w in s], np.int64) for s in sents]
     table = np.ones((len(slot), p), np.float32)
-    for layers in ("all", "top"):
-        times = {}
-        t = time.perf_counter()
-        pack = pack_sentences(lengths, 1, layout.extract_tokens, layout.extract_steps)
-        times["packing"] = time.perf_counter() - t
-        t = time.perf_counter()
-        pack.streams(token_rows, len(slot), len(slot) + 1)
-        times["index streams"] = time.perf_counter() - t
-        t = time.perf_counter()
-        out = [np.zeros((n_layers + 1 if layers == "all" else 1, n, 2 * p), np.float32) for n in lengths]
-        for x in out:
-            x.fill(0.0)  # the first write to new memory: the OS maps it in then, page by page
-        times["new output memory"] = time.perf_counter() - t
-        if layers == "all":
-            t = time.perf_counter()
-            for x, ids in zip(out, token_rows):
-                x[0, :, :p] = x[0, :, p:] = table[ids]
-            times["layer 0"] = time.perf_counter() - t
-        ys = np.zeros((n_layers if layers == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
-        t = time.perf_counter()
-        for c in range(pack.calls):
-            pack.scatter(out, c, ys)
-        times["biLSTM layers" if layers == "all" else "the mixed layer"] = time.perf_counter() - t
-        gb = sum(x.nbytes for x in out) / 1e9
-        del out
-        print(f"{name:8s} host side, layers={layers}, under the {backend} layout ({pack.calls} calls of "
-              f"{pack.rows} x {pack.steps}; {gb:.2f} GB of outputs): "
-              + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items())
-              + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s if nothing else ran", flush=True)
+    t = time.perf_counter()
+    pack = pack_sentences(lengths, 1, layout.extract_tokens, layout.extract_steps)
+    t1 = time.perf_counter()
+    pack.streams(token_rows, len(slot), len(slot) + 1)
+    common = {"packing": t1 - t, "index streams": time.perf_counter() - t1}
+    print(f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
+          f"{pack.calls} calls of {pack.rows} x {pack.steps}: "
+          + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()), flush=True)
+    for form in ("all", "top", "pooled"):
+        for run in ("first", "again"):
+            times = dict(common)
+            if form == "pooled":
+                t = time.perf_counter()
+                segment, owner = pack.pieces(1)
+                acc = np.zeros((len(sents), n_out, 2, p), np.float32)
+                times["piece table"] = time.perf_counter() - t
+                sums = np.zeros((owner.shape[1], n_out, 2, p), np.float32)
+                t = time.perf_counter()
+                for c in range(pack.calls):  # as Embedder does with each call's sums
+                    ids = owner[c]
+                    acc[ids[ids >= 0]] += sums[ids >= 0]
+                acc = [x.reshape(n_out, 2 * p).copy() for x in acc]
+                times["piece sums"] = time.perf_counter() - t
+                gb = pack.calls * sums.nbytes / 1e9
+            else:
+                t = time.perf_counter()
+                out = new_outputs(table, token_rows, n_out if form == "all" else 1)
+                times["new arrays" + (" and layer 0" if form == "all" else "")] = time.perf_counter() - t
+                ys = np.zeros((n_out - 1 if form == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
+                t = time.perf_counter()
+                for c in range(pack.calls):
+                    pack.scatter(out, c, ys)
+                times["biLSTM layers" if form == "all" else "the mixed layer"] = time.perf_counter() - t
+                gb = sum(x.nbytes for x in out) / 1e9
+                del out
+            print(f"{name:8s}   {form} ({gb:.2f} GB from the device), {run}: "
+                  + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items() if k not in common)
+                  + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran",
+                  flush=True)
 
 
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
@@ -175,6 +190,8 @@ def main() -> None:
     ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
     ap.add_argument("--job-layers", nargs="+", default=["all"], choices=["all", "top", "average"],
                     help="embed(layers=...) values to compare")
+    ap.add_argument("--job-pool", nargs="+", default=["none"], choices=["none", "mean", "max"],
+                    help="embed(pool=...) values to compare (none: every token's vectors)")
     ap.add_argument("--host-only", metavar="BACKEND",
                     help="only the host's share of the job under this backend's layout (e.g. gpu), no device")
     args = ap.parse_args()
@@ -189,7 +206,8 @@ def main() -> None:
         config = preset(name)
         params = init_bilm(jax.random.PRNGKey(0), config)
         bench_job(name, params, config, args.job_file, args.job_precisions, peak,
-                  job_settings(args.job_tokens, args.job_steps), args.job_repeats, tuple(args.job_layers))
+                  job_settings(args.job_tokens, args.job_steps), args.job_repeats, tuple(args.job_layers),
+                  tuple(None if v == "none" else v for v in args.job_pool))
         if args.job_only:
             continue
         for dtype in ("float32", "bfloat16"):
