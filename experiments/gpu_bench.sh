@@ -9,7 +9,8 @@
 #             BASELINE=DIR (the previous commit's tree, from git archive) that tree's float32;
 #             then bfloat16 under each EMBED_SWEEP setting (bench_embed.py's --job-steps,
 #             --job-tokens and --job-layers: the layout's extraction steps and rows per call, and
-#             every layer against the top one mixed on the device)
+#             every layer against the top one mixed on the device); then pooled (pool=mean, on
+#             the device), every layer and the top one
 #   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
@@ -47,6 +48,9 @@ if has embed; then
   # shellcheck disable=SC2086  # the options are words
   timeout "${EMBED_SWEEP_S:-120}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
     --job-precisions bfloat16 ${EMBED_SWEEP:---job-steps 20 80 --job-layers all top} 2>&1 | tee "$out/embed_sweep.txt"
+  # Pooled on the device: the host receives a sum per sentence piece, not every token's vectors.
+  timeout "${EMBED_POOL_S:-60}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+    --job-precisions bfloat16 --job-layers all top --job-pool mean 2>&1 | tee "$out/embed_pool.txt"
 fi
 if has variants; then
   timeout "${VARIANTS_S:-150}" python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
