@@ -25,8 +25,9 @@ bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's 
 previous call (no reordering, splitting or device spreading), until ``reset()``.
 
 ``embed_texts`` takes raw strings, ``layers`` and ``pool`` pick and pool layers (``select_layers``,
-``pool_tokens``: pure functions, the CLI uses them too; stateless, a mix of layers is computed on
-the device, so the host receives and keeps only that layer), ``hub_outputs`` gives TF-Hub's ELMo
+``pool_tokens``: pure functions; stateless, a mix of layers is computed on the device, so the
+host receives and keeps only that layer, and so is a pool, so it receives one sum or max per piece
+of a sentence that a call runs, ``Packing.pieces``), ``hub_outputs`` gives TF-Hub's ELMo
 outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax embed`` run.
 """
 
@@ -396,10 +397,10 @@ class Embedder:
                 # The layer mix here, not on the host: a third of the bytes cross to it and are kept
                 # (layer 0 is each step's token vector, in both streams).
                 ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
-            elif segment is not None:
-                ys = jnp.concatenate([x[None], ys])
             if segment is None:
                 return ys, state
+            if weights is None:
+                ys = jnp.concatenate([x[None], ys])  # layer 0 is pooled too
             # Pooled here too: the host receives a sum (or max) per sentence piece, not per token.
             # Sum and max do not depend on order, so the backward stream needs no un-reversing.
             n, r, k = ys.shape[0], ys.shape[2], ys.shape[3]
@@ -647,25 +648,8 @@ class Embedder:
         pack = self._packing([len(s) for s in sentences])
         layers = 1 if weights is not None else self.config.n_output_layers
         if pool is not None:
-            segment, owner = pack.pieces(self.n_devices)
-            # [sentences, layers, 2, P]: the sum (or max) of each sentence's pieces so far.
-            acc = np.full((len(sentences), layers, 2, table.shape[1]), 0.0 if pool == "mean" else -np.inf, np.float32)
-
-            def take(c: int, pooled: np.ndarray) -> None:
-                ids = owner[c]
-                ok = ids >= 0
-                # A sentence lies in one row, so it has at most one piece a call: no repeated ids.
-                if pool == "mean":
-                    acc[ids[ok]] += pooled[ok]
-                else:
-                    acc[ids[ok]] = np.maximum(acc[ids[ok]], pooled[ok])
-
-            self._run_packed(pack, table, token_rows, take, weights, segment, owner.shape[1] // self.n_devices, pool)
-            if pool == "mean":
-                acc /= np.maximum(pack.length, 1).astype(np.float32)[:, None, None, None]
-            acc[pack.length == 0] = 0.0
-            acc = acc.reshape(len(sentences), layers, -1)  # [fwd, bwd] side by side: 2P
-            return [x[0].copy() if weights is not None else x.copy() for x in acc]
+            pooled = self._pool_packed(pack, table, token_rows, layers, weights, pool)
+            return [x[0].copy() if weights is not None else x.copy() for x in pooled]
         outputs: list[list[np.ndarray]] = []
 
         def take(c: int, ys: np.ndarray) -> None:
@@ -676,6 +660,28 @@ class Embedder:
         self._run_packed(pack, table, token_rows, take, weights)
         out = outputs[0] if outputs else new_outputs(table, token_rows, layers)
         return out if weights is None else [x[0] for x in out]
+
+    def _pool_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray], layers: int,
+                     weights: np.ndarray | None, pool: str) -> np.ndarray:
+        """``[sentences, layers, 2P]`` float32: each sentence's mean or max over its tokens, from
+        the sums (or maxima) of its pieces that each call computes on the device."""
+        segment, owner = pack.pieces(self.n_devices)
+        acc = np.full((len(token_rows), layers, 2, table.shape[1]), 0.0 if pool == "mean" else -np.inf, np.float32)
+
+        def take(c: int, pooled: np.ndarray) -> None:
+            ids = owner[c]
+            ok = ids >= 0
+            # A sentence lies in one row, so it has at most one piece a call: no repeated ids.
+            if pool == "mean":
+                acc[ids[ok]] += pooled[ok]
+            else:
+                acc[ids[ok]] = np.maximum(acc[ids[ok]], pooled[ok])
+
+        self._run_packed(pack, table, token_rows, take, weights, segment, owner.shape[1] // self.n_devices, pool)
+        if pool == "mean":
+            acc /= np.maximum(pack.length, 1).astype(np.float32)[:, None, None, None]
+        acc[pack.length == 0] = 0.0
+        return acc.reshape(len(token_rows), layers, -1)  # forward and backward side by side: 2P
 
     def _run_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray],
                     take: Callable[[int, np.ndarray], None], weights: np.ndarray | None = None,
@@ -703,18 +709,15 @@ class Embedder:
             run, params = self._packed_multi, self._params_multi
             device_table = jax.device_put(device_table, self._replicated)
             state = jax.device_put(state, self._state_sharding)
-            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings[:len(arrays)])  # noqa: E731
+            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
         k = pack.steps
         pending: collections.deque = collections.deque()
         for c in range(pack.calls + IN_FLIGHT):
             if c < pack.calls:  # each call carries the state on
                 at = slice(c * k, (c + 1) * k)
-                if segment is None:
-                    ys, state = run(params, device_table, *place(index[:, :, at], mask[:, at], starts[:, at]), state,
-                                    weights)
-                else:
-                    *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at], segment[:, at])
-                    ys, state = run(params, device_table, *inputs, state, weights, seg, pieces, pool)
+                *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
+                                     None if segment is None else segment[:, at])
+                ys, state = run(params, device_table, *inputs, state, weights, seg, pieces, pool)
                 ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
                 pending.append((c, ys))
             # The host takes a call's outputs while the device runs the next ones, and holds no
