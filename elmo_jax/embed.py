@@ -17,8 +17,9 @@ whatever else is in the call. Under it:
   ``[n, ...]`` and split over a ``Mesh`` of the devices by ``shard_map``; the packed rows are
   split the same way (the params live replicated on every device).
 
-The call's token vectors go to the device once, as a table padded to a row bucket (a compile per
-bucket, not per word count); each biLSTM call gathers its steps' vectors from it on the device.
+The call's token vectors go to the device once, as a table padded to a row bucket; each biLSTM
+call's steps' vectors are gathered from it on the device, by a small program of its own, so the
+table's size never recompiles the biLSTM.
 
 ``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
 bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
@@ -385,12 +386,13 @@ class Embedder:
         def contextualize(p, tokens, lengths, markers, state=None):
             return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
 
-        def contextualize_packed(p, table, index, mask, starts, state, weights=None, segment=None, pieces=1,
-                                 pool="mean"):
+        def gather(table, index):
+            return table[index]
+
+        def contextualize_packed(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
             # Both streams restart from zero state at each sentence's first step (its <S>, or its
             # </S> going backward): packed sentences never see each other.
             resets = jnp.broadcast_to(starts, (2,) + starts.shape)
-            x = table[index]
             ys, state = lstm.run(p["lstm"], config, x, mask, state, precision, self.dtype, resets=resets,
                                  layout=self.layout)
             if weights is not None:
@@ -412,6 +414,10 @@ class Embedder:
         # per shape, so a job compiles the sum of those shape sets, not their product.
         self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
         self._packed = jax.jit(contextualize_packed, static_argnames=("pieces", "pool"))
+        # A call's token vectors are looked up by a program of their own: the table's size (a
+        # bucket of the call's word count) then keys the compiles of that small program only, not
+        # the biLSTM's, whose shapes depend on the rows and steps alone.
+        self._gather = jax.jit(gather)
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
@@ -436,16 +442,17 @@ class Embedder:
             rows, state_rows = P(None, "data"), P(None, None, "data")
             self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
             self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
-            def packed_multi(p, table, index, mask, starts, state, weights=None, segment=None, pieces=1,
-                             pool="mean"):
-                specs = (P(), P(), P(None, "data"), P("data"), P("data"), state_rows, P())
+            self._gather_multi = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
+
+            def packed_multi(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
+                specs = (P(), rows, P("data"), P("data"), state_rows, P())
                 fn = functools.partial(contextualize_packed, pieces=pieces, pool=pool)
                 if segment is None:
                     return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=(P(None, None, "data"), state_rows),
-                                         check_vma=False)(p, table, index, mask, starts, state, weights)
+                                         check_vma=False)(p, x, mask, starts, state, weights)
                 # Each device numbers its own pieces: their sums come back one device after another.
                 return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P("data"),), out_specs=(P("data"), state_rows),
-                                     check_vma=False)(p, table, index, mask, starts, state, weights, segment)
+                                     check_vma=False)(p, x, mask, starts, state, weights, segment)
 
             self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
         self.cache_words: dict[str, int] = {}
@@ -692,8 +699,8 @@ class Embedder:
         if pack.calls == 0:
             return
         p = self.config.lstm.projection_dim
-        # The device's table: the call's words, then <S> and </S>, padded to a bucket (one
-        # compile per bucket, not per word count); the lookup runs on the device, so only
+        # The device's table: the call's words, then <S> and </S>, padded to a bucket (a compile
+        # of the lookup per bucket, not per word count); the lookup runs on the device, so only
         # indices cross to it per call.
         bos, eos = len(table), len(table) + 1
         device_table = np.zeros((_batch_rows(len(table) + 2), p), np.float32)
@@ -703,10 +710,10 @@ class Embedder:
         state = {"c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
                  "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32)}
         if self.n_devices == 1:
-            run, params, device_table = self._packed, self.params, jax.device_put(device_table)
+            run, lookup, params, device_table = self._packed, self._gather, self.params, jax.device_put(device_table)
             place = lambda *arrays: arrays  # noqa: E731  (jit moves host arrays itself)
         else:
-            run, params = self._packed_multi, self._params_multi
+            run, lookup, params = self._packed_multi, self._gather_multi, self._params_multi
             device_table = jax.device_put(device_table, self._replicated)
             state = jax.device_put(state, self._state_sharding)
             place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
@@ -715,9 +722,9 @@ class Embedder:
         for c in range(pack.calls + IN_FLIGHT):
             if c < pack.calls:  # each call carries the state on
                 at = slice(c * k, (c + 1) * k)
-                *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
-                                     None if segment is None else segment[:, at])
-                ys, state = run(params, device_table, *inputs, state, weights, seg, pieces, pool)
+                ids, *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
+                                          None if segment is None else segment[:, at])
+                ys, state = run(params, lookup(device_table, ids), *inputs, state, weights, seg, pieces, pool)
                 ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
                 pending.append((c, ys))
             # The host takes a call's outputs while the device runs the next ones, and holds no
