@@ -11,6 +11,8 @@
 #             --job-tokens and --job-layers: the layout's extraction steps and rows per call, and
 #             every layer against the top one mixed on the device); then pooled (pool=mean, on
 #             the device), every layer and the top one
+#   embed-cli `elmo-jax embed` itself on the same file, a fresh process each (startup and compiles
+#             included), writing every line's layers, with --ahead 0 and 1 (bench_embed_cli.py)
 #   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
@@ -51,6 +53,10 @@ if has embed; then
   # Pooled on the device: the host receives a sum per sentence piece, not every token's vectors.
   timeout "${EMBED_POOL_S:-60}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
     --job-precisions bfloat16 --job-layers all top --job-pool mean 2>&1 | tee "$out/embed_pool.txt"
+fi
+if has embed-cli; then  # not in the default parts: `elmo-jax embed` end to end, --ahead 0 against 1
+  timeout "${EMBED_CLI_S:-150}" python experiments/bench_embed_cli.py --shape "$shape" --rounds 1 \
+    2>&1 | tee "$out/embed_cli.txt"
 fi
 if has variants; then
   timeout "${VARIANTS_S:-150}" python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \

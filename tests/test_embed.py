@@ -344,6 +344,15 @@ def test_pieces_name_each_sentences_tokens_in_every_call(devices):
         for _ in range((st + n) // pack.steps - (st + 1) // pack.steps + 1))
 
 
+def test_embed_stream_gives_embeds_arrays_in_order_with_windows_made_ahead(embedder, sentences):
+    want = embedder.embed(sentences, layers="top")
+    for ahead in (0, 2):
+        got = list(embedder.embed_stream(iter(sentences), window=4, layers="top", ahead=ahead))
+        assert [k for k, _ in got] == list(range(len(sentences)))
+        for (_, g), w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)  # windows of 4: other rows, other blocks
+
+
 def test_hub_outputs_have_tf_hubs_names_shapes_and_values(embedder):
     texts = ["the cat is on the mat", "dogs are in the fog", ""]
     with pytest.warns(UserWarning, match="^1 empty sentence"):
@@ -471,6 +480,8 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     assert "needs --shard-index in 0..1" in capsys.readouterr().err
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
     assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--ahead", "-1") == 2
+    assert "--window must be 1 or more and --ahead 0 or more; got 2048 and -1" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "max.hdf5", "mean.hdf5"]
 
 

@@ -1,0 +1,63 @@
+"""`elmo-jax embed` end to end: wall time of the command on a whole file, per ``--ahead`` value.
+
+    python experiments/bench_embed_cli.py [--shape small] [--input FILE] [--ahead 0 1] [--rounds 3]
+
+A model of ``--shape`` with random weights (speed does not depend on them) is written to a
+temporary bilm-tf hdf5, then the command runs in a fresh process per (round, ``--ahead``), the
+values alternating, each writing every line's layers to its own hdf5 (bilm-tf's dump format):
+startup, weights, compiles (the persistent compile cache is off, so each run compiles what it
+needs), the device's work and the writes, all included. ``--ahead 0`` embeds a window, then
+writes it; ``--ahead 1`` embeds the next window in a background thread while this one is written.
+Prints seconds and tokens/s of each run, and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="small")
+    ap.add_argument("--input", default=os.path.join(ROOT, "experiments/data/lm/heldout.txt"))
+    ap.add_argument("--ahead", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--extra", default="", help="more `elmo-jax embed` options, e.g. '--pool mean'")
+    args = ap.parse_args()
+    if not os.path.isfile(args.input):
+        sys.exit(f"{args.input}: not found (bash experiments/fetch_data.sh && python experiments/prep_corpus.py)")
+    with open(args.input, encoding="utf-8") as f:
+        tokens = sum(len(line.split()) for line in f)
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-c", (
+            "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.weights import save_hdf5; "
+            "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"),
+            args.shape, f"{tmp}/options.json", f"{tmp}/weights.hdf5"], check=True, env=env)
+        times: dict[int, list[float]] = {a: [] for a in args.ahead}
+        for r in range(args.rounds):
+            for ahead in args.ahead:
+                cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options",
+                       f"{tmp}/options.json", "--weights", f"{tmp}/weights.hdf5", "--input", args.input,
+                       "--output", f"{tmp}/out.hdf5", "--no-progress", "--ahead", str(ahead), *args.extra.split()]
+                t = time.perf_counter()
+                subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
+                sec = time.perf_counter() - t
+                times[ahead].append(sec)
+                print(f"round {r + 1}, --ahead {ahead}: {sec:.2f} s, {tokens / sec:,.0f} tokens/s", flush=True)
+    for ahead, secs in times.items():
+        med = statistics.median(secs)
+        print(f"{args.shape} {os.path.basename(args.input)} ({tokens:,} tokens) {args.extra} --ahead {ahead}: "
+              f"median {med:.2f} s, {tokens / med:,.0f} tokens/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
