@@ -334,8 +334,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
             # Pooled by embed (on the device); its empty-sentence warning per window gives way to
             # one line at the end.
             warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
-            # The device embeds the next window while this one is written (an hdf5 dataset per line
-            # costs the host about 0.25 ms).
+            # The device embeds the next window while this one is written: an hdf5 dataset per line
+            # is host time (experiments/bench_embed_cli.py prints how much).
             for k, x in embedder.embed_stream(_count_empty(lines, counts), window=args.window, layers=layers,
                                               pool=args.pool, ahead=args.ahead):
                 if write:

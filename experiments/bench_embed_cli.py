@@ -8,12 +8,14 @@ values alternating, each writing every line's layers to its own hdf5 (bilm-tf's 
 startup, weights, compiles (the persistent compile cache is off, so each run compiles what it
 needs), the device's work and the writes, all included. ``--ahead 0`` embeds a window, then
 writes it; ``--ahead 1`` embeds the next window in a background thread while this one is written.
-Prints seconds and tokens/s of each run, and the medians.
+Prints seconds and tokens/s of each run, and the medians; first, the host's writes alone: the
+same datasets (the shape's every layer for each line) written by h5py, no model involved.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -22,6 +24,26 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_only(path: str, options: str, out: str, tokens: int) -> None:
+    """Times writing one float32 ``[n_layers + 1, n_tokens, 2P]`` dataset per line of ``path``."""
+    import h5py
+    import numpy as np
+
+    with open(options) as f:
+        lstm = json.load(f)["lstm"]
+    layers, width = lstm["n_layers"] + 1, 2 * lstm["projection_dim"]
+    with open(path, encoding="utf-8") as f:
+        lengths = [len(line.split()) for line in f]
+    arrays = {n: np.ones((layers, n, width), np.float32) for n in set(lengths)}  # made before the clock
+    t = time.perf_counter()
+    with h5py.File(out, "w") as f:
+        for i, n in enumerate(lengths):
+            f.create_dataset(str(i), data=arrays[n])
+    sec = time.perf_counter() - t
+    print(f"the writes alone: {len(lengths):,} datasets, {sum(a.nbytes for a in map(arrays.get, lengths)) / 1e9:.2f} GB "
+          f"in {sec:.2f} s ({1e3 * sec / len(lengths):.2f} ms a line, {tokens / sec:,.0f} tokens/s)", flush=True)
 
 
 def main() -> None:
@@ -42,6 +64,7 @@ def main() -> None:
             "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.weights import save_hdf5; "
             "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"),
             args.shape, f"{tmp}/options.json", f"{tmp}/weights.hdf5"], check=True, env=env)
+        write_only(args.input, f"{tmp}/options.json", f"{tmp}/writes.hdf5", tokens)
         times: dict[int, list[float]] = {a: [] for a in args.ahead}
         for r in range(args.rounds):
             for ahead in args.ahead:
