@@ -15,7 +15,6 @@ same datasets (the shape's every layer for each line) written by h5py, no model 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,16 +23,18 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
-def write_only(path: str, options: str, out: str, tokens: int) -> None:
+def write_only(path: str, shape: str, out: str, tokens: int) -> None:
     """Times writing one float32 ``[n_layers + 1, n_tokens, 2P]`` dataset per line of ``path``."""
     import h5py
     import numpy as np
 
-    with open(options) as f:
-        lstm = json.load(f)["lstm"]
-    layers, width = lstm["n_layers"] + 1, 2 * lstm["projection_dim"]
+    from elmo_jax import preset
+
+    config = preset(shape)
+    layers, width = config.n_output_layers, 2 * config.lstm.projection_dim
     with open(path, encoding="utf-8") as f:
         lengths = [len(line.split()) for line in f]
     arrays = {n: np.ones((layers, n, width), np.float32) for n in set(lengths)}  # made before the clock
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--input", default=os.path.join(ROOT, "experiments/data/lm/heldout.txt"))
     ap.add_argument("--ahead", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--writes-only", action="store_true", help="only the host's writes, no model")
     ap.add_argument("--extra", default="", help="more `elmo-jax embed` options, e.g. '--pool mean'")
     args = ap.parse_args()
     if not os.path.isfile(args.input):
@@ -60,11 +62,13 @@ def main() -> None:
         tokens = sum(len(line.split()) for line in f)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryDirectory() as tmp:
+        write_only(args.input, args.shape, f"{tmp}/writes.hdf5", tokens)
+        if args.writes_only:
+            return
         subprocess.run([sys.executable, "-c", (
             "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.weights import save_hdf5; "
             "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"),
             args.shape, f"{tmp}/options.json", f"{tmp}/weights.hdf5"], check=True, env=env)
-        write_only(args.input, f"{tmp}/options.json", f"{tmp}/writes.hdf5", tokens)
         times: dict[int, list[float]] = {a: [] for a in args.ahead}
         for r in range(args.rounds):
             for ahead in args.ahead:
