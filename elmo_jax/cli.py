@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from elmo_jax import background
 from elmo_jax.atomic import atomic_path
 from elmo_jax.chars import VocabError, utf8_lines
 from elmo_jax.checkpoint import CheckpointError
@@ -329,19 +330,24 @@ def cmd_embed(args: argparse.Namespace) -> None:
         lines = (line.split() for n, line in utf8_lines(args.input, DataError) if (n - 1) % step == start)
         lines = _remember(lines, sentence_to_index, args.sentence_to_index, start, step)
         write = _pooled_rows(out, mine, embedder.config, layers, args.window) if args.pool else None
+
+        def store(item: tuple[int, np.ndarray]) -> None:
+            k, x = item
+            if write:
+                write(x)  # rows come in line order
+            else:
+                out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
+
+        # A background thread writes (an hdf5 dataset per line is host time: see
+        # experiments/bench_embed_cli.py) while this one goes on with the next window's device work.
         with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar, \
-                warnings.catch_warnings():
+                warnings.catch_warnings(), background.calls(store, args.ahead * args.window) as submit:
             # Pooled by embed (on the device); its empty-sentence warning per window gives way to
             # one line at the end.
             warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
-            # The device embeds the next window while this one is written: an hdf5 dataset per line
-            # is host time (experiments/bench_embed_cli.py prints how much).
             for k, x in embedder.embed_stream(_count_empty(lines, counts), window=args.window, layers=layers,
-                                              pool=args.pool, ahead=args.ahead):
-                if write:
-                    write(x)  # rows come in line order
-                else:
-                    out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
+                                              pool=args.pool):
+                submit((k, x))
                 bar.update(1)
         if write:
             write(None)
@@ -552,8 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)")
     em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
     em.add_argument("--ahead", type=int, default=1,
-                    help="windows embedded ahead, in a background thread, while the last one is written "
-                         "(default 1; 0: none; each costs a window's memory)")
+                    help="windows the embedding may run ahead of the writes, which a background thread "
+                         "does (default 1; 0: written in the loop; each costs a window's memory)")
     _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
     em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
     em.add_argument("--no-progress", action="store_true")

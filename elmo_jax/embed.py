@@ -51,7 +51,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import char_cnn, lstm, policy
-from elmo_jax.ahead import iterate_ahead
 from elmo_jax.bilm import bilm_from_tokens, marker_vectors
 from elmo_jax.chars import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.config import ModelConfig
@@ -762,28 +761,19 @@ class Embedder:
         self.state = None
 
     def embed_stream(self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all",
-                     pool: str | None = None, ahead: int = 0) -> Iterable[tuple[int, np.ndarray]]:
+                     pool: str | None = None) -> Iterable[tuple[int, np.ndarray]]:
         """``(index, array)`` for an iterable of tokenized sentences, ``window`` at a time (bounded
-        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences).
-
-        ``ahead``: windows embedded by a background thread ahead of the consumer (0: none), so
-        that the device runs the next window while the consumer stores this one (``elmo-jax
-        embed`` uses 1); ``ahead + 2`` windows' arrays may then be alive at once.
-        """
-        def windows() -> Iterator[list[np.ndarray]]:
-            buf: list[Sequence[str]] = []
-            for s in sentences:
-                buf.append(s)
-                if len(buf) == window:
-                    yield self.embed(buf, layers=layers, pool=pool)
-                    buf = []
-            if buf:
-                yield self.embed(buf, layers=layers, pool=pool)
-
+        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences)."""
+        buf: list[Sequence[str]] = []
         base = 0
-        for out in (iterate_ahead(windows(), ahead) if ahead > 0 else windows()):
-            yield from zip(range(base, base + len(out)), out)
-            base += len(out)
+        for s in sentences:
+            buf.append(s)
+            if len(buf) == window:
+                yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
+                base += len(buf)
+                buf = []
+        if buf:
+            yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
 
 
 # -- sharded output: `elmo-jax embed --num-shards N --shard-index I` ---------------------------

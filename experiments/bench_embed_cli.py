@@ -7,7 +7,7 @@ temporary bilm-tf hdf5, then the command runs in a fresh process per (round, ``-
 values alternating, each writing every line's layers to its own hdf5 (bilm-tf's dump format):
 startup, weights, compiles (the persistent compile cache is off, so each run compiles what it
 needs), the device's work and the writes, all included. ``--ahead 0`` embeds a window, then
-writes it; ``--ahead 1`` embeds the next window in a background thread while this one is written.
+writes it; ``--ahead 1`` hands the writes to a background thread and goes on with the next window.
 Prints seconds and tokens/s of each run, and the medians; first, the host's writes alone: the
 same datasets (the shape's every layer for each line) written by h5py, no model involved.
 """
