@@ -632,6 +632,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
+        if argv is None and args.command == "embed":
+            # Run as the program, with its partial output already removed: leave without the
+            # interpreter's teardown, in which XLA can crash (SIGSEGV)
+            # when Ctrl-C landed while a program compiled. (train saves and returns on a signal.)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except Exception as e:
         from elmo_jax.pretrain import PeerFailed
