@@ -445,14 +445,13 @@ class Embedder:
             self._gather_multi = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
 
             def packed_multi(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
-                specs = (P(), rows, P("data"), P("data"), state_rows, P())
+                # Pooled, each device numbers its own pieces: their sums come back one device after another.
+                extra = () if segment is None else (segment,)
+                out = P(None, None, "data") if segment is None else P("data")
                 fn = functools.partial(contextualize_packed, pieces=pieces, pool=pool)
-                if segment is None:
-                    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=(P(None, None, "data"), state_rows),
-                                         check_vma=False)(p, x, mask, starts, state, weights)
-                # Each device numbers its own pieces: their sums come back one device after another.
-                return jax.shard_map(fn, mesh=mesh, in_specs=specs + (P("data"),), out_specs=(P("data"), state_rows),
-                                     check_vma=False)(p, x, mask, starts, state, weights, segment)
+                return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
+                                     + (P("data"),) * len(extra), out_specs=(out, state_rows),
+                                     check_vma=False)(p, x, mask, starts, state, weights, *extra)
 
             self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
         self.cache_words: dict[str, int] = {}
