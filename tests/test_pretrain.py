@@ -36,15 +36,29 @@ def bilm_tf_options(**train_changes) -> Options:
     return Options.from_dict(d)
 
 
-def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path):
+def _capture_train_steps(monkeypatch) -> list:
+    """The jitted train steps runs make from here on (``_cache_size()``: programs compiled)."""
+    made, make = [], train.make_train_step
+
+    def capture(*args, **kwargs):
+        made.append(make(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(train, "make_train_step", capture)
+    return made
+
+
+def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path, monkeypatch):
     """bilm-tf's test_training: 50 epochs on its 5-line fixture, then full-softmax perplexity < 20."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(), vocab, None)
     settings = RunSettings(run_dir=str(tmp_path / "run"), seed=0, save_every=10**6, log_every=50,
                            progress=False, devices=1, async_save=False)
+    steps = _capture_train_steps(monkeypatch)
     pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
     _, _, params, step = load_run(settings.run_dir)
     assert step == -(-50 * 134 // (2 * 10))
+    # All 335 steps ran one program: the state kept its shardings and the fetch capacity its size.
+    assert [f._cache_size() for f in steps] == [1]
     # bilm-tf's test() runs batch 1, one token at a time, state carried.
     result = evaluate(params, options.model, vocab, TextFiles(str(TRAIN / "data.txt")), batch_size=1, unroll_steps=1)
     assert result["perplexity"] < 20, result
@@ -101,6 +115,17 @@ def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
     for x, y in zip(ma, mb):
         for k in ("loss_fwd", "loss_bwd", "grad_norm"):
             assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (k, x, y)
+
+
+def test_a_run_on_two_devices_compiles_its_step_once(tmp_path, monkeypatch):
+    """Before, the fetch capacity of this run grew twice in 40 steps, each time a new program."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    steps = _capture_train_steps(monkeypatch)
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
+             RunSettings(run_dir=str(tmp_path / "run"), steps=40, log_every=10, save_every=10**6, progress=False,
+                         devices=2, async_save=False))
+    assert [f._cache_size() for f in steps] == [1]
 
 
 @pytest.fixture(scope="module")

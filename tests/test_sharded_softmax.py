@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.sharded_softmax import (ROW_MULTIPLE, LayoutError, RowLayout, SparseAdagrad, capacity_bucket,
-                                      fetch_rows, plan_fetch, return_grads)
+                                      capacity_headroom, fetch_rows, plan_fetch, return_grads)
 from elmo_jax.softmax import sample_log_uniform_unique
 
 
@@ -81,10 +81,12 @@ def test_plan_fetch_asks_each_owner_for_each_row_once_and_finds_every_row():
         np.testing.assert_array_equal(fetched[plan["target_index"][d]], layout.slots(targets[d]))
     need = max(np.bincount(layout.slots(np.union1d(cands[d].ravel(), targets[d].ravel())) // per_owner,
                            minlength=n).max() for d in range(cands.shape[0]))
-    assert cap == capacity_bucket(need)
-    # A larger capacity (another process needed it) is kept, and the plan stays right.
+    assert cap == capacity_bucket(need + capacity_headroom(need))
+    # A capacity that fits is kept, even one far larger (another process needed it), and the plan
+    # stays right; one that does not fit grows as from nothing.
     _, _, _, big, cap2 = _plan(n=n, capacity=cap * 3)
     assert cap2 == cap * 3 and big["fetch"].shape[-1] == cap * 3
+    assert _plan(n=n, capacity=need)[4] == need and _plan(n=n, capacity=need - 1)[4] == cap
 
 
 def test_exchange_on_two_devices_equals_numpy():
