@@ -118,7 +118,7 @@ def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
 
 
 def test_a_run_on_two_devices_compiles_its_step_once(tmp_path, monkeypatch):
-    """Before, the fetch capacity of this run grew twice in 40 steps, each time a new program."""
+    """Before, this run compiled its step 3 times in 40 steps: the fetch capacity grew twice."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     steps = _capture_train_steps(monkeypatch)
