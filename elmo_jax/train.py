@@ -239,15 +239,10 @@ def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precisio
         return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
                           precision=precision, dtype=dtype, axis_name=AXIS, layout=layout)
 
-    abstract = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train))
-    specs = state_specs(abstract)
+    specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
     step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
                          out_specs=(specs, P()))
-    # The state leaves with the shardings it came in with. Otherwise, on a one-device mesh, jit
-    # hands back P() where the state had P("data") (the same placement, a different key), and the
-    # second step compiled the whole program again.
-    return jax.jit(step, donate_argnums=(0,),
-                   out_shardings=(state_shardings(abstract, mesh), NamedSharding(mesh, P())))
+    return jax.jit(step, donate_argnums=(0,))
 
 
 def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int,

@@ -21,7 +21,8 @@
 #   cli       `elmo-jax train` itself, `original` shape, 128 rows, 300 steps: tokens/s with the
 #             host pipeline in the loop, once per flag set in CLI_VARIANTS (';'-separated;
 #             default: prefetch 0, prefetch 2, prefetch 2 with 2 candidate workers), and the
-#             BASELINE tree's (needs experiments/data/lm)
+#             BASELINE tree's (needs experiments/data/lm); each with the number of train-step
+#             programs the run needed (1 unless the step recompiled mid-run)
 #   profile   a jax.profiler trace of the "gpu" step with XLA's command buffers off (so that each
 #             kernel is its own event): profile_top.txt, device time per part of the step (each
 #             kernel's HLO instruction looked up in the compiled module's name stacks)
@@ -82,11 +83,14 @@ if has cli && [ -d $lm ]; then
     tree=.; extra=$flags; [ "$flags" = baseline ] && tree=$BASELINE && extra=""
     rm -rf /tmp/cli_run
     # shellcheck disable=SC2086  # the flags are words
-    PYTHONPATH="$tree" timeout "${CLI_S:-75}" python -m elmo_jax --compile-cache /tmp/xla_cli train --config "$shape" \
-      --batch-size "$batch" --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt --run-dir /tmp/cli_run \
-      --steps "${CLI_STEPS:-300}" --log-every 50 --save-every 100000 --no-progress $extra > /tmp/cli.log 2>&1
+    # JAX_LOG_COMPILES: each program the step needs is logged, from the cache or compiled.
+    PYTHONPATH="$tree" JAX_LOG_COMPILES=1 timeout "${CLI_S:-75}" python -m elmo_jax --compile-cache /tmp/xla_cli \
+      train --config "$shape" --batch-size "$batch" --train-files "$lm/train/*.txt" --vocab $lm/vocab.txt \
+      --run-dir /tmp/cli_run --steps "${CLI_STEPS:-300}" --log-every 50 --save-every 100000 --no-progress $extra \
+      > /tmp/cli.log 2>&1
     echo "cli train [$flags]: exit $?" | tee -a "$out/cli.txt"
-    head -1 /tmp/cli.log | tee -a "$out/cli.txt"
+    grep -m1 -E '^(starting|resuming)' /tmp/cli.log | tee -a "$out/cli.txt"
+    echo "train-step programs: $(grep -c 'Compiling jit(per_device)' /tmp/cli.log)" | tee -a "$out/cli.txt"
     python -c "import json,sys; [print(l['step'], round(l['tokens_per_s']), l.get('startup_s', '')) for l in map(json.loads, open(sys.argv[1]))]" \
       /tmp/cli_run/metrics.jsonl 2>&1 | tee -a "$out/cli.txt"
   done
