@@ -109,6 +109,12 @@ def capacity_headroom(need: int) -> int:
     return math.ceil(3 * math.sqrt(need))
 
 
+def next_capacity(need: int, capacity: int) -> int:
+    """The fetch capacity for a step whose fullest request list is ``need`` rows long, after a run
+    has used ``capacity`` (0 before its first step): kept while it fits, else grown with headroom."""
+    return capacity if need <= capacity else capacity_bucket(need + capacity_headroom(need))
+
+
 def plan_fetch(candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n_devices: int,
                capacity: int = 0) -> tuple[dict, int]:
     """Which rows each local device asks each owner for, and where its loss finds them.
@@ -121,9 +127,8 @@ def plan_fetch(candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n
     - ``cand_index [D, 2, S]``, ``target_index [D, 2, B, T] int32``: positions in the fetched rows
       ``[n * C]`` (owner-major) of each candidate and target
 
-    ``C`` is ``capacity`` when the fullest request list fits, else the ``capacity_bucket`` of that
-    list's length plus ``capacity_headroom``: a run plans its first step with ``capacity=0``, then
-    with the capacity it got, which rarely grows again.
+    ``C`` is ``next_capacity`` of the fullest request list's length: a run plans its first step
+    with ``capacity=0``, then with the capacity it got, which rarely grows again.
     """
     d_local = candidates.shape[0]
     per_owner = layout.rows_per_device(n_devices)
@@ -140,7 +145,7 @@ def plan_fetch(candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n
         pos[order] = np.arange(len(uniq)) - starts[owner[order]]
         plans.append((owner, local, pos, inv))
         need = max(need, int(counts.max()))
-    cap = capacity if need <= capacity else capacity_bucket(need + capacity_headroom(need))
+    cap = next_capacity(need, capacity)
     fetch = np.full((d_local, n_devices, cap), per_owner, np.int32)
     n_cand = candidates[0].size
     cand_index = np.empty(candidates.shape, np.int32)

@@ -3,8 +3,8 @@ fetch capacity grows (each growth recompiles the step).
 
 For each setting it builds the batches a run would (``LMBatcher``, ``add_candidates``) and prints
 the per-step need (``plan_fetch``'s fullest request list) and, for the capacity rule in
-``sharded_softmax`` and for the rule before it (``capacity_bucket`` of the first need, no
-headroom), the first and last capacity and how many times it grew.
+``sharded_softmax`` (``next_capacity``) and for the rule before it (``capacity_bucket`` of the need,
+no headroom), the first and last capacity and how many times it grew.
 
     python experiments/fetch_capacity.py --files 'experiments/data/lm/train/shard-0?.txt' \\
         --vocab experiments/data/lm/vocab.txt --rows 128 --negatives 8192 --steps 150 --devices 1 2
@@ -22,7 +22,7 @@ import numpy as np
 from elmo_jax import train
 from elmo_jax.chars import Vocabulary
 from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.sharded_softmax import RowLayout, capacity_bucket, capacity_headroom
+from elmo_jax.sharded_softmax import RowLayout, capacity_bucket, next_capacity
 from elmo_jax.vocab import build_vocab, count_tokens
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "elmo_jax" / "data" / "sample" / "train.txt"
@@ -45,14 +45,13 @@ def needs(source, vocab, rows: int, unroll: int, negatives: int, devices: int, s
     return np.array(out)
 
 
-def grow(need: np.ndarray, headroom) -> tuple[int, int, int]:
-    """(first capacity, last capacity, growths after the first step) under one rule."""
+def grow(need: np.ndarray, rule) -> tuple[int, int, int]:
+    """(first capacity, last capacity, growths after the first step) under ``rule(need, capacity)``."""
     cap, first, growths = 0, 0, 0
     for i, n in enumerate(need):
-        if n > cap:
-            cap = capacity_bucket(n + headroom(n))
-            growths += i > 0
-        first = first or cap
+        new = rule(int(n), cap)
+        growths += i > 0 and new != cap
+        cap, first = new, first or new
     return first, cap, growths
 
 
@@ -79,7 +78,7 @@ def main() -> None:
         print(f"  {d} device(s): need first {need[0]}, mean {need.mean():.0f}, std {need.std():.1f} "
               f"({need.std() / np.sqrt(need.mean()):.2f} sqrt(mean)), max {need.max()} "
               f"(first + {spread:.2f} sqrt(first))")
-        for name, rule in (("no headroom", lambda n: 0), ("headroom", capacity_headroom)):
+        for name, rule in (("no headroom", lambda n, cap: max(cap, capacity_bucket(n))), ("headroom", next_capacity)):
             first, last, growths = grow(need, rule)
             print(f"    {name:12s}: capacity {first} -> {last}, grew {growths} time(s); "
                   f"padding {1 - need.mean() / last:.1%} of the fetched rows at the end")
