@@ -59,9 +59,9 @@ class RunSettings:
     prefetch: int = 2
     """Host batches built ahead in a thread (0: built in the loop); see ``GlobalBatches``."""
     host_workers: int = 0
-    """Processes drawing the sampled candidates ahead (0: drawn with the batch). On 2 cores 1
-    worker raised the host's ceiling (``bench_train.py --pipeline-only``: 8.8 against 10.6 ms a
-    step in the loop) and 2 lowered it (13.7 ms); a 15 ms device step hid all but the last, hence
+    """Processes drawing the sampled candidates ahead (0: drawn with the batch). On 2 cores,
+    since the sampler's faster first-draw pass, neither 1 nor 2 workers beat the default
+    (``bench_train.py --pipeline-only``: 4.0-6.0 and 5.5-6.0 against 4.2-5.3 ms a step), hence
     0 until a GPU host is measured."""
 
 
@@ -316,8 +316,11 @@ class GlobalBatches:
 
 def _global_arrays(sharding: NamedSharding, n: int, local: dict) -> dict:
     """This process's host batch ``[D, ...]`` -> the step's global arrays ``[n, ...]``."""
-    return {k: jax.make_array_from_process_local_data(sharding, local[k], (n,) + local[k].shape[1:])
-            for k in train.BATCH_KEYS}
+    # One call for the whole dict: jax transfers its arrays as one batch (in one process, a single
+    # device_put) instead of paying a call's Python overhead per array.
+    local = {k: local[k] for k in train.BATCH_KEYS}
+    shapes = {k: (n,) + v.shape[1:] for k, v in local.items()}
+    return jax.make_array_from_process_local_data(sharding, local, shapes)
 
 
 def _close_all(parts: list) -> None:

@@ -76,6 +76,18 @@ def test_sampler_equals_one_draw_at_a_time_loop(vocab_size, num_sampled):
         assert tries == ref_tries
 
 
+@pytest.mark.parametrize("vocab_size", [1_000, 100_000, 2_000_000])
+def test_first_draws_by_table_and_by_sorting_agree(vocab_size):
+    # 2,000 log-uniform draws: V = 1,000 and 100,000 take the [V] table, 2,000,000 the sort.
+    ids = np.floor(np.exp(np.random.default_rng(3).random(2_000) * np.log(vocab_size + 1.0))).astype(np.int64) - 1
+    seen, expected = set(), []
+    for i, k in enumerate(ids.tolist()):
+        if k not in seen:
+            seen.add(k)
+            expected.append(i)
+    np.testing.assert_array_equal(softmax._first_draws(ids, vocab_size), expected)
+
+
 def test_sampler_rejects_too_many_samples():
     with pytest.raises(ValueError, match="num_sampled"):
         softmax.sample_log_uniform_unique(np.random.default_rng(0), 32, 32)
