@@ -102,7 +102,7 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
                       f"float32 matmul, useful FLOPs only)", flush=True)
 
 
-def bench_host(name: str, config, path: str | None, backend: str) -> None:
+def bench_host(name: str, config, path: str | None, backend: str) -> tuple[object, dict]:
     """The host's share of the job under ``backend``'s layout, no device involved (the device's
     outputs are zeros here), ms each and the tokens/s they allow: the packing and index streams,
     then per output form the host's work on each call's outputs: every layer (the per-sentence
@@ -110,7 +110,10 @@ def bench_host(name: str, config, path: str | None, backend: str) -> None:
     (``layers="top"`` or any mix, mixed on the device), or pooled (``pool=``, pooled on the
     device: the piece table, then adding each call's piece sums). Each form twice: first, and
     again once the first pass's arrays are freed, as every window of a long job after the first
-    reuses the memory of the one before (new memory costs a page fault per 4 KiB page)."""
+    reuses the memory of the one before (new memory costs a page fault per 4 KiB page).
+
+    Returns the job's ``Packing`` and ``{(form, run): seconds}``, the packing and index streams
+    included (``gpu_projection.py`` builds on them)."""
     import numpy as np
 
     from elmo_jax.embed import new_outputs, pack_sentences
@@ -130,6 +133,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> None:
     print(f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
           f"{pack.calls} calls of {pack.rows} x {pack.steps}: "
           + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()), flush=True)
+    seconds = {}
     for form in ("all", "top", "pooled"):
         for run in ("first", "again"):
             times = dict(common)
@@ -161,6 +165,8 @@ def bench_host(name: str, config, path: str | None, backend: str) -> None:
                   + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items() if k not in common)
                   + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran",
                   flush=True)
+            seconds[form, run] = sum(times.values())
+    return pack, seconds
 
 
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
