@@ -2,8 +2,10 @@
 # Every GPU figure of experiments/README.md on a lent GPU machine (it has jax, flax, optax, orbax
 # and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
 #   bash experiments/gpu_bench.sh [OUT_DIR]
-# PARTS picks parts, run in this order (default: embed cli profile, about 9 minutes with
-# BASELINE: two calls, PARTS=embed then PARTS="cli profile"):
+# PARTS picks parts, run in this order (default: projection embed cli profile, about 9 minutes
+# with BASELINE: two calls, PARTS="projection embed" then PARTS="cli profile"):
+#   projection  gpu_projection.py: the cost model's projection of the embed and cli parts, with the
+#             host's shares measured on this machine's CPU (about 20 s), to set beside them
 #   embed     a whole extraction job, `original` shape, on experiments/data/lm/heldout.txt (or the
 #             bundled sample), bfloat16 and float32, cold (compiles included) and warm; with
 #             BASELINE=DIR (the previous commit's tree, from git archive) that tree's float32;
@@ -32,7 +34,7 @@
 # and carry ".baseline" and "experiments/data/lm" (3 + 11 MB) to the device machine.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
-parts=${PARTS:-embed cli profile}
+parts=${PARTS:-projection embed cli profile}
 shape=${SHAPE:-original}
 batch=${BATCH:-128}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -40,6 +42,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
 has() { [[ " $parts " == *" $1 "* ]]; }
 lm=experiments/data/lm
+if has projection; then
+  timeout "${PROJECTION_S:-90}" python experiments/gpu_projection.py 2>&1 | tee "$out/projection.txt"
+fi
 if has embed; then
   job=(); [ -f $lm/heldout.txt ] && job=(--job-file $lm/heldout.txt)
   timeout "${EMBED_S:-240}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
