@@ -75,8 +75,8 @@ def main() -> None:
     _, steps1 = measured_steps(os.path.join(H100, "call1_variants.txt"))
     print(f"measured (results/gpu_h100/call2_variants.txt): {device}")
     rates = {}  # precision -> (training step ms, achieved TFLOP/s)
-    for precision, (name, source) in {"bfloat16": ("gpu", steps), "float32": ("f32", steps)}.items():
-        ms, gflop = source[name]
+    for precision, name in {"bfloat16": "gpu", "float32": "f32"}.items():
+        ms, gflop = steps[name]
         rates[precision] = (ms, gflop / ms)  # GFLOP per ms = TFLOP/s
         print(f"  training step '{name}' ({precision}): {ms:.2f} ms, {gflop:,.0f} GFLOP -> "
               f"{rates[precision][1]:.1f} TFLOP/s achieved")
@@ -103,9 +103,12 @@ def main() -> None:
         for form, run in host:
             host_s = host[form, run]
             rate = [tokens / (max(d, host_s) + d / pack.calls) for d in device_s.values()]
-            limit = "host" if host_s > max(device_s.values()) else "device" if host_s < min(device_s.values()) else "either"
-            mark = "" if precision != "bfloat16" else "  (target met)" if min(rate) >= TARGET else \
-                "  (target met if likely)" if max(rate) >= TARGET else "  (below the target)"
+            limit = ("host" if host_s > max(device_s.values()) else
+                     "device" if host_s < min(device_s.values()) else "either")
+            mark = ""
+            if precision == "bfloat16":  # the target is a bfloat16 one
+                mark = ("  (target met)" if min(rate) >= TARGET else
+                        "  (target met if likely)" if max(rate) >= TARGET else "  (below the target)")
             print(f"    {form:6s} {run:5s}: host {host_s:.2f} s -> {rate[0]:9,.0f} | {rate[1]:9,.0f} tokens/s, "
                   f"{limit} bound{mark}")
 
