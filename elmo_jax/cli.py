@@ -170,7 +170,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     from elmo_jax.chars import Vocabulary
     from elmo_jax.data import open_source, shard_for_process
-    from elmo_jax.pretrain import RunSettings, pretrain
+    from elmo_jax.config import saved_reset_state_prob
+    from elmo_jax.pretrain import RunSettings, pretrain, saved_options
     from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 
     deterministic_gpu_flags()
@@ -218,7 +219,13 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
               f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
-    options = _training_options(config, vocab, args.batch_size, n_train_tokens, args.reset_state_prob,
+    reset_state_prob = args.reset_state_prob
+    if reset_state_prob is None and not _config_sets(args.config, "reset_state_prob"):
+        # A resumed run keeps the recipe it started with (pretrain's start line names it).
+        saved = saved_options(args.run_dir)
+        if saved is not None:
+            reset_state_prob = saved_reset_state_prob(saved)
+    options = _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
                                 warm.model if warm is not None else None, learning_rate)
     if args.prefetch < 0 or args.host_workers < 0:
         raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
@@ -489,8 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
                          "vocab.txt.json sidecar, written by elmo-jax vocab)")
     tr.add_argument("--reset-state-prob", type=float, metavar="P",
-                    help="chance that a row's LSTM state is zeroed at a sentence start (default: the options' "
-                         "reset_state_prob, else 0, bilm-tf's recipe); see experiments/README.md on the early blow-up")
+                    help="chance that a row's LSTM state is zeroed at a sentence start, so the biLM learns the zero "
+                         "state extraction starts from (default: the --config file's reset_state_prob, else 0.1; a "
+                         "resumed run keeps its own). 0 is bilm-tf's recipe exactly; see experiments/README.md")
     tr.add_argument("--learning-rate", type=float, metavar="LR",
                     help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
                          "has no optimizer state)")

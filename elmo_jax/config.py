@@ -158,10 +158,13 @@ class TrainConfig:
     """bilm-tf's switch between sampled and full softmax in training."""
     share_embedding_softmax: bool = False
     """bilm-tf option for word-input models only; must be false for char models."""
-    reset_state_prob: float = 0.0
-    """Not bilm-tf's (which carries the LSTM state forever, 0.0): the chance that a row's state is
-    zeroed at a sentence start, so that the biLM also learns to start from zero state, as
-    evaluation and ELMo extraction do (experiments/README.md, "The early blow-up")."""
+    reset_state_prob: float = 0.1
+    """Not bilm-tf's key: the chance that a row's LSTM state is zeroed at a sentence start, so that
+    the biLM also learns to start from zero state, as evaluation and ELMo extraction do.
+    bilm-tf carries the state forever (0.0), and early checkpoints of that recipe can be useless
+    from zero state; 0.1 removes that at no measured cost (experiments/README.md, "The early
+    blow-up"). A fresh run gets 0.1 unless told otherwise, an options file without the key
+    included; a run dir saved before this default resumes at 0.0 (``saved_reset_state_prob``)."""
 
     def __post_init__(self):
         where = "training options"
@@ -183,6 +186,13 @@ class TrainConfig:
         if self.n_negative_samples_batch >= self.n_tokens_vocab:
             _fail(where, f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
                   f"'n_tokens_vocab' ({self.n_tokens_vocab})")
+
+
+def saved_reset_state_prob(saved: Mapping) -> float:
+    """The ``reset_state_prob`` a run's saved options dict means. Before 0.1 became the default,
+    a run at bilm-tf's 0.0 was saved without the key, so a missing key means 0.0 here (and 0.1 to
+    a fresh run's options file): a resumed run never changes recipe midway."""
+    return float(saved.get("reset_state_prob", 0.0))
 
 
 _LSTM_KEYS = {"dim", "projection_dim", "n_layers", "cell_clip", "proj_clip", "use_skip_connections"}
@@ -210,7 +220,9 @@ class Options:
     train: TrainConfig | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping, where: str = "options") -> "Options":
+    def from_dict(cls, d: Mapping, where: str = "options", saved: bool = False) -> "Options":
+        """``saved``: ``d`` is a run's own record (a run dir's options.json, a checkpoint's), where a
+        missing ``reset_state_prob`` means 0.0 (``saved_reset_state_prob``), not a fresh run's 0.1."""
         if not isinstance(d, Mapping):
             _fail(where, f"expected a JSON object, found {type(d).__name__}")
         _reject_unknown(where, d, {"lstm", "char_cnn"} | _TRAIN_KEYS)
@@ -244,6 +256,8 @@ class Options:
             use_skip_connections=bool(lstm.get("use_skip_connections") or False),
         )
         train_values = {k: d[k] for k in _TRAIN_KEYS if k in d}
+        if train_values and saved:
+            train_values["reset_state_prob"] = saved_reset_state_prob(d)
         if train_values:
             for k in ("n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch"):
                 _require(where, d, k)
@@ -274,13 +288,14 @@ class Options:
             },
         }
         if self.train is not None:
+            # reset_state_prob is written even at 0.0, since a missing key now means 0.1 to a
+            # fresh run; bilm-tf's and AllenNLP's readers ignore top-level keys they do not use.
             d.update(dataclasses.asdict(self.train))
-            if not self.train.reset_state_prob:  # bilm-tf's recipe: its own keys only
-                del d["reset_state_prob"]
         return d
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Options":
+    def load(cls, path: str | os.PathLike, saved: bool = False) -> "Options":
+        """``saved``: as in ``from_dict``, for a run dir's own options.json."""
         path = os.fspath(path)
         try:
             with open_binary(path) as f:
@@ -289,7 +304,7 @@ class Options:
             raise ConfigError(f"{path}: options file not found") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-        return cls.from_dict(d, where=path)
+        return cls.from_dict(d, where=path, saved=saved)
 
     def save(self, path: str | os.PathLike, n_characters: int | None = 262) -> None:
         """Writes atomically (temp file, then rename). bilm-tf inference requires n_characters 262."""

@@ -74,7 +74,7 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     options_path = os.path.join(run_dir, "options.json")
     if not epath.Path(options_path).is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
-    options = Options.load(options_path)
+    options = Options.load(options_path, saved=True)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
     ckpt = Checkpointer(run_dir, read_only=True)
     try:

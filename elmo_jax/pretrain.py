@@ -26,7 +26,7 @@ from elmo_jax import lstm, policy, train
 from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.chars import Vocabulary
 from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
-from elmo_jax.config import ConfigError, Options, TrainConfig
+from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
 from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.perplexity import evaluate
@@ -93,7 +93,7 @@ def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int) -
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
     """A run dir resumes only the run it holds: same model, same training keys, same vocab."""
-    saved = meta["options"]
+    saved = {**meta["options"], "reset_state_prob": saved_reset_state_prob(meta["options"])}
     now = options.to_dict()
     # How long to run may change between sessions, and so may the rows per device (with the device
     # count: the global row count decides what resumes exactly, see _restore_or_init).
@@ -382,6 +382,28 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     return start, train.TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
+def _recipe(t: TrainConfig, meta: dict | None) -> str:
+    """The start line's word on sentence-start resets, the one recipe choice that is not bilm-tf's."""
+    if not t.reset_state_prob:
+        older = meta is not None and "reset_state_prob" not in meta["options"]
+        return "reset_state_prob 0, bilm-tf's recipe" + (
+            ": this run dir predates the 0.1 default, and a run keeps its recipe" if older else "")
+    return f"reset_state_prob {t.reset_state_prob:g}"
+
+
+def saved_options(run_dir: str) -> dict | None:
+    """The options dict (bilm-tf's layout) the newest readable checkpoint of ``run_dir`` was saved
+    with, or None when it has none."""
+    if not epath.Path(run_dir, "checkpoints").is_dir():
+        return None
+    ckpt = Checkpointer(run_dir, read_only=True)
+    try:
+        meta = ckpt.latest_meta()
+    finally:
+        ckpt.close()
+    return None if meta is None else meta["options"]
+
+
 def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Vocabulary, options: Options) -> None:
     """Held-out evaluation that could never run fails now, not silently hours later."""
     if not settings.eval_every:
@@ -461,7 +483,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                                  what="RunSettings")
     if jax.process_index() == 0:
         until = f" to step {total}" if total is not None else ""
-        until += f" ({matmuls} matmuls)"
+        until += f" ({matmuls} matmuls, {_recipe(t, meta)})"
         if start:
             stream = batcher.streams[0]
             print(f"resuming {settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
