@@ -281,7 +281,8 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
     ap.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
-    ap.add_argument("--reset-state-prob", type=float, default=0.0, help="TrainConfig.reset_state_prob")
+    ap.add_argument("--reset-state-prob", type=float, default=TrainConfig.reset_state_prob,
+                    help="TrainConfig.reset_state_prob (default: its default)")
     ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
     ap.add_argument("--pipeline-only", action="store_true")
     ap.add_argument("--compile-only", type=int, nargs="+", metavar="N",

@@ -31,6 +31,7 @@ from jax.sharding import Mesh  # noqa: E402
 from bench_common import matmul_gflops  # noqa: E402
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus  # noqa: E402
 from elmo_jax import train  # noqa: E402
+from elmo_jax.config import TrainConfig  # noqa: E402
 from elmo_jax.layout import Layout, for_backend  # noqa: E402
 
 _PRESET = jax.lax.DotAlgorithmPreset
@@ -149,7 +150,8 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocab", type=int, default=100_000)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--reset-state-prob", type=float, default=0.0)
+    ap.add_argument("--reset-state-prob", type=float, default=TrainConfig.reset_state_prob,
+                    help="TrainConfig.reset_state_prob (default: its default)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--profile", choices=list(VARIANTS), help="trace this variant's timed steps")
     ap.add_argument("--profile-out", default=".", help="where profile_top.txt goes")

@@ -539,6 +539,24 @@ def plot(summary: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def reused_runs(args, settings: dict) -> list[dict]:
+    """The runs of ``--reuse-variants`` from ``--reuse``, a grid run with the same settings: the
+    word-only tagger never reads the biLM's features, so a new biLM need not retrain it."""
+    if not args.reuse_variants:
+        return []
+    if not args.reuse:
+        raise Fail("--reuse-variants needs --reuse RESULTS.json")
+    with open(args.reuse, encoding="utf-8") as f:
+        old = json.load(f)
+    if old["settings"] != json.loads(json.dumps(settings)):
+        raise Fail(f"{args.reuse}: its grid settings differ from this one's ({old['settings']} against {settings})")
+    if set(args.reuse_variants) - {"words"}:
+        raise Fail(f"--reuse-variants: only 'words' does not depend on the biLM, found {args.reuse_variants}")
+    runs = [run for run in old["runs"] if run["variant"] in args.reuse_variants]
+    print(f"reused {len(runs)} run(s) of {' '.join(args.reuse_variants)} from {args.reuse}")
+    return runs
+
+
 def cmd_grid(args) -> None:
     if any(not 0 < f <= 1 for f in args.fractions):
         raise Fail(f"--fractions must be in (0, 1], found {args.fractions}")
@@ -559,9 +577,11 @@ def cmd_grid(args) -> None:
     features = {k: v for k, v in meta.items() if k != "model"}
     source = f"{meta['run_dir']} step {meta['step']}" if "run_dir" in meta else meta.get("weights", "?")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    runs, start = [], time.perf_counter()
+    runs, start = reused_runs(args, settings), time.perf_counter()
     compiled = {}
     for variant in variants:
+        if any(run["variant"] == variant for run in runs):
+            continue
         kind = variant if variant in ("words", "elmo") else "layer"
         if kind not in compiled:
             compiled[kind] = make_functions(make_model(kind, n_words, config, args.hidden, args.dropout), args.lr)
@@ -607,6 +627,8 @@ def main(argv=None) -> None:
     g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     g.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.1, 1.0])
     g.add_argument("--variants", nargs="+", help="default: words elmo layer0 layer1 layer2")
+    g.add_argument("--reuse", help="an earlier grid's results JSON, for --reuse-variants")
+    g.add_argument("--reuse-variants", nargs="+", choices=["words"], help="take these runs from --reuse, not retrain")
     g.add_argument("--data-dir", default="experiments/data/brown")
     g.add_argument("--features", default="experiments/data/pos_features")
     g.add_argument("--out", default="experiments/results/pos.json", help="also writes <out>.md and a PNG beside it")

@@ -130,3 +130,77 @@ def test_train_config_validation():
     assert dataclasses.replace(TrainConfig(), batch_size=4).batch_size == 4
     with pytest.raises(ConfigError):
         ModelConfig(char_cnn=PRESETS["tiny"].char_cnn, lstm=dataclasses.replace(PRESETS["tiny"].lstm, projection_dim=512))
+
+
+# -- reset_state_prob: the default recipe, and the files the references read ----------------------
+
+def _bilm_tf_reads(d: dict) -> None:
+    """The keys bilm-tf's LanguageModel and train() read from options.json, as they read them
+    (``options[...]`` or ``.get``): a model of its reader; it never looks at any other key."""
+    for k in ("n_tokens_vocab", "batch_size", "unroll_steps", "dropout", "n_negative_samples_batch",
+              "all_clip_norm_val", "n_epochs", "n_train_tokens"):
+        assert isinstance(d[k], (int, float)) and not isinstance(d[k], bool), k
+    d.get("bidirectional"), d.get("share_embedding_softmax"), d.get("sample_softmax"), d.get("learning_rate")
+    lstm, cnn = d["lstm"], d["char_cnn"]
+    lstm["dim"], lstm["projection_dim"], lstm.get("n_layers"), lstm.get("cell_clip"), lstm.get("proj_clip")
+    cnn["filters"], cnn["max_characters_per_token"], cnn["embedding"]["dim"], cnn["activation"], cnn.get("n_highway")
+    assert cnn["n_characters"] in (261, 262)  # 261 to train, 262 for inference (ELMO_SPEC section 4)
+
+
+def _allennlp_reads(d: dict) -> None:
+    """The keys AllenNLP's _ElmoCharacterEncoder and _ElmoBiLm read: the two sections only."""
+    cnn, lstm = d["char_cnn"], d["lstm"]
+    cnn["filters"], cnn["n_highway"], cnn["embedding"]["dim"], cnn["activation"], cnn["max_characters_per_token"]
+    lstm["projection_dim"], lstm["dim"], lstm["cell_clip"], lstm["proj_clip"], lstm.get("n_layers")
+    assert lstm["use_skip_connections"] is True  # AllenNLP refuses false
+
+
+def test_a_fresh_run_defaults_to_resets_and_a_saved_run_means_what_it_wrote():
+    assert TrainConfig().reset_state_prob == 0.1
+    d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    assert "reset_state_prob" not in d
+    assert Options.from_dict(d).train.reset_state_prob == 0.1  # a bilm-tf file starts a run at the default
+    # A run's own record without the key was written before the default, at bilm-tf's 0.0.
+    assert Options.from_dict(d, saved=True).train.reset_state_prob == 0.0
+    assert Options.from_dict({**d, "reset_state_prob": 0.3}, saved=True).train.reset_state_prob == 0.3
+    assert Options.from_dict({**d, "reset_state_prob": 0.0}).train.reset_state_prob == 0.0
+    # The key is always written, 0.0 included, so a file read back means what it meant.
+    for prob in (0.0, 0.1):
+        o = Options.from_dict({**d, "reset_state_prob": prob})
+        assert o.to_dict()["reset_state_prob"] == prob
+        assert Options.from_dict(json.loads(json.dumps(o.to_dict())), saved=True) == o
+        assert Options.from_dict(json.loads(json.dumps(o.to_dict()))) == o
+    assert "reset_state_prob" not in Options(model=PRESETS["tiny"]).to_dict()  # no training keys, no key
+
+
+def test_init_from_and_presets_start_at_the_default():
+    from elmo_jax import cli
+    from elmo_jax.chars import Vocabulary
+
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + [f"w{i}" for i in range(2000)])
+    for config, model in (("tiny", None), ("small", None), (None, PRESETS["tiny"])):  # None: --init-from
+        options = cli._training_options(config, vocab, None, 10_000, model=model)
+        assert options.train.reset_state_prob == 0.1, config
+    options = cli._training_options(None, vocab, None, 10_000, reset_state_prob=0.0, model=PRESETS["tiny"])
+    assert options.train.reset_state_prob == 0.0
+
+
+def test_written_training_options_are_read_by_bilm_tf_and_allennlp(tmp_path):
+    o = Options(model=PRESETS["tiny"], train=TrainConfig(n_tokens_vocab=1000, n_negative_samples_batch=64))
+    o.save(tmp_path / "options.json")
+    written = json.loads((tmp_path / "options.json").read_text())
+    assert written["reset_state_prob"] == 0.1
+    _bilm_tf_reads(written)
+    _allennlp_reads(written)
+    # What bilm-tf has no key for: the one top-level key of ours.
+    bilm_tf_keys = {"lstm", "char_cnn", "n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch",
+                    "dropout", "all_clip_norm_val", "n_epochs", "n_train_tokens", "bidirectional", "learning_rate",
+                    "sample_softmax", "share_embedding_softmax"}
+    assert set(written) - bilm_tf_keys == {"reset_state_prob"}
+    # Negative controls: the reader models do fail on a file they could not read.
+    for reads, broken in ((_bilm_tf_reads, {k: v for k, v in written.items() if k != "unroll_steps"}),
+                          (_allennlp_reads, {**written, "lstm": {k: v for k, v in written["lstm"].items()
+                                                                 if k != "proj_clip"}})):
+        with pytest.raises(KeyError):
+            reads(broken)
+    _allennlp_reads(json.loads((FIXTURES / "allennlp_elmo" / "options.json").read_text()))  # the model fits

@@ -74,6 +74,20 @@ def test_features_then_quick_grid(tmp_path, capsys):
     assert "| elmo | 100 |" in (out.parent / "pos.md").read_text() and "| elmo | 100 |" in stdout
     assert (out.parent / "pos_sample_efficiency.png").read_bytes()[:4] == b"\x89PNG"
 
+    # A new biLM's grid takes the word-only runs (which never read its features) from the last grid.
+    again = tmp_path / "again" / "pos.json"
+    code, stdout, err = run(capsys, "grid", "--quick", "--seeds", 0, "--fractions", 0.5, 1.0, "--variants", "words",
+                            "layer1", "--reuse", out, "--reuse-variants", "words", "--data-dir", data,
+                            "--features", feats, "--out", again)
+    assert code == 0 and "reused 2 run(s) of words" in stdout, err
+    second = json.loads(again.read_text())
+    assert second["runs"][:2] == result["runs"][:2] and [r["variant"] for r in second["runs"]] == [
+        "words", "words", "layer1"]
+    code, _, err = run(capsys, "grid", "--quick", "--seeds", 1, "--fractions", 0.5, 1.0, "--variants", "words",
+                       "--reuse", out, "--reuse-variants", "words", "--data-dir", data, "--features", feats,
+                       "--out", again)  # other seeds: other settings, nothing to reuse
+    assert code == 2 and "grid settings differ" in err and len(err.strip().splitlines()) == 1, err
+
     # Features that no longer match the data are refused.
     with open(data / "dev.txt", "a", encoding="utf-8") as f:
         f.write("the/DET dog/NOUN\n")

@@ -382,8 +382,8 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
         assert cli.main([*common, "--steps", steps]) == 0
         outputs.append(capsys.readouterr())
     said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
-    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls)"],
-                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls)"],
+    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls, reset_state_prob 0.1)"],
+                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls, reset_state_prob 0.1)"],
                     [f"{run}: already trained to step 3 (asked for 3); nothing to do"]]
     # Each session's first metrics line times its start-up (compile) apart from the steps.
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -399,6 +399,57 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
             args = parser.parse_args(c[1:])
             assert args.run_dir == str(run)
         assert commands[1][commands[1].index("--files") + 1] == "heldout.txt"  # no --heldout-files: a placeholder
+
+
+def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
+    """A run dir as the release before 0.1 became the default wrote it at bilm-tf's recipe: neither
+    its options.json nor its checkpoints' metadata had the reset_state_prob key."""
+    files = [run_dir / "options.json", *run_dir.glob("checkpoints/*/meta/metadata")]
+    assert len(files) >= 2
+    for f in files:
+        d = json.loads(f.read_text())
+        options = d.get("options", d)
+        assert options.pop("reset_state_prob") == 0.0
+        f.write_text(json.dumps(d))
+
+
+def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_path, capsys):
+    options = _write_tiny_options(tmp_path / "options.json")  # bilm-tf's keys: no reset_state_prob
+    new, old = tmp_path / "new", tmp_path / "old"
+    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
+              str(TRAIN / "vocab.txt"), "--devices", "1", "--log-every", "1", "--save-every", "1", "--no-progress"]
+
+    def saved_prob(run_dir, step):
+        return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())[
+            "options"].get("reset_state_prob")
+
+    assert cli.main([*common, "--run-dir", str(new), "--steps", "1"]) == 0
+    assert f"starting {new} from scratch to step 1 (float32 matmuls, reset_state_prob 0.1)" in capsys.readouterr().out
+    assert json.loads((new / "options.json").read_text())["reset_state_prob"] == 0.1
+    assert read_run(str(new))[0].train.reset_state_prob == 0.1
+    # bilm-tf's recipe exactly, on request; the written options say so too.
+    assert cli.main([*common, "--run-dir", str(old), "--steps", "1", "--reset-state-prob", "0"]) == 0
+    assert "(float32 matmuls, reset_state_prob 0, bilm-tf's recipe)" in capsys.readouterr().out
+    assert json.loads((old / "options.json").read_text())["reset_state_prob"] == 0.0
+
+    # A run dir from before the default resumes on its own recipe, says so, and keeps it.
+    _as_written_before_the_reset_default(old)
+    assert read_run(str(old))[0].train.reset_state_prob == 0.0  # what export would write
+    assert cli.main([*common, "--run-dir", str(old), "--steps", "2"]) == 0
+    assert (f"resuming {old} from step 1 (epoch 0, shard 1 of 1) to step 2 (float32 matmuls, reset_state_prob 0, "
+            f"bilm-tf's recipe: this run dir predates the 0.1 default, and a run keeps its recipe)"
+            in capsys.readouterr().out)
+    assert saved_prob(old, 2) == 0.0
+    # A run started at the default resumes at it without the flag.
+    assert cli.main([*common, "--run-dir", str(new), "--steps", "2"]) == 0
+    assert "to step 2 (float32 matmuls, reset_state_prob 0.1)" in capsys.readouterr().out
+    assert saved_prob(new, 2) == 0.1
+    # Changing the recipe midway is refused in one line, either way.
+    for run_dir, prob, saved in ((old, "0.1", "0.0"), (new, "0", "0.1")):
+        assert cli.main([*common, "--run-dir", str(run_dir), "--steps", "3", "--reset-state-prob", prob]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"reset_state_prob: saved {saved}, now {float(prob)}" in err, err
+        assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [1, 2]
 
 
 def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):

@@ -338,7 +338,8 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
     # A small clip so that clipping is active: then the norm (which must count a row that is
     # both target and candidate once, with its summed gradient) scales every update.
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8,
-                     dropout=0.0, all_clip_norm_val=0.5, learning_rate=0.2)
+                     dropout=0.0, all_clip_norm_val=0.5, learning_rate=0.2,
+                     reset_state_prob=0.0)  # bilm-tf's recipe: the reference carries the state
     batch = _train_batch(tmp_path, tc)
     targets, cands = np.asarray(batch["targets"]), np.asarray(batch["candidates"])
     for d in range(2):
