@@ -1,12 +1,16 @@
 """Domain adaptation by continued pretraining (issue 14): a general biLM moved onto Python's docs.
 
-Four models, the last three trained on the same pydoc tokens (``--steps`` x rows x 20):
+Up to five models (``--arms``), the trained ones all for ``--steps`` x rows x 20 tokens:
 
-- ``a``: the stand-in as it is (a run dir trained on the experiments' general text);
+- ``a``: the general model as it is (a run dir trained on the experiments' general text);
 - ``b``: ``elmo-jax train --init-from`` its bilm-tf TF checkpoint (weights, softmax and Adagrad
-  accumulators; the vocabulary extended with pydoc's words);
+  accumulators; the vocabulary extended with pydoc's words), or without ``--tf-checkpoint`` from
+  the run dir itself, which holds the same arrays (experiments/README.md, "Continuing from hdf5
+  files": the two starts give the same run);
 - ``c``: ``--init-from`` its hdf5 export (no accumulators: learning rate 0.05 by default);
-- ``d``: from scratch on pydoc, the same model and recipe, pydoc's own vocabulary.
+- ``d``: from scratch on pydoc, the same model and recipe, pydoc's own vocabulary;
+- ``mix``: as ``b``, on pydoc's and the general text's training files together (pydoc is about a
+  third of the tokens), to see whether the old text keeps what pure pydoc forgets.
 
 Each model is scored on pydoc's and on the original held-out text (full softmax, every sentence
 from zero state, as extraction runs), on target positions whose word is in every model's
@@ -15,14 +19,14 @@ vocabulary, with each model's own ``<UNK>`` rate beside. Then the probe: for "th
 occurrence's 10 nearest neighbours (cosine, ELMo's layer average, other sentences only) among a
 pool of tokens half from pydoc and half from the general text that come from pydoc.
 
-    python experiments/domain.py --source runs/reset01 --tf-checkpoint runs/fresh_acc_tf/tf \\
-        --export runs/fresh_acc/export --steps 400 --work-dir runs/domain \\
-        --out experiments/results/domain/domain.jsonl
+    python experiments/domain.py --source runs/real --export runs/real/export --steps 500 \\
+        --arms a b c d mix --work-dir runs/domain --out experiments/results/domain/domain.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -48,16 +52,21 @@ def elmo_jax(*args: str) -> float:
 
 
 def train_runs(args) -> dict[str, float]:
-    """Trains b, c and d into ``args.work_dir`` (skipping any already there); seconds each."""
-    common = ["--train-files", f"{DOMAIN}/train/*.txt", "--steps", str(args.steps), "--reset-state-prob", "0.1",
-              "--log-every", "50", "--save-every", str(args.steps), "--no-progress"]
+    """Trains the arms other than ``a`` into ``args.work_dir`` (skipping any already there); seconds each."""
+    # The default recipe (reset_state_prob 0.1) throughout: every start here is a fresh run.
+    common = ["--steps", str(args.steps), "--log-every", "50", "--save-every", str(args.steps), "--no-progress"]
+    pydoc = ["--train-files", f"{DOMAIN}/train/*.txt"]
+    # One glob for both texts (--train-files takes one): data/lm/train/ and data/domain/train/.
+    mixed = ["--train-files", "experiments/data/*/train/*.txt"]
+    assert sorted(glob.glob(mixed[1])) == sorted(glob.glob(f"{DOMAIN}/train/*.txt") + glob.glob(f"{LM}/train/*.txt"))
+    full = ["--init-from", args.tf_checkpoint or args.source]
     seconds = {}
-    for name, extra in (("b", ["--init-from", args.tf_checkpoint]), ("c", ["--init-from", args.export])):
+    for name, extra in (("b", full + pydoc), ("c", ["--init-from", args.export] + pydoc), ("mix", full + mixed)):
         run = os.path.join(args.work_dir, name)
-        if not os.path.exists(os.path.join(run, "metrics.jsonl")):
+        if name in args.arms and not os.path.exists(os.path.join(run, "metrics.jsonl")):
             seconds[name] = elmo_jax("train", "--run-dir", run, *extra, *common)
     run = os.path.join(args.work_dir, "d")
-    if not os.path.exists(os.path.join(run, "metrics.jsonl")):
+    if "d" in args.arms and not os.path.exists(os.path.join(run, "metrics.jsonl")):
         start = time.perf_counter()
         vocab = os.path.join(args.work_dir, "d_vocab.txt")
         elmo_jax("vocab", "--train-files", f"{DOMAIN}/train/*.txt", "--out", vocab)
@@ -69,7 +78,7 @@ def train_runs(args) -> dict[str, float]:
         config = os.path.join(args.work_dir, "d_options.json")
         with open(config, "w") as f:
             json.dump(options, f, indent=1)
-        elmo_jax("train", "--run-dir", run, "--config", config, "--vocab", vocab, *common)
+        elmo_jax("train", "--run-dir", run, "--config", config, "--vocab", vocab, *pydoc, *common)
         seconds["d"] = time.perf_counter() - start
     return seconds
 
@@ -138,17 +147,21 @@ def probe(runs: dict[str, str], pool_sentences: int, per_word: int, k: int = 10)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", required=True, help="the stand-in general model (a run dir)")
-    p.add_argument("--tf-checkpoint", required=True, help="the same model as a bilm-tf TF checkpoint dir")
-    p.add_argument("--export", required=True, help="the same model's hdf5 export (elmo-jax export)")
+    p.add_argument("--tf-checkpoint", help="the same model as a bilm-tf TF checkpoint dir, for b and mix "
+                                            "(default: the --source run dir, the same arrays)")
+    p.add_argument("--export", help="the same model's hdf5 export (elmo-jax export), for c")
+    p.add_argument("--arms", nargs="+", choices=["a", "b", "c", "d", "mix"], default=["a", "b", "c", "d"])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--work-dir", required=True)
     p.add_argument("--pool-sentences", type=int, default=500, help="per text, in the probe's neighbour pool")
     p.add_argument("--per-word", type=int, default=20)
     p.add_argument("--out", help="append the JSON lines here too")
     args = p.parse_args()
+    if "c" in args.arms and not args.export:
+        p.error("arm c needs --export")
     os.makedirs(args.work_dir, exist_ok=True)
     seconds = train_runs(args)
-    runs = {"a": args.source, **{n: os.path.join(args.work_dir, n) for n in "bcd"}}
+    runs = {n: args.source if n == "a" else os.path.join(args.work_dir, n) for n in args.arms}
     machine = f"{platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()})"
     lines = [{"what": "runs", "steps": args.steps, "train_seconds": {k: round(v) for k, v in seconds.items()},
               "machine": machine}]
