@@ -7,7 +7,7 @@ encoder over the char slots it was given, the two sentence markers once, the biL
 row position including <S>/</S> and padding).
 
 It also times one LSTM layer (both directions, ``length + 2`` steps) in each of the two layouts
-of ``elmo_jax.lstm``, batch-major (``_layer_rows``, GPU/TPU) and batch-minor (``_layer_columns``,
+of ``elmo_jax.model.lstm``, batch-major (``_layer_rows``, GPU/TPU) and batch-minor (``_layer_columns``,
 CPU), at ``--batch`` and 4x that many rows: the figures behind the choice of layout per backend.
 """
 
@@ -23,8 +23,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best  # noqa: E402
-from elmo_jax import batch_to_ids, bilm_apply, init_bilm, lstm, preset  # noqa: E402
-from elmo_jax.char_cnn import trim_char_ids  # noqa: E402
+from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset  # noqa: E402
+from elmo_jax.model import lstm  # noqa: E402
+from elmo_jax.model.char_cnn import trim_char_ids  # noqa: E402
 
 
 def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, peak: float) -> None:

@@ -3,7 +3,7 @@
     python experiments/bench_crc32c.py [--mib 256] [--repeats 3]
 
 ``google_crc32c`` (the C extension, when installed) and the numpy fallback of
-``elmo_jax.tf_checkpoint``, over the same random bytes held in memory (the figures leave disk
+``elmo_jax.compat.tf_checkpoint``, over the same random bytes held in memory (the figures leave disk
 reads out), both fed in the 8 MiB pieces that ``TFCheckpoint.verify`` reads. Prints MB/s
 (10^6 bytes per second), the best of ``--repeats`` runs, and what that means for bilm-tf's
 released model (about 4 GB with its Adagrad slots).
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from elmo_jax import tf_checkpoint as tfc
+from elmo_jax.compat import tf_checkpoint as tfc
 
 
 def throughput(fn, data: bytes, piece: int, repeats: int) -> tuple[float, int]:

@@ -35,7 +35,7 @@ import jax  # noqa: E402
 
 from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences  # noqa: E402
 from elmo_jax import init_bilm, preset  # noqa: E402
-from elmo_jax.embed import Embedder  # noqa: E402
+from elmo_jax.extract.embedder import Embedder  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILES: list[float] = []  # seconds of each XLA compile in this process (a persistent-cache hit is not one)
@@ -116,8 +116,8 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     included (``gpu_projection.py`` builds on them)."""
     import numpy as np
 
-    from elmo_jax.embed import new_outputs, pack_sentences
-    from elmo_jax.layout import BY_BACKEND
+    from elmo_jax.extract.embedder import new_outputs, pack_sentences
+    from elmo_jax.model.layout import BY_BACKEND
 
     sents = sample_sentences(path)
     lengths = [len(s) for s in sents]
@@ -172,7 +172,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
     """Embedder keywords for each (batch_tokens, extract_steps) asked for; [{}]: the defaults
     (the only choice a tree from before ``Layout.extract_steps`` has)."""
-    from elmo_jax.layout import for_backend
+    from elmo_jax.model.layout import for_backend
 
     out = []
     for t in tokens or [None]:

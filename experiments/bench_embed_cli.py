@@ -66,7 +66,7 @@ def main() -> None:
         if args.writes_only:
             return
         subprocess.run([sys.executable, "-c", (
-            "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.weights import save_hdf5; "
+            "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.compat.hdf5 import save_hdf5; "
             "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"),
             args.shape, f"{tmp}/options.json", f"{tmp}/weights.hdf5"], check=True, env=env)
         times: dict[int, list[float]] = {a: [] for a in args.ahead}

@@ -28,9 +28,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-from elmo_jax import train  # noqa: E402
-from elmo_jax.checkpoint import Checkpointer  # noqa: E402
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
+from elmo_jax.training.checkpoint import Checkpointer  # noqa: E402
+from elmo_jax.training.step import AXIS, init_state, state_shardings  # noqa: E402
 
 
 def main() -> None:
@@ -42,11 +42,11 @@ def main() -> None:
     args = ap.parse_args()
     model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
     tc = TrainConfig(n_tokens_vocab=args.vocab, batch_size=args.batch)
-    mesh = Mesh(np.array(jax.devices()), (train.AXIS,))
+    mesh = Mesh(np.array(jax.devices()), (AXIS,))
     rows = args.batch * mesh.size
-    shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, rows)),
+    shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, rows)),
                                       mesh)
-    state = jax.jit(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, rows), out_shardings=shardings)()
+    state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, rows), out_shardings=shardings)()
     jax.block_until_ready(state)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
     print(f"{args.shape}, V={args.vocab:,}, {rows} rows, {mesh.size} {jax.devices()[0].platform} device(s): "

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from elmo_jax.cli import bundled_model, bundled_sample
+from elmo_jax.cli.commands import bundled_model, bundled_sample
 
 
 def run(commands: list[list[str]], log_dir: str) -> list[float]:

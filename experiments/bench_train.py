@@ -11,7 +11,7 @@ over the batch's distinct words, the biLSTM, the sampled softmax) times 3 for fo
 
 Every configuration also prints, per device and per step: the softmax bytes it stores (weights,
 bias and their Adagrad accumulators), and the bytes its collectives send, read from the compiled
-program's HLO (``elmo_jax.hlo``; ring algorithms), beside the same figures for the replicated
+program's HLO (``elmo_jax._util.hlo``; ring algorithms), beside the same figures for the replicated
 design this project had before (every device holds the whole softmax and all-gathers every
 device's sparse rows), computed from its formula.
 
@@ -45,14 +45,16 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from bench_common import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
-from elmo_jax import train  # noqa: E402
-from elmo_jax.chars import Vocabulary  # noqa: E402
+from elmo_jax._util.hlo import wire_bytes_per_device  # noqa: E402
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
-from elmo_jax.data import LMBatcher, TextFiles  # noqa: E402
-from elmo_jax.hlo import wire_bytes_per_device  # noqa: E402
-from elmo_jax.pretrain import GlobalBatches  # noqa: E402
-from elmo_jax.sharded_softmax import RowLayout, plan_fetch  # noqa: E402
-from elmo_jax.softmax import sample_log_uniform_unique  # noqa: E402
+from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402
+from elmo_jax.text.sources import TextFiles  # noqa: E402
+from elmo_jax.training.batches import LMBatcher  # noqa: E402
+from elmo_jax.training.loop import GlobalBatches  # noqa: E402
+from elmo_jax.training.sharded_softmax import RowLayout, plan_fetch  # noqa: E402
+from elmo_jax.training.softmax import sample_log_uniform_unique  # noqa: E402
+from elmo_jax.training.step import (AXIS, add_candidates, init_state, make_train_step, plan_batch,  # noqa: E402
+                                    state_shardings)
 
 MB = 1e6
 
@@ -92,7 +94,7 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
     """Milliseconds per step of each part of the host work, one after the other on one core."""
     batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
     batcher.next()  # loads and encodes the shard
-    train.add_candidates(batcher.next(), step=0, seed=0, num_sampled=tc.n_negative_samples_batch,
+    add_candidates(batcher.next(), step=0, seed=0, num_sampled=tc.n_negative_samples_batch,
                          vocab_size=tc.n_tokens_vocab)  # the sampler's once-per-run set-up
     layout, parts = RowLayout.for_vocab(tc.n_tokens_vocab), dict.fromkeys(("batcher", "data snapshot",
                                                                            "candidates", "plan_fetch"), 0.0)
@@ -102,7 +104,7 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
         t1 = time.perf_counter()
         batcher.snapshot()  # what prefetch takes each step (state() only when a checkpoint is saved)
         t2 = time.perf_counter()
-        batch = train.add_candidates(batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch,
+        batch = add_candidates(batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch,
                                      vocab_size=tc.n_tokens_vocab)
         t3 = time.perf_counter()
         plan_fetch(batch["candidates"], batch["targets"], layout, 1)
@@ -124,7 +126,7 @@ def bench_host_pipeline(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars
     Timed over ``steps`` steps after the workers' start and 20 steps of warm-up (the shard's load), all
     within the corpus's first pass: a shard reload (a second or so here, every few hundred steps
     of this small corpus) is not what is measured."""
-    mesh = Mesh(np.array(jax.local_devices()[:1]), (train.AXIS,))
+    mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
     batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
     feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
     try:
@@ -175,7 +177,7 @@ def report_comm(tag: str, hlo_text: str, n: int, model, tc, links: bool = False)
     p = model.lstm.projection_dim
     wire = wire_bytes_per_device(hlo_text, n)
     dense = sum(x.size for x in jax.tree_util.tree_leaves(
-        jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]))
+        jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]))
     split, rep = softmax_bytes(tc.n_tokens_vocab, p, n)
     old = replicated_wire_bytes(dense, tc, p, n)
     kinds = ", ".join(f"{k} {b / MB:,.1f}" for k, b in sorted(wire.items())) or "none"
@@ -192,10 +194,10 @@ def compile_only(args) -> None:
     """In a child with --fake-devices N: compile the step for N devices, print one JSON line."""
     n = len(jax.devices())
     model, tc = model_and_config(args, args.vocabs[-1])
-    mesh = Mesh(np.array(jax.devices()), (train.AXIS,))
+    mesh = Mesh(np.array(jax.devices()), (AXIS,))
     layout = RowLayout.for_vocab(tc.n_tokens_vocab)
-    abstract = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n))
-    shardings = train.state_shardings(abstract, mesh)
+    abstract = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n))
+    shardings = state_shardings(abstract, mesh)
     state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     # One device's requests, drawn as in training: its candidates and a Zipfian batch of targets.
     rng = np.random.default_rng(0)
@@ -205,13 +207,13 @@ def compile_only(args) -> None:
     plan, capacity = plan_fetch(cands[None], targets[None], layout, n)
     rows_asked = len(np.unique(np.concatenate([cands.ravel(), targets.ravel()])))
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
-    i32, sh = jnp.int32, NamedSharding(mesh, P(train.AXIS))
+    i32, sh = jnp.int32, NamedSharding(mesh, P(AXIS))
     shapes = {"chars": ((args.words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
               "rows": ((b,), i32), "starts": ((2, b, t), bool), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
               "fetch": ((n, capacity), i32), "cand_index": ((2, s), i32), "target_index": ((2, b, t), i32)}
     batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
     t0 = time.perf_counter()
-    compiled = train.make_train_step(model, tc, mesh).lower(state, batch).compile()
+    compiled = make_train_step(model, tc, mesh).lower(state, batch).compile()
     mem = compiled.memory_analysis()
     print(json.dumps({"n": n, "hlo": compiled.as_text(), "capacity": capacity, "rows_asked": rows_asked,
                       "compile_s": time.perf_counter() - t0,
@@ -233,8 +235,8 @@ def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, m
     for b in host:
         local = {k: np.asarray(x) for k, x in jax.device_get(b).items()}
         local["chars"] = np.pad(local["chars"], ((0, 0), (0, width - local["chars"].shape[1]), (0, 0)))
-        local, _ = train.plan_batch(local, tc.n_tokens_vocab, n, capacity)
-        batches.append({k: jax.device_put(x, NamedSharding(mesh, P(train.AXIS))) for k, x in local.items()})
+        local, _ = plan_batch(local, tc.n_tokens_vocab, n, capacity)
+        batches.append({k: jax.device_put(x, NamedSharding(mesh, P(AXIS))) for k, x in local.items()})
     return batches, width, capacity
 
 
@@ -243,10 +245,10 @@ def time_step(model, tc: TrainConfig, mesh: Mesh, batches: list, precision="high
     """Median seconds of one train step over ``batches[1:]`` (``batches[0]`` warms up), and the
     compiled step. With ``trace_dir``, the timed steps also run under ``jax.profiler.trace``."""
     n = mesh.size
-    step = train.make_train_step(model, tc, mesh, precision, dtype, layout)
-    shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(
+    step = make_train_step(model, tc, mesh, precision, dtype, layout)
+    shardings = state_shardings(jax.eval_shape(lambda: init_state(
         jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
-    state = jax.jit(lambda: train.init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
+    state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
                     out_shardings=shardings)()
     compiled = step.lower(state, batches[0]).compile()
     state, m = step(state, batches[0])
@@ -333,7 +335,7 @@ def main() -> None:
             return
         peak = matmul_gflops()
         n = args.devices
-        mesh = Mesh(np.array(jax.local_devices()[:n]), (train.AXIS,))
+        mesh = Mesh(np.array(jax.local_devices()[:n]), (AXIS,))
         print(f"device: {jax.devices()[0].device_kind} x {n}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
         for v in args.vocabs:
             model, tc = model_and_config(args, v)

@@ -8,7 +8,7 @@ Figures: median ms per step over ``--steps`` steps, tokens/s (rows x 20, counted
 FLOP/s executed (``bench_train.train_flops``) beside float32 and bfloat16 2048^3 matmuls measured
 in the same run. ``--profile NAME`` traces that variant's timed steps with ``jax.profiler`` and
 writes ``profile_top.txt``: device time per part of the step (the ``jax.named_scope`` names of
-``train.train_step``) and the top 20 ops, so that only a small text file need come back.
+``train_step``) and the top 20 ops, so that only a small text file need come back.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from jax.sharding import Mesh  # noqa: E402
 
 from bench_common import matmul_gflops  # noqa: E402
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus  # noqa: E402
-from elmo_jax import train  # noqa: E402
 from elmo_jax.config import TrainConfig  # noqa: E402
-from elmo_jax.layout import Layout, for_backend  # noqa: E402
+from elmo_jax.model.layout import Layout, for_backend  # noqa: E402
+from elmo_jax.training.step import AXIS, train_step  # noqa: E402
 
 _PRESET = jax.lax.DotAlgorithmPreset
 # name -> (precision, compute dtype, layout). "f32" with rows/1/32 is the layout every GPU ran before
-# elmo_jax.layout existed: the baseline.
+# elmo_jax.model.layout existed: the baseline.
 VARIANTS = {
     "f32": ("highest", jnp.float32, Layout("rows", 1, 32)),
     "tf32": (_PRESET.TF32_TF32_F32, jnp.float32, Layout("rows", 1, 32)),
@@ -158,7 +158,7 @@ def main() -> None:
     args = ap.parse_args()
     args.vocabs = [args.vocab]
     model, tc = model_and_config(args, args.vocab)
-    mesh = Mesh(np.array(jax.local_devices()[:1]), (train.AXIS,))
+    mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
     f32 = matmul_gflops()
     bf16 = matmul_gflops(dtype=jnp.bfloat16)
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; 2048^3 matmul: float32 {f32:,.0f} GFLOP/s, "

@@ -31,7 +31,7 @@ import jax
 from bench_common import random_sentences
 from bench_embed import natural_sentences, sample_sentences
 from elmo_jax import init_bilm, preset
-from elmo_jax.embed import Embedder
+from elmo_jax.extract.embedder import Embedder
 
 config = preset("small")
 params = init_bilm(jax.random.PRNGKey(0), config)

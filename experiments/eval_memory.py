@@ -1,6 +1,6 @@
 """Temporary memory of the compiled held-out evaluation step, against the vocabulary size.
 
-Compiles (never runs) ``elmo_jax.perplexity``'s step on one device at bilm-tf's 128 rows x 20
+Compiles (never runs) ``elmo_jax.training.evaluate``'s step on one device at bilm-tf's 128 rows x 20
 steps and prints XLA's ``memory_analysis`` temporary bytes, beside the control: the textbook
 full-softmax cross-entropy that materialises ``[positions, V]`` logits.
 
@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import PRESETS, bilm, lstm, perplexity
+from elmo_jax import PRESETS
 from elmo_jax.config import ModelConfig
-from elmo_jax.sharded_softmax import RowLayout
+from elmo_jax.model import bilm, lstm
+from elmo_jax.training.evaluate import BLOCK, _divisor_at_most, _step_fn
+from elmo_jax.training.sharded_softmax import RowLayout
 
 MiB = 2 ** 20
 
@@ -46,7 +48,7 @@ def eval_step_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: 
              "inputs": abstract((1, 2, rows, steps), jnp.int32, spec("data")),
              "mask": abstract((1, rows, steps), bool, spec("data"))}
     everywhere = (abstract((2, rows, steps), jnp.int32, spec()), abstract((rows, steps), bool, spec()))
-    step = perplexity._step_fn(model, mesh, "highest", perplexity._divisor_at_most(v_pad, perplexity.BLOCK))
+    step = _step_fn(model, mesh, "highest", _divisor_at_most(v_pad, BLOCK))
     return _temp_bytes(step, params, valid, state, local, everywhere)
 
 
@@ -69,7 +71,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     model = PRESETS[args.config]
-    print(f"{args.config}, {args.rows} rows x {args.steps} steps, block {perplexity.BLOCK}, {jax.devices()[0].platform}")
+    print(f"{args.config}, {args.rows} rows x {args.steps} steps, block {BLOCK}, {jax.devices()[0].platform}")
     print(f"{'V':>9} {'blockwise MiB':>14} {'[positions, V] MiB':>19}")
     for v in args.vocab:
         print(f"{v:>9,} {eval_step_temp(model, v, args.rows, args.steps) / MiB:>14.1f} "

@@ -19,11 +19,12 @@ import pathlib
 
 import numpy as np
 
-from elmo_jax import train
-from elmo_jax.chars import Vocabulary
-from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.sharded_softmax import RowLayout, capacity_bucket, next_capacity
-from elmo_jax.vocab import build_vocab, count_tokens
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.text.vocab import build_vocab, count_tokens
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.sharded_softmax import RowLayout, capacity_bucket, next_capacity
+from elmo_jax.training.step import add_candidates
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "elmo_jax" / "data" / "sample" / "train.txt"
 
@@ -35,7 +36,7 @@ def needs(source, vocab, rows: int, unroll: int, negatives: int, devices: int, s
                         n_devices=devices, seed=0)
     out = []
     for step in range(steps):
-        batch = train.add_candidates(batcher.next(), step=step, seed=0, num_sampled=negatives,
+        batch = add_candidates(batcher.next(), step=step, seed=0, num_sampled=negatives,
                                      vocab_size=len(vocab))
         need = 0
         for d in range(devices):

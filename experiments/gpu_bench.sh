@@ -16,7 +16,7 @@
 #   embed-cli `elmo-jax embed` itself on the same file, a fresh process each (startup and compiles
 #             included), writing every line's layers, with --ahead 0 and 1 (bench_embed_cli.py)
 #   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
-#             VARIANTS: "f32" is what every GPU ran before elmo_jax.layout (the previous commit's
+#             VARIANTS: "f32" is what every GPU ran before elmo_jax.model.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
 #   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
 #             held-out text (needs experiments/data/lm, carried)

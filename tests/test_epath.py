@@ -22,11 +22,11 @@ from etils import epath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
 
-from elmo_jax.atomic import is_local
-from elmo_jax.chars import Vocabulary
-from elmo_jax.data import TextFiles
-from elmo_jax.export import export_run, load_run
-from elmo_jax.pretrain import RunSettings, _MetricsFile, options_for_vocab, pretrain
+from elmo_jax._util.atomic import is_local
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.loop import RunSettings, _MetricsFile, options_for_vocab, pretrain
+from elmo_jax.training.run_dir import export_run, load_run
 
 from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
 

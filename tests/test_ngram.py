@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from elmo_jax.chars import Vocabulary
+from elmo_jax.model.vocabulary import Vocabulary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))

@@ -1,4 +1,4 @@
-"""The held-out evaluation's memory does not grow with the vocabulary (``perplexity``).
+"""The held-out evaluation's memory does not grow with the vocabulary (``elmo_jax.training.evaluate``).
 
 bilm-tf's 128 rows x 20 steps at the released 793,471-word vocabulary: the compiled evaluation
 step's temporary memory (``memory_analysis``, compile only: nothing is allocated) must stay within

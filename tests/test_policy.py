@@ -49,7 +49,7 @@ def test_the_old_arguments_still_work_with_a_deprecation_warning():
 
 
 def test_embedder_dtype_is_the_deprecated_spelling_of_precision():
-    from elmo_jax.embed import Embedder
+    from elmo_jax.extract.embedder import Embedder
 
     config, params = tiny_model()
     sents = [["a", "small", "test"], ["two"]]

@@ -56,7 +56,7 @@ def test_features_then_quick_grid(tmp_path, capsys):
     assert meta["splits"]["train"]["shape"] == list(train.shape) and offsets[-1] == len(train)
     assert sorted(os.listdir(feats)) == ["dev.npy", "dev.offsets.npy", "meta.json", "test.npy", "test.offsets.npy",
                                          "train.npy", "train.offsets.npy"]  # no temporary file left
-    from elmo_jax.embed import Embedder
+    from elmo_jax.extract.embedder import Embedder
 
     expected = Embedder.from_hdf5(OPTIONS, WEIGHTS).embed(sentences[3:4])[0]  # [L+1, n, 2P]
     np.testing.assert_allclose(train[offsets[3]:offsets[4]].transpose(1, 0, 2), expected, atol=2e-3, rtol=2e-3)

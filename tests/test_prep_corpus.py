@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 import prep_corpus  # noqa: E402
 
-from elmo_jax.chars import Vocabulary  # noqa: E402
 from elmo_jax.config import Options  # noqa: E402
+from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402
 
 
 def _tar(path: pathlib.Path, files: dict[str, str]) -> None:

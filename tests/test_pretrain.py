@@ -15,15 +15,19 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import cli, train
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer
-from elmo_jax.export import abstract_rows, abstract_shared, export_run, load_run, read_run
+from elmo_jax import cli
+from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import Options
-from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
-from elmo_jax.warmstart import finetune_state
-from elmo_jax.weights import load_hdf5
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training import loop
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
+from elmo_jax.training.run_dir import abstract_rows, abstract_shared, export_run, load_run, read_run
+from elmo_jax.training.step import init_state, make_train_step
+from elmo_jax.training.warmstart import finetune_state
 
 from helpers import FIXTURES
 from test_config import BILM_TF_TRAIN_OPTIONS
@@ -42,7 +46,7 @@ def step_programs():
     """The train-step programs lowered inside the block. A new program is lowered once, whether
     it then comes from the persistent compile cache or is compiled; steps made before the block
     are dropped, so that a program another test made counts too."""
-    train.make_train_step.cache_clear()
+    make_train_step.cache_clear()
     names = []
 
     def listen(event, seconds, fun_name="", **_):
@@ -206,8 +210,7 @@ def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     for x, y in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(source)):
         assert np.max(np.abs(np.asarray(x) - np.asarray(y))) < lr
     # ...while a fresh seed-1 init is far from the source: the run really started from it.
-    from elmo_jax import train
-    init = train.init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
+    init = init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
     assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
                zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(source["bilm"]))) > 2 * lr
 
@@ -305,8 +308,8 @@ def test_stream_windows_follow_bilm_tf(tmp_path):
 def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 
-    from elmo_jax.data import TfdsSource, open_source
-    from elmo_jax.vocab import build_vocab, count_tokens
+    from elmo_jax.text.sources import TfdsSource, open_source
+    from elmo_jax.text.vocab import build_vocab, count_tokens
 
     with tfds.testing.mock_data(num_examples=24):
         assert isinstance(open_source("tfds:lm1b/train"), TfdsSource)
@@ -329,7 +332,7 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
     import tensorflow_datasets as tfds
 
     from elmo_jax import cli
-    from elmo_jax.data import TfdsSource
+    from elmo_jax.text.sources import TfdsSource
 
     run = str(fixtures_dir / "format1_run")
     common = ["--run-dir", run, "--batch-size", "2", "--unroll-steps", "5"]
@@ -455,10 +458,10 @@ def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_pa
 def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
     """A first step slowed as a compile would be is timed as startup_s, not as step time."""
     slow = 4.0
-    make_train_step = train.make_train_step
+    real = make_train_step
 
     def slow_first_call(*args, **kwargs):
-        step_fn, calls = make_train_step(*args, **kwargs), []
+        step_fn, calls = real(*args, **kwargs), []
 
         def step(state, batch):
             if not calls:
@@ -467,7 +470,7 @@ def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
             return step_fn(state, batch)
         return step
 
-    monkeypatch.setattr(train, "make_train_step", slow_first_call)
+    monkeypatch.setattr(loop, "make_train_step", slow_first_call)  # the name the loop calls
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     run = tmp_path / "run"
@@ -562,7 +565,7 @@ def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir)
     the save it has in flight (a writer's checkpoint manager does, when it opens)."""
     import shutil
 
-    from elmo_jax.export import export_run, load_run
+    from elmo_jax.training.run_dir import export_run, load_run
 
     run = tmp_path / "run"
     shutil.copytree(fixtures_dir / "format1_run", run)

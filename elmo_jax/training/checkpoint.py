@@ -38,8 +38,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from elmo_jax.atomic import atomic_path, is_local
-from elmo_jax.chars import Vocabulary
+from elmo_jax._util.atomic import atomic_path, is_local
+from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
 

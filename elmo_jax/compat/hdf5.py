@@ -15,7 +15,7 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax.atomic import atomic_path
+from elmo_jax._util.atomic import atomic_path
 from elmo_jax.config import ModelConfig, Options
 
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from elmo_jax.atomic import write_text_atomic
+from elmo_jax._util.atomic import write_text_atomic
 
 try:
     import fcntl
@@ -584,7 +584,7 @@ def load_pretrained(name: str | PretrainedModel, **fetch_kwargs):
 
     ``fetch_kwargs``: ``cache_dir``, ``progress``, ``sha256`` as for ``fetch``.
     """
-    from elmo_jax.weights import load_hdf5  # jax: only when a model is loaded
+    from elmo_jax.compat.hdf5 import load_hdf5  # jax: only when a model is loaded
 
     paths = fetch(name, DEFAULT_FILES, **fetch_kwargs)
     return load_hdf5(paths["options"], paths["weights"])

@@ -27,7 +27,7 @@ Example: a tagger over a frozen ELMo (linen)::
     import flax.linen as nn
     import jax, jax.numpy as jnp, optax
     from elmo_jax import batch_to_ids
-    from elmo_jax.flax_modules import FROZEN_COLLECTION, Elmo, with_bilm
+    from elmo_jax.modules.elmo import FROZEN_COLLECTION, Elmo, with_bilm
 
     class Tagger(nn.Module):
         elmo: Elmo
@@ -74,7 +74,7 @@ itself holds no arrays, so ``nn.jit(Tagger, static_argnames="deterministic")`` w
 The same with NNX::
 
     from flax import nnx
-    from elmo_jax.flax_modules import ElmoNNX
+    from elmo_jax.modules.elmo import ElmoNNX
 
     class TaggerNNX(nnx.Module):
         def __init__(self, elmo, n_tags, rngs):
@@ -114,9 +114,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from elmo_jax import bilm as _bilm
 from elmo_jax import policy
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import bilm as _bilm
 
 CONVENTIONS = ("allennlp", "bilm_tf")
 LAYER_NORM_EPSILON = {"allennlp": 1e-13, "bilm_tf": 1e-12}
@@ -215,20 +215,20 @@ def _split_inputs(char_ids, layers, mask):
 
 
 def _load_checkpoint(run_dir, step):
-    from elmo_jax import export  # orbax and the training code: imported only when needed
+    from elmo_jax.training.run_dir import load_run  # orbax and the training code: imported only when needed
 
-    options, _, params, _ = export.load_run(run_dir, step)
+    options, _, params, _ = load_run(run_dir, step)
     return options.model, params["bilm"]
 
 
 def _load_hdf5(options, weights):
-    from elmo_jax.weights import load_hdf5
+    from elmo_jax.compat.hdf5 import load_hdf5
 
     return load_hdf5(options, weights)
 
 
 def _load_pretrained(name, cache_dir, sha256):
-    from elmo_jax.pretrained import load_pretrained  # the downloader: imported only when needed
+    from elmo_jax.pretrained.registry import load_pretrained  # the downloader: imported only when needed
 
     return load_pretrained(name, cache_dir=cache_dir, sha256=sha256)
 
@@ -315,7 +315,7 @@ class Elmo(nn.Module):
     @classmethod
     def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> tuple["Elmo", dict]:
         """``(module, bilm_params)`` of a released model (``elmo_jax.pretrained``: ``"original"``, ...),
-        downloaded once into the cache (``cache_dir``, ``sha256``: as for ``pretrained.fetch``)."""
+        downloaded once into the cache (``cache_dir``, ``sha256``: as for ``registry.fetch``)."""
         config, params = _load_pretrained(name, cache_dir, sha256)
         return cls(config=config, **kwargs), _plain(params)
 

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from elmo_jax.atomic import open_binary
+from elmo_jax._util.atomic import open_binary
 
 BOS_CHAR = 256  # beginning of sentence
 EOS_CHAR = 257  # end of sentence
@@ -68,7 +68,7 @@ def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
 
 
 def check_tokenized(sentences: Sequence[Sequence[str]], hint: str = "split it into tokens first "
-                    "(elmo_jax.text.tokenize or str.split)") -> None:
+                    "(elmo_jax.text.tokenize.tokenize or str.split)") -> None:
     """Raises ``TypeError`` (one line) for a sentence that is a ``str`` or holds a non-``str`` token.
 
     A ``str`` is a sequence of 1-character strings, so without this check ``"The cat"`` would be

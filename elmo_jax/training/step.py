@@ -22,11 +22,11 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import bilm, char_cnn, lstm
 from elmo_jax.config import ModelConfig, TrainConfig
-from elmo_jax.layout import Layout, for_backend
-from elmo_jax.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
-from elmo_jax.softmax import sample_log_uniform_unique, sampled_softmax_loss
+from elmo_jax.model import bilm, char_cnn, lstm
+from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.training.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
+from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
 
 AXIS = "data"
 
@@ -132,7 +132,7 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
     ``axis_name`` None it runs on one device alone, outside any mesh. ``layout``: see
-    ``elmo_jax.layout`` (default: the backend's).
+    ``elmo_jax.model.layout`` (default: the backend's).
     """
     layout = layout or for_backend()
     v, p = train.n_tokens_vocab, model.lstm.projection_dim

@@ -6,7 +6,7 @@
   weights, softmax and Adagrad accumulators;
 - a bilm-tf TensorFlow checkpoint directory (``model.ckpt-STEP.index`` / ``.data-*``, bilm-tf's
   ``options.json``, and a ``vocab*.txt`` in it or next to it): the same, read without TensorFlow
-  (``elmo_jax.tf_checkpoint``);
+  (``elmo_jax.compat.tf_checkpoint``);
 - a directory of hdf5 files, under elmo-jax's export names (``options.json``, ``weights.hdf5``,
   ``softmax.hdf5``, ``vocab.txt``) or AllenNLP's released ones (``elmo_*_options.json``,
   ``elmo_*_weights.hdf5``, ``elmo_*_softmax_weights.hdf5``, ``vocab-*.txt``); softmax and
@@ -30,13 +30,13 @@ import jax
 import numpy as np
 from etils import epath
 
-from elmo_jax import train
-from elmo_jax.chars import Vocabulary, VocabError
-from elmo_jax.checkpoint import CheckpointError
+from elmo_jax.compat.hdf5 import WeightsError, load_hdf5
 from elmo_jax.config import ModelConfig, Options
-from elmo_jax.export import read_run, softmax_in_id_order
-from elmo_jax.sharded_softmax import RowLayout
-from elmo_jax.weights import WeightsError, load_hdf5
+from elmo_jax.model.vocabulary import Vocabulary, VocabError
+from elmo_jax.training.checkpoint import CheckpointError
+from elmo_jax.training.run_dir import read_run, softmax_in_id_order
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.step import init_state
 
 
 # The learning rate a continued run uses when its source has no Adagrad accumulators (hdf5 files):
@@ -74,12 +74,12 @@ def read_warmstart(source: str) -> Warmstart:
     if epath.Path(source, "checkpoints").is_dir():
         return _from_run(source)
     if not epath.Path(source).exists():
-        from elmo_jax import pretrained
+        from elmo_jax.pretrained import registry
 
-        if str(source).lower() in pretrained.MODELS:
+        if str(source).lower() in registry.MODELS:
             return _from_released(source.lower())
         raise CheckpointError(f"--init-from {source}: neither a directory nor a released model "
-                              f"({', '.join(pretrained.MODELS)})")
+                              f"({', '.join(registry.MODELS)})")
     if not os.path.isdir(source):
         raise CheckpointError(f"--init-from {source}: not a directory")
     if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
@@ -94,19 +94,19 @@ def _from_run(run_dir: str) -> Warmstart:
 
 
 def _from_released(name: str) -> Warmstart:
-    from elmo_jax import pretrained
+    from elmo_jax.pretrained import registry
 
-    model = pretrained.MODELS[name]
+    model = registry.MODELS[name]
     if "checkpoint" in model.files:
-        paths = pretrained.fetch(name, ("checkpoint", "vocab"))
+        paths = registry.fetch(name, ("checkpoint", "vocab"))
         return _from_tf_checkpoint(str(paths["checkpoint"]), str(paths["vocab"]))
     roles = [r for r in ("options", "weights", "softmax", "vocab") if r in model.files]
-    paths = pretrained.fetch(name, roles)
+    paths = registry.fetch(name, roles)
     return _from_hdf5_files(name, {r: str(p) for r, p in paths.items()})
 
 
 def _from_tf_checkpoint(path: str, vocab_path: str | None) -> Warmstart:
-    from elmo_jax import tf_checkpoint
+    from elmo_jax.compat import tf_checkpoint
 
     try:
         ckpt = tf_checkpoint.read_bilm_tf(path)
@@ -199,7 +199,7 @@ def _load_vocab(path: str, rows: int, softmax_source: str) -> Vocabulary:
 
 
 def dense_accumulators(opt_state) -> dict:
-    """The Adagrad sums of squares of an optax ``adagrad`` state (``train.dense_optimizer``)."""
+    """The Adagrad sums of squares of an optax ``adagrad`` state (``dense_optimizer``)."""
     return next(s.sum_of_squares for s in jax.tree_util.tree_leaves(
         opt_state, is_leaf=lambda s: hasattr(s, "sum_of_squares")) if hasattr(s, "sum_of_squares"))
 
@@ -223,7 +223,7 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
         raise CheckpointError(f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
                               f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(options.model)}")
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
-    fresh = softmax_in_id_order(jax.device_get(train.init_state(jax.random.PRNGKey(seed), options.model,
+    fresh = softmax_in_id_order(jax.device_get(init_state(jax.random.PRNGKey(seed), options.model,
                                                                 options.train, 1).shared()), layout)
     dense_opt = fresh["opt"]["bilm"] if warm.bilm_acc is None else _with_accumulators(fresh["opt"]["bilm"], warm.bilm_acc)
     state = dict(fresh)

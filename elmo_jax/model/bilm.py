@@ -11,9 +11,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from elmo_jax import char_cnn, lstm
-from elmo_jax.chars import sentence_markers
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.vocabulary import sentence_markers
 
 Precision = jax.lax.Precision | str | None
 

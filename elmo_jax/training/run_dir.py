@@ -14,20 +14,21 @@ import jax
 import numpy as np
 from etils import epath
 
-from elmo_jax import lstm, train
-from elmo_jax.atomic import atomic_path, write_text_atomic
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer
+from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
-from elmo_jax.sharded_softmax import RowLayout
-from elmo_jax.weights import save_hdf5
+from elmo_jax.model import lstm
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.step import init_state
 
 
 def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
     """Restore target of a checkpoint's ``state`` item, written in ``meta['format']``; every leaf
     on ``sharding`` (default: this process's first device)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shared = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), options.model, options.train, 1)).shared()
+    shared = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, options.train, 1)).shared()
     if meta.get("format", 1) == 1:  # the softmax in id order, unpadded
         v = options.train.n_tokens_vocab
         for part in ("params", "opt"):

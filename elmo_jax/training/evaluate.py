@@ -26,13 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import lstm
-from elmo_jax.chars import Vocabulary
 from elmo_jax.config import ModelConfig
-from elmo_jax.data import LMBatcher, Source, WordTable, split_over_devices
-from elmo_jax.sharded_softmax import RowLayout
-from elmo_jax.softmax import full_softmax_loss
-from elmo_jax.train import AXIS, put_global, token_vectors
+from elmo_jax.model import lstm
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import Source
+from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.softmax import full_softmax_loss
+from elmo_jax.training.step import AXIS, put_global, token_vectors
 
 # Rows of the softmax scored at once per device: logits of [2 x rows x steps, BLOCK] float32 are
 # 84 MB at bilm-tf's 128 x 20, whatever the vocabulary.
@@ -51,7 +52,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     ``batch_size`` is the number of rows (streams, or sentences at a time), whatever the number
     of devices: the carried protocol's result depends on it, never on the devices.
 
-    ``params["softmax"]`` (``w [V, P]``, ``b [V]``) is in id order (``export.load_run``), or in
+    ``params["softmax"]`` (``w [V, P]``, ``b [V]``) is in id order (``run_dir.load_run``), or in
     ``layout``'s slot order (a training state's ``[V_pad, P]``, padding slots ignored).
     ``mesh``: a 1-D mesh over ``"data"``; default, that of a softmax already split over one, else
     every device. Multi-process: every process calls this with the same text and params.

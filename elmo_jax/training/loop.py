@@ -1,6 +1,6 @@
 """A pretraining run: run directory, resume, the step loop, logging, held-out perplexity, signals.
 
-The train step itself is in ``train.py`` and knows nothing of files; this module is the wrapper
+The train step itself is in ``step.py`` and knows nothing of files; this module is the wrapper
 around it (restore-or-init, hooks every N steps, checkpoint on exit), in the levanter/Haiku style.
 """
 
@@ -22,16 +22,21 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import lstm, policy, train
-from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer, vocab_hash
+from elmo_jax import policy
+from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
-from elmo_jax.data import DataError, LMBatcher, Source, shard_for_process
-from elmo_jax.export import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
-from elmo_jax.perplexity import evaluate
-from elmo_jax.prefetch import HostBatch, HostPipeline, Prefetcher
-from elmo_jax.sharded_softmax import LayoutError, RowLayout
+from elmo_jax.model import lstm
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import DataError, Source, shard_for_process
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, vocab_hash
+from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.prefetch import HostBatch, HostPipeline, Prefetcher
+from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
+from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
+from elmo_jax.training.step import (AXIS, BATCH_KEYS, TrainState, make_train_step, plan_batch, put_global,
+                                    state_shardings)
+from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
 
 
 @dataclasses.dataclass
@@ -234,7 +239,7 @@ class GlobalBatches:
                  fixed: bool, prefetch: int = 2, workers: int = 0):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
-        self.sharding = NamedSharding(mesh, P(train.AXIS))
+        self.sharding = NamedSharding(mesh, P(AXIS))
         self.error: BaseException | None = None  # this process's own failure, re-raised after the save
         self.prefetch = prefetch
         # Built ahead, a batch is copied to the devices ahead too: in the loop's thread each copy
@@ -275,7 +280,7 @@ class GlobalBatches:
         if reason:
             raise StopTogether(StopTogether.REASONS[reason])
         if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity
-            local, _ = train.plan_batch(local, self.train.n_tokens_vocab, n, capacity)
+            local, _ = plan_batch(local, self.train.n_tokens_vocab, n, capacity)
             arrays = None
         self.capacity = self.host.agreed = capacity
         if words != local["chars"].shape[1]:
@@ -318,7 +323,7 @@ def _global_arrays(sharding: NamedSharding, n: int, local: dict) -> dict:
     """This process's host batch ``[D, ...]`` -> the step's global arrays ``[n, ...]``."""
     # One call for the whole dict: jax transfers its arrays as one batch (in one process, a single
     # device_put) instead of paying a call's Python overhead per array.
-    local = {k: local[k] for k in train.BATCH_KEYS}
+    local = {k: local[k] for k in BATCH_KEYS}
     shapes = {k: (n,) + v.shape[1:] for k, v in local.items()}
     return jax.make_array_from_process_local_data(sharding, local, shapes)
 
@@ -329,8 +334,8 @@ def _close_all(parts: list) -> None:
 
 
 def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
-                     shardings: train.TrainState, global_rows: int, batcher: LMBatcher,
-                     init_state: dict | None) -> tuple[int, train.TrainState]:
+                     shardings: TrainState, global_rows: int, batcher: LMBatcher,
+                     init_state: dict | None) -> tuple[int, TrainState]:
     """(start step, state on the mesh): the newest readable checkpoint, else ``init_state``, else a
     fresh init.
 
@@ -360,12 +365,12 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
-            return 0, jax.jit(lambda: train.init_state(key, model, t, global_rows), out_shardings=shardings)()
-        shared = train.put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
-        return 0, train.TrainState(**shared, lstm=zero_rows())
+            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)()
+        shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
+        return 0, TrainState(**shared, lstm=zero_rows())
     start, shared, rows, host, saved = restored
     if saved.get("format", 1) == 1:
-        shared = train.put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
+        shared = put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
         if host is not None and saved.get("global_rows") == global_rows:
             rows = {k: jax.make_array_from_process_local_data(rows_sharding[k], np.asarray(v), (2, v.shape[1], global_rows, v.shape[3]))
                     for k, v in host["lstm"].items()}
@@ -379,7 +384,7 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     elif rows is None:
         warnings.warn(f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
                       f"LSTM state start afresh")
-    return start, train.TrainState(**shared, lstm=rows if rows is not None else zero_rows())
+    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
 def _recipe(t: TrainConfig, meta: dict | None) -> str:
@@ -444,7 +449,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         n_local, devices = settings.devices, jax.local_devices()[:settings.devices]
     # Before anything that waits for the other processes (Orbax syncs them): all refuse alike.
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
-    mesh = Mesh(np.array(devices), (train.AXIS,))
+    mesh = Mesh(np.array(devices), (AXIS,))
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     try:
         layout.rows_per_device(mesh.size)
@@ -468,8 +473,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, n_devices=n_local, seed=settings.seed,
                         shards=shards, first_row=first_device * t.batch_size, max_epochs=max_epochs)
-    abstract = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, t, global_rows))
-    shardings = train.state_shardings(abstract, mesh)
+    abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, global_rows))
+    shardings = state_shardings(abstract, mesh)
     start, state = _restore_or_init(ckpt, meta, options, settings, shardings, global_rows, batcher, init_state)
 
     # Real tokens per step, each counted once although both directions learn from it (over an
@@ -492,7 +497,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
             how = "from scratch" if init_state is None else "from the given initial state"
             print(f"starting {settings.run_dir} {how}{until}")
     precision, dtype = policy.matmul_args(matmuls)
-    step_fn = train.make_train_step(model, t, mesh, precision, dtype)
+    step_fn = make_train_step(model, t, mesh, precision, dtype)
     batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates,
                             prefetch=settings.prefetch, workers=settings.host_workers)
     metrics = _MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if jax.process_index() == 0 \

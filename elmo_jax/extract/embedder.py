@@ -9,7 +9,7 @@ whatever else is in the call. Under it:
 - words of an optional token cache skip the char CNN altogether; other words fall back to it;
 - sentences are packed end to end into rows (``Packing``: longest first, each into the row
   that is shortest so far), each starting from zero state, and the biLSTM runs over the rows a
-  fixed number of steps per call (``elmo_jax.layout``: ``extract_steps``), its state carried from
+  fixed number of steps per call (``elmo_jax.model.layout``: ``extract_steps``), its state carried from
   call to call. A large job thus compiles one biLSTM program, pads only the ends of its rows,
   and takes about ``total steps / rows`` sequential steps (or its longest sentence's), however its
   lengths are spread;
@@ -50,13 +50,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import char_cnn, lstm, policy
-from elmo_jax.bilm import bilm_from_tokens, marker_vectors
-from elmo_jax.chars import PAD_CHAR, check_tokenized, token_to_ids
+from elmo_jax import policy
+from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import ModelConfig
-from elmo_jax.data import bucket_size
-from elmo_jax.layout import Layout, for_backend
-from elmo_jax.weights import load_hdf5
+from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.bilm import bilm_from_tokens, marker_vectors
+from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
+from elmo_jax.training.batches import bucket_size
 
 Precision = jax.lax.Precision | str | None
 Layers = str | Sequence[float]  # "all", "top", "average", or one weight per ELMo layer
@@ -132,11 +133,11 @@ def _warn_empty(n: int) -> None:
 
 def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
     """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
-    ``elmo_jax.text.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
+    ``elmo_jax.text.tokenize.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
     if isinstance(texts, str):
         raise TypeError("texts is one str; expected a list of strings (one sentence each)")
     if tokenizer is None:
-        from elmo_jax.text import tokenize as tokenizer
+        from elmo_jax.text.tokenize import tokenize as tokenizer
     out = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -349,7 +350,7 @@ class Embedder:
 
     Args:
       batch_tokens: token-steps of one biLSTM call on one device (rows x steps, at least one
-        row); default: the backend's ``elmo_jax.layout`` entry (``extract_tokens``).
+        row); default: the backend's ``elmo_jax.model.layout`` entry (``extract_tokens``).
       precision: ``"float32"`` (default: bilm-tf's numbers), ``"tf32"`` (GPUs) or ``"bfloat16"``
         matmuls; outputs are float32 either way (``elmo_jax.policy``). ``dtype=`` is its
         deprecated predecessor.
@@ -357,7 +358,7 @@ class Embedder:
       dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
       devices: how many local devices to spread char-CNN blocks and packed rows over (default: all).
       stateful: bilm-tf's stateful mode (see module doc).
-      layout: ``elmo_jax.layout.Layout`` (default: the backend's); a speed choice, never a result.
+      layout: ``elmo_jax.model.layout.Layout`` (default: the backend's); a speed choice, never a result.
     """
 
     def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int | None = None,
@@ -468,16 +469,16 @@ class Embedder:
     def from_pretrained(cls, name: str, *, cache_dir=None, sha256: dict | None = None, **kw) -> "Embedder":
         """A released model by name (``"small"``, ``"medium"``, ``"original"``, ``"original_5.5b"``,
         ``"pubmed"``): its options and weights are downloaded once into the cache
-        (``elmo_jax.pretrained``; ``cache_dir`` and ``sha256`` pins as for ``pretrained.fetch``),
+        (``elmo_jax.pretrained``; ``cache_dir`` and ``sha256`` pins as for ``registry.fetch``),
         then read from there."""
-        from elmo_jax.pretrained import load_pretrained
+        from elmo_jax.pretrained.registry import load_pretrained
 
         config, params = load_pretrained(name, cache_dir=cache_dir, sha256=sha256)
         return cls(config, params, **kw)
 
     @classmethod
     def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> "Embedder":
-        from elmo_jax.export import load_run
+        from elmo_jax.training.run_dir import load_run
 
         options, _, params, _ = load_run(run_dir, step)
         return cls(options.model, params["bilm"], **kw)
@@ -600,7 +601,7 @@ class Embedder:
     def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
                     pool: str | None = None) -> list[np.ndarray]:
         """``embed`` of raw strings, one sentence each, tokenized by ``tokenizer`` (``str -> list[str]``;
-        default ``elmo_jax.text.tokenize``). Same outputs and options as ``embed``."""
+        default ``elmo_jax.text.tokenize.tokenize``). Same outputs and options as ``embed``."""
         return self.embed(tokenize_texts(texts, tokenizer), layers=layers, pool=pool)
 
     def hub_outputs(self, inputs: Sequence[str] | Sequence[Sequence[str]], *, weights: Sequence[float] | None = None,

@@ -1,7 +1,7 @@
 """The host's share of a train step, done ahead of the step: so that the host never limits it.
 
 A step's host work is the batcher's window (``LMBatcher.next``), the sampled candidates
-(``train.add_candidates``: numpy sampling per device and direction, the largest part at
+(``add_candidates``: numpy sampling per device and direction, the largest part at
 V ~ 8e5, S = 8192) and the fetch plan (``sharded_softmax.plan_fetch``). Two things take it off
 the step's critical path:
 
@@ -13,7 +13,7 @@ the step's critical path:
   training loop, while the device runs the current step.
 
 What has to happen in step order on the loop's thread (the multi-process agreement, and a batch
-it changes) stays in ``pretrain.GlobalBatches``.
+it changes) stays in ``loop.GlobalBatches``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from elmo_jax import train
 from elmo_jax.config import TrainConfig
-from elmo_jax.data import LMBatcher
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.step import add_candidates, plan_batch
 
 
 def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int,
@@ -38,7 +38,7 @@ def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: in
     """In a worker: one step's ``candidates [D, 2, S] int32`` and ``num_tries [D, 2] float32``."""
     # add_candidates reads only the batch's leading (device) axis: a placeholder batch lets the
     # workers run the one definition of the draw, so that they cannot drift from it.
-    out = train.add_candidates({"inputs": np.empty((n_devices, 0), np.int32)}, step=step, seed=seed,
+    out = add_candidates({"inputs": np.empty((n_devices, 0), np.int32)}, step=step, seed=seed,
                                num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device,
                                fixed=fixed)
     return out["candidates"], out["num_tries"]
@@ -49,7 +49,7 @@ def _started() -> None:
 
 
 class CandidatePool:
-    """``train.add_candidates`` for steps in order, drawn ahead in ``workers`` processes.
+    """``add_candidates`` for steps in order, drawn ahead in ``workers`` processes.
 
     ``add(batch, step)`` returns exactly what ``add_candidates`` returns for that step and queues
     the draws of the next ``ahead`` steps (at least 2 in flight), one task per step. ``workers=0``
@@ -86,7 +86,7 @@ class CandidatePool:
         if batch["inputs"].shape[0] != self.n_devices:
             raise ValueError(f"a batch of {batch['inputs'].shape[0]} devices; this pool draws for {self.n_devices}")
         if self._executor is None or not self._ready.done():
-            return train.add_candidates(batch, step=step, **self.args)
+            return add_candidates(batch, step=step, **self.args)
         for s in [s for s in self._futures if s < step]:  # skipped steps (a restart): not needed
             self._futures.pop(s).cancel()
         try:
@@ -118,7 +118,7 @@ class HostBatch:
 
     step: int
     batch: dict | None = None
-    """``train.prepare_batch``'s output: the batcher's arrays ``[D, ...]``, candidates, fetch plan."""
+    """``prepare_batch``'s output: the batcher's arrays ``[D, ...]``, candidates, fetch plan."""
     capacity: int = 0
     """The fetch capacity ``batch`` was planned with."""
     arrays: dict | None = None
@@ -131,7 +131,7 @@ class HostBatch:
 
 
 class HostPipeline:
-    """This process's host work for a step: ``train.prepare_batch`` of the batcher's next batch,
+    """This process's host work for a step: ``prepare_batch`` of the batcher's next batch,
     its candidates from a ``CandidatePool``.
 
     Steps must be built in order (the batcher is a stream). The fetch capacity only grows: a batch
@@ -165,7 +165,7 @@ class HostPipeline:
     def _build(self, step: int) -> HostBatch:
         batch = self.batcher.next()
         snapshot = self._snapshot()
-        batch, capacity = train.plan_batch(self.pool.add(batch, step), self.vocab_size, self.n_devices,
+        batch, capacity = plan_batch(self.pool.add(batch, step), self.vocab_size, self.n_devices,
                                            max(self.capacity, self.agreed))
         self.capacity = capacity
         arrays = self.to_device(batch) if self.to_device is not None else None

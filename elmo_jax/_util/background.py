@@ -4,7 +4,7 @@
 time) run while the loop's thread goes on with the device's work for the next window. The device
 work stays on the loop's thread, so Ctrl-C interrupts it there as before, and stopping the writer
 takes no longer than the write in progress. (Training's batches have their own prefetcher,
-``elmo_jax.prefetch``: it keeps each step's data position with its batch.)
+``elmo_jax.training.prefetch``: it keeps each step's data position with its batch.)
 """
 
 from __future__ import annotations

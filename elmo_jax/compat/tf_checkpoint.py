@@ -677,7 +677,7 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
     1.0 (Adagrad's initial value) in the accumulators. The softmax leaves stay memmap views;
     ``verify`` checks the crc32c of every tensor read.
     """
-    from elmo_jax.weights import expected_datasets, params_from_datasets
+    from elmo_jax.compat.hdf5 import expected_datasets, params_from_datasets
 
     ckpt = TFCheckpoint(path)
     prefix = ckpt.prefix

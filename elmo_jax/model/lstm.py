@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
-from elmo_jax.initializers import Uniform, draw
-from elmo_jax.layout import Layout, for_backend
+from elmo_jax.model.initializers import Uniform, draw
+from elmo_jax.model.layout import Layout, for_backend
 
 Precision = jax.lax.Precision | str | None
 
@@ -84,7 +84,7 @@ def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0
     """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
     ``resets [2, B, T]``: the state is zeroed before those steps.
 
-    The two layouts compute the same function (``elmo_jax.layout`` picks one per backend).
+    The two layouts compute the same function (``elmo_jax.model.layout`` picks one per backend).
     """
     f = _layer_columns if layout.lstm == "columns" else _layer_rows
     return f(params, config, xs, mask, c0, h0, precision, dtype, resets, layout.unroll)
@@ -166,7 +166,7 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
       resets: ``[2, batch, time]`` bool or None: every layer's state is zeroed just before those
         steps (training: some sentence starts begin from zero state, as evaluation and
         extraction do; see ``TrainConfig.reset_state_prob``).
-      layout: ``elmo_jax.layout.Layout`` (default: the backend's, read when tracing).
+      layout: ``elmo_jax.model.layout.Layout`` (default: the backend's, read when tracing).
 
     Returns:
       ``[n_layers, 2, batch, time, P]`` outputs and the final state.

@@ -10,7 +10,7 @@ behind each entry, and experiments/README.md records them.
 | gpu     | "rows"    | 20     | 0         | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20 |
 | tpu     | "rows"    | 20     | 0         | not measured: the GPU's choice; a batch on the minor (lane) axis would waste most of a vector register |
 
-Extraction (``elmo_jax.embed``) packs sentences end to end into rows and runs the biLSTM in calls
+Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
 of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
 
 | backend | extract_steps | extract_tokens | measured |

@@ -14,15 +14,15 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from elmo_jax import background
-from elmo_jax.atomic import atomic_path
-from elmo_jax.chars import VocabError, utf8_lines
-from elmo_jax.checkpoint import CheckpointError
+from elmo_jax._util import background
+from elmo_jax._util.atomic import atomic_path
+from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
+from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
-from elmo_jax.data import DataError
-from elmo_jax.pretrained import PretrainedError
-from elmo_jax.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
-from elmo_jax.weights import WeightsError
+from elmo_jax.model.vocabulary import VocabError, utf8_lines
+from elmo_jax.pretrained.registry import PretrainedError
+from elmo_jax.text.sources import DataError
+from elmo_jax.training.checkpoint import CheckpointError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
 USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, PretrainedError,
@@ -42,9 +42,9 @@ def bundled_model() -> tuple[str, str]:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from elmo_jax.bilm import bilm_apply
-    from elmo_jax.chars import batch_to_ids
-    from elmo_jax.weights import load_hdf5
+    from elmo_jax.compat.hdf5 import load_hdf5
+    from elmo_jax.model.bilm import bilm_apply
+    from elmo_jax.model.vocabulary import batch_to_ids
 
     options, weights = (args.options, args.weights) if args.options else bundled_model()
     config, params = load_hdf5(options, weights)
@@ -80,9 +80,9 @@ def bundled_sample() -> tuple[str, str]:
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
-    from elmo_jax.chars import Vocabulary
-    from elmo_jax.data import open_source
-    from elmo_jax.vocab import build_vocab, count_tokens, write_vocab
+    from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.text.sources import open_source
+    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
 
     files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
@@ -100,7 +100,7 @@ def _training_options(config: str | None, vocab, batch_size: int | None, n_train
     import dataclasses
 
     from elmo_jax.config import PRESETS, Options, TrainConfig
-    from elmo_jax.pretrain import options_for_vocab
+    from elmo_jax.training.loop import options_for_vocab
 
     strict = config is not None and config not in PRESETS
     if config is None:
@@ -168,11 +168,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     import jax
     from etils import epath
 
-    from elmo_jax.chars import Vocabulary
-    from elmo_jax.data import open_source, shard_for_process
     from elmo_jax.config import saved_reset_state_prob
-    from elmo_jax.pretrain import RunSettings, pretrain, saved_options
-    from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+    from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.text.sources import open_source, shard_for_process
+    from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+    from elmo_jax.training.loop import RunSettings, pretrain, saved_options
 
     deterministic_gpu_flags()
     train_files, heldout_files = args.train_files, args.heldout_files
@@ -188,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     _maybe_distributed(args)
     warm = None
     if args.init_from and not _has_checkpoint(args.run_dir):  # a resumed run continues from its own
-        from elmo_jax.warmstart import read_warmstart
+        from elmo_jax.training.warmstart import read_warmstart
 
         warm = read_warmstart(args.init_from)
     vocab_path = args.vocab
@@ -215,7 +215,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     learning_rate = args.learning_rate
     if (learning_rate is None and warm is not None and warm.bilm_acc is None
             and not _config_sets(args.config, "learning_rate")):
-        from elmo_jax.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
+        from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
 
         print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
               f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
@@ -236,7 +236,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     init_state = None
     if warm is not None:
-        from elmo_jax.warmstart import finetune_state
+        from elmo_jax.training.warmstart import finetune_state
 
         init_state = finetune_state(warm, options, vocab, seed=args.seed)
     last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
@@ -267,9 +267,9 @@ def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | 
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from elmo_jax.data import open_source
-    from elmo_jax.export import load_run
-    from elmo_jax.perplexity import evaluate
+    from elmo_jax.text.sources import open_source
+    from elmo_jax.training.evaluate import evaluate
+    from elmo_jax.training.run_dir import load_run
 
     source = open_source(args.files, args.tfds_data_dir)
     options, vocab, params, step = load_run(args.run_dir, args.step)
@@ -279,7 +279,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from elmo_jax.export import export_run
+    from elmo_jax.training.run_dir import export_run
 
     paths = export_run(args.run_dir, args.out_dir, args.step, args.layout)
     print("wrote " + ", ".join(paths))
@@ -288,8 +288,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_embed(args: argparse.Namespace) -> None:
     import h5py
 
-    from elmo_jax.atomic import write_text_atomic
-    from elmo_jax.embed import Embedder, check_layers, shard_file, shard_manifest
+    from elmo_jax._util.atomic import write_text_atomic
+    from elmo_jax.extract.embedder import Embedder, check_layers, shard_file, shard_manifest
 
     if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
         raise ConfigError("give one of --model, --run-dir, or --options with --weights")
@@ -420,19 +420,19 @@ def _remember(lines, table: dict, enabled: bool, start: int = 0, step: int = 1):
 
 def cmd_models(args: argparse.Namespace) -> None:
     """Lists the released models and their cache state; or fetches one (--fetch), or rehashes the cache (--verify)."""
-    from elmo_jax import pretrained
+    from elmo_jax.pretrained import registry
 
     if args.fetch:
-        model = pretrained.get_model(args.fetch)
-        files = tuple(model.files) if args.all_files else pretrained.DEFAULT_FILES
-        paths = pretrained.fetch(model, files, cache_dir=args.cache_dir, progress=False if args.no_progress else None)
+        model = registry.get_model(args.fetch)
+        files = tuple(model.files) if args.all_files else registry.DEFAULT_FILES
+        paths = registry.fetch(model, files, cache_dir=args.cache_dir, progress=False if args.no_progress else None)
         for role, path in paths.items():
             print(f"{role}: {path}")
         return
-    rows = pretrained.cache_status(args.cache_dir)
+    rows = registry.cache_status(args.cache_dir)
     width = max(len(r.file) for r in rows)
-    print(f"cache: {pretrained.cache_root(args.cache_dir)}")
-    for model in pretrained.list_models():
+    print(f"cache: {registry.cache_root(args.cache_dir)}")
+    for model in registry.list_models():
         print(f"\n{model.name}: {model.summary()}")
         for r in (r for r in rows if r.model == model.name):
             size = f"{r.size:,}" if r.size is not None else "?"
@@ -441,9 +441,9 @@ def cmd_models(args: argparse.Namespace) -> None:
     if args.verify:
         bad = 0
         print()
-        for model in pretrained.list_models():
+        for model in registry.list_models():
             try:
-                hashes = pretrained.verify(model, cache_dir=args.cache_dir)
+                hashes = registry.verify(model, cache_dir=args.cache_dir)
             except PretrainedError as e:
                 bad += 1
                 print(f"{model.name}: FAILED: {e}")
@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
                          "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
                          "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
-                         "elmo_jax.embed.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order")
+                         "elmo_jax.extract.embedder.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order")
     em.add_argument("--layers", type=_layers_arg, default="all", metavar="{all,top,average,W0,W1,...}",
                     help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
                          "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]")
@@ -649,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(130)
         return 130
     except Exception as e:
-        from elmo_jax.pretrain import PeerFailed
+        from elmo_jax.training.loop import PeerFailed
 
         if not isinstance(e, PeerFailed):
             raise

@@ -12,7 +12,7 @@ token per line, next to a JSON sidecar ``<path>.json`` with the corpus size::
      "vocab_sha256": ...}    # of the vocabulary file, to notice a sidecar that no longer matches it
 
 ``n_train_tokens`` is what bilm-tf's ``n_train_tokens`` option means for this data pipeline
-(``elmo_jax.data``): a sentence of n words gives n + 1 (input, target) pairs per direction
+(``elmo_jax.training.batches``): a sentence of n words gives n + 1 (input, target) pairs per direction
 (inputs ``<S> w1 .. wn``, targets ``w1 .. wn </S>``), so one epoch is ``n_tokens + n_sentences``
 pairs per direction.
 """
@@ -28,9 +28,9 @@ import os
 import warnings
 from typing import Iterable, Mapping, Sequence
 
-from elmo_jax.atomic import is_local, open_binary, write_bytes_atomic
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
-from elmo_jax.data import DataError, Source, TextFiles
+from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
+from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
+from elmo_jax.text.sources import DataError, Source, TextFiles
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 

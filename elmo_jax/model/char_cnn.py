@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.chars import PAD_CHAR
 from elmo_jax.config import CharCNNConfig, ModelConfig
-from elmo_jax.initializers import Normal, Uniform, draw
-from elmo_jax.layout import for_backend
+from elmo_jax.model.initializers import Normal, Uniform, draw
+from elmo_jax.model.layout import for_backend
+from elmo_jax.model.vocabulary import PAD_CHAR
 
 Precision = jax.lax.Precision | str | None
 
@@ -123,7 +123,7 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, precision: Pre
     ``chars`` is ``max_characters_per_token`` or fewer (see ``trim_char_ids``). Rows of zeros
     (padding) get a vector too; callers mask it. ``dtype`` is the compute dtype (e.g. bfloat16).
     ``chunk`` tokens are encoded at a time (a speed knob, not a semantic one; 0: all at once;
-    None: the backend's ``elmo_jax.layout`` entry).
+    None: the backend's ``elmo_jax.model.layout`` entry).
     """
     c = config.char_cnn
     lead = char_ids.shape[:-1]
