@@ -597,22 +597,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_precision(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--precision", choices=["float32", "tf32", "bfloat16"],
                         help=f"matmul precision (elmo_jax.policy; tf32: GPUs only); {default}")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], help=argparse.SUPPRESS)  # deprecated
 
 
 def _policy(args, default: str | None) -> str | None:
     """The --precision policy (``default`` when not given; None: the library's own default),
-    checked against this backend; --dtype, its deprecated predecessor, still works."""
+    checked against this backend."""
     from elmo_jax import policy
 
-    name = args.precision
-    if args.dtype is not None:
-        if name is not None and name != args.dtype:
-            raise ConfigError(f"--dtype {args.dtype} and --precision {name} disagree; --dtype is deprecated: "
-                              f"give --precision alone")
-        print(f"elmo-jax {args.command}: --dtype is deprecated; use --precision {args.dtype}", file=sys.stderr)
-        name = args.dtype
-    name = name or default
+    name = args.precision or default
     if name is not None:
         try:
             policy.check(name)

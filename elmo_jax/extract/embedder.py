@@ -352,8 +352,7 @@ class Embedder:
       batch_tokens: token-steps of one biLSTM call on one device (rows x steps, at least one
         row); default: the backend's ``elmo_jax.model.layout`` entry (``extract_tokens``).
       precision: ``"float32"`` (default: bilm-tf's numbers), ``"tf32"`` (GPUs) or ``"bfloat16"``
-        matmuls; outputs are float32 either way (``elmo_jax.policy``). ``dtype=`` is its
-        deprecated predecessor.
+        matmuls; outputs are float32 either way (``elmo_jax.policy``).
       token_cache: words whose token vectors are computed once, up front (e.g. a vocabulary).
       dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
       devices: how many local devices to spread char-CNN blocks and packed rows over (default: all).
@@ -363,14 +362,14 @@ class Embedder:
 
     def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int | None = None,
                  precision: str = "float32", token_cache: Sequence[str] | None = None, dedup: bool = True,
-                 devices: int | None = None, stateful: bool = False, dtype: str | None = None,
+                 devices: int | None = None, stateful: bool = False,
                  layout: Layout | None = None):
         self.config = config
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
         self.layout = layout or for_backend()
         self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
-        self.policy = policy.from_legacy(precision, dtype, default="float32", what="Embedder")
+        self.policy = policy.check(precision)
         precision, self.dtype = policy.matmul_args(self.policy)
         self.precision = precision
         self.dedup = dedup

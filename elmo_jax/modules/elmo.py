@@ -255,8 +255,7 @@ def _layers_from_inputs(module, weights, char_ids, layers, mask):
     if char_ids is not None:
         if weights is None:
             raise ValueError(f"{type(module).__name__} was built without bilm_params: pass precomputed layers and mask")
-        precision, dtype = policy.matmul_args(policy.from_legacy(
-            module.precision, module.dtype, default="float32", what=type(module).__name__))
+        precision, dtype = policy.matmul_args(module.precision)
         layers, mask, _ = _bilm.bilm_apply(weights, module.config, jnp.asarray(char_ids), None,
                                            keep_sentence_markers=module.convention == "allennlp",
                                            precision=precision, dtype=dtype)
@@ -278,7 +277,7 @@ class Elmo(nn.Module):
         collection, read through ``stop_gradient``. True: they are ``params["bilm"]``.
       convention: ``"allennlp"`` or ``"bilm_tf"`` (module docstring).
       precision: ``"float32"`` (default), ``"tf32"`` or ``"bfloat16"`` matmuls in the biLM
-        (``elmo_jax.policy``); ``dtype`` is deprecated (``precision="bfloat16"`` replaces it).
+        (``elmo_jax.policy``).
 
     The module holds no arrays (it is hashable, so ``nn.jit`` works): the biLM weights are
     variables. ``init`` draws a random biLM; ``with_bilm(variables, bilm_params)`` puts the
@@ -298,7 +297,6 @@ class Elmo(nn.Module):
     trainable_bilm: bool = False
     convention: str = "allennlp"
     precision: str = "float32"
-    dtype: Any = None
 
     @classmethod
     def from_hdf5(cls, options, weights, **kwargs) -> tuple["Elmo", dict]:
@@ -418,15 +416,13 @@ class ElmoNNX(nnx.Module):
 
     def __init__(self, config: ModelConfig, bilm_params: Any = None, *, num_output_representations: int = 1,
                  dropout: float = 0.5, do_layer_norm: bool = False, trainable_bilm: bool = False,
-                 convention: str = "allennlp", precision: str = "float32", dtype: Any = None,
-                 rngs: nnx.Rngs):
+                 convention: str = "allennlp", precision: str = "float32", rngs: nnx.Rngs):
         _check_convention(convention)
         self.config = config
         self.num_output_representations = num_output_representations
         self.trainable_bilm = trainable_bilm
         self.convention = convention
         self.precision = precision
-        self.dtype = dtype
         if bilm_params is None and trainable_bilm:
             bilm_params = _bilm.init(rngs.params(), config)
         kind = nnx.Param if trainable_bilm else FrozenBiLM

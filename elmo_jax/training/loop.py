@@ -55,8 +55,6 @@ class RunSettings:
     log_every: int = 10
     precision: str | None = None
     """Matmul policy (``elmo_jax.policy``): None is bfloat16 on a GPU or TPU, float32 on a CPU."""
-    dtype: str | None = None
-    """Deprecated: ``precision`` replaces it."""
     progress: bool = True
     async_save: bool = True
     devices: int | None = None
@@ -484,8 +482,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         print(f"{settings.run_dir}: already trained to step {start} (asked for {total}); nothing to do")
         ckpt.close()
         return {"step": start}
-    matmuls = policy.from_legacy(settings.precision, settings.dtype, default=policy.default_for_training(),
-                                 what="RunSettings")
+    matmuls = policy.check(settings.precision or policy.default_for_training())
     if jax.process_index() == 0:
         until = f" to step {total}" if total is not None else ""
         until += f" ({matmuls} matmuls, {_recipe(t, meta)})"
