@@ -14,18 +14,14 @@ CPU), at ``--batch`` and 4x that many rows: the figures behind the choice of lay
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best  # noqa: E402
-from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset  # noqa: E402
-from elmo_jax.model import lstm  # noqa: E402
-from elmo_jax.model.char_cnn import trim_char_ids  # noqa: E402
+from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best
+from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset
+from elmo_jax.model import lstm
+from elmo_jax.model.char_cnn import trim_char_ids
 
 
 def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, peak: float) -> None:

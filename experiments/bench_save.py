@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax
+import numpy as np
+from jax.sharding import Mesh
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-
-from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
-from elmo_jax.training.checkpoint import Checkpointer  # noqa: E402
-from elmo_jax.training.step import AXIS, init_state, state_shardings  # noqa: E402
+from elmo_jax.config import PRESETS, Options, TrainConfig, preset
+from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.step import AXIS, init_state, state_shardings
 
 
 def main() -> None:

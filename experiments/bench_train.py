@@ -32,8 +32,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 if "--fake-devices" in sys.argv:  # a --compile-only child: set before jax is imported
     _n = sys.argv[sys.argv.index("--fake-devices") + 1]
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_n}"

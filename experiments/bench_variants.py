@@ -18,21 +18,18 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-
-from bench_common import matmul_gflops  # noqa: E402
-from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus  # noqa: E402
-from elmo_jax.config import TrainConfig  # noqa: E402
-from elmo_jax.model.layout import Layout, for_backend  # noqa: E402
-from elmo_jax.training.step import AXIS, train_step  # noqa: E402
+from bench_common import matmul_gflops
+from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
+from elmo_jax.config import TrainConfig
+from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.training.step import AXIS, train_step
 
 _PRESET = jax.lax.DotAlgorithmPreset
 # name -> (precision, compute dtype, layout). "f32" with rows/1/32 is the layout every GPU ran before

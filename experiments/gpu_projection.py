@@ -33,15 +33,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import encoder_flops, lstm_flops  # noqa: E402
-from bench_embed import bench_host, sample_sentences  # noqa: E402
-from bench_train import bench_host_pipeline, zipf_corpus  # noqa: E402
-from elmo_jax import preset  # noqa: E402
-from elmo_jax.config import TrainConfig  # noqa: E402
+from bench_common import encoder_flops, lstm_flops
+from bench_embed import bench_host, sample_sentences
+from bench_train import bench_host_pipeline, zipf_corpus
+from elmo_jax import preset
+from elmo_jax.config import TrainConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 H100 = os.path.join(HERE, "results", "gpu_h100")

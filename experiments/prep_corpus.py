@@ -54,7 +54,6 @@ import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
 
 from make_sample import clean, dedupe, read_addresses, tokenized  # noqa: E402
 

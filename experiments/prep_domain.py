@@ -19,12 +19,11 @@ import pathlib
 import re
 import sys
 
+from make_sample import dedupe, tokenized
+
+from elmo_jax._util.atomic import write_text_atomic
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from make_sample import dedupe, tokenized  # noqa: E402
-
-from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
-
 SOURCES = "usr/share/doc/python3.11/html/_sources"
 HELDOUT_LAST_DIGIT = 5
 # Directives whose body is prose (kept, unindented); any other directive's body is dropped.

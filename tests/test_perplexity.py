@@ -6,13 +6,8 @@ step's temporary memory (``memory_analysis``, compile only: nothing is allocated
 ``[positions, V]`` logits, needs gigabytes more.
 """
 
-import pathlib
-import sys
-
 from elmo_jax import PRESETS
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-from eval_memory import dense_temp, eval_step_temp  # noqa: E402
+from eval_memory import dense_temp, eval_step_temp
 
 MiB = 2 ** 20
 

@@ -8,7 +8,7 @@ import pytest
 from elmo_jax import policy
 from elmo_jax import load_hdf5
 from elmo_jax.cli import main as cli_main
-from tests.helpers import model_files
+from helpers import model_files
 
 
 def tiny_model():

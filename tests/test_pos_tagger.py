@@ -3,16 +3,13 @@
 import json
 import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
+import pos_tagger
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import pos_tagger  # noqa: E402
-
 OPTIONS = ROOT / "elmo_jax" / "data" / "fixture_options.json"
 WEIGHTS = ROOT / "elmo_jax" / "data" / "fixture_weights.hdf5"
 LEXICON = {"the": "DET", "a": "DET", "dog": "NOUN", "cat": "NOUN", "A/B": "NOUN", "runs": "VERB", "sees": "VERB",
