@@ -1,4 +1,4 @@
-"""experiments/bench_variants.py: the parts of a step a GPU profile is summarised into come from
+"""benchmarks/bench_variants.py: the parts of a step a GPU profile is summarised into come from
 the compiled module's name stacks (a jax 0.11 GPU trace names only the HLO instruction)."""
 
 import jax

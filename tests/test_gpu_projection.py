@@ -1,4 +1,4 @@
-"""experiments/gpu_projection.py reads its GPU inputs from the committed bench_variants.py outputs:
+"""benchmarks/gpu_projection.py reads its GPU inputs from the committed bench_variants.py outputs:
 a change to that output's format must not leave the cost model reading nothing."""
 
 import pathlib

@@ -179,14 +179,14 @@ def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
         "text/__init__.py": "",
         "text/vocab.py": "import fakepkg.training.step\n",
         "training/__init__.py": "",
-        "training/step.py": "from fakepkg.text import vocab\nimport bench_common\n",
+        "training/step.py": "from fakepkg.text import vocab\nimport harness\n",
         "extract/__init__.py": "",
         "extract/embedder.py": "from fakepkg.cli import main\n",
         "cli/__init__.py": "from fakepkg.cli.commands import main\n",
         "cli/commands.py": "from fakepkg.extract import embedder\n",
         "__main__.py": "from fakepkg.cli import main\n",
     })
-    units, edges, violations = check(pkg, {"bench_common"})
+    units, edges, violations = check(pkg, {"harness"})
     assert units == {"__init__", "__main__", "config", "model", "compat", "text", "training", "extract", "cli"}
     assert ("model", "config") in edges and ("compat", "extract") in edges and ("__main__", "cli") in edges
     text = "\n".join(violations)
@@ -194,7 +194,7 @@ def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
     assert "fakepkg.compat.hdf5 imports fakepkg.extract.embedder: compat may import only" in text
     assert "fakepkg.text.vocab imports fakepkg.training.step: text may import only" in text
     assert "fakepkg.extract.embedder imports fakepkg.cli: only the command line's own modules import cli" in text
-    assert "fakepkg.training.step imports bench_common (outside the package: bench_common)" in text
+    assert "fakepkg.training.step imports harness (outside the package: harness)" in text
     assert "import cycle between units: text -> training" in text
     assert "import cycle between units: cli -> extract" in text
     assert len(violations) == 7, text  # nothing else: lstm's and __main__'s imports are allowed

@@ -346,7 +346,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
                 out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
 
         # A background thread writes (an hdf5 dataset per line is host time: see
-        # experiments/bench_embed_cli.py) while this one goes on with the next window's device work.
+        # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
         with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar, \
                 warnings.catch_warnings(), background.calls(store, args.ahead * args.window) as submit:
             # Pooled by embed (on the device); its empty-sentence warning per window gives way to

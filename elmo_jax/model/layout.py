@@ -1,7 +1,7 @@
 """How the model's arrays are laid out and blocked per backend: a speed choice, never a result.
 
 Every layout computes the same function (tests compare them). The table below is measured:
-``experiments/bench_bilm.py`` (CPU) and ``experiments/bench_variants.py`` (GPU) print the figures
+``benchmarks/bench_bilm.py`` (CPU) and ``benchmarks/bench_variants.py`` (GPU) print the figures
 behind each entry, and experiments/README.md records them.
 
 | backend | lstm      | unroll | cnn_chunk | measured |
@@ -15,7 +15,7 @@ of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per dev
 
 | backend | extract_steps | extract_tokens | measured |
 |---------|---------------|----------------|----------|
-| cpu     | 16            | 4096           | `small`, the experiments' held-out job, warm (`experiments/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps |
+| cpu     | 16            | 4096           | `small`, the experiments' held-out job, warm (`benchmarks/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps |
 | gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
 | tpu     | 40            | 16384          | not measured: the GPU's choice |
 

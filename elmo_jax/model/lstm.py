@@ -122,7 +122,7 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
 
     On XLA's CPU backend a step's matmuls run much faster as ``[4D, in] @ [in, B]`` than as
     ``[B, in] @ [in, 4D]`` (few rows, many columns), and the input half is faster inside the
-    step than as one ``[T*B]``-row einsum before it (``experiments/bench_bilm.py`` times both
+    step than as one ``[T*B]``-row einsum before it (``benchmarks/bench_bilm.py`` times both
     layouts). On a TPU a batch of 32 on the minor (lane) axis would waste most of each vector
     register, hence ``_layer_rows`` there.
     """

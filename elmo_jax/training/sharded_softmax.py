@@ -100,10 +100,10 @@ def capacity_headroom(need: int) -> int:
     """Rows added to a request count before it is bucketed, so that a run's first capacity is
     usually its last (each new capacity recompiles the step).
 
-    The count moves little from step to step: ``experiments/fetch_capacity.py`` found a standard
+    The count moves little from step to step: ``benchmarks/fetch_capacity.py`` found a standard
     deviation of 0.30-0.43 sqrt(mean), and a maximum over 150-300 steps at most 1.45 sqrt(first
     step's count) above the first, from 11 to 12,771 rows, on 1 and 2 devices
-    (``results/cpu/fetch_capacity.txt``). With the bucket of the first count alone, 3 of its 8
+    (``benchmarks/results/cpu/fetch_capacity.txt``). With the bucket of the first count alone, 3 of its 8
     settings recompiled a few steps in; with this headroom none did. At 12,771 rows it is 2.7 %,
     within the bucket's own padding there."""
     return math.ceil(3 * math.sqrt(need))

@@ -104,8 +104,8 @@ def _first_draws(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     sorting the draws (the table's cost grows with V, the sort's with the draws, and a slot
     filled costs far less than a draw sorted). At S = 8192 and V = 793,471 (chunks of about
     16,800 draws) that is the table: both directions' candidates took 1.1-1.5 ms a step, against
-    5.3-5.4 ms by sorting (``experiments/bench_train.py --pipeline-only``,
-    ``experiments/results/cpu/host_pipeline.txt``).
+    5.3-5.4 ms by sorting (``benchmarks/bench_train.py --pipeline-only``,
+    ``benchmarks/results/cpu/host_pipeline.txt``).
     """
     if vocab_size > 128 * ids.size:
         _, first = np.unique(ids, return_index=True)

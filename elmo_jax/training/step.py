@@ -152,7 +152,7 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
                                                      (2, targets.shape[2])))(row_keys)  # [B, 2, T]
         resets = batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
 
-    # The named scopes label the parts of the step in a profile (experiments/bench_variants.py).
+    # The named scopes label the parts of the step in a profile (benchmarks/bench_variants.py).
     def loss_fn(bilm_params, rows_w, rows_b):
         with jax.named_scope("char_cnn"):
             x = token_vectors(bilm_params, model, batch, precision, dtype, layout)

@@ -1,6 +1,6 @@
 """Extraction throughput of ``Embedder.embed`` with its defaults, on one device, after warm-up.
 
-    python experiments/bench_embed.py [--shapes small original] [--repeats 10]
+    python benchmarks/bench_embed.py [--shapes small original] [--repeats 10]
 
 Two inputs: 32 sentences of 20 random lowercase words, and the 30 natural sentences of the
 bilm-tf fixture (lm_embeddings_sentences.json). Real tokens are counted once. Weights are random
@@ -31,9 +31,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import jax  # noqa: E402
 
-from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences  # noqa: E402
-from elmo_jax import init_bilm, preset  # noqa: E402
-from elmo_jax.extract.embedder import Embedder  # noqa: E402
+from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences  # noqa: E402
+from elmo_jax import Embedder, init_bilm, preset  # noqa: E402  (public names: a baseline tree has them too)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILES: list[float] = []  # seconds of each XLA compile in this process (a persistent-cache hit is not one)
@@ -170,13 +169,13 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
 def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
     """Embedder keywords for each (batch_tokens, extract_steps) asked for; [{}]: the defaults
     (the only choice a tree from before ``Layout.extract_steps`` has)."""
-    from elmo_jax.model.layout import for_backend
-
     out = []
     for t in tokens or [None]:
         for k in steps or [None]:
             kw = {} if t is None else {"batch_tokens": t}
             if k is not None:
+                from elmo_jax.model.layout import for_backend  # only here: a baseline tree may lack it
+
                 kw["layout"] = dataclasses.replace(for_backend(), extract_steps=k)
             out.append(kw)
     return out

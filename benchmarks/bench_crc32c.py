@@ -1,6 +1,6 @@
 """crc32c throughput of the two implementations that check TF checkpoint entries.
 
-    python experiments/bench_crc32c.py [--mib 256] [--repeats 3]
+    python benchmarks/bench_crc32c.py [--mib 256] [--repeats 3]
 
 ``google_crc32c`` (the C extension, when installed) and the numpy fallback of
 ``elmo_jax.compat.tf_checkpoint``, over the same random bytes held in memory (the figures leave disk

@@ -1,6 +1,6 @@
 """`elmo-jax embed` end to end: wall time of the command on a whole file, per ``--ahead`` value.
 
-    python experiments/bench_embed_cli.py [--shape small] [--input FILE] [--ahead 0 1] [--rounds 3]
+    python benchmarks/bench_embed_cli.py [--shape small] [--input FILE] [--ahead 0 1] [--rounds 3]
 
 A model of ``--shape`` with random weights (speed does not depend on them) is written to a
 temporary bilm-tf hdf5, then the command runs in a fresh process per (round, ``--ahead``), the

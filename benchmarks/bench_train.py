@@ -1,9 +1,9 @@
 """Pretraining throughput and communication: the train step over a device mesh, the row-split
 softmax at a large vocabulary, and the input pipeline alone.
 
-    python experiments/bench_train.py [--shape small] [--batch 32] [--steps 10] [--devices 1]
-    python experiments/bench_train.py --shape original --batch 128 --compile-only 8 64 256
-    python experiments/bench_train.py --pipeline-only
+    python benchmarks/bench_train.py [--shape small] [--batch 32] [--steps 10] [--devices 1]
+    python benchmarks/bench_train.py --shape original --batch 128 --compile-only 8 64 256
+    python benchmarks/bench_train.py --pipeline-only
 
 Tokens are real tokens per step, ``rows x unroll_steps`` per device, each counted once although
 both directions learn from it (bilm-tf's count). FLOPs are those executed: forward (the char CNN
@@ -42,7 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from bench_common import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
+from harness import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
 from elmo_jax._util.hlo import wire_bytes_per_device  # noqa: E402
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
 from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402

@@ -6,7 +6,7 @@ the per-step need (``plan_fetch``'s fullest request list) and, for the capacity 
 ``sharded_softmax`` (``next_capacity``) and for the rule before it (``capacity_bucket`` of the need,
 no headroom), the first and last capacity and how many times it grew.
 
-    python experiments/fetch_capacity.py --files 'experiments/data/lm/train/shard-0?.txt' \\
+    python benchmarks/fetch_capacity.py --files 'experiments/data/lm/train/shard-0?.txt' \\
         --vocab experiments/data/lm/vocab.txt --rows 128 --negatives 8192 --steps 150 --devices 1 2
 
 With no ``--files`` it reads the bundled sample and the vocabulary of its words.

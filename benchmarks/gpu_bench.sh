@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure of experiments/README.md on a lent GPU machine (it has jax, flax, optax, orbax
 # and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
-#   bash experiments/gpu_bench.sh [OUT_DIR]
+#   bash benchmarks/gpu_bench.sh [OUT_DIR]
 # PARTS picks parts, run in this order (default: projection embed cli profile, about 9 minutes
 # with BASELINE: two calls, PARTS="projection embed" then PARTS="cli profile"):
 #   projection  gpu_projection.py: the cost model's projection of the embed and cli parts, with the
@@ -43,29 +43,29 @@ python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$
 has() { [[ " $parts " == *" $1 "* ]]; }
 lm=experiments/data/lm
 if has projection; then
-  timeout "${PROJECTION_S:-90}" python experiments/gpu_projection.py 2>&1 | tee "$out/projection.txt"
+  timeout "${PROJECTION_S:-90}" python benchmarks/gpu_projection.py 2>&1 | tee "$out/projection.txt"
 fi
 if has embed; then
   job=(); [ -f $lm/heldout.txt ] && job=(--job-file $lm/heldout.txt)
-  timeout "${EMBED_S:-240}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+  timeout "${EMBED_S:-240}" python benchmarks/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
     --job-precisions bfloat16 float32 2>&1 | tee "$out/embed.txt"
   if [ -n "${BASELINE:-}" ]; then  # the previous commit's float32, the figure extraction must not fall below
-    PYTHONPATH="$BASELINE" timeout "${EMBED_BASELINE_S:-150}" python experiments/bench_embed.py --shapes "$shape" \
+    PYTHONPATH="$BASELINE" timeout "${EMBED_BASELINE_S:-150}" python benchmarks/bench_embed.py --shapes "$shape" \
       --job-only "${job[@]}" --job-precisions float32 2>&1 | sed 's/^/baseline: /' | tee -a "$out/embed.txt"
   fi
   # shellcheck disable=SC2086  # the options are words
-  timeout "${EMBED_SWEEP_S:-120}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+  timeout "${EMBED_SWEEP_S:-120}" python benchmarks/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
     --job-precisions bfloat16 ${EMBED_SWEEP:---job-steps 20 80 --job-layers all top} 2>&1 | tee "$out/embed_sweep.txt"
   # Pooled on the device: the host receives a sum per sentence piece, not every token's vectors.
-  timeout "${EMBED_POOL_S:-60}" python experiments/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
+  timeout "${EMBED_POOL_S:-60}" python benchmarks/bench_embed.py --shapes "$shape" --job-only "${job[@]}" \
     --job-precisions bfloat16 --job-layers all top --job-pool mean 2>&1 | tee "$out/embed_pool.txt"
 fi
 if has embed-cli; then  # not in the default parts: `elmo-jax embed` end to end, --ahead 0 against 1
-  timeout "${EMBED_CLI_S:-150}" python experiments/bench_embed_cli.py --shape "$shape" --rounds 1 \
+  timeout "${EMBED_CLI_S:-150}" python benchmarks/bench_embed_cli.py --shape "$shape" --rounds 1 \
     2>&1 | tee "$out/embed_cli.txt"
 fi
 if has variants; then
-  timeout "${VARIANTS_S:-150}" python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
+  timeout "${VARIANTS_S:-150}" python benchmarks/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
     --variants ${VARIANTS:-f32 gpu gpu-f32} 2>&1 | tee "$out/variants.txt"
 fi
 if has quality && [ -d $lm ]; then
@@ -102,6 +102,6 @@ if has cli && [ -d $lm ]; then
 fi
 if has profile; then
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout "${PROFILE_S:-70}" \
-    python experiments/bench_variants.py --shape "$shape" --batch "$batch" --steps 3 --variants "${PROFILE:-gpu}" \
+    python benchmarks/bench_variants.py --shape "$shape" --batch "$batch" --steps 3 --variants "${PROFILE:-gpu}" \
     --profile "${PROFILE:-gpu}" --profile-out "$out" 2>&1 | tail -40
 fi

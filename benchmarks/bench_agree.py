@@ -1,6 +1,6 @@
 """The cost of the per-step agreement of a multi-process run (``elmo_jax.training.loop._agree_max``).
 
-    python experiments/bench_agree.py [--processes 2] [--calls 200]
+    python benchmarks/bench_agree.py [--processes 2] [--calls 200]
 
 Starts ``--processes`` local processes (one CPU device each, jax.distributed on 127.0.0.1, gloo
 collectives) that each call the agreement ``--calls`` times, as the training loop does once per

@@ -1,6 +1,6 @@
 """The stall of a save step: how long the training loop waits while a checkpoint is taken.
 
-    python experiments/bench_save.py [--shape small] [--vocab 793471] [--batch 128] [--repeats 3]
+    python benchmarks/bench_save.py [--shape small] [--vocab 793471] [--batch 128] [--repeats 3]
 
 Two ways to save the same state with Orbax's async checkpointing, timed in the same run:
 

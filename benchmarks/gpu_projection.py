@@ -2,7 +2,7 @@
 training CLI with its host pipeline, on the H100 of ``results/gpu_h100/``. A projection, not a
 measurement: ``gpu_bench.sh`` measures both when a GPU is lent.
 
-    python experiments/gpu_projection.py [--job-file experiments/data/lm/heldout.txt]
+    python benchmarks/gpu_projection.py [--job-file experiments/data/lm/heldout.txt]
 
 Inputs, each printed with its source:
 
@@ -10,7 +10,7 @@ Inputs, each printed with its source:
   time and executed FLOPs of the default step (bfloat16, GPU layout) and of float32 steps, so
   their achieved FLOP/s;
 - the job's plan under the GPU layout (``elmo_jax.extract.embedder.pack_sentences``) and its FLOPs:
-  ``bench_common.lstm_flops`` per padded token-step, ``encoder_flops`` per distinct word;
+  ``harness.lstm_flops`` per padded token-step, ``encoder_flops`` per distinct word;
 - the host's share of the job, measured here and now with no device (``bench_embed.bench_host``);
 - the training loop's host pipeline, measured here and now (``bench_train.bench_host_pipeline``).
 
@@ -35,7 +35,7 @@ import os
 import re
 import tempfile
 
-from bench_common import encoder_flops, lstm_flops
+from harness import encoder_flops, lstm_flops
 from bench_embed import bench_host, sample_sentences
 from bench_train import bench_host_pipeline, zipf_corpus
 from elmo_jax import preset
@@ -62,7 +62,7 @@ def measured_steps(path: str) -> tuple[str, dict[str, tuple[float, float]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_job = os.path.join(HERE, "data", "lm", "heldout.txt")
+    default_job = os.path.join(os.path.dirname(HERE), "experiments", "data", "lm", "heldout.txt")
     ap.add_argument("--job-file", default=default_job if os.path.exists(default_job) else None,
                     help="one tokenized sentence per line (default: the experiments' held-out text, "
                          "else the bundled sample's)")

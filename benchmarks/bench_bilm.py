@@ -1,6 +1,6 @@
 """Forward throughput of ``bilm_apply``: tokens/s and achieved GFLOP/s vs the matmul rate.
 
-    python experiments/bench_bilm.py [--shapes small original] [--batch 32] [--length 20]
+    python benchmarks/bench_bilm.py [--shapes small original] [--batch 32] [--length 20]
 
 Real tokens are counted once for both directions. FLOPs are those actually executed (the token
 encoder over the char slots it was given, the two sentence markers once, the biLSTM over every
@@ -18,7 +18,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from bench_common import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best
+from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset
 from elmo_jax.model import lstm
 from elmo_jax.model.char_cnn import trim_char_ids

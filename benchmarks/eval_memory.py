@@ -4,8 +4,8 @@ Compiles (never runs) ``elmo_jax.training.evaluate``'s step on one device at bil
 steps and prints XLA's ``memory_analysis`` temporary bytes, beside the control: the textbook
 full-softmax cross-entropy that materialises ``[positions, V]`` logits.
 
-    python experiments/eval_memory.py                      # tiny model, V = 10,000 and 793,471
-    python experiments/eval_memory.py --config original --vocab 793471
+    python benchmarks/eval_memory.py                      # tiny model, V = 10,000 and 793,471
+    python benchmarks/eval_memory.py --config original --vocab 793471
 """
 
 from __future__ import annotations

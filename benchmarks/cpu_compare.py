@@ -1,15 +1,15 @@
 """This tree against another (the previous commit) on the CPU: extraction and the train step.
 
     git archive --prefix=.baseline/ <commit> | tar -x        # the other tree (ignored by git)
-    python experiments/cpu_compare.py --baseline .baseline [--rounds 2]
+    python benchmarks/cpu_compare.py --baseline .baseline [--rounds 2]
 
 Each figure is a median of 10 timed calls, taken in a child process per tree with
 ``PYTHONPATH`` set to it; the trees alternate for ``--rounds`` rounds (the machine is shared and
 drifts) and the median over rounds is reported. Extraction: ``Embedder.embed`` with its
 defaults, float32, `small` shape, on 32 x 20 random words, the 30 natural sentences of the
 bilm-tf fixture, and the whole job of the sample's ``heldout.txt`` (warm; 5 calls). Training:
-each tree's own ``experiments/bench_train.py --shape small --vocabs 10000 --steps 10`` (the
-median of 10 steps), tokens/s.
+each tree's own ``benchmarks/bench_train.py --shape small --vocabs 10000 --steps 10`` (the
+median of 10 steps; ``experiments/bench_train.py`` in a tree from before ``benchmarks/``), tokens/s.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ CHILD = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import jax
-from bench_common import random_sentences
+from harness import random_sentences
 from bench_embed import natural_sentences, sample_sentences
-from elmo_jax import init_bilm, preset
-from elmo_jax.extract.embedder import Embedder
+from elmo_jax import Embedder, init_bilm, preset  # the public names: the same in a tree before the subpackages
 
 config = preset("small")
 params = init_bilm(jax.random.PRNGKey(0), config)
@@ -58,7 +57,9 @@ def extraction(tree: str) -> dict:
 
 def train(tree: str) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    script = os.path.join(os.path.abspath(tree), "experiments", "bench_train.py")
+    script = os.path.join(os.path.abspath(tree), "benchmarks", "bench_train.py")
+    if not os.path.exists(script):  # a tree from before benchmarks/ had its own in experiments/
+        script = os.path.join(os.path.abspath(tree), "experiments", "bench_train.py")
     r = subprocess.run([sys.executable, script, "--shape", "small", "--vocabs", "10000", "--steps", "10"], env=env,
                        capture_output=True, text=True, check=True)
     m = re.search(r"V=\s*10,000:.*?([\d.]+) tokens/s", r.stdout)

@@ -1,7 +1,7 @@
 """Throughput of `elmo-jax embed` in one process vs N concurrent shard processes (`--num-shards N`).
 
-    python experiments/bench_shards.py                      # the sample's heldout.txt, bundled model, N = 2
-    python experiments/bench_shards.py --file train --lines 5000 --shards 4
+    python benchmarks/bench_shards.py                      # the sample's heldout.txt, bundled model, N = 2
+    python benchmarks/bench_shards.py --file train --lines 5000 --shards 4
 
 Each process is timed from start to exit, so its imports, model load and compiles are included
 (the persistent compile cache is off, so each process compiles alike). Per process it prints

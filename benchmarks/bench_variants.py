@@ -1,6 +1,6 @@
 """The train step under each precision and layout choice, in one process, and a profile of one.
 
-    python experiments/bench_variants.py --shape original --batch 128 [--variants f32 bf16 ...]
+    python benchmarks/bench_variants.py --shape original --batch 128 [--variants f32 bf16 ...]
         [--profile bf16 --profile-out DIR]
 
 Each variant prints its line as soon as it is measured (a timeout keeps the lines before it).
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from bench_common import matmul_gflops
+from harness import matmul_gflops
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
 from elmo_jax.config import TrainConfig
 from elmo_jax.model.layout import Layout, for_backend
