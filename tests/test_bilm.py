@@ -20,7 +20,7 @@ def allennlp_model():
     return load_hdf5(*model_files("allennlp"))
 
 
-@pytest.mark.parametrize("name,width", [("allennlp", 16), ("bilm_tf", 80)])
+@pytest.mark.parametrize("name,width", [pytest.param("allennlp", 16, marks=pytest.mark.slow), ("bilm_tf", 80)])
 def test_reference_fixtures_stateful_10x3(name, width):
     """One fixture's batches padded to a multiple of 16 columns (3 shapes, 3 to 15 padding
     columns), the other's all to 80 (one compile): padding passes the state through, so the
@@ -191,6 +191,7 @@ def test_a_reset_starts_the_rest_of_the_row_from_zero_state(layout):
     assert np.abs(np.asarray(ys[0, 1, 3:] - plain[0, 1, 3:])).max() > 1e-3  # the reset did something
 
 
+@pytest.mark.slow
 def test_lstm_layouts_agree_with_masks_state_and_gradients():
     """The batch-major layer (GPU/TPU) and the batch-minor one (CPU) are the same function."""
     from elmo_jax.config import preset

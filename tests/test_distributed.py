@@ -116,6 +116,7 @@ def _mesh(n: int) -> Mesh:
 
 # -- 1. one process, one device vs two devices ----------------------------------------------------
 
+@pytest.mark.slow
 def test_mesh_two_devices_equals_one(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -215,6 +216,7 @@ def _rows_and_position(run_dir, step):
     return jax.device_get(rows), host["data"]
 
 
+@pytest.mark.slow
 def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -239,6 +241,7 @@ def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
     np.testing.assert_allclose(losses[1], losses[0], rtol=TOL)
 
 
+@pytest.mark.slow
 def test_restart_with_another_row_count_keeps_state_and_position_with_one_warning(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -416,6 +419,7 @@ def _wait_workers(procs, logs, timeout, expect_ok: bool = True) -> list[str]:
     return texts
 
 
+@pytest.mark.slow
 def test_multihost_cli_equals_single_process(tmp_path, capsys):
     from elmo_jax import cli
 
@@ -494,6 +498,7 @@ def _wait_for_metrics(run_dir, procs, lines: int) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, worker_cache):
     """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
     run resumes from that step."""
@@ -521,6 +526,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
     assert load_run(str(run_dir))[3] == step + 1
 
 
+@pytest.mark.slow
 def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, worker_cache):
     """--epochs 1 and each process reads its own shards: process 1's ends after 2 windows,
     process 0's after 8. Both save step 2 and exit 0."""
@@ -536,6 +542,7 @@ def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, wor
     assert all((run_dir / "host_state" / f"2.p{p}.npz").exists() for p in range(2))
 
 
+@pytest.mark.slow
 def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_path, worker_cache):
     """Process 1's host code raises after step 3: both save step 3 at the next boundary and exit
     non-zero within 60 s, process 1 with its own error, process 0 saying a peer failed."""
@@ -552,6 +559,7 @@ def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_pat
     assert all((run_dir / "host_state" / f"3.p{p}.npz").exists() for p in range(2))
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(tmp_path, worker_cache):
     """SIGKILL leaves no chance to agree or save: the survivor is stopped by jax.distributed once
     the dead process misses its heartbeats (--heartbeat-timeout), with jax's message naming the

@@ -503,6 +503,7 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "max.hdf5", "mean.hdf5"]
 
 
+@pytest.mark.slow
 def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
     from elmo_jax.cli.commands import bundled_model
     from elmo_jax.extract.embedder import ShardedEmbeddings
@@ -593,6 +594,7 @@ def _peak_rss_kb(tmp_path, n_lines, options, weights):
     return int(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cli_memory_does_not_grow_with_the_input(tmp_path, wide_model):
     small_n, large_n = 4 * MEMORY_WINDOW, 36 * MEMORY_WINDOW  # whole windows: the same batch shapes
     # Keeping every line's output (a leak) would add this much between the two runs: 256 MiB.

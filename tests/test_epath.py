@@ -85,6 +85,7 @@ def test_is_local():
     assert is_local(epath.Path("/tmp/run"))
 
 
+@pytest.mark.slow
 def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
     vocab = Vocabulary.load(TRAIN.resolve() / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)

@@ -181,6 +181,7 @@ def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
         tagger.apply({"params": new_params}, char_ids, deterministic=True)
 
 
+@pytest.mark.slow
 def test_trainable_bilm_is_in_params_and_moves(model):
     config, params, char_ids = model
     tagger = Tagger(Elmo(config, dropout=0.1, trainable_bilm=True))

@@ -39,6 +39,7 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_features_then_quick_grid(tmp_path, capsys):
     data, feats, out = tmp_path / "brown", tmp_path / "feats", tmp_path / "res" / "pos.json"
     write_brown(data)

@@ -59,6 +59,7 @@ def step_programs():
         jax.monitoring.unregister_event_duration_listener(listen)
 
 
+@pytest.mark.slow
 def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path):
     """bilm-tf's test_training: 50 epochs on its 5-line fixture, then full-softmax perplexity < 20."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
@@ -103,6 +104,7 @@ def _host_state(run_dir, step):
     return {**out, **{f"lstm/{k}": np.asarray(v) for k, v in rows.items()}}
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
     options = _write_tiny_options(tmp_path / "options.json")
     common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
@@ -128,6 +130,7 @@ def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
             assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (k, x, y)
 
 
+@pytest.mark.slow
 def test_a_run_on_two_devices_compiles_its_step_once(tmp_path):
     """Before, this run needed 2 step programs in 40 steps: the fetch capacity grew."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
@@ -173,6 +176,7 @@ def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     new_words = ["<S>", "</S>", "<UNK>", "brand-new", *[w for w in vocab.words[3:] if w != "the"][::-1], "another"]
@@ -196,6 +200,7 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
     assert load_run(str(tmp_path / "ft"))[3] == 2
 
 
+@pytest.mark.slow
 def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     options.save(tmp_path / "options.json")
@@ -250,6 +255,7 @@ def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
                  RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_give_one_line_errors(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -347,6 +353,7 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     import signal
     import time
@@ -375,6 +382,7 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     assert load_run(str(run_dir))[3] == step >= 2
 
 
+@pytest.mark.slow
 def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")
     run = tmp_path / "run"
@@ -416,6 +424,7 @@ def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
         f.write_text(json.dumps(d))
 
 
+@pytest.mark.slow
 def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")  # bilm-tf's keys: no reset_state_prob
     new, old = tmp_path / "new", tmp_path / "old"
@@ -542,6 +551,7 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_run, tmp_path):
     _, options, vocab = trained_run
 

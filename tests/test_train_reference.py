@@ -335,7 +335,8 @@ def _reference_step(state, batch, tc: TrainConfig):
     return optax.apply_updates(params, updates), opt_state[0].sum_of_squares, norm, per_dir * n_pos, new_lstm
 
 
-@pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
+@pytest.mark.parametrize("layout", [None, pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow)],
+                         ids=["backend", "gpu-layout"])
 def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
     """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), run here."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
@@ -402,6 +403,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
 
 # -- 3. no dense [V, P] temporary ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_compiled_step_has_no_dense_softmax_temporary():
     v, p = 200_000, 16
     # The smallest model with P = 16: the question is the softmax, and compiles cost seconds here.
@@ -452,7 +454,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
 
 # -- 5. zero-state starts in training ------------------------------------------------------------
 
-@pytest.mark.parametrize("prob", [0.0, 1.0])
+@pytest.mark.parametrize("prob", [pytest.param(0.0, marks=pytest.mark.slow), 1.0])
 def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
     """With ``reset_state_prob`` 1 every sentence start zeroes the carried state, so a window
     whose rows all open with a sentence does not depend on the state carried into it; with 0

@@ -69,6 +69,7 @@ def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
 
 
+@pytest.mark.slow
 def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run, released, tmp_path, capsys):
     """No --config, no --vocab: the source's biLM, its words plus the new text's, sorted by new counts."""
     _, options, vocab = trained_run
@@ -153,6 +154,7 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
 
 
+@pytest.mark.slow
 def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabulary(tmp_path):
     """bilm-tf's TF checkpoint (written by TensorFlow, read without it): weights, softmax rows and
     Adagrad slots carry over by word; the new text's words get fresh rows."""
