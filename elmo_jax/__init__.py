@@ -1,24 +1,24 @@
 """elmo_jax: ELMo in pure JAX, compatible with bilm-tf and AllenNLP weights."""
 
-from elmo_jax.bilm import add_sentence_markers, bilm_apply, init as init_bilm
-from elmo_jax.chars import Vocabulary, VocabError, batch_to_ids, token_to_ids
+from elmo_jax.compat.hdf5 import WeightsError, load_hdf5, save_hdf5
 from elmo_jax.config import (PRESETS, CharCNNConfig, ConfigError, LSTMConfig, ModelConfig, Options,
                              TrainConfig, preset)
-from elmo_jax.weights import WeightsError, load_hdf5, save_hdf5
+from elmo_jax.model.bilm import add_sentence_markers, bilm_apply, init as init_bilm
+from elmo_jax.model.vocabulary import Vocabulary, VocabError, batch_to_ids, token_to_ids
 
 __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so that `import elmo_jax` does not import flax, the embedder
 # or the model downloader: name -> the module that defines it.
 _LAZY = {
-    "Embedder": "elmo_jax.embed",
-    "Elmo": "elmo_jax.flax_modules",
-    "ElmoNNX": "elmo_jax.flax_modules",
-    "ScalarMix": "elmo_jax.flax_modules",
-    "scalar_mix": "elmo_jax.flax_modules",
-    "with_bilm": "elmo_jax.flax_modules",
+    "Embedder": "elmo_jax.extract.embedder",
+    "Elmo": "elmo_jax.modules.elmo",
+    "ElmoNNX": "elmo_jax.modules.elmo",
+    "ScalarMix": "elmo_jax.modules.elmo",
+    "scalar_mix": "elmo_jax.modules.elmo",
+    "with_bilm": "elmo_jax.modules.elmo",
     "load_pretrained": "elmo_jax.pretrained",
-    "enable_compile_cache": "elmo_jax.runtime",
+    "enable_compile_cache": "elmo_jax._util.runtime",
 }
 
 __all__ = [

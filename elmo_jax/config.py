@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from elmo_jax.atomic import open_binary, write_text_atomic
+from elmo_jax._util.atomic import open_binary, write_text_atomic
 
 ACTIVATIONS = ("relu", "tanh")
 

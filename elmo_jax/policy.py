@@ -17,8 +17,6 @@ The functions below the policy (``bilm_apply``, ``train_step``, ...) take the pa
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 
@@ -53,22 +51,3 @@ def default_for_training(backend: str | None = None) -> str:
     """``"float32"`` on a CPU (where bfloat16 matmuls are slower), ``"bfloat16"`` on GPUs and TPUs."""
     return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
-
-def from_legacy(precision=None, dtype=None, *, default: str, what: str) -> str:
-    """The policy meant by the arguments this module replaced, with a DeprecationWarning.
-
-    ``precision`` a policy name passes through. Otherwise the old pair: ``dtype`` "bfloat16"
-    (or ``jnp.bfloat16``) means "bfloat16"; a ``jax.lax`` precision "highest" with a float32 dtype
-    means "float32". ``what`` names the caller in the warning (e.g. "Embedder").
-    """
-    if precision in POLICIES and dtype is None:
-        return precision
-    if precision is None and dtype is None:
-        return default
-    bf16 = dtype is not None and jnp.dtype(dtype) == jnp.bfloat16
-    policy = "bfloat16" if bf16 else "float32"
-    if not bf16 and precision not in (None, "highest", jax.lax.Precision.HIGHEST, "float32"):
-        raise ValueError(f"{what}: precision={precision!r} is not a policy; use one of {', '.join(POLICIES)}")
-    warnings.warn(f"{what}: dtype= and jax precisions are deprecated; use precision={policy!r} "
-                  f"(one of {', '.join(POLICIES)})", DeprecationWarning, stacklevel=3)
-    return policy

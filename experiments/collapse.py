@@ -31,13 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax import lstm
-from elmo_jax.checkpoint import Checkpointer
-from elmo_jax.data import TextFiles, WordTable, split_over_devices
-from elmo_jax.export import read_run
-from elmo_jax.perplexity import _sentences
-from elmo_jax.softmax import sample_log_uniform_unique, sampled_softmax_loss
-from elmo_jax.train import token_vectors
+from elmo_jax.model import lstm
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.batches import WordTable, split_over_devices
+from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.evaluate import _sentences
+from elmo_jax.training.run_dir import read_run
+from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
+from elmo_jax.training.step import token_vectors
 
 
 def top_outputs(bilm, model, batch, mask, dropout: float, seed: int, state=None) -> jax.Array:
@@ -79,7 +80,7 @@ def positions(run_dir: str, heldout: str, n_sentences: int, rows: int = 32):
 def training_state(run_dir: str, step: int, options, rows: int) -> dict:
     """``rows`` rows of the LSTM state the run carried at ``step`` (its checkpoint's rows, cycled):
     states the training itself reached, so in its distribution."""
-    from elmo_jax.export import abstract_rows, abstract_shared
+    from elmo_jax.training.run_dir import abstract_rows, abstract_shared
 
     ckpt = Checkpointer(run_dir, read_only=True)
     _, saved, _, _ = ckpt.restore(step, lambda m: (abstract_shared(options, m),
@@ -166,28 +167,28 @@ def start_gap(run_dir: str, step: int, options, chunks) -> dict:
 
 
 def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) -> dict:
-    """The sampled loss of one real training step (``train.train_step`` on the checkpoint's state,
+    """The sampled loss of one real training step (``train_step`` on the checkpoint's state,
     one device, dropout off so that the outputs are reproducible) against an independent numpy
     computation from the same top outputs, candidates and id-order softmax rows. Equal numbers
     rule out a bug in the row fetch, the slot layout, log Q or the accidental-hit masking at the
     real vocabulary size."""
     import dataclasses
 
-    from elmo_jax import train
-    from elmo_jax.data import LMBatcher
-    from elmo_jax.export import softmax_in_slot_order
-    from elmo_jax.sharded_softmax import RowLayout
-    from elmo_jax.softmax import expected_count
+    from elmo_jax.training.batches import LMBatcher
+    from elmo_jax.training.run_dir import softmax_in_slot_order
+    from elmo_jax.training.sharded_softmax import RowLayout
+    from elmo_jax.training.softmax import expected_count
+    from elmo_jax.training.step import BATCH_KEYS, TrainState, prepare_batch, train_step
 
     options, vocab, shared, _ = read_run(run_dir, step)
     model, t = options.model, dataclasses.replace(options.train, dropout=0.0)
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     batcher = LMBatcher(TextFiles(heldout), vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
-    host, _ = train.prepare_batch(batcher.next(), step=step, seed=seed, train=t, n_devices=1)
+    host, _ = prepare_batch(batcher.next(), step=step, seed=seed, train=t, n_devices=1)
     stored = softmax_in_slot_order(shared, layout)
-    state = train.TrainState(**jax.device_put(stored), lstm=lstm.zero_state(model, t.batch_size))
-    _, m = train.train_step(state, {k: host[k][0] for k in train.BATCH_KEYS}, model=model, train=t, axis_name=None)
+    state = TrainState(**jax.device_put(stored), lstm=lstm.zero_state(model, t.batch_size))
+    _, m = train_step(state, {k: host[k][0] for k in BATCH_KEYS}, model=model, train=t, axis_name=None)
     got = np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]]) / float(m["count"])
 
     batch = {"chars": host["chars"][0], "inputs": host["inputs"][0]}
@@ -245,7 +246,7 @@ def main() -> None:
               f"| |h| fwd {f['h_norm_eval']:4.1f} bwd {bw['h_norm_eval']:4.1f}, warm fwd {f['h_norm_warm']:4.1f} "
               f"bwd {bw['h_norm_warm']:4.1f}", flush=True)
     if args.out:
-        from elmo_jax.atomic import write_text_atomic
+        from elmo_jax._util.atomic import write_text_atomic
         write_text_atomic(args.out, "\n".join(lines) + "\n")
 
 

@@ -36,9 +36,9 @@ import time
 
 import numpy as np
 
-from elmo_jax.chars import Vocabulary
-from elmo_jax.data import TextFiles
-from elmo_jax.export import load_run
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.run_dir import load_run
 
 PROBE = ("thread", "class", "kernel", "module", "pipe")
 LM, DOMAIN = "experiments/data/lm", "experiments/data/domain"
@@ -84,7 +84,7 @@ def train_runs(args) -> dict[str, float]:
 
 
 def perplexities(runs: dict[str, str]) -> list[dict]:
-    from elmo_jax.pretrain import evaluate
+    from elmo_jax.training.evaluate import evaluate
 
     loaded = {name: load_run(path) for name, path in runs.items()}
     common = set.intersection(*({vocab.words[i] for i in range(len(vocab))} for _, vocab, _, _ in loaded.values()))
@@ -103,7 +103,7 @@ def perplexities(runs: dict[str, str]) -> list[dict]:
 
 
 def probe(runs: dict[str, str], pool_sentences: int, per_word: int, k: int = 10) -> list[dict]:
-    from elmo_jax.embed import Embedder
+    from elmo_jax.extract.embedder import Embedder
 
     texts = {src: [line.split() for line in open(path, encoding="utf-8") if line.strip()]
              for src, path in (("pydoc", f"{DOMAIN}/heldout.txt"), ("original", f"{LM}/heldout.txt"))}

@@ -30,10 +30,11 @@ import os
 import tempfile
 import time
 
-from elmo_jax.data import TextFiles
-from elmo_jax.export import export_run, load_run, read_run
-from elmo_jax.pretrain import RunSettings, evaluate, pretrain
-from elmo_jax.warmstart import finetune_state, read_warmstart
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.loop import RunSettings, pretrain
+from elmo_jax.training.run_dir import export_run, load_run, read_run
+from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
 
 class _First:

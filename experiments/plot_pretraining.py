@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
+from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
 
 YMAX = 1000
 

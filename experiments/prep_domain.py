@@ -5,7 +5,7 @@ fetched and unpacked by ``fetch_data.sh``). This keeps their prose and drops the
 (literal blocks after ``::``, code and doctest directives, ``>>>`` sessions), signatures and
 other directive arguments, tables, comments, headings' underlines. Inline markup keeps its text
 (``:func:`~os.path.join``` -> ``join``, ````literal```` -> ``literal``). Sentences are split and
-tokenized with ``elmo_jax.text``, as the experiments' other text. Train and held-out are split by
+tokenized with ``elmo_jax.text.tokenize``, as the experiments' other text. Train and held-out are split by
 document: every document whose index (sorted paths) ends in 5 is held out.
 
     python experiments/prep_domain.py     # experiments/data/raw/pydoc -> experiments/data/domain/
@@ -19,12 +19,11 @@ import pathlib
 import re
 import sys
 
+from make_sample import dedupe, tokenized
+
+from elmo_jax._util.atomic import write_text_atomic
+
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from make_sample import dedupe, tokenized  # noqa: E402
-
-from elmo_jax.atomic import write_text_atomic  # noqa: E402
-
 SOURCES = "usr/share/doc/python3.11/html/_sources"
 HELDOUT_LAST_DIGIT = 5
 # Directives whose body is prose (kept, unindented); any other directive's body is dropped.
@@ -131,7 +130,7 @@ def prose(rst: str) -> list[str]:
 
 
 def document_sentences(rst: str) -> list[str]:
-    """Tokenized sentences (``elmo_jax.text``) of a document's prose; headings and debris dropped."""
+    """Tokenized sentences (``elmo_jax.text.tokenize``) of a document's prose; headings and debris dropped."""
     out = []
     for paragraph in prose(rst):
         out.extend(s for s in tokenized(paragraph) if len(s.split()) >= 4)  # titles and fragments go

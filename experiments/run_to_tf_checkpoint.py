@@ -39,9 +39,9 @@ def tf_name(hdf5_name: str) -> str:
 
 
 def dump(run_dir: str, out: str) -> None:
-    from elmo_jax.export import read_run, write_vocab_file
-    from elmo_jax.warmstart import dense_accumulators
-    from elmo_jax.weights import to_datasets
+    from elmo_jax.compat.hdf5 import to_datasets
+    from elmo_jax.training.run_dir import read_run, write_vocab_file
+    from elmo_jax.training.warmstart import dense_accumulators
 
     options, vocab, shared, step = read_run(run_dir)
     model = options.model
@@ -83,8 +83,8 @@ def write(out: str) -> None:
 def check(run_dir: str, out: str) -> None:
     import jax
 
-    from elmo_jax.export import read_run
-    from elmo_jax.warmstart import dense_accumulators, read_warmstart
+    from elmo_jax.training.run_dir import read_run
+    from elmo_jax.training.warmstart import dense_accumulators, read_warmstart
 
     options, vocab, shared, step = read_run(run_dir)
     warm = read_warmstart(out)

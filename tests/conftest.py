@@ -35,6 +35,6 @@ def fixtures_dir() -> pathlib.Path:
 
 
 def pytest_configure(config):
-    from elmo_jax.runtime import enable_compile_cache
+    from elmo_jax._util.runtime import enable_compile_cache
 
     enable_compile_cache(_CACHE)  # in-process library calls too, not only the CLI

@@ -29,7 +29,7 @@ from elmo_jax.pretrained import MODELS, PretrainedModel
 
 def fixture_files() -> dict[str, pathlib.Path]:
     """The bundled test biLM: role -> file (options, weights)."""
-    data = pathlib.Path(pretrained.__file__).parent / "data"  # (no importlib.resources: see test_pretrained's CHILD)
+    data = pathlib.Path(pretrained.__file__).parents[1] / "data"  # (no importlib.resources: see test_pretrained's CHILD)
     return {"options": data / "fixture_options.json", "weights": data / "fixture_weights.hdf5"}
 
 

@@ -4,7 +4,7 @@ import stat
 import numpy as np
 import pytest
 
-from elmo_jax.atomic import atomic_path, write_bytes_atomic, write_text_atomic
+from elmo_jax._util.atomic import atomic_path, write_bytes_atomic, write_text_atomic
 
 
 def test_writes_bytes_and_text(tmp_path):

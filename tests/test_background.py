@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from elmo_jax import background
+from elmo_jax._util import background
 
 
 def test_every_item_is_handled_in_order_before_the_block_ends():

@@ -1,14 +1,10 @@
-"""experiments/bench_variants.py: the parts of a step a GPU profile is summarised into come from
+"""benchmarks/bench_variants.py: the parts of a step a GPU profile is summarised into come from
 the compiled module's name stacks (a jax 0.11 GPU trace names only the HLO instruction)."""
-
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-import bench_variants  # noqa: E402
+import bench_variants
 
 
 def test_compiled_instructions_map_to_the_named_parts_of_the_step():

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import bilm_apply, batch_to_ids, char_cnn, load_hdf5
-from elmo_jax.chars import Vocabulary
+from elmo_jax import bilm_apply, batch_to_ids, load_hdf5
+from elmo_jax.model import char_cnn
+from elmo_jax.model.vocabulary import Vocabulary
 
 from helpers import FIXTURES, model_files, reference_batches
 
@@ -19,7 +20,7 @@ def allennlp_model():
     return load_hdf5(*model_files("allennlp"))
 
 
-@pytest.mark.parametrize("name,width", [("allennlp", 16), ("bilm_tf", 80)])
+@pytest.mark.parametrize("name,width", [pytest.param("allennlp", 16, marks=pytest.mark.slow), ("bilm_tf", 80)])
 def test_reference_fixtures_stateful_10x3(name, width):
     """One fixture's batches padded to a multiple of 16 columns (3 shapes, 3 to 15 padding
     columns), the other's all to 80 (one compile): padding passes the state through, so the
@@ -161,8 +162,8 @@ def test_jit_and_grad_through_bilm(allennlp_model):
 def test_a_reset_starts_the_rest_of_the_row_from_zero_state(layout):
     """``resets``: before step t the state is zero, as if the row's text started there; steps
     before t are untouched. Per direction and row."""
-    from elmo_jax import lstm
     from elmo_jax.config import preset
+    from elmo_jax.model import lstm
 
     config = preset("tiny")
     fn = getattr(lstm, layout)
@@ -190,10 +191,11 @@ def test_a_reset_starts_the_rest_of_the_row_from_zero_state(layout):
     assert np.abs(np.asarray(ys[0, 1, 3:] - plain[0, 1, 3:])).max() > 1e-3  # the reset did something
 
 
+@pytest.mark.slow
 def test_lstm_layouts_agree_with_masks_state_and_gradients():
     """The batch-major layer (GPU/TPU) and the batch-minor one (CPU) are the same function."""
-    from elmo_jax import lstm
     from elmo_jax.config import preset
+    from elmo_jax.model import lstm
 
     config = preset("tiny")
     params = lstm.init(jax.random.PRNGKey(0), config)[0]

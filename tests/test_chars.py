@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from elmo_jax.chars import Vocabulary, VocabError, batch_to_ids, token_to_ids, words_to_ids
+from elmo_jax.model.vocabulary import Vocabulary, VocabError, batch_to_ids, token_to_ids, words_to_ids
 
 from helpers import FIXTURES
 

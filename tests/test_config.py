@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import bilm
+from elmo_jax.compat.hdf5 import expected_datasets
 from elmo_jax.config import PRESETS, ConfigError, ModelConfig, Options, TrainConfig, preset
-from elmo_jax.weights import expected_datasets
+from elmo_jax.model import bilm
 
 from helpers import FIXTURES
 
@@ -174,14 +174,14 @@ def test_a_fresh_run_defaults_to_resets_and_a_saved_run_means_what_it_wrote():
 
 
 def test_init_from_and_presets_start_at_the_default():
-    from elmo_jax import cli
-    from elmo_jax.chars import Vocabulary
+    from elmo_jax.cli import commands
+    from elmo_jax.model.vocabulary import Vocabulary
 
     vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + [f"w{i}" for i in range(2000)])
     for config, model in (("tiny", None), ("small", None), (None, PRESETS["tiny"])):  # None: --init-from
-        options = cli._training_options(config, vocab, None, 10_000, model=model)
+        options = commands._training_options(config, vocab, None, 10_000, model=model)
         assert options.train.reset_state_prob == 0.1, config
-    options = cli._training_options(None, vocab, None, 10_000, reset_state_prob=0.0, model=PRESETS["tiny"])
+    options = commands._training_options(None, vocab, None, 10_000, reset_state_prob=0.0, model=PRESETS["tiny"])
     assert options.train.reset_state_prob == 0.0
 
 

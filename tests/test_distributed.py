@@ -40,16 +40,16 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import pretrain as pretrain_mod
-from elmo_jax import train
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import Checkpointer
+from elmo_jax._util.hlo import collectives
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
-from elmo_jax.data import LMBatcher, TextFiles, shard_for_process
-from elmo_jax.export import abstract_rows, abstract_shared, load_run, read_run, softmax_in_id_order
-from elmo_jax.hlo import collectives
-from elmo_jax.pretrain import RunSettings, pretrain
-from elmo_jax.sharded_softmax import RowLayout
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles, shard_for_process
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.loop import GlobalBatches, RunSettings, _restore_or_init, pretrain
+from elmo_jax.training.run_dir import abstract_rows, abstract_shared, load_run, read_run, softmax_in_id_order
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.step import AXIS, init_state, make_train_step, put_global, state_shardings
 
 from helpers import FIXTURES
 
@@ -111,11 +111,12 @@ def _setup(tmp_path):
 
 
 def _mesh(n: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:n]), (train.AXIS,))
+    return Mesh(np.array(jax.devices()[:n]), (AXIS,))
 
 
 # -- 1. one process, one device vs two devices ----------------------------------------------------
 
+@pytest.mark.slow
 def test_mesh_two_devices_equals_one(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -127,7 +128,7 @@ def test_mesh_two_devices_equals_one(tmp_path):
                 2: LMBatcher(source, vocab, rows_per_device=b, n_devices=2, **common)}
     configs = {1: TrainConfig(**{**t.__dict__, "batch_size": 2 * b}), 2: t}
 
-    fresh = jax.device_get(train.init_state(jax.random.PRNGKey(7), TINY, t, rows=2 * b))
+    fresh = jax.device_get(init_state(jax.random.PRNGKey(7), TINY, t, rows=2 * b))
     # A non-zero carried state: the rows' state must follow the rows to their device.
     rng = np.random.default_rng(0)
     rows = {"c": rng.normal(size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)).astype(np.float32),
@@ -135,9 +136,9 @@ def test_mesh_two_devices_equals_one(tmp_path):
     host_state = fresh.replace(lstm=rows)
     states, fns = {}, {}
     for n in (1, 2):
-        shardings = train.state_shardings(host_state, _mesh(n))
-        states[n] = train.put_global(host_state, shardings)
-        fns[n] = train.make_train_step(TINY, configs[n], _mesh(n))
+        shardings = state_shardings(host_state, _mesh(n))
+        states[n] = put_global(host_state, shardings)
+        fns[n] = make_train_step(TINY, configs[n], _mesh(n))
     # The sharding is real: each device holds V_pad / n softmax rows and accumulators, B rows of LSTM state.
     for part in ("params", "opt"):
         for name, x in getattr(states[2], part)["softmax"].items():
@@ -145,7 +146,7 @@ def test_mesh_two_devices_equals_one(tmp_path):
     assert [s.data.shape[2] for s in states[2].lstm["c"].addressable_shards] == [b, b]
 
     prev = fresh.params
-    feeders = {n: pretrain_mod.GlobalBatches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
+    feeders = {n: GlobalBatches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
                for n in (1, 2)}
     for step_number in range(2):
         batch = {n: feeders[n].next(step_number) for n in (1, 2)}
@@ -192,9 +193,9 @@ def test_the_collective_check_can_fail():
     """``hlo.collectives`` sees a gathered softmax shard (the control for the check above)."""
     _two_local_devices()
     mesh = _mesh(2)
-    gather = jax.jit(jax.shard_map(lambda w: jax.lax.all_gather(w, train.AXIS, tiled=True), mesh=mesh,
-                                   in_specs=P(train.AXIS), out_specs=P(), check_vma=False))
-    w = jax.device_put(np.zeros((3072, 8), np.float32), NamedSharding(mesh, P(train.AXIS)))
+    gather = jax.jit(jax.shard_map(lambda w: jax.lax.all_gather(w, AXIS, tiled=True), mesh=mesh,
+                                   in_specs=P(AXIS), out_specs=P(), check_vma=False))
+    w = jax.device_put(np.zeros((3072, 8), np.float32), NamedSharding(mesh, P(AXIS)))
     ops = collectives(gather.lower(w).compile().as_text())
     assert any(c.op == "all-gather" and max(c.sizes) >= 1536 * 8 for c in ops), ops
 
@@ -215,6 +216,7 @@ def _rows_and_position(run_dir, step):
     return jax.device_get(rows), host["data"]
 
 
+@pytest.mark.slow
 def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -239,6 +241,7 @@ def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
     np.testing.assert_allclose(losses[1], losses[0], rtol=TOL)
 
 
+@pytest.mark.slow
 def test_restart_with_another_row_count_keeps_state_and_position_with_one_warning(tmp_path):
     _two_local_devices()
     vocab, t, source = _setup(tmp_path)
@@ -251,12 +254,12 @@ def test_restart_with_another_row_count_keeps_state_and_position_with_one_warnin
     # The same options on one device: B global rows instead of 2B.
     mesh = _mesh(1)
     global_rows = t.batch_size
-    shardings = train.state_shardings(jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), TINY, t)), mesh)
+    shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), TINY, t)), mesh)
     batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=TINY.char_cnn.max_characters_per_token, seed=5)
     ckpt = Checkpointer(str(run_dir), async_save=False)
     with pytest.warns(UserWarning) as caught:
-        start, state = pretrain_mod._restore_or_init(ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1),
+        start, state = _restore_or_init(ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1),
                                                      shardings, global_rows, batcher, None)
     ckpt.close()
     assert len(caught) == 1 and "with 4 rows, resumed by 1 with 2" in str(caught[0].message), \
@@ -360,13 +363,14 @@ def worker_cache(tmp_path_factory):
 # Process 1's host code fails once step 3 is logged (the CLI, with one function patched).
 FAIL_AT_STEP_3 = """
 import sys
-from elmo_jax import cli, pretrain
-real = pretrain._summarise
+from elmo_jax import cli
+from elmo_jax.training import loop
+real = loop._summarise
 def failing(window, step, *args):
     if step >= 3:
         raise RuntimeError("injected failure in host code")
     return real(window, step, *args)
-pretrain._summarise = failing
+loop._summarise = failing
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -415,6 +419,7 @@ def _wait_workers(procs, logs, timeout, expect_ok: bool = True) -> list[str]:
     return texts
 
 
+@pytest.mark.slow
 def test_multihost_cli_equals_single_process(tmp_path, capsys):
     from elmo_jax import cli
 
@@ -448,7 +453,7 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     opts_1p, vocab_1p, params_1p, step_1p = load_run(str(tmp_path / "run_1p"))
     assert step_mh == step_1p == MH_STEPS
     assert opts_mh == opts_1p and vocab_mh.words == vocab_1p.words
-    fresh = train.init_state(jax.random.PRNGKey(seed), TINY, train_cfg).params
+    fresh = init_state(jax.random.PRNGKey(seed), TINY, train_cfg).params
     assert _max_diff(params_1p["bilm"], fresh["bilm"]) > 1e-3  # trained, not the init
     _assert_trees_close(params_mh, params_1p, "params")
 
@@ -493,6 +498,7 @@ def _wait_for_metrics(run_dir, procs, lines: int) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, worker_cache):
     """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
     run resumes from that step."""
@@ -520,6 +526,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
     assert load_run(str(run_dir))[3] == step + 1
 
 
+@pytest.mark.slow
 def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, worker_cache):
     """--epochs 1 and each process reads its own shards: process 1's ends after 2 windows,
     process 0's after 8. Both save step 2 and exit 0."""
@@ -535,6 +542,7 @@ def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, wor
     assert all((run_dir / "host_state" / f"2.p{p}.npz").exists() for p in range(2))
 
 
+@pytest.mark.slow
 def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_path, worker_cache):
     """Process 1's host code raises after step 3: both save step 3 at the next boundary and exit
     non-zero within 60 s, process 1 with its own error, process 0 saying a peer failed."""
@@ -551,6 +559,7 @@ def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_pat
     assert all((run_dir / "host_state" / f"3.p{p}.npz").exists() for p in range(2))
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(tmp_path, worker_cache):
     """SIGKILL leaves no chance to agree or save: the survivor is stopped by jax.distributed once
     the dead process misses its heartbeats (--heartbeat-timeout), with jax's message naming the

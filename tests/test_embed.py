@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
-from elmo_jax.embed import Embedder
-from elmo_jax.layout import Layout
+from elmo_jax.extract.embedder import Embedder
+from elmo_jax.model.layout import Layout
 
 from helpers import FIXTURES, model_files, reference_batches
 
@@ -59,7 +59,7 @@ def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences,
 
 
 def test_two_devices_give_the_vectors_of_one(model):
-    from elmo_jax.embed import ENCODE_ROWS
+    from elmo_jax.extract.embedder import ENCODE_ROWS
 
     config, params = model
     rng = random.Random(3)
@@ -121,7 +121,7 @@ def test_packing_places_every_sentence_once_without_overlap_within_the_budget(mo
 
 
 def test_a_small_call_runs_one_short_call_and_jobs_share_one_bilstm_program(model):
-    from elmo_jax.embed import _length_bucket
+    from elmo_jax.extract.embedder import _length_bucket
 
     config, params = model
     embedder = Embedder(config, params, devices=1, layout=Layout("columns", 1, 32, extract_steps=16, extract_tokens=128))
@@ -186,8 +186,8 @@ def test_token_cache_gives_the_same_vectors_and_falls_back_for_other_words(model
 def test_embed_tokens_is_the_same_function_inside_jit(model, sentences, expected):
     import jax
 
-    from elmo_jax.chars import token_to_ids
-    from elmo_jax.embed import embed_tokens
+    from elmo_jax.extract.embedder import embed_tokens
+    from elmo_jax.model.vocabulary import token_to_ids
 
     config, params = model
     batch = sentences[:4]
@@ -235,12 +235,12 @@ def test_a_str_where_tokens_are_expected_is_rejected(embedder):
 
 
 def test_embed_texts_is_embed_of_the_tokenized_text(embedder):
-    from elmo_jax.text import tokenize
+    from elmo_jax.text.tokenize import tokenize
 
     texts = ["The cat can't sit on the mat.", "“Yes,” said Mr. Smith.", ""]
     for got, want in zip(embedder.embed_texts(texts), embedder.embed([tokenize(t) for t in texts])):
         np.testing.assert_array_equal(got, want)
-    assert embedder.embed_texts(["The cat."])[0].shape == (3, 3, 32)  # "The cat ." by elmo_jax.text's rules
+    assert embedder.embed_texts(["The cat."])[0].shape == (3, 3, 32)  # "The cat ." by elmo_jax.text.tokenize's rules
     got = embedder.embed_texts(["The cat."], tokenizer=str.split, layers="top", pool="mean")[0]
     np.testing.assert_array_equal(got, embedder.embed([["The", "cat."]], layers="top", pool="mean")[0])
     with pytest.raises(TypeError, match=r"^text 1 has type list; expected a str \(for tokenized sentences use embed"):
@@ -300,7 +300,7 @@ def test_pooling_over_the_tokens(embedder, sentences):
 def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, sentences, devices, monkeypatch):
     """Pooled, the host receives one sum (or max) per piece of a sentence that a call runs, never
     its tokens' vectors; with 5-step calls most sentences are split over several calls."""
-    from elmo_jax.embed import Packing, pool_tokens, select_layers
+    from elmo_jax.extract.embedder import Packing, pool_tokens, select_layers
 
     config, params = model
     embedder = Embedder(config, params, devices=devices, layout=Layout("columns", 1, 32, extract_steps=5,
@@ -324,7 +324,7 @@ def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, senten
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_pieces_name_each_sentences_tokens_in_every_call(devices):
-    from elmo_jax.embed import _batch_rows, pack_sentences
+    from elmo_jax.extract.embedder import _batch_rows, pack_sentences
 
     rng = random.Random(devices)
     lengths = [rng.choice([0, 1, 2, 5, 9, 30, 61]) for _ in range(400)]
@@ -503,10 +503,12 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "max.hdf5", "mean.hdf5"]
 
 
+@pytest.mark.slow
 def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
-    from elmo_jax.embed import ShardedEmbeddings
+    from elmo_jax.cli.commands import bundled_model
+    from elmo_jax.extract.embedder import ShardedEmbeddings
 
-    options, weights = cli.bundled_model()
+    options, weights = bundled_model()
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
@@ -540,7 +542,7 @@ def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
 
 
 def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
-    from elmo_jax.embed import ShardedEmbeddings
+    from elmo_jax.extract.embedder import ShardedEmbeddings
 
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:7]) + "\n", encoding="utf-8")
     for i in range(3):  # in turn, in one process: the files are what counts here
@@ -592,6 +594,7 @@ def _peak_rss_kb(tmp_path, n_lines, options, weights):
     return int(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cli_memory_does_not_grow_with_the_input(tmp_path, wide_model):
     small_n, large_n = 4 * MEMORY_WINDOW, 36 * MEMORY_WINDOW  # whole windows: the same batch shapes
     # Keeping every line's output (a leak) would add this much between the two runs: 256 MiB.

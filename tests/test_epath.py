@@ -22,11 +22,11 @@ from etils import epath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
 
-from elmo_jax.atomic import is_local
-from elmo_jax.chars import Vocabulary
-from elmo_jax.data import TextFiles
-from elmo_jax.export import export_run, load_run
-from elmo_jax.pretrain import RunSettings, _MetricsFile, options_for_vocab, pretrain
+from elmo_jax._util.atomic import is_local
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.loop import RunSettings, _MetricsFile, options_for_vocab, pretrain
+from elmo_jax.training.run_dir import export_run, load_run
 
 from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
 
@@ -85,6 +85,7 @@ def test_is_local():
     assert is_local(epath.Path("/tmp/run"))
 
 
+@pytest.mark.slow
 def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
     vocab = Vocabulary.load(TRAIN.resolve() / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)

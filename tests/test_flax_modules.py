@@ -12,12 +12,12 @@ import pytest
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
-import elmo_jax.flax_modules as fm
+import elmo_jax.modules.elmo as fm
 from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
+from elmo_jax._util.hlo import constant_sizes
 from elmo_jax.config import Options
-from elmo_jax.flax_modules import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
+from elmo_jax.modules.elmo import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
                                    remove_sentence_markers, scalar_mix, with_bilm)
-from elmo_jax.hlo import constant_sizes
 
 from helpers import model_files
 
@@ -181,6 +181,7 @@ def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
         tagger.apply({"params": new_params}, char_ids, deterministic=True)
 
 
+@pytest.mark.slow
 def test_trainable_bilm_is_in_params_and_moves(model):
     config, params, char_ids = model
     tagger = Tagger(Elmo(config, dropout=0.1, trainable_bilm=True))
@@ -269,8 +270,7 @@ def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
         calls.append((run_dir, step))
         return options, None, {"bilm": params, "softmax": {}}, 7
 
-    from elmo_jax import export
-    monkeypatch.setattr(export, "load_run", fake_load_run)
+    monkeypatch.setattr("elmo_jax.training.run_dir.load_run", fake_load_run)
     ck, ck_weights = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
     nn_ck = ElmoNNX.from_checkpoint("/some/run", rngs=nnx.Rngs(0))
     assert calls == [("/some/run", 7), ("/some/run", None)]

@@ -1,11 +1,9 @@
-"""experiments/gpu_projection.py reads its GPU inputs from the committed bench_variants.py outputs:
+"""benchmarks/gpu_projection.py reads its GPU inputs from the committed bench_variants.py outputs:
 a change to that output's format must not leave the cost model reading nothing."""
 
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-import gpu_projection  # noqa: E402
+import gpu_projection
 
 
 def test_the_h100_steps_are_read_from_the_results_files():

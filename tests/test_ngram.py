@@ -11,13 +11,11 @@ import sys
 
 import pytest
 
-from elmo_jax.chars import Vocabulary
+import ngram
+from elmo_jax.model.vocabulary import Vocabulary
+from ngram import KneserNey, encode_sentence, estimate_discounts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import ngram  # noqa: E402
-from ngram import KneserNey, encode_sentence, estimate_discounts  # noqa: E402
 
 # The toy vocabulary: ids U=<UNK> 0, S=<S> 1, E=</S> 2, a 3, b 4, c 5 (markers not at the top, as
 # in some public vocabularies). Forward support: {U, E, a, b, c}, 5 tokens.

@@ -64,6 +64,7 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
+@pytest.mark.slow
 def test_notebook_runs(tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     from jupyter_client.kernelspec import KernelSpecManager

@@ -47,6 +47,7 @@ def test_notebook_is_stored_without_outputs():
     assert "fixture" not in source and "model_server" not in source
 
 
+@pytest.mark.slow
 def test_notebook_runs_against_a_local_mirror(tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     import nbformat

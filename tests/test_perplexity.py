@@ -1,4 +1,4 @@
-"""The held-out evaluation's memory does not grow with the vocabulary (``perplexity``).
+"""The held-out evaluation's memory does not grow with the vocabulary (``elmo_jax.training.evaluate``).
 
 bilm-tf's 128 rows x 20 steps at the released 793,471-word vocabulary: the compiled evaluation
 step's temporary memory (``memory_analysis``, compile only: nothing is allocated) must stay within
@@ -6,13 +6,8 @@ step's temporary memory (``memory_analysis``, compile only: nothing is allocated
 ``[positions, V]`` logits, needs gigabytes more.
 """
 
-import pathlib
-import sys
-
 from elmo_jax import PRESETS
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-from eval_memory import dense_temp, eval_step_temp  # noqa: E402
+from eval_memory import dense_temp, eval_step_temp
 
 MiB = 2 ** 20
 

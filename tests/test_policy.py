@@ -1,6 +1,4 @@
-"""The precision policy (elmo_jax.policy): names, defaults, what it replaced, and where it is used."""
-
-import warnings
+"""The precision policy (elmo_jax.policy): names, defaults, and where it is used."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +8,7 @@ import pytest
 from elmo_jax import policy
 from elmo_jax import load_hdf5
 from elmo_jax.cli import main as cli_main
-from tests.helpers import model_files
+from helpers import model_files
 
 
 def tiny_model():
@@ -35,36 +33,20 @@ def test_training_defaults_to_bfloat16_on_accelerators_only():
     assert policy.default_for_training("gpu") == policy.default_for_training("tpu") == "bfloat16"
 
 
-def test_the_old_arguments_still_work_with_a_deprecation_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert policy.from_legacy("tf32", None, default="float32", what="x") == "tf32"
-        assert policy.from_legacy(None, None, default="bfloat16", what="x") == "bfloat16"
-    with pytest.warns(DeprecationWarning, match="use precision='bfloat16'"):
-        assert policy.from_legacy("highest", jnp.bfloat16, default="float32", what="x") == "bfloat16"
-    with pytest.warns(DeprecationWarning, match="use precision='float32'"):
-        assert policy.from_legacy("highest", None, default="bfloat16", what="x") == "float32"
-    with pytest.raises(ValueError, match="precision='high' is not a policy"):
-        policy.from_legacy("high", None, default="float32", what="x")
-
-
-def test_embedder_dtype_is_the_deprecated_spelling_of_precision():
-    from elmo_jax.embed import Embedder
+def test_embedder_takes_the_policy():
+    from elmo_jax.extract.embedder import Embedder
 
     config, params = tiny_model()
     sents = [["a", "small", "test"], ["two"]]
     new = Embedder(config, params, precision="bfloat16").embed(sents)
-    with pytest.warns(DeprecationWarning):
-        old = Embedder(config, params, dtype="bfloat16").embed(sents)
     exact = Embedder(config, params).embed(sents)
-    for a, b, c in zip(new, old, exact):
-        np.testing.assert_array_equal(a, b)
+    for a, c in zip(new, exact):
         assert a.dtype == np.float32
         assert np.abs(a - c).max() > 0  # bfloat16 matmuls did run
         np.testing.assert_allclose(a, c, atol=0.05 * np.abs(c).max())
 
 
-def test_cli_refuses_tf32_on_cpu_and_maps_dtype(tmp_path, capsys):
+def test_cli_refuses_tf32_on_cpu(tmp_path, capsys):
     text = tmp_path / "in.txt"
     text.write_text("a b c\n")
     args = ["--compile-cache", "none", "embed", "--options", "x.json", "--weights", "x.hdf5", "--input", str(text),
@@ -72,8 +54,24 @@ def test_cli_refuses_tf32_on_cpu_and_maps_dtype(tmp_path, capsys):
     assert cli_main(args + ["--precision", "tf32"]) == 2
     err = capsys.readouterr().err
     assert "--precision: precision 'tf32' is a GPU matmul mode" in err and "Traceback" not in err
-    assert cli_main(args + ["--precision", "float32", "--dtype", "bfloat16"]) == 2
-    assert "disagree" in capsys.readouterr().err
+
+
+def test_precision_is_the_one_name(capsys):
+    """The deprecated ``dtype=`` / ``--dtype`` spellings are gone, not silently ignored."""
+    from elmo_jax.extract.embedder import Embedder
+    from elmo_jax.training.loop import RunSettings
+
+    config, params = tiny_model()
+    with pytest.raises(TypeError, match="dtype"):
+        Embedder(config, params, dtype="bfloat16")
+    with pytest.raises(TypeError, match="dtype"):
+        RunSettings(run_dir="unused", dtype="bfloat16")
+    with pytest.raises(ValueError, match="one of float32, tf32, bfloat16; got 'highest'"):
+        Embedder(config, params, precision="highest")
+    with pytest.raises(SystemExit):
+        cli_main(["embed", "--options", "x.json", "--weights", "x.hdf5", "--input", "x", "--output", "y",
+                  "--dtype", "bfloat16"])
+    assert "unrecognized arguments: --dtype bfloat16" in capsys.readouterr().err
 
 
 def test_flax_module_takes_the_policy():

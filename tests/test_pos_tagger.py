@@ -3,16 +3,13 @@
 import json
 import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
+import pos_tagger
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import pos_tagger  # noqa: E402
-
 OPTIONS = ROOT / "elmo_jax" / "data" / "fixture_options.json"
 WEIGHTS = ROOT / "elmo_jax" / "data" / "fixture_weights.hdf5"
 LEXICON = {"the": "DET", "a": "DET", "dog": "NOUN", "cat": "NOUN", "A/B": "NOUN", "runs": "VERB", "sees": "VERB",
@@ -42,6 +39,7 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_features_then_quick_grid(tmp_path, capsys):
     data, feats, out = tmp_path / "brown", tmp_path / "feats", tmp_path / "res" / "pos.json"
     write_brown(data)
@@ -56,7 +54,7 @@ def test_features_then_quick_grid(tmp_path, capsys):
     assert meta["splits"]["train"]["shape"] == list(train.shape) and offsets[-1] == len(train)
     assert sorted(os.listdir(feats)) == ["dev.npy", "dev.offsets.npy", "meta.json", "test.npy", "test.offsets.npy",
                                          "train.npy", "train.offsets.npy"]  # no temporary file left
-    from elmo_jax.embed import Embedder
+    from elmo_jax.extract.embedder import Embedder
 
     expected = Embedder.from_hdf5(OPTIONS, WEIGHTS).embed(sentences[3:4])[0]  # [L+1, n, 2P]
     np.testing.assert_allclose(train[offsets[3]:offsets[4]].transpose(1, 0, 2), expected, atol=2e-3, rtol=2e-3)

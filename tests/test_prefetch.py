@@ -1,4 +1,4 @@
-"""Host work done ahead of the step (``elmo_jax.prefetch``, ``GlobalBatches(prefetch=, workers=)``):
+"""Host work done ahead of the step (``elmo_jax.training.prefetch``, ``GlobalBatches(prefetch=, workers=)``):
 the same candidates, batches and data state as built in the loop, failures reported at their
 step, and nothing left running."""
 
@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from elmo_jax import train
-from elmo_jax.chars import Vocabulary
 from elmo_jax.config import TrainConfig
-from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.prefetch import CandidatePool
-from elmo_jax.pretrain import GlobalBatches, StopTogether
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.loop import GlobalBatches, StopTogether
+from elmo_jax.training.prefetch import CandidatePool
+from elmo_jax.training.step import AXIS, BATCH_KEYS, add_candidates
 
 ROWS, STEPS = 3, 7  # rows per device, unroll steps
 
@@ -46,7 +47,7 @@ def _feed(corpus, prefetch: int, workers: int = 0, epochs: int = 1) -> GlobalBat
     batcher = LMBatcher(TextFiles(files), vocab, rows_per_device=ROWS, unroll_steps=STEPS, max_chars=20, n_devices=2,
                         seed=5, max_epochs=epochs)
     cfg = TrainConfig(n_tokens_vocab=len(vocab), batch_size=ROWS, unroll_steps=STEPS, n_negative_samples_batch=16)
-    mesh = Mesh(np.array(jax.devices()[:2]), (train.AXIS,))
+    mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
     return GlobalBatches(batcher, cfg, mesh, seed=3, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
 
 
@@ -76,7 +77,7 @@ def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
         for step in (0, 1, 2, 5, 6, 7):  # a jump: the draws queued for steps 3 and 4 are dropped
             if step == 1:  # step 0 was drawn in-process, while the workers started
                 _wait_ready(pool)
-            got, want = pool.add(batch, step), train.add_candidates(batch, step=step, **args)
+            got, want = pool.add(batch, step), add_candidates(batch, step=step, **args)
             assert got.keys() == want.keys()
             for k in want:
                 assert got[k].dtype == want[k].dtype
@@ -101,7 +102,7 @@ def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus,
             got = ahead.next(step)
             if step == 0 and workers:  # drawn in-process while the workers start; then by them
                 _wait_ready(ahead.host.pool)
-            assert got.keys() == want.keys() == set(train.BATCH_KEYS)
+            assert got.keys() == want.keys() == set(BATCH_KEYS)
             for k, x in _host(want).items():
                 np.testing.assert_array_equal(_host(got)[k], x, err_msg=f"step {step}: {k}")
             # The batcher is ahead of the loop; the state to save is that after this step's batch.
@@ -188,7 +189,7 @@ def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
         import time
 
         import numpy as np
-        from elmo_jax.prefetch import CandidatePool, HostBatch, Prefetcher
+        from elmo_jax.training.prefetch import CandidatePool, HostBatch, Prefetcher
 
         pool = CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1)
         while not pool.ready:

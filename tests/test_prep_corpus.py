@@ -4,18 +4,15 @@ import io
 import json
 import pathlib
 import struct
-import sys
 import tarfile
 import zipfile
 import zlib
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-import prep_corpus  # noqa: E402
-
-from elmo_jax.chars import Vocabulary  # noqa: E402
-from elmo_jax.config import Options  # noqa: E402
+import prep_corpus
+from elmo_jax.config import Options
+from elmo_jax.model.vocabulary import Vocabulary
 
 
 def _tar(path: pathlib.Path, files: dict[str, str]) -> None:

@@ -1,10 +1,6 @@
 """experiments/prep_domain.py: the prose of reST documentation, without its code and markup."""
 
-import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-import prep_domain  # noqa: E402
+import prep_domain
 
 DOC = """\
 :mod:`spam` --- Eggs and spam

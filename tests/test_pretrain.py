@@ -15,15 +15,19 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import cli, train
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError, Checkpointer
-from elmo_jax.export import abstract_rows, abstract_shared, export_run, load_run, read_run
+from elmo_jax import cli
+from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import Options
-from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.pretrain import RunSettings, evaluate, options_for_vocab, pretrain
-from elmo_jax.warmstart import finetune_state
-from elmo_jax.weights import load_hdf5
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training import loop
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
+from elmo_jax.training.run_dir import abstract_rows, abstract_shared, export_run, load_run, read_run
+from elmo_jax.training.step import init_state, make_train_step
+from elmo_jax.training.warmstart import finetune_state
 
 from helpers import FIXTURES
 from test_config import BILM_TF_TRAIN_OPTIONS
@@ -42,7 +46,7 @@ def step_programs():
     """The train-step programs lowered inside the block. A new program is lowered once, whether
     it then comes from the persistent compile cache or is compiled; steps made before the block
     are dropped, so that a program another test made counts too."""
-    train.make_train_step.cache_clear()
+    make_train_step.cache_clear()
     names = []
 
     def listen(event, seconds, fun_name="", **_):
@@ -55,6 +59,7 @@ def step_programs():
         jax.monitoring.unregister_event_duration_listener(listen)
 
 
+@pytest.mark.slow
 def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path):
     """bilm-tf's test_training: 50 epochs on its 5-line fixture, then full-softmax perplexity < 20."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
@@ -99,6 +104,7 @@ def _host_state(run_dir, step):
     return {**out, **{f"lstm/{k}": np.asarray(v) for k, v in rows.items()}}
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
     options = _write_tiny_options(tmp_path / "options.json")
     common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
@@ -124,6 +130,7 @@ def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
             assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (k, x, y)
 
 
+@pytest.mark.slow
 def test_a_run_on_two_devices_compiles_its_step_once(tmp_path):
     """Before, this run needed 2 step programs in 40 steps: the fetch capacity grew."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
@@ -169,6 +176,7 @@ def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     new_words = ["<S>", "</S>", "<UNK>", "brand-new", *[w for w in vocab.words[3:] if w != "the"][::-1], "another"]
@@ -192,6 +200,7 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
     assert load_run(str(tmp_path / "ft"))[3] == 2
 
 
+@pytest.mark.slow
 def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     options.save(tmp_path / "options.json")
@@ -206,8 +215,7 @@ def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     for x, y in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(source)):
         assert np.max(np.abs(np.asarray(x) - np.asarray(y))) < lr
     # ...while a fresh seed-1 init is far from the source: the run really started from it.
-    from elmo_jax import train
-    init = train.init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
+    init = init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
     assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
                zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(source["bilm"]))) > 2 * lr
 
@@ -247,6 +255,7 @@ def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
                  RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_give_one_line_errors(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -305,8 +314,8 @@ def test_stream_windows_follow_bilm_tf(tmp_path):
 def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 
-    from elmo_jax.data import TfdsSource, open_source
-    from elmo_jax.vocab import build_vocab, count_tokens
+    from elmo_jax.text.sources import TfdsSource, open_source
+    from elmo_jax.text.vocab import build_vocab, count_tokens
 
     with tfds.testing.mock_data(num_examples=24):
         assert isinstance(open_source("tfds:lm1b/train"), TfdsSource)
@@ -329,7 +338,7 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
     import tensorflow_datasets as tfds
 
     from elmo_jax import cli
-    from elmo_jax.data import TfdsSource
+    from elmo_jax.text.sources import TfdsSource
 
     run = str(fixtures_dir / "format1_run")
     common = ["--run-dir", run, "--batch-size", "2", "--unroll-steps", "5"]
@@ -344,6 +353,7 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     import signal
     import time
@@ -372,6 +382,7 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     assert load_run(str(run_dir))[3] == step >= 2
 
 
+@pytest.mark.slow
 def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")
     run = tmp_path / "run"
@@ -413,6 +424,7 @@ def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
         f.write_text(json.dumps(d))
 
 
+@pytest.mark.slow
 def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")  # bilm-tf's keys: no reset_state_prob
     new, old = tmp_path / "new", tmp_path / "old"
@@ -455,10 +467,10 @@ def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_pa
 def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
     """A first step slowed as a compile would be is timed as startup_s, not as step time."""
     slow = 4.0
-    make_train_step = train.make_train_step
+    real = make_train_step
 
     def slow_first_call(*args, **kwargs):
-        step_fn, calls = make_train_step(*args, **kwargs), []
+        step_fn, calls = real(*args, **kwargs), []
 
         def step(state, batch):
             if not calls:
@@ -467,7 +479,7 @@ def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
             return step_fn(state, batch)
         return step
 
-    monkeypatch.setattr(train, "make_train_step", slow_first_call)
+    monkeypatch.setattr(loop, "make_train_step", slow_first_call)  # the name the loop calls
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     run = tmp_path / "run"
@@ -539,6 +551,7 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_run, tmp_path):
     _, options, vocab = trained_run
 
@@ -562,7 +575,7 @@ def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir)
     the save it has in flight (a writer's checkpoint manager does, when it opens)."""
     import shutil
 
-    from elmo_jax.export import export_run, load_run
+    from elmo_jax.training.run_dir import export_run, load_run
 
     run = tmp_path / "run"
     shutil.copytree(fixtures_dir / "format1_run", run)

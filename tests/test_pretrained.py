@@ -11,14 +11,15 @@ import sys
 import numpy as np
 import pytest
 
-from elmo_jax import cli, pretrained
-from elmo_jax.pretrained import PretrainedError
+from elmo_jax import cli
+from elmo_jax.pretrained import registry
+from elmo_jax.pretrained.registry import PretrainedError
 from model_server import HTML_PAGE, ModelServer, fixture_files, fixture_model, fixture_tree, serve_fixture
 
-OPTIONS = pretrained.MODELS["original"].files["options"][0].local
-WEIGHTS = pretrained.MODELS["original"].files["weights"][0].local
+OPTIONS = registry.MODELS["original"].files["options"][0].local
+WEIGHTS = registry.MODELS["original"].files["weights"][0].local
 FIXTURE = fixture_files()
-RELEASED = dict(pretrained.MODELS)  # before the autouse fixture swaps the fixture model in
+RELEASED = dict(registry.MODELS)  # before the autouse fixture swaps the fixture model in
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +28,8 @@ def isolated(monkeypatch, tmp_path):
     for var in ("ELMO_JAX_MIRROR", "ELMO_JAX_OFFLINE", "ELMO_JAX_SHA256"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache"))
-    monkeypatch.setitem(pretrained.MODELS, "original", fixture_model("original"))
-    monkeypatch.setattr(pretrained, "RETRY_WAIT_S", 0.0)
+    monkeypatch.setitem(registry.MODELS, "original", fixture_model("original"))
+    monkeypatch.setattr(registry, "RETRY_WAIT_S", 0.0)
 
 
 def model_dir(tmp_path) -> pathlib.Path:
@@ -47,7 +48,7 @@ def same_bytes(path, role="weights") -> bool:
 
 def test_registry_entries_are_complete():
     for name, model in RELEASED.items():
-        assert {"options", "weights"} <= set(model.files) <= set(pretrained.ROLES), name
+        assert {"options", "weights"} <= set(model.files) <= set(registry.ROLES), name
         locals_ = [f.local for files in model.files.values() for f in files]
         assert len(set(locals_)) == len(locals_), name  # one cache directory per model, no clashes
         assert all(not f.path.startswith(("/", "http")) for files in model.files.values() for f in files)
@@ -60,12 +61,12 @@ def test_registry_entries_are_complete():
 def test_fresh_download_loads_the_fixture(tmp_path, monkeypatch):
     import jax
 
-    from elmo_jax.weights import load_hdf5
+    from elmo_jax.compat.hdf5 import load_hdf5
 
     with serve_fixture(tmp_path) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
-        config, params = pretrained.load_pretrained("original", progress=False)
-        assert [r["path"] for r in server.gets()] == ["/" + pretrained.MODELS["original"].files[r][0].path
+        config, params = registry.load_pretrained("original", progress=False)
+        assert [r["path"] for r in server.gets()] == ["/" + registry.MODELS["original"].files[r][0].path
                                                        for r in ("options", "weights")]
     want_config, want_params = load_hdf5(FIXTURE["options"], FIXTURE["weights"])
     assert config == want_config
@@ -81,23 +82,23 @@ def test_fresh_download_loads_the_fixture(tmp_path, monkeypatch):
 def test_cut_transfer_is_resumed_with_range(tmp_path, monkeypatch):
     with serve_fixture(tmp_path, cut_after=100_000, cut_path="weights") as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
-        paths = pretrained.fetch("original", progress=False)
+        paths = registry.fetch("original", progress=False)
         gets = server.gets("weights")
     assert [g["range"] for g in gets] == [None, "bytes=100000-"]
     assert same_bytes(paths["weights"])
 
 
 def test_broken_transfer_keeps_the_part_and_the_next_run_resumes(tmp_path, monkeypatch):
-    with serve_fixture(tmp_path, cut_after=100_000, cut_path="weights", cut_times=pretrained.ATTEMPTS) as server:
+    with serve_fixture(tmp_path, cut_after=100_000, cut_path="weights", cut_times=registry.ATTEMPTS) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match="run again to resume") as e:
-            pretrained.fetch("original", progress=False)
+            registry.fetch("original", progress=False)
         assert "\n" not in str(e.value)
         part = model_dir(tmp_path) / (WEIGHTS + ".part")
-        assert part.stat().st_size == 100_000 * pretrained.ATTEMPTS
+        assert part.stat().st_size == 100_000 * registry.ATTEMPTS
         assert not (model_dir(tmp_path) / WEIGHTS).exists()
-        paths = pretrained.fetch("original", progress=False)
-        assert server.gets("weights")[-1]["range"] == f"bytes={100_000 * pretrained.ATTEMPTS}-"
+        paths = registry.fetch("original", progress=False)
+        assert server.gets("weights")[-1]["range"] == f"bytes={100_000 * registry.ATTEMPTS}-"
     assert same_bytes(paths["weights"]) and not part.exists()
 
 
@@ -108,7 +109,7 @@ def test_server_ignoring_range_restarts_from_zero(tmp_path, monkeypatch):
     (d / (WEIGHTS + ".part")).write_bytes(stale)
     with serve_fixture(tmp_path, ignore_range=True) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
-        paths = pretrained.fetch("original", progress=False)
+        paths = registry.fetch("original", progress=False)
         assert [g["range"] for g in server.gets("weights")] == [f"bytes={len(stale)}-"]  # asked to resume, got 200
     assert same_bytes(paths["weights"])  # replaced, never appended to
 
@@ -116,11 +117,11 @@ def test_server_ignoring_range_restarts_from_zero(tmp_path, monkeypatch):
 def test_wrong_size_is_refused_and_nothing_is_kept(tmp_path, monkeypatch):
     model = fixture_model("original")
     wrong = {**model.files, "weights": (dataclasses.replace(model.files["weights"][0], size=123),)}
-    monkeypatch.setitem(pretrained.MODELS, "original", dataclasses.replace(model, files=wrong))
+    monkeypatch.setitem(registry.MODELS, "original", dataclasses.replace(model, files=wrong))
     with serve_fixture(tmp_path) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match=f"has {FIXTURE['weights'].stat().st_size} bytes.*has 123"):
-            pretrained.fetch("original", progress=False)
+            registry.fetch("original", progress=False)
     assert leftovers(tmp_path) == [OPTIONS]
 
 
@@ -130,7 +131,7 @@ def test_cached_file_of_wrong_size_is_refused(tmp_path):
     (d / OPTIONS).write_bytes(FIXTURE["options"].read_bytes())
     (d / WEIGHTS).write_bytes(FIXTURE["weights"].read_bytes()[:1000])
     with pytest.raises(PretrainedError, match=f"{WEIGHTS}: 1000 bytes.*delete it"):
-        pretrained.fetch("original", progress=False)
+        registry.fetch("original", progress=False)
 
 
 def test_pinned_sha256(tmp_path, monkeypatch):
@@ -138,26 +139,26 @@ def test_pinned_sha256(tmp_path, monkeypatch):
     with serve_fixture(tmp_path) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match=f"sha256 {good}, but 0+ is pinned"):
-            pretrained.fetch("original", progress=False, sha256={"weights": "0" * 64})
+            registry.fetch("original", progress=False, sha256={"weights": "0" * 64})
         assert leftovers(tmp_path) == [OPTIONS]
-        paths = pretrained.fetch("original", progress=False, sha256={"weights": good.upper()})
+        paths = registry.fetch("original", progress=False, sha256={"weights": good.upper()})
     assert same_bytes(paths["weights"])
     # A pin from the environment is checked against the cached file's recorded hash.
     monkeypatch.setenv("ELMO_JAX_SHA256", f"original:{WEIGHTS}={'1' * 64}")
     with pytest.raises(PretrainedError, match="is pinned; delete it"):
-        pretrained.fetch("original", progress=False)
+        registry.fetch("original", progress=False)
     with pytest.raises(PretrainedError, match="not 64 hex digits"):
-        pretrained.fetch("original", sha256={"weights": "abc"})
+        registry.fetch("original", sha256={"weights": "abc"})
 
 
 def test_offline_missing_file_says_where_to_put_it(tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_JAX_OFFLINE", "1")
     with pytest.raises(PretrainedError) as e:
-        pretrained.fetch("original", progress=False)
+        registry.fetch("original", progress=False)
     msg = str(e.value)
     assert "\n" not in msg and "ELMO_JAX_OFFLINE" in msg
     assert f"put it at {model_dir(tmp_path) / OPTIONS}" in msg
-    assert pretrained.BASE_URL + pretrained.MODELS["original"].files["options"][0].path in msg
+    assert registry.BASE_URL + registry.MODELS["original"].files["options"][0].path in msg
     assert not (tmp_path / "cache").exists()  # offline creates nothing
 
 
@@ -168,20 +169,20 @@ def test_offline_uses_files_put_there_by_hand(tmp_path, monkeypatch):
     d.mkdir(parents=True)
     for role, name in (("options", OPTIONS), ("weights", WEIGHTS)):
         (d / name).write_bytes(FIXTURE[role].read_bytes())
-    paths = pretrained.fetch("original", progress=False)
+    paths = registry.fetch("original", progress=False)
     assert paths == {"options": d / OPTIONS, "weights": d / WEIGHTS}
-    assert pretrained.verify("original")[WEIGHTS] == hashlib.sha256(FIXTURE["weights"].read_bytes()).hexdigest()
+    assert registry.verify("original")[WEIGHTS] == hashlib.sha256(FIXTURE["weights"].read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("as_url", [False, True])
 def test_local_directory_mirror(tmp_path, monkeypatch, as_url):
     mirror = fixture_tree(tmp_path / "mirror")
     monkeypatch.setenv("ELMO_JAX_MIRROR", mirror.as_uri() if as_url else str(mirror))
-    paths = pretrained.fetch("original", progress=False)
+    paths = registry.fetch("original", progress=False)
     assert same_bytes(paths["weights"]) and same_bytes(paths["options"], "options")
     monkeypatch.setenv("ELMO_JAX_MIRROR", str(tmp_path / "empty"))
     with pytest.raises(PretrainedError, match="mirror: .* not found"):
-        pretrained.fetch("small", progress=False)
+        registry.fetch("small", progress=False)
 
 
 CHILD = r"""
@@ -204,7 +205,7 @@ print(json.dumps({k: str(v) for k, v in paths.items()}))
 def test_two_processes_download_once(tmp_path, monkeypatch):
     with serve_fixture(tmp_path, pause_s=1.0, pause_path="weights") as server:
         env = {**os.environ, "ELMO_JAX_MIRROR": server.url}
-        args = [sys.executable, "-c", CHILD, str(pathlib.Path(pretrained.__file__).parent),
+        args = [sys.executable, "-c", CHILD, str(pathlib.Path(registry.__file__).parents[1]),
                 str(pathlib.Path(__file__).parent)]
         procs = [subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for _ in range(2)]
@@ -223,9 +224,9 @@ def test_two_processes_download_once(tmp_path, monkeypatch):
 def test_unknown_model_lists_the_known_ones():
     with pytest.raises(PretrainedError, match="unknown model 'large'; known models: small, medium, original, "
                                               "original_5.5b, pubmed"):
-        pretrained.fetch("large")
+        registry.fetch("large")
     with pytest.raises(PretrainedError, match="pubmed: no 'softmax' file was released; it has options, weights"):
-        pretrained.fetch("pubmed", ("softmax",))
+        registry.fetch("pubmed", ("softmax",))
 
 
 def test_cache_under_a_regular_file(tmp_path, monkeypatch):
@@ -233,7 +234,7 @@ def test_cache_under_a_regular_file(tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "afile" / "models"))
     monkeypatch.setenv("ELMO_JAX_MIRROR", str(fixture_tree(tmp_path / "mirror")))
     with pytest.raises(PretrainedError, match="cache directory .*afile/models/original cannot be created") as e:
-        pretrained.fetch("original", progress=False)
+        registry.fetch("original", progress=False)
     assert "\n" not in str(e.value)
 
 
@@ -242,7 +243,7 @@ def test_404_mirror_is_refused(tmp_path, monkeypatch):
     with ModelServer(tmp_path / "empty") as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match=r"HTTP 404 .*original's " + OPTIONS):
-            pretrained.fetch("original", progress=False)
+            registry.fetch("original", progress=False)
     assert leftovers(tmp_path) == []
 
 
@@ -251,7 +252,7 @@ def test_html_page_mirror_is_refused(tmp_path, monkeypatch, page_type):
     with ModelServer(tmp_path, page=HTML_PAGE, page_type=page_type) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match="HTML page") as e:
-            pretrained.fetch("original", progress=False)
+            registry.fetch("original", progress=False)
     assert "\n" not in str(e.value)
     assert leftovers(tmp_path) == []
 
@@ -265,7 +266,7 @@ def test_models_command(tmp_path, monkeypatch, capsys):
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out
     assert f"cache: {tmp_path / 'cache'}" in out
-    for name in pretrained.MODELS:
+    for name in registry.MODELS:
         assert f"\n{name}: " in out
     assert "original_5.5b: 93.6M parameters; LSTM 4096/512, 2 highway layers; SRL F1 84.93" in out
     lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("  ")}

@@ -1,9 +1,10 @@
-"""elmo_jax.runtime: the compile cache for library users, and the unused-accelerator warning."""
+"""elmo_jax._util.runtime: the compile cache for library users, and the unused-accelerator warning."""
 
 import jax
 import pytest
 
-from elmo_jax import cli, runtime
+from elmo_jax._util import runtime
+from elmo_jax.cli import commands
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def test_enable_compile_cache_defaults_to_the_clis_directory(tmp_path, monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert runtime.default_compile_cache() == str(tmp_path / "cache" / "elmo_jax" / "xla")
     assert runtime.enable_compile_cache("none") is None and runtime.enable_compile_cache("") is None
-    assert cli.enable_compile_cache is runtime.enable_compile_cache  # the CLI uses the same one
+    assert commands.enable_compile_cache is runtime.enable_compile_cache  # the CLI uses the same one
 
 
 @pytest.fixture
@@ -83,10 +84,10 @@ def test_the_check_never_raises(machine, capsys):
 
 def test_the_cli_warns_for_commands_that_compute_only(monkeypatch, tmp_path, capsys):
     calls = []
-    monkeypatch.setattr(cli, "warn_if_accelerator_unused", lambda: calls.append(1))
-    assert cli.main(["eval", "--run-dir", str(tmp_path / "missing"), "--files", str(tmp_path / "x.txt")]) != 0
+    monkeypatch.setattr(commands, "warn_if_accelerator_unused", lambda: calls.append(1))
+    assert commands.main(["eval", "--run-dir", str(tmp_path / "missing"), "--files", str(tmp_path / "x.txt")]) != 0
     assert calls == [1]
-    assert cli.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
     assert calls == [1]
 
 

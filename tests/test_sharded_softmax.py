@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax.sharded_softmax import (ROW_MULTIPLE, LayoutError, RowLayout, SparseAdagrad, capacity_bucket,
+from elmo_jax.training.sharded_softmax import (ROW_MULTIPLE, LayoutError, RowLayout, SparseAdagrad, capacity_bucket,
                                       capacity_headroom, fetch_rows, plan_fetch, return_grads)
-from elmo_jax.softmax import sample_log_uniform_unique
+from elmo_jax.training.softmax import sample_log_uniform_unique
 
 
 def _log_uniform_draws(v: int, n: int, seed: int = 0) -> np.ndarray:

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import softmax
+from elmo_jax.training import softmax
 
 
 def np_log_uniform(k, vocab_size):

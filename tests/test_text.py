@@ -1,10 +1,10 @@
-"""Sentence splitting and tokenization rules (elmo_jax.text), and the bundled sample corpus."""
+"""Sentence splitting and tokenization rules (elmo_jax.text.tokenize), and the bundled sample corpus."""
 
 import pathlib
 
 import pytest
 
-from elmo_jax.text import format_sentence, normalize_text, split_sentences, tokenize, tokenize_text
+from elmo_jax.text.tokenize import format_sentence, normalize_text, split_sentences, tokenize, tokenize_text
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "elmo_jax" / "data" / "sample"
 

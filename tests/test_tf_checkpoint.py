@@ -1,4 +1,4 @@
-"""Reading bilm-tf's TensorFlow checkpoints without TensorFlow (elmo_jax.tf_checkpoint).
+"""Reading bilm-tf's TensorFlow checkpoints without TensorFlow (elmo_jax.compat.tf_checkpoint).
 
 The checkpoints in fixtures/tf_checkpoint/ were written by TensorFlow itself
 (fixtures/make_tf_checkpoint.py, which documents them); ``values.npz`` beside each holds what TF
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from elmo_jax import load_hdf5
-from elmo_jax import tf_checkpoint as tfc
+from elmo_jax.compat import tf_checkpoint as tfc
+from elmo_jax.compat.tf_checkpoint import TFCheckpoint, TFCheckpointError, bilm_tf_hdf5_name, read_bilm_tf
 from elmo_jax.config import Options
-from elmo_jax.tf_checkpoint import TFCheckpoint, TFCheckpointError, bilm_tf_hdf5_name, read_bilm_tf
 
 from helpers import FIXTURES
 

@@ -1,7 +1,7 @@
 """Training and evaluation against references written here from ELMO_SPEC sections 2, 3 and 7.
 
-- held-out perplexity (``pretrain.evaluate``) against a float64 numpy biLM, stream dealing and all;
-- the sparse softmax update of ``train.train_step`` against dense Adagrad on the full ``[V, P]``;
+- held-out perplexity (``evaluate``) against a float64 numpy biLM, stream dealing and all;
+- the sparse softmax update of ``train_step`` against dense Adagrad on the full ``[V, P]``;
 - the compiled train step holds no ``[V, P]`` temporary.
 
 The numpy code below re-derives the math from the spec; only char ids (``token_to_ids``) and the
@@ -16,14 +16,17 @@ import numpy as np
 import optax
 import pytest
 
-from elmo_jax import char_cnn, lstm, pretrain, train
-from elmo_jax.chars import Vocabulary, token_to_ids
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
-from elmo_jax.data import LMBatcher, TextFiles
-from elmo_jax.export import softmax_in_id_order, softmax_in_slot_order
-from elmo_jax.layout import BY_BACKEND
-from elmo_jax.sharded_softmax import RowLayout
-from elmo_jax.softmax import sampled_softmax_loss
+from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.layout import BY_BACKEND
+from elmo_jax.model.vocabulary import Vocabulary, token_to_ids
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.run_dir import softmax_in_id_order, softmax_in_slot_order
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.softmax import sampled_softmax_loss
+from elmo_jax.training.step import BATCH_KEYS, TrainState, init_state, prepare_batch, train_step
 
 MODEL = ModelConfig(
     char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, 4), (2, 4), (3, 8)), n_highway=1,
@@ -160,9 +163,9 @@ def word_ids(vocab_words: list[str]):
 
 @pytest.fixture(scope="module")
 def fresh_state():
-    """``train.init_state`` for MODEL and V words, 2 rows (host arrays, the softmax in id order)."""
+    """``init_state`` for MODEL and V words, 2 rows (host arrays, the softmax in id order)."""
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, n_negative_samples_batch=8)
-    state = jax.device_get(train.init_state(jax.random.PRNGKey(1), MODEL, tc))
+    state = jax.device_get(init_state(jax.random.PRNGKey(1), MODEL, tc))
     return {**softmax_in_id_order(state.shared(), LAYOUT), "lstm": state.lstm}
 
 
@@ -211,7 +214,7 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
     assert ref.clipped["cell"] > 0 and ref.clipped["proj"] > 0, ref.clipped  # both clips exercised
     fwd, bwd = sums[0] / counts[0], sums[1] / counts[1]
 
-    got = pretrain.evaluate(params, MODEL, vocab, source, batch_size=rows, unroll_steps=steps)
+    got = evaluate(params, MODEL, vocab, source, batch_size=rows, unroll_steps=steps)
     assert got["tokens"] == counts[0]
     assert got["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert got["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
@@ -220,7 +223,7 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
     # so that only the mask keeps them out), gives the same numbers.
     sm = params["softmax"]
     stored = {"w": LAYOUT.to_stored(sm["w"], fill=1.0), "b": LAYOUT.to_stored(sm["b"], fill=5.0)}
-    slot_order = pretrain.evaluate({**params, "softmax": stored}, MODEL, vocab, source, batch_size=rows,
+    slot_order = evaluate({**params, "softmax": stored}, MODEL, vocab, source, batch_size=rows,
                                    unroll_steps=steps, layout=LAYOUT)
     for k in ("perplexity_fwd", "perplexity_bwd"):
         assert slot_order[k] == pytest.approx(got[k], rel=1e-6)
@@ -250,7 +253,7 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     assert unks > 0 and kept.min() < count
 
     # batch_size 3 over 9 sentences of several lengths: padded positions and padding rows.
-    got = pretrain.evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True)
+    got = evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True)
     assert got["tokens"] == count
     assert got["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert got["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
@@ -258,7 +261,7 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     assert got["unk_rate"] == pytest.approx(unks / (2 * count))
     scored = np.ones(len(EVAL_VOCAB), bool)
     scored[list(skip)] = False
-    part = pretrain.evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True, scored=scored)
+    part = evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True, scored=scored)
     fwd, bwd = kept_sums / kept
     assert part["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert part["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
@@ -275,8 +278,8 @@ def test_evaluate_is_the_same_on_one_or_two_devices_in_any_block_size(eval_setup
     one = Mesh(np.array(jax.devices()[:1]), ("data",))
     two = Mesh(np.array(jax.devices()[:2]), ("data",))
     kw = dict(batch_size=3, unroll_steps=4, reset_state_per_sentence=reset)
-    a = pretrain.evaluate(params, MODEL, vocab, source, mesh=one, **kw)
-    b = pretrain.evaluate(params, MODEL, vocab, source, mesh=two, block=8, **kw)
+    a = evaluate(params, MODEL, vocab, source, mesh=one, **kw)
+    b = evaluate(params, MODEL, vocab, source, mesh=two, block=8, **kw)
     assert a["tokens"] == b["tokens"] > 0
     for k in ("perplexity_fwd", "perplexity_bwd"):
         assert b[k] == pytest.approx(a[k], rel=1e-6)
@@ -300,7 +303,7 @@ def _train_batch(tmp_path, tc: TrainConfig, step: int = 0):
     vocab = Vocabulary(TRAIN_WORDS)
     batcher = LMBatcher(TextFiles(str(tmp_path / "train.txt")), vocab, rows_per_device=tc.batch_size,
                         unroll_steps=tc.unroll_steps, max_chars=MODEL.char_cnn.max_characters_per_token, seed=3)
-    batch, _ = train.prepare_batch(batcher.next(), step=step, seed=5, train=tc, n_devices=1, fixed=True)
+    batch, _ = prepare_batch(batcher.next(), step=step, seed=5, train=tc, n_devices=1, fixed=True)
     return {k: jnp.asarray(v[0]) for k, v in batch.items()}  # device 0
 
 
@@ -332,7 +335,8 @@ def _reference_step(state, batch, tc: TrainConfig):
     return optax.apply_updates(params, updates), opt_state[0].sum_of_squares, norm, per_dir * n_pos, new_lstm
 
 
-@pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
+@pytest.mark.parametrize("layout", [None, pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow)],
+                         ids=["backend", "gpu-layout"])
 def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
     """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), run here."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
@@ -363,8 +367,8 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
         functools.partial(_reference_step, tc=tc))(state, batch)
     # The step works on the softmax in slot order (padding slots included); the reference in id order.
     stored = softmax_in_slot_order(jax.device_get({k: v for k, v in state.items() if k != "lstm"}), LAYOUT)
-    step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None, layout=layout))
-    new_stored, metrics = step(train.TrainState(**stored, lstm=state["lstm"]), batch)
+    step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None, layout=layout))
+    new_stored, metrics = step(TrainState(**stored, lstm=state["lstm"]), batch)
     new_stored, metrics = jax.device_get((new_stored, metrics))
     pad = ~LAYOUT.valid()
     for part, fill in (("params", 0.0), ("opt", 1.0)):  # padding slots: never touched
@@ -399,6 +403,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
 
 # -- 3. no dense [V, P] temporary ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_compiled_step_has_no_dense_softmax_temporary():
     v, p = 200_000, 16
     # The smallest model with P = 16: the question is the softmax, and compiles cost seconds here.
@@ -406,7 +411,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
                                                max_characters_per_token=10),
                         lstm=LSTMConfig(dim=16, projection_dim=p, n_layers=1, cell_clip=3.0, proj_clip=3.0))
     tc = TrainConfig(n_tokens_vocab=v, batch_size=2, unroll_steps=4, n_negative_samples_batch=64, dropout=0.1)
-    state = jax.eval_shape(lambda: train.init_state(jax.random.PRNGKey(0), model, tc))
+    state = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc))
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
     i32 = jnp.int32
     batch = {"chars": jax.ShapeDtypeStruct((64, c), i32), "inputs": jax.ShapeDtypeStruct((2, b, t), i32),
@@ -414,7 +419,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
              "starts": jax.ShapeDtypeStruct((2, b, t), bool), "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
              "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
              "cand_index": jax.ShapeDtypeStruct((2, s), i32), "target_index": jax.ShapeDtypeStruct((2, b, t), i32)}
-    step = jax.jit(functools.partial(train.train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
+    step = jax.jit(functools.partial(train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
     compiled = step.lower(state, batch).compile()
     dense = v * p * 4
     mem = compiled.memory_analysis()
@@ -449,7 +454,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
 
 # -- 5. zero-state starts in training ------------------------------------------------------------
 
-@pytest.mark.parametrize("prob", [0.0, 1.0])
+@pytest.mark.parametrize("prob", [pytest.param(0.0, marks=pytest.mark.slow), 1.0])
 def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
     """With ``reset_state_prob`` 1 every sentence start zeroes the carried state, so a window
     whose rows all open with a sentence does not depend on the state carried into it; with 0
@@ -461,13 +466,13 @@ def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
                      reset_state_prob=prob)
     batcher = LMBatcher(TextFiles(str(tmp_path / "text.txt")), vocab, rows_per_device=2, unroll_steps=5,
                         max_chars=MODEL.char_cnn.max_characters_per_token, seed=0)
-    host, _ = train.prepare_batch(batcher.next(), step=0, seed=0, train=tc, n_devices=1)
-    batch = {k: host[k][0] for k in train.BATCH_KEYS}
+    host, _ = prepare_batch(batcher.next(), step=0, seed=0, train=tc, n_devices=1)
+    batch = {k: host[k][0] for k in BATCH_KEYS}
     assert batch["starts"][:, :, 0].all()  # a fresh batcher's rows open with <S> (backward: </S>)
-    state = train.init_state(jax.random.PRNGKey(0), MODEL, tc)
+    state = init_state(jax.random.PRNGKey(0), MODEL, tc)
     rng = np.random.default_rng(0)
     carried = {k: jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32) for k, x in state.lstm.items()}
-    step = jax.jit(functools.partial(train.train_step, model=MODEL, train=tc, axis_name=None))
+    step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None))
     losses = [np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]])
               for m in (step(state, batch)[1], step(state.replace(lstm=carried), batch)[1])]
     if prob == 1.0:

@@ -1,4 +1,4 @@
-"""Vocabulary building (elmo_jax.vocab): counting, ordering, writing, the sidecar."""
+"""Vocabulary building (elmo_jax.text.vocab): counting, ordering, writing, the sidecar."""
 
 import collections
 import json
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from elmo_jax.chars import VocabError, Vocabulary
-from elmo_jax.data import DataError, TextFiles
-from elmo_jax.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+from elmo_jax.model.vocabulary import VocabError, Vocabulary
+from elmo_jax.text.sources import DataError, TextFiles
+from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 
 SPECIALS = ["<S>", "</S>", "<UNK>"]
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from elmo_jax import cli
-from elmo_jax.chars import Vocabulary
-from elmo_jax.checkpoint import CheckpointError
+from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import Options
-from elmo_jax.export import export_names, export_run, load_run, read_run
-from elmo_jax.vocab import build_vocab
-from elmo_jax.warmstart import NO_ACCUMULATORS_LEARNING_RATE, finetune_state, read_warmstart
-from elmo_jax.weights import WeightsError
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.vocab import build_vocab
+from elmo_jax.training.checkpoint import CheckpointError
+from elmo_jax.training.run_dir import export_names, export_run, load_run, read_run
+from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE, finetune_state, read_warmstart
 
 from helpers import FIXTURES
 from test_pretrain import TRAIN, trained_run  # noqa: F401  (a fixture: test_pretrain's short run)
@@ -69,6 +69,7 @@ def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
 
 
+@pytest.mark.slow
 def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run, released, tmp_path, capsys):
     """No --config, no --vocab: the source's biLM, its words plus the new text's, sorted by new counts."""
     _, options, vocab = trained_run
@@ -153,10 +154,11 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
 
 
+@pytest.mark.slow
 def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabulary(tmp_path):
     """bilm-tf's TF checkpoint (written by TensorFlow, read without it): weights, softmax rows and
     Adagrad slots carry over by word; the new text's words get fresh rows."""
-    from elmo_jax.tf_checkpoint import read_bilm_tf
+    from elmo_jax.compat.tf_checkpoint import read_bilm_tf
 
     ckpt = shutil.copytree(FIXTURES / "tf_checkpoint" / "single", tmp_path / "ckpt")
     old_words = ["<S>", "</S>", "<UNK>", *TRAIN_WORDS[:5], *[f"old{i}" for i in range(42)]]
@@ -181,7 +183,7 @@ def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabular
             np.testing.assert_array_equal(state["opt"]["softmax"]["w"][i], ref["accumulators"]["softmax"]["w"][j])
         else:
             assert (state["opt"]["softmax"]["w"][i] == 1.0).all()
-    from elmo_jax.warmstart import dense_accumulators
+    from elmo_jax.training.warmstart import dense_accumulators
     _same(dense_accumulators(state["opt"]["bilm"]), ref["accumulators"]["bilm"])
     assert load_run(str(out))[3] == 1
     # Without the vocabulary the softmax rows mean nothing: refused in one line.

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, load_hdf5, preset, save_hdf5
+from elmo_jax.compat.hdf5 import WeightsError, expected_datasets
 from elmo_jax.config import ConfigError, Options
-from elmo_jax.weights import WeightsError, expected_datasets
 
 from helpers import FIXTURES, model_files
 

@@ -1,0 +1,2 @@
+"""Small helpers with no elmo_jax imports: atomic writes (``atomic``), a background thread
+(``background``), the compile cache and platform checks (``runtime``), reading compiled HLO (``hlo``)."""

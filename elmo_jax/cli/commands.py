@@ -1,0 +1,654 @@
+"""The ``elmo-jax`` command line (also ``python -m elmo_jax``)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shlex
+import sys
+import warnings
+from importlib import resources
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from elmo_jax._util import background
+from elmo_jax._util.atomic import atomic_path
+from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
+from elmo_jax.compat.hdf5 import WeightsError
+from elmo_jax.config import ConfigError
+from elmo_jax.model.vocabulary import VocabError, utf8_lines
+from elmo_jax.pretrained.registry import PretrainedError
+from elmo_jax.text.sources import DataError
+from elmo_jax.training.checkpoint import CheckpointError
+
+# Errors that are the user's input, not our bug: one line, no traceback.
+USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, PretrainedError,
+               FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+DEMO_SENTENCES = [
+    "I ate an apple and a pear for lunch .",
+    "Apple released a new phone yesterday .",
+    "The apple pie was still warm .",
+]
+
+
+def bundled_model() -> tuple[str, str]:
+    """Paths of the bundled AllenNLP test biLM (options, weights)."""
+    data = resources.files("elmo_jax") / "data"
+    return str(data / "fixture_options.json"), str(data / "fixture_weights.hdf5")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from elmo_jax.compat.hdf5 import load_hdf5
+    from elmo_jax.model.bilm import bilm_apply
+    from elmo_jax.model.vocabulary import batch_to_ids
+
+    options, weights = (args.options, args.weights) if args.options else bundled_model()
+    config, params = load_hdf5(options, weights)
+    sentences = [s.split() for s in (args.sentence or DEMO_SENTENCES)]
+    layers, mask, _ = bilm_apply(params, config, batch_to_ids(sentences))
+    layers, mask = np.asarray(layers), np.asarray(mask)
+    print(f"model: {weights}")
+    print(f"  {config.lstm.n_layers} LSTM layers, dim {config.lstm.dim}, projection {config.lstm.projection_dim}; "
+          f"ELMo layers: {config.n_output_layers} x {config.output_dim}")
+    print(f"batch: {len(sentences)} sentences -> layers {list(layers.shape)}, mask {list(mask.shape)}")
+    for i, s in enumerate(sentences):
+        n = int(mask[i].sum())
+        norms = np.linalg.norm(layers[:, i, :n], axis=-1).mean(axis=1)
+        print(f"  [{i}] {n:2d} tokens  mean |layer| = {', '.join(f'{x:.3f}' for x in norms)}  {' '.join(s)}")
+    word = args.word
+    found = [(i, s.index(t)) for i, s in enumerate(sentences) for t in s if t.lower() == word][:8]
+    if len(found) >= 2:
+        print(f"cosine similarity of '{word}' across sentences (layer 0 is context-free: the same spelling always gives 1.000):")
+        for layer in range(layers.shape[0]):
+            v = np.stack([layers[layer, i, t] for i, t in found])
+            v = v / np.linalg.norm(v, axis=-1, keepdims=True)
+            sims = v @ v.T
+            pairs = [f"{a}-{b}: {sims[a, b]:.3f}" for a in range(len(found)) for b in range(a + 1, len(found))]
+            print(f"  layer {layer}: {', '.join(pairs)}")
+    if not args.options:
+        print("(the bundled model is AllenNLP's tiny test biLM: the numbers show the plumbing, not meaning)")
+
+
+def bundled_sample() -> tuple[str, str]:
+    """The bundled State of the Union sample: (train file, held-out file)."""
+    data = resources.files("elmo_jax") / "data" / "sample"
+    return str(data / "train.txt"), str(data / "heldout.txt")
+
+
+def cmd_vocab(args: argparse.Namespace) -> None:
+    from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.text.sources import open_source
+    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
+
+    files = open_source(args.train_files, args.tfds_data_dir)
+    counts, n_tokens, n_sentences = count_tokens(files)
+    extend = Vocabulary.load(args.extend).words if args.extend else None
+    words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
+    write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
+    print(f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
+          f"{n_tokens} tokens in {len(files)} shard(s)")
+
+
+def _training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
+                      reset_state_prob: float | None = None, model=None, learning_rate: float | None = None):
+    """Options for a run: ``--config`` (a preset or an options.json), or with ``config=None`` the
+    biLM ``model`` of an ``--init-from`` source with bilm-tf's training recipe."""
+    import dataclasses
+
+    from elmo_jax.config import PRESETS, Options, TrainConfig
+    from elmo_jax.training.loop import options_for_vocab
+
+    strict = config is not None and config not in PRESETS
+    if config is None:
+        options = Options(model=model, train=_recipe_train(len(vocab)))
+    elif config in PRESETS:
+        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
+    elif os.path.isfile(config):
+        options = Options.load(config)
+    else:
+        raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
+    for key, value in (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
+                       ("learning_rate", learning_rate)):
+        if value is not None:
+            options = dataclasses.replace(options, train=dataclasses.replace(
+                options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
+    return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
+
+
+def _config_sets(config: str | None, key: str) -> bool:
+    """Whether ``--config`` is an options.json that gives ``key`` itself (presets give no counts)."""
+    if config is None or not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return key in json.load(f)
+    except (OSError, ValueError):
+        return False  # Options.load reports a bad file with its own message
+
+
+def _tiny_train(n_tokens_vocab: int):
+    from elmo_jax.config import TrainConfig
+    # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 1025), batch_size=32, unroll_steps=20,
+                       n_negative_samples_batch=1024, n_epochs=1)
+
+
+def _recipe_train(n_tokens_vocab: int):
+    from elmo_jax.config import TrainConfig
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 8193))
+
+
+TRAIN_DEFAULTS = {"tiny": _tiny_train, "small": _recipe_train, "medium": _recipe_train, "original": _recipe_train}
+
+
+def _maybe_distributed(args: argparse.Namespace) -> None:
+    import jax
+
+    if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
+
+
+def deterministic_gpu_flags() -> None:
+    """Asks XLA for deterministic scatters on GPUs (a no-op elsewhere, and once a backend is up).
+
+    A train step sums the gradients of a row that is a target and a candidate, or a target twice,
+    with a scatter-add; on a GPU that uses atomics by default, so two runs could differ in the
+    last bits. Must be set before jax starts its backend."""
+    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
+    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    import jax
+    from etils import epath
+
+    from elmo_jax.config import saved_reset_state_prob
+    from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.text.sources import open_source, shard_for_process
+    from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+    from elmo_jax.training.loop import RunSettings, pretrain, saved_options
+
+    deterministic_gpu_flags()
+    train_files, heldout_files = args.train_files, args.heldout_files
+    if train_files is None:
+        train_files, sample_heldout = bundled_sample()
+        heldout_files = heldout_files or sample_heldout
+        print(f"no --train-files: training on the bundled sample {train_files}")
+    source = open_source(train_files, args.tfds_data_dir)
+    if args.num_processes:
+        # Before jax.distributed starts: once it has, a process that stops leaves the others to
+        # abort in the coordination service (a C++ stack trace) instead of printing this line.
+        shard_for_process(source, 0, args.num_processes)
+    _maybe_distributed(args)
+    warm = None
+    if args.init_from and not _has_checkpoint(args.run_dir):  # a resumed run continues from its own
+        from elmo_jax.training.warmstart import read_warmstart
+
+        warm = read_warmstart(args.init_from)
+    vocab_path = args.vocab
+    if vocab_path is None:
+        vocab_path = os.path.join(args.run_dir, "vocab.txt")
+        if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+            epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+            counts, n_tokens, n_sentences = count_tokens(source)
+            # Continuing a model: its words keep their softmax rows, the new text's words are added.
+            old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
+            write_vocab(build_vocab(counts, min_count=args.min_count, extend=old_words), vocab_path, n_tokens,
+                        n_sentences, [source.name(i) for i in range(len(source))])
+            extended = f", {len(old_words)} words of {args.init_from} included" if old_words else ""
+            print(f"no --vocab: wrote {vocab_path}{extended}")
+    vocab = Vocabulary.load(vocab_path)
+    meta = read_vocab_meta(vocab_path) or {}
+    n_train_tokens = args.n_train_tokens or meta.get("n_train_tokens")
+    if n_train_tokens is None and args.steps is None and not _config_sets(args.config, "n_train_tokens"):
+        # Without it --epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
+        raise ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and --config sets no "
+                          f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
+                          f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
+    config = args.config or (None if warm is not None else "tiny")
+    learning_rate = args.learning_rate
+    if (learning_rate is None and warm is not None and warm.bilm_acc is None
+            and not _config_sets(args.config, "learning_rate")):
+        from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
+
+        print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
+              f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
+    reset_state_prob = args.reset_state_prob
+    if reset_state_prob is None and not _config_sets(args.config, "reset_state_prob"):
+        # A resumed run keeps the recipe it started with (pretrain's start line names it).
+        saved = saved_options(args.run_dir)
+        if saved is not None:
+            reset_state_prob = saved_reset_state_prob(saved)
+    options = _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
+                                warm.model if warm is not None else None, learning_rate)
+    if args.prefetch < 0 or args.host_workers < 0:
+        raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
+    settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
+                           save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
+                           log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
+                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers)
+    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
+    init_state = None
+    if warm is not None:
+        from elmo_jax.training.warmstart import finetune_state
+
+        init_state = finetune_state(warm, options, vocab, seed=args.seed)
+    last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
+    if jax.process_index() == 0:
+        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+
+
+def _has_checkpoint(run_dir: str) -> bool:
+    from etils import epath
+
+    checkpoints = epath.Path(run_dir, "checkpoints")
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
+def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
+    """What to do with a trained run dir: ready-to-run commands (placeholders for the user's files)."""
+    run = shlex.quote(run_dir)
+    files = shlex.quote(heldout_files) if heldout_files else "heldout.txt"
+    if heldout_files and heldout_files.startswith("tfds:") and tfds_data_dir:
+        files += f" --tfds-data-dir {shlex.quote(tfds_data_dir)}"
+    return "\n".join([
+        "next:",
+        f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
+        f"  elmo-jax eval --run-dir {run} --files {files}   # full-softmax perplexity",
+        f"  elmo-jax export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
+    ])
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from elmo_jax.text.sources import open_source
+    from elmo_jax.training.evaluate import evaluate
+    from elmo_jax.training.run_dir import load_run
+
+    source = open_source(args.files, args.tfds_data_dir)
+    options, vocab, params, step = load_run(args.run_dir, args.step)
+    result = evaluate(params, options.model, vocab, source, args.batch_size, args.unroll_steps,
+                      reset_state_per_sentence=args.reset_state_per_sentence)
+    print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from elmo_jax.training.run_dir import export_run
+
+    paths = export_run(args.run_dir, args.out_dir, args.step, args.layout)
+    print("wrote " + ", ".join(paths))
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    import h5py
+
+    from elmo_jax._util.atomic import write_text_atomic
+    from elmo_jax.extract.embedder import Embedder, check_layers, shard_file, shard_manifest
+
+    if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
+        raise ConfigError("give one of --model, --run-dir, or --options with --weights")
+    sharded = args.num_shards is not None
+    if sharded and not (args.num_shards >= 1 and args.shard_index is not None
+                        and 0 <= args.shard_index < args.num_shards):
+        raise ConfigError(f"--num-shards {args.num_shards} needs --shard-index in 0..{args.num_shards - 1}")
+    if args.shard_index is not None and not sharded:
+        raise ConfigError("--shard-index needs --num-shards")
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise ConfigError(f"--batch-tokens must be 1 or more; got {args.batch_tokens}")
+    if args.window < 1 or args.ahead < 0:
+        raise ConfigError(f"--window must be 1 or more and --ahead 0 or more; got {args.window} and {args.ahead}")
+    if not os.path.isfile(args.input):
+        raise DataError(f"{args.input}: input file not found")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise DataError(f"{args.output}: the directory {out_dir} does not exist")
+    kw = dict(batch_tokens=args.batch_tokens, precision=_policy(args, "float32"))
+    if args.model:
+        embedder = Embedder.from_pretrained(args.model, **kw)
+    elif args.run_dir:
+        embedder = Embedder.from_checkpoint(args.run_dir, **kw)
+    else:
+        embedder = Embedder.from_hdf5(args.options, args.weights, **kw)
+    try:
+        layers = check_layers(args.layers, embedder.config.n_output_layers)
+    except ValueError as e:
+        raise ConfigError(f"--layers: {e}") from None
+    # This process embeds lines start, start + step, ... (0-based); unsharded: all of them.
+    start, step = (args.shard_index, args.num_shards) if sharded else (0, 1)
+    output = shard_file(args.output, start, step) if sharded else args.output
+    with open(args.input, "rb") as f:
+        total = sum(1 for _ in f)
+    mine = len(range(start, total, step))
+    if sharded:
+        try:  # a manifest says its shard is complete: a stale one must not outlive its file
+            os.unlink(output + ".json")
+        except FileNotFoundError:
+            pass
+    sentence_to_index: dict[str, str] = {}
+    counts = collections.Counter()
+    with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
+        from tqdm import tqdm
+        lines = (line.split() for n, line in utf8_lines(args.input, DataError) if (n - 1) % step == start)
+        lines = _remember(lines, sentence_to_index, args.sentence_to_index, start, step)
+        write = _pooled_rows(out, mine, embedder.config, layers, args.window) if args.pool else None
+
+        def store(item: tuple[int, np.ndarray]) -> None:
+            k, x = item
+            if write:
+                write(x)  # rows come in line order
+            else:
+                out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
+
+        # A background thread writes (an hdf5 dataset per line is host time: see
+        # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
+        with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar, \
+                warnings.catch_warnings(), background.calls(store, args.ahead * args.window) as submit:
+            # Pooled by embed (on the device); its empty-sentence warning per window gives way to
+            # one line at the end.
+            warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
+            for k, x in embedder.embed_stream(_count_empty(lines, counts), window=args.window, layers=layers,
+                                              pool=args.pool):
+                submit((k, x))
+                bar.update(1)
+        if write:
+            write(None)
+        if args.sentence_to_index:
+            out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
+    if sharded:
+        extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=args.pool,
+                     input=os.path.abspath(args.input))
+        write_text_atomic(output + ".json", json.dumps(shard_manifest(args.output, start, step, total,
+                                                                      bool(args.pool), **extra), indent=1) + "\n")
+    if args.pool and counts["empty"]:
+        print(f"elmo-jax embed: {counts['empty']} empty line(s) pooled to zero vectors", file=sys.stderr)
+    if total == 0:
+        print(f"elmo-jax embed: {args.input} is empty; wrote {output} with no datasets", file=sys.stderr)
+    elif sharded:
+        print(f"wrote {mine} of {total} lines (shard {start} of {step}) to {output} and {output}.json",
+              file=sys.stderr)
+    else:
+        print(f"wrote {total} sentences to {output}", file=sys.stderr)
+
+
+def _count_empty(lines: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[str]]:
+    for tokens in lines:
+        counts["empty"] += not tokens
+        yield tokens
+
+
+def _pooled_rows(out, n_rows: int, config, layers, window: int):
+    """``write(row)`` appends to dataset ``embeddings`` ``[n_rows, ...]`` float32 of ``out``, buffered
+    ``window`` rows at a time (an h5py write per row is slow); ``write(None)`` flushes."""
+    shape = (config.n_output_layers, config.output_dim) if isinstance(layers, str) and layers == "all" \
+        else (config.output_dim,)
+    ds = out.create_dataset("embeddings", shape=(n_rows, *shape), dtype=np.float32)
+    buf: list[np.ndarray] = []
+    done = 0
+
+    def write(row: np.ndarray | None) -> None:
+        nonlocal done
+        if row is not None:
+            buf.append(row)
+        if buf and (row is None or len(buf) >= window):
+            ds[done:done + len(buf)] = np.stack(buf)
+            done += len(buf)
+            buf.clear()
+    return write
+
+
+def _layers_arg(value: str):
+    if value in ("all", "top", "average"):
+        return value
+    try:
+        return tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected all, top, average or comma-separated weights") from None
+
+
+def _remember(lines, table: dict, enabled: bool, start: int = 0, step: int = 1):
+    for i, tokens in enumerate(lines):
+        if enabled:
+            table.setdefault(" ".join(tokens), str(start + i * step))
+        yield tokens
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    """Lists the released models and their cache state; or fetches one (--fetch), or rehashes the cache (--verify)."""
+    from elmo_jax.pretrained import registry
+
+    if args.fetch:
+        model = registry.get_model(args.fetch)
+        files = tuple(model.files) if args.all_files else registry.DEFAULT_FILES
+        paths = registry.fetch(model, files, cache_dir=args.cache_dir, progress=False if args.no_progress else None)
+        for role, path in paths.items():
+            print(f"{role}: {path}")
+        return
+    rows = registry.cache_status(args.cache_dir)
+    width = max(len(r.file) for r in rows)
+    print(f"cache: {registry.cache_root(args.cache_dir)}")
+    for model in registry.list_models():
+        print(f"\n{model.name}: {model.summary()}")
+        for r in (r for r in rows if r.model == model.name):
+            size = f"{r.size:,}" if r.size is not None else "?"
+            state = r.state if r.state in ("cached", "missing") else f"{r.state} ({r.on_disk:,} bytes)"
+            print(f"  {r.role:<10} {r.file:<{width}} {size:>13}  {state}")
+    if args.verify:
+        bad = 0
+        print()
+        for model in registry.list_models():
+            try:
+                hashes = registry.verify(model, cache_dir=args.cache_dir)
+            except PretrainedError as e:
+                bad += 1
+                print(f"{model.name}: FAILED: {e}")
+                continue
+            if hashes:
+                print(f"{model.name}: {len(hashes)} cached file(s) match their sha256")
+        if bad:
+            raise PretrainedError(f"{bad} model(s) failed verification")
+    else:
+        print("\nelmo-jax models --fetch NAME downloads a model (--all-files: softmax, vocab, checkpoint too); "
+              "--verify rechecks the cached files' sha256")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
+    p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR",
+                   help="persistent XLA compilation cache ('none': off; default: %(default)s, "
+                        "or $ELMO_JAX_COMPILE_CACHE)")
+    sub = p.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="embed a few sentences with the bundled test model and print the result")
+    demo.add_argument("--options", help="bilm-tf options.json (default: the bundled test model)")
+    demo.add_argument("--weights", help="bilm-tf weights hdf5 (with --options)")
+    demo.add_argument("--sentence", action="append", help="a whitespace-tokenized sentence (repeatable)")
+    demo.add_argument("--word", default="apple", help="word whose vectors to compare across sentences")
+    demo.set_defaults(func=cmd_demo)
+
+    vocab = sub.add_parser("vocab", help="count words in training text and write an LM vocabulary")
+    vocab.add_argument("--train-files", required=True, help="glob of text shards, one tokenized sentence per line")
+    vocab.add_argument("--out", required=True, help="vocabulary file to write (a .json sidecar records counts)")
+    vocab.add_argument("--min-count", type=int, default=1)
+    vocab.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT")
+    vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
+    vocab.add_argument("--extend", metavar="VOCAB", help="keep every word of this vocabulary (continued pretraining: "
+                                                         "their softmax rows carry over); all sorted by the new counts")
+    vocab.set_defaults(func=cmd_vocab)
+
+    tr = sub.add_parser("train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample")
+    tr.add_argument("--config", help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
+                                      "tiny, or with --init-from the source's biLM and bilm-tf's recipe)")
+    tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
+    tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
+    tr.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT (ArrayRecord)")
+    tr.add_argument("--vocab", help="LM vocabulary (default: built from --train-files into the run dir)")
+    tr.add_argument("--run-dir", default="runs/tiny-sample", help="checkpoints, metrics.jsonl, options, vocab")
+    stop = tr.add_mutually_exclusive_group()
+    stop.add_argument("--steps", type=int, help="train until this global step")
+    stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
+    tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
+    tr.add_argument("--n-train-tokens", type=int, metavar="N",
+                    help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
+                         "vocab.txt.json sidecar, written by elmo-jax vocab)")
+    tr.add_argument("--reset-state-prob", type=float, metavar="P",
+                    help="chance that a row's LSTM state is zeroed at a sentence start, so the biLM learns the zero "
+                         "state extraction starts from (default: the --config file's reset_state_prob, else 0.1; a "
+                         "resumed run keeps its own). 0 is bilm-tf's recipe exactly; see experiments/README.md")
+    tr.add_argument("--learning-rate", type=float, metavar="LR",
+                    help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
+                         "has no optimizer state)")
+    tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
+    tr.add_argument("--init-from", metavar="SOURCE",
+                    help="continue pretraining another model: a released model's name (see elmo-jax models), a "
+                         "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
+                         "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
+                         "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
+                         "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
+                         "holds a checkpoint")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--save-every", type=int, default=500)
+    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    tr.add_argument("--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)")
+    tr.add_argument("--log-every", type=int, default=10)
+    _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
+    tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
+    tr.add_argument("--prefetch", type=int, default=2, metavar="N", help="host batches built ahead in a thread (0: off)")
+    tr.add_argument("--host-workers", type=int, default=0, metavar="N",
+                    help="processes that draw the sampled candidates ahead (0: drawn with each batch)")
+    tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
+    tr.add_argument("--num-processes", type=int)
+    tr.add_argument("--process-id", type=int)
+    tr.add_argument("--heartbeat-timeout", type=int, default=100, metavar="SECONDS",
+                    help="multi-host: a process silent this long is taken for dead and every process stops "
+                         "(jax.distributed's heartbeat timeout)")
+    tr.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on held-out text (one JSON line)")
+    ev.add_argument("--run-dir", required=True)
+    ev.add_argument("--files", required=True, help="glob of text files, or tfds:NAME/SPLIT as for train")
+    ev.add_argument("--tfds-data-dir", help="tfds data dir, for --files tfds:NAME/SPLIT")
+    ev.add_argument("--step", type=int)
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--unroll-steps", type=int, default=20)
+    ev.add_argument("--reset-state-per-sentence", action="store_true",
+                    help="every sentence alone from zero state (to compare with models that cannot carry context)")
+    ev.set_defaults(func=cmd_eval)
+
+    em = sub.add_parser("embed", help="ELMo layers of every line of a file into hdf5 (bilm-tf's dump format)")
+    em.add_argument("--model", help="a released model, downloaded once into the cache (see elmo-jax models)")
+    em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
+    em.add_argument("--options", help="bilm-tf options.json (with --weights)")
+    em.add_argument("--weights", help="bilm-tf weights hdf5")
+    em.add_argument("--input", required=True, help="UTF-8 text, one whitespace-tokenized sentence per line")
+    em.add_argument("--output", required=True,
+                    help="hdf5 to write: dataset 'i' for line i (0-based); with --pool one dataset 'embeddings', "
+                         "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
+                         "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
+                         "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
+                         "elmo_jax.extract.embedder.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order")
+    em.add_argument("--layers", type=_layers_arg, default="all", metavar="{all,top,average,W0,W1,...}",
+                    help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
+                         "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]")
+    em.add_argument("--pool", choices=["mean", "max"],
+                    help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings' "
+                         "[n_lines, 2P], or [n_lines, n_layers+1, 2P] with --layers all")
+    em.add_argument("--num-shards", type=int, metavar="N",
+                    help="split the work over N independent processes: this one embeds the lines i with "
+                         "i %% N == --shard-index into its own file (see --output)")
+    em.add_argument("--shard-index", type=int, metavar="I", help="this process's shard, 0..N-1 (with --num-shards)")
+    em.add_argument("--batch-tokens", type=int, default=None,
+                    help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)")
+    em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
+    em.add_argument("--ahead", type=int, default=1,
+                    help="windows the embedding may run ahead of the writes, which a background thread "
+                         "does (default 1; 0: written in the loop; each costs a window's memory)")
+    _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
+    em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
+    em.add_argument("--no-progress", action="store_true")
+    em.set_defaults(func=cmd_embed)
+
+    ex = sub.add_parser("export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt")
+    ex.add_argument("--run-dir", required=True)
+    ex.add_argument("--out-dir", required=True)
+    ex.add_argument("--step", type=int)
+    ex.add_argument("--layout", choices=["elmo_jax", "released"], default="elmo_jax",
+                    help="file names: options.json, weights.hdf5, softmax.hdf5, vocab.txt; or AllenNLP's released "
+                         "ones (elmo_<shape>_options.json, elmo_<shape>_weights.hdf5, "
+                         "elmo_<shape>_softmax_weights.hdf5, vocab-<shape>.txt)")
+    ex.set_defaults(func=cmd_export)
+
+    mo = sub.add_parser("models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify")
+    mo.add_argument("--fetch", metavar="NAME", help="download a model's options and weights into the cache")
+    mo.add_argument("--all-files", action="store_true", help="with --fetch: also softmax, vocab and TF checkpoint")
+    mo.add_argument("--verify", action="store_true", help="recompute the sha256 of every cached file")
+    mo.add_argument("--cache-dir", help="the model cache (default: $ELMO_JAX_HOME, else ~/.cache/elmo_jax/models)")
+    mo.add_argument("--no-progress", action="store_true")
+    # No XLA compile cache: setting it up would import jax, which listing models never needs.
+    mo.set_defaults(func=cmd_models, compile_cache="none")
+    return p
+
+
+def _add_precision(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--precision", choices=["float32", "tf32", "bfloat16"],
+                        help=f"matmul precision (elmo_jax.policy; tf32: GPUs only); {default}")
+
+
+def _policy(args, default: str | None) -> str | None:
+    """The --precision policy (``default`` when not given; None: the library's own default),
+    checked against this backend."""
+    from elmo_jax import policy
+
+    name = args.precision or default
+    if name is not None:
+        try:
+            policy.check(name)
+        except ValueError as e:
+            raise ConfigError(f"--precision: {e}") from None
+    return name
+
+
+# The commands that run JAX programs: a GPU or TPU left unused is worth a warning for these.
+COMPUTE_COMMANDS = ("train", "eval", "embed", "demo", "export")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("demo", "embed") and args.options and not args.weights:
+        parser.error("--options needs --weights")
+    if args.command in COMPUTE_COMMANDS:
+        warn_if_accelerator_unused()
+    try:
+        enable_compile_cache(args.compile_cache)
+        args.func(args)
+    except USER_ERRORS as e:
+        print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
+        if argv is None and args.command == "embed":
+            # Run as the program, with its partial output already removed: leave without the
+            # interpreter's teardown, in which XLA can crash (SIGSEGV)
+            # when Ctrl-C landed while a program compiled. (train saves and returns on a signal.)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        return 130
+    except Exception as e:
+        from elmo_jax.training.loop import PeerFailed
+
+        if not isinstance(e, PeerFailed):
+            raise
+        print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""bilm-tf / AllenNLP weight files: ``options.json`` + ``weights.hdf5`` (ELMO_SPEC section 4).
+
+The layout written is the one AllenNLP reads and bilm-tf's ``dump_weights`` writes: a 261-row
+``char_embed`` (no padding row), ``CNN_proj`` always present, LSTM ``W_0``/``B``/``W_P_0`` per
+direction and layer, float32 everywhere, no stored forget bias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+import h5py
+import jax
+import numpy as np
+
+from elmo_jax._util.atomic import atomic_path
+from elmo_jax.config import ModelConfig, Options
+
+
+class WeightsError(ValueError):
+    """A weight file does not hold what its options describe."""
+
+
+def _lstm_prefix(direction: int, layer: int) -> str:
+    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+
+
+def expected_datasets(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Dataset name -> shape of a bilm-tf weight file for ``config`` (``char_embed``: 261 rows)."""
+    c, l = config.char_cnn, config.lstm
+    f, p, d = c.n_filters, l.projection_dim, l.dim
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (261, c.embedding_dim)}
+    for i, (w, n) in enumerate(c.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)
+        shapes[f"CNN/b_cnn_{i}"] = (n,)
+    for k in range(c.n_highway):
+        for name, shape in (("W_carry", (f, f)), ("W_transform", (f, f)), ("b_carry", (f,)), ("b_transform", (f,))):
+            shapes[f"CNN_high_{k}/{name}"] = shape
+    shapes["CNN_proj/W_proj"] = (f, p)
+    shapes["CNN_proj/b_proj"] = (p,)
+    for direction in range(2):
+        for layer in range(l.n_layers):
+            pre = _lstm_prefix(direction, layer)
+            shapes[f"{pre}/W_0"] = (p + p, 4 * d)
+            shapes[f"{pre}/B"] = (4 * d,)
+            shapes[f"{pre}/W_P_0"] = (d, p)
+    return shapes
+
+
+def _read(f: h5py.File, path: str, name: str, shape: tuple[int, ...], hint: str) -> np.ndarray:
+    if name not in f:
+        raise WeightsError(f"{path}: missing dataset '{name}' (expected shape {shape} float32){hint}")
+    ds = f[name]
+    if not isinstance(ds, h5py.Dataset):
+        raise WeightsError(f"{path}: '{name}' is a group, expected a dataset of shape {shape} float32")
+    if ds.shape != shape:
+        raise WeightsError(f"{path}: dataset '{name}' has shape {ds.shape}, expected {shape}{hint}")
+    if ds.dtype != np.float32:
+        raise WeightsError(f"{path}: dataset '{name}' has dtype {ds.dtype}, expected float32")
+    return np.asarray(ds[...])
+
+
+def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+    """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves.
+
+    ``char_embed`` may have 261 rows (bilm-tf's file; a zero padding row is put in front) or 262.
+    A missing ``CNN_proj`` is read as the identity when bilm-tf would have had none
+    (``n_filters == projection_dim``).
+    """
+    config = Options.load(options_path).model
+    path = os.fspath(weights_path)
+    hint = f" (per the options in {os.fspath(options_path)})"
+    shapes = expected_datasets(config)
+    c, l = config.char_cnn, config.lstm
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: weight file not found") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: not a readable HDF5 file ({e})") from None
+    with f:
+        extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)
+        if extra_highway in f:
+            raise WeightsError(f"{path}: has '{extra_highway}' but the options say n_highway {c.n_highway}{hint}")
+        if extra_layer in f:
+            raise WeightsError(f"{path}: has '{extra_layer}' but the options say n_layers {l.n_layers}{hint}")
+
+        def get(name: str) -> np.ndarray | None:
+            if name == "char_embed" and "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
+                return _read(f, path, name, (262, c.embedding_dim), hint)
+            if name.startswith("CNN_proj/") and "CNN_proj" not in f and c.n_filters == l.projection_dim:
+                return None
+            return _read(f, path, name, shapes[name], hint)
+
+        params = params_from_datasets(config, get)
+    if c.n_characters == 261:
+        # Inference always uses the shifted ids; the file's options only say how it was trained.
+        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
+    return config, params
+
+
+def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | None], pad: float = 0.0) -> dict:
+    """bilm-tf's tensors by hdf5 name (``get``; ``expected_datasets`` gives the names and shapes)
+    -> the params tree, for weight files and TF checkpoints alike. ``pad``: the padding row of
+    ``char_embed`` (0 for weights, Adagrad's 1.0 for its slots), put in front of a 261-row one;
+    ``get`` returns None for a ``CNN_proj`` bilm-tf did not build (n_filters == projection_dim),
+    read as the identity for weights and ``pad`` for slots."""
+
+    c, l = config.char_cnn, config.lstm
+    char_embed = np.asarray(get("char_embed"), np.float32)
+    if char_embed.shape[0] == 261:
+        char_embed = np.concatenate([np.full((1, c.embedding_dim), pad, np.float32), char_embed])
+    else:
+        char_embed = char_embed.copy()
+        char_embed[0] = pad
+    conv = [{"w": np.array(get(f"CNN/W_cnn_{i}")[0]), "b": np.array(get(f"CNN/b_cnn_{i}"))}
+            for i in range(len(c.filters))]
+    highway = []
+    for k in range(c.n_highway):
+        r = {n: get(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
+        highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
+                        "b": np.concatenate([r["b_carry"], r["b_transform"]])})
+    w_proj = get("CNN_proj/W_proj")
+    if w_proj is None:
+        eye = np.eye(c.n_filters, dtype=np.float32)
+        proj = {"w": eye if pad == 0 else np.full_like(eye, pad), "b": np.full(l.projection_dim, pad, np.float32)}
+    else:
+        proj = {"w": np.array(w_proj), "b": np.array(get("CNN_proj/b_proj"))}
+    layers = []
+    p = l.projection_dim
+    for layer in range(l.n_layers):
+        w0 = np.stack([get(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
+        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:],
+                       "b": np.stack([get(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
+                       "w_proj": np.stack([get(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
+    return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
+            "lstm": layers}
+
+
+def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    """Params -> bilm-tf dataset name -> float32 array (the layout ``expected_datasets`` gives)."""
+    c = config.char_cnn
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+    cp = params["char_cnn"]
+    f = c.n_filters
+    out = {"char_embed": cp["char_embed"][-261:]}
+    for i, layer in enumerate(cp["conv"]):
+        out[f"CNN/W_cnn_{i}"] = layer["w"][None]
+        out[f"CNN/b_cnn_{i}"] = layer["b"]
+    for k, layer in enumerate(cp["highway"]):
+        out[f"CNN_high_{k}/W_carry"], out[f"CNN_high_{k}/W_transform"] = layer["w"][:, :f], layer["w"][:, f:]
+        out[f"CNN_high_{k}/b_carry"], out[f"CNN_high_{k}/b_transform"] = layer["b"][:f], layer["b"][f:]
+    out["CNN_proj/W_proj"], out["CNN_proj/b_proj"] = cp["proj"]["w"], cp["proj"]["b"]
+    for layer, lp in enumerate(params["lstm"]):
+        for direction in range(2):
+            pre = _lstm_prefix(direction, layer)
+            out[f"{pre}/W_0"] = np.concatenate([lp["w_x"][direction], lp["w_h"][direction]])
+            out[f"{pre}/B"] = lp["b"][direction]
+            out[f"{pre}/W_P_0"] = lp["w_proj"][direction]
+    expected = expected_datasets(config)
+    if set(out) != set(expected):
+        raise WeightsError(f"params do not fit the config: missing {sorted(set(expected) - set(out))}, "
+                           f"unexpected {sorted(set(out) - set(expected))}")
+    for name, arr in out.items():
+        if arr.shape != expected[name]:
+            raise WeightsError(f"params do not fit the config: '{name}' has shape {arr.shape}, expected {expected[name]}")
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | os.PathLike,
+              weights_path: str | os.PathLike) -> None:
+    """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically."""
+    options = config if isinstance(config, Options) else Options(model=config)
+    datasets = to_datasets(options.model, params)
+    with atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
+        for name, arr in datasets.items():
+            f.create_dataset(name, data=arr)
+    options.save(options_path, n_characters=262)
+

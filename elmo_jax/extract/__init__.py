@@ -1,0 +1,1 @@
+"""ELMo vectors from a trained biLM: ``embedder.Embedder`` and its output files."""

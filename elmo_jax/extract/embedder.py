@@ -1,0 +1,894 @@
+"""Embedding extraction: ELMo layers for many sentences, fast and deterministic.
+
+``Embedder.embed(sentences)`` returns, in input order, one ``[n_layers + 1, n_tokens, 2P]``
+float32 array per sentence. By default it is stateless, so a sentence gets the same vectors
+whatever else is in the call. Under it:
+
+- each distinct word of a call is encoded by the char CNN once (``dedup``), in blocks of words of
+  similar length, each block over only the char columns it needs (``char_cnn.trim_char_ids``);
+- words of an optional token cache skip the char CNN altogether; other words fall back to it;
+- sentences are packed end to end into rows (``Packing``: longest first, each into the row
+  that is shortest so far), each starting from zero state, and the biLSTM runs over the rows a
+  fixed number of steps per call (``elmo_jax.model.layout``: ``extract_steps``), its state carried from
+  call to call. A large job thus compiles one biLSTM program, pads only the ends of its rows,
+  and takes about ``total steps / rows`` sequential steps (or its longest sentence's), however its
+  lengths are spread;
+- char-CNN blocks are spread over the local devices, a group of up to n of them stacked into
+  ``[n, ...]`` and split over a ``Mesh`` of the devices by ``shard_map``; the packed rows are
+  split the same way (the params live replicated on every device).
+
+The call's token vectors go to the device once, as a table padded to a row bucket; each biLSTM
+call's steps' vectors are gathered from it on the device, by a small program of its own, so the
+table's size never recompiles the biLSTM.
+
+``embed_tokens`` composes the same pure functions for use inside ``jit``. ``stateful=True`` keeps
+bilm-tf/AllenNLP's behaviour instead: row i of each call continues from row i's state of the
+previous call (no reordering, splitting or device spreading), until ``reset()``.
+
+``embed_texts`` takes raw strings, ``layers`` and ``pool`` pick and pool layers (``select_layers``,
+``pool_tokens``: pure functions; stateless, a mix of layers is computed on the device, so the
+host receives and keeps only that layer, and so is a pool, so it receives one sum or max per piece
+of a sentence that a call runs, ``Packing.pieces``), ``hub_outputs`` gives TF-Hub's ELMo
+outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax embed`` run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import glob
+import heapq
+import json
+import math
+import os
+import warnings
+from typing import Callable, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elmo_jax import policy
+from elmo_jax.compat.hdf5 import load_hdf5
+from elmo_jax.config import ModelConfig
+from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.bilm import bilm_from_tokens, marker_vectors
+from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
+from elmo_jax.training.batches import bucket_size
+
+Precision = jax.lax.Precision | str | None
+Layers = str | Sequence[float]  # "all", "top", "average", or one weight per ELMo layer
+Tokenizer = Callable[[str], Sequence[str]]
+
+_EMBED_HINT = "use embed_texts() for raw text, or str.split()"
+
+
+# -- layer choice, pooling, raw text: pure functions, shared by Embedder and the CLI -------------
+def check_layers(layers: Layers, n_output_layers: int) -> str | np.ndarray:
+    """``layers`` validated: the name, or the weights as ``[n_output_layers] float32``."""
+    if isinstance(layers, str):
+        if layers not in ("all", "top", "average"):
+            raise ValueError(f"layers={layers!r}: expected 'all', 'top', 'average' or {n_output_layers} weights")
+        return layers
+    weights = np.asarray(layers, np.float32)
+    if weights.shape != (n_output_layers,):
+        raise ValueError(f"layers: expected {n_output_layers} weights (one per ELMo layer), got shape "
+                         f"{list(weights.shape)}")
+    return weights
+
+
+def select_layers(x: np.ndarray, layers: Layers = "all") -> np.ndarray:
+    """One sentence's ``[n_layers + 1, n_tokens, 2P]`` float32 ->
+
+    - ``"all"``: unchanged;
+    - ``"top"``: ``[n_tokens, 2P]``, the last layer;
+    - ``"average"``: ``[n_tokens, 2P]``, the mean of the layers;
+    - weights ``w`` (``n_layers + 1`` floats): ``[n_tokens, 2P]``, ``sum_k w[k] * x[k]``. The
+      weights are used as given: not normalised, no softmax, no gamma (``[1/3] * 3`` is
+      ``"average"``; for AllenNLP's scalar mix pass ``gamma * softmax(s)``).
+    """
+    if isinstance(layers, str):
+        if layers == "all":
+            return x
+        return x[-1].copy() if layers == "top" else x.mean(axis=0)  # a view would keep every layer alive
+    return np.tensordot(np.asarray(layers, np.float32), x, axes=1)
+
+
+def mix_weights(layers: str | np.ndarray, n_output_layers: int) -> np.ndarray | None:
+    """``check_layers``' result as the weights ``select_layers`` applies (None: ``"all"``)."""
+    if isinstance(layers, str):
+        if layers == "all":
+            return None
+        return np.eye(n_output_layers, dtype=np.float32)[-1] if layers == "top" else \
+            np.full(n_output_layers, 1 / n_output_layers, np.float32)
+    return layers
+
+
+def check_pool(pool: str | None) -> None:
+    if pool not in (None, "mean", "max"):
+        raise ValueError(f"pool={pool!r}: expected None, 'mean' or 'max'")
+
+
+def pool_tokens(x: np.ndarray, pool: str | None = None) -> np.ndarray:
+    """Pools the token axis (the second last) of one sentence: ``[..., n_tokens, D]`` -> ``[..., D]``.
+
+    ``"mean"`` or ``"max"`` over the sentence's tokens (the arrays have no padding); an empty
+    sentence gives zeros. ``None``: unchanged.
+    """
+    check_pool(pool)
+    if pool is None:
+        return x
+    if x.shape[-2] == 0:
+        return np.zeros(x.shape[:-2] + x.shape[-1:], x.dtype)
+    return x.mean(axis=-2) if pool == "mean" else x.max(axis=-2)
+
+
+def _warn_empty(n: int) -> None:
+    if n:
+        warnings.warn(f"{n} empty sentence(s) pooled to zero vectors", stacklevel=3)
+
+
+def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
+    """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
+    ``elmo_jax.text.tokenize.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
+    if isinstance(texts, str):
+        raise TypeError("texts is one str; expected a list of strings (one sentence each)")
+    if tokenizer is None:
+        from elmo_jax.text.tokenize import tokenize as tokenizer
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} has type {type(text).__name__}; expected a str "
+                            f"(for tokenized sentences use embed())")
+        tokens = tokenizer(text)
+        if isinstance(tokens, str):
+            raise TypeError(f"the tokenizer returned a str for text {i}; it must return a list of tokens")
+        out.append(list(tokens))
+    return out
+
+
+def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_index: jax.Array, lengths: jax.Array,
+                 cache: jax.Array | None = None, cache_index: jax.Array | None = None, state: dict | None = None,
+                 precision: Precision = "highest", dtype=jnp.float32) -> tuple[jax.Array, dict]:
+    """ELMo layers from a batch's distinct words.
+
+    Args:
+      chars: ``[U, C] int32`` char ids of the words to encode with the char CNN.
+      token_index: ``[B, T] int32`` each token's row in ``concat(cache[cache_index], cnn(chars))``.
+      lengths: ``[B] int32`` tokens per row (left-aligned; the rest is padding).
+      cache, cache_index: optional ``[W, P]`` precomputed token vectors and ``[K]`` rows of it
+        used by this batch (placed before the CNN-encoded words).
+      state: bilm-tf state to continue from, or None (stateless).
+
+    Returns:
+      (``[n_layers + 1, B, T, 2P]`` float32, exactly 0 at padding; the new state).
+    """
+    vectors = char_cnn.apply(params["char_cnn"], config, chars, precision, dtype)
+    if cache is not None:
+        vectors = jnp.concatenate([cache[cache_index], vectors])
+    tokens = vectors[token_index]
+    layers, _, new_state = bilm_from_tokens(params, config, tokens, lengths, state, False, precision, dtype)
+    return layers, new_state
+
+
+def _length_bucket(n: int) -> int:
+    """The padded time axis for sentences of up to ``n`` tokens (markers not counted).
+
+    The biLSTM runs ``time + 2`` steps (``<S>``, ``</S>``), so it is that count that is
+    rounded: to multiples of 4 up to 32, of 8 up to 64, then steps of about 1.25x. Every padded
+    step is a full step of the sequential LSTM, so short sentences get fine buckets.
+    """
+    steps = n + 2
+    if steps <= 32:
+        steps = max(4, -(-steps // 4) * 4)
+    elif steps <= 64:
+        steps = -(-steps // 8) * 8
+    else:
+        steps = int(64 * 1.25 ** math.ceil(math.log(steps / 64, 1.25)) // 8 * 8 + 8)
+    return steps - 2
+
+
+def _batch_rows(n: int) -> int:
+    """Sentence rows of a batch: 1, 2, 4, 8, then powers of 2 and 1.5x powers of 2 (12, 16, 24, ...)."""
+    if n <= 8:
+        return 1 << max(n - 1, 0).bit_length()
+    p = 1 << (n - 1).bit_length()
+    return 3 * p // 4 if 3 * p // 4 >= n else p
+
+
+def _rows_within(n: int) -> int:
+    """The largest ``_batch_rows`` value not above ``n`` (at least 1)."""
+    if n < 12:
+        return 1 << max(n.bit_length() - 1, 0)
+    p = 1 << (n.bit_length() - 1)
+    return 3 * p // 2 if 3 * p // 2 <= n else p
+
+
+def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Longest first, each item into the row that is shortest so far (LPT scheduling: no row is
+    longer than the mean plus the longest item). ``steps`` of 0 take no room.
+
+    Returns each item's row and first step, and the longest row's steps.
+    """
+    load = np.zeros(rows, np.int64)
+    row, start = np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64)
+    heap = [(0, r) for r in range(rows)]
+    for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
+        if steps[i]:
+            at, r = heapq.heappop(heap)
+            row[i], start[i], load[r] = r, at, at + steps[i]
+            heapq.heappush(heap, (load[r], r))
+    return row, start, int(load.max(initial=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Sentences laid end to end in ``rows`` streams, run ``steps`` at a time in ``calls`` calls.
+
+    Sentence i (``length[i]`` tokens, ``+ 2`` steps with its markers; 0: not run) takes steps
+    ``start[i]`` .. of row ``row[i]``. The
+    backward stream holds each sentence reversed in the same place, so both directions restart at
+    the same steps and a row's padding is only at its end.
+    """
+
+    rows: int
+    steps: int
+    calls: int
+    row: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    def streams(self, token_rows: Sequence[np.ndarray], bos: int, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``index [2, rows, T]`` int32 (table rows of the forward and backward streams), ``mask``
+        and ``starts`` ``[rows, T]`` bool (a step of a sentence; its first step), ``T = calls x steps``."""
+        shape = (self.rows, self.calls * self.steps)
+        index, mask, starts = np.zeros((2,) + shape, np.int32), np.zeros(shape, bool), np.zeros(shape, bool)
+        for ids, r, s in zip(token_rows, self.row, self.start):
+            n = len(ids)
+            if n:
+                index[0, r, s], index[0, r, s + 1:s + n + 1], index[0, r, s + n + 1] = bos, ids, eos
+                index[1, r, s], index[1, r, s + 1:s + n + 1], index[1, r, s + n + 1] = eos, ids[::-1], bos
+                mask[r, s:s + n + 2] = True
+                starts[r, s] = True
+        return index, mask, starts
+
+    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray) -> None:
+        """Copies call ``call``'s outputs ``ys [L, 2, rows, steps, P]`` into the last ``L`` layers of
+        the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order."""
+        lo, hi = call * self.steps, (call + 1) * self.steps
+        first = out[0].shape[0] - ys.shape[0] if out else 0
+        p = ys.shape[-1]
+        # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
+        for i in np.flatnonzero((self.start + 1 < hi) & (self.start + self.length + 1 > lo) & (self.length > 0)):
+            n, r, s = self.length[i], self.row[i], self.start[i]
+            a, b = max(s + 1, lo), min(s + n + 1, hi)
+            if a < b:
+                out[i][first:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
+                out[i][first:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
+
+    def pieces(self, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+        """For pooling on the device: the part of a sentence's tokens that one call runs is a piece.
+
+        Returns ``segment [rows, calls x steps]`` int32, each token step's piece, numbered within its
+        call and device from 0 (-1: a marker or padding step), and ``owner [calls, n_devices x S]``
+        int64, the sentence of device d's piece j at ``d x S + j`` (-1: none). ``S``, the pieces a
+        call and device may hold, is a row bucket, so that jobs share a few program shapes.
+        """
+        k, per_device = self.steps, self.rows // n_devices
+        sent = np.flatnonzero(self.length > 0)
+        first = self.start[sent] + 1  # token j of a sentence is step start + 1 + j in both streams
+        end = first + self.length[sent]
+        c0, c1 = first // k, (end - 1) // k
+        count = c1 - c0 + 1
+        i = np.repeat(sent, count)
+        call = np.repeat(c0, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        group = call * n_devices + self.row[i] // per_device
+        order = np.argsort(group, kind="stable")
+        sizes = np.bincount(group, minlength=self.calls * n_devices)
+        local = np.empty(len(i), np.int64)
+        local[order] = np.arange(len(i)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        s = _batch_rows(int(sizes.max(initial=1)))
+        owner = np.full((self.calls, n_devices * s), -1, np.int64)
+        owner[call, (self.row[i] // per_device) * s + local] = i
+        segment = np.full((self.rows, self.calls * k), -1, np.int32)
+        for j, c, q in zip(i, call, local):
+            segment[self.row[j], max(self.start[j] + 1, c * k):min(self.start[j] + self.length[j] + 1, (c + 1) * k)] = q
+        return segment, owner
+
+
+def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, max_steps: int) -> Packing:
+    """Where each sentence of ``lengths`` tokens runs (see ``Packing``): the fewest rows (a row
+    bucket, a multiple of ``n_devices``) that hold them in about the longest sentence's steps, at
+    most ``batch_tokens // max_steps`` a device (at least 1), in calls of ``max_steps`` steps, or
+    fewer (a length bucket) when the rows are shorter than that."""
+    steps = [n + 2 if n > 0 else 0 for n in lengths]  # an empty sentence has no outputs: not run
+    length = np.asarray(lengths, np.int64).reshape(-1)
+    if not any(steps):
+        return Packing(n_devices, 1, 0, np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64), length)
+    per_device = _rows_within(max(1, batch_tokens // max_steps))
+    need = _batch_rows(-(-sum(steps) // (max(steps) * n_devices)))
+    rows = n_devices * min(per_device, need)
+    row, start, longest = _pack(steps, rows)
+    k = min(max_steps, _length_bucket(longest - 2) + 2)
+    return Packing(rows, k, -(-longest // k), row, start, length)
+
+
+def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
+    """Stacks up to ``n`` arrays of one rank into ``[n, ...]``, padding every axis to the largest.
+
+    For char ids ``fill`` is in-token padding (``PAD_CHAR + 1``), which is how a trimmed char
+    axis continues, so a word's vector does not change.
+    """
+    shape = tuple(max(a.shape[i] for a in arrays) for i in range(arrays[0].ndim))
+    out = np.full((n,) + shape, fill, arrays[0].dtype)
+    for k, a in enumerate(arrays):
+        out[(k,) + tuple(slice(0, d) for d in a.shape)] = a
+    return out
+
+
+def new_outputs(table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int) -> list[np.ndarray]:
+    """Each sentence's ``[layers, n, 2P]`` float32 array, for ``table [words, P]`` and each
+    sentence's rows in it; with every layer (``layers > 1``), layer 0 is filled in: each token's
+    vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``."""
+    p = table.shape[1]
+    out = [np.empty((layers, len(ids), 2 * p), np.float32) for ids in token_rows]
+    if layers > 1:
+        for x, ids in zip(out, token_rows):
+            x[0, :, :p] = x[0, :, p:] = table[ids]
+    return out
+
+
+IN_FLIGHT = 2  # biLSTM calls dispatched ahead of the one whose outputs the host copies out
+ENCODE_ROWS = 128  # words per char-CNN block: large enough for efficient matmuls, small enough to waste little
+
+
+class Embedder:
+    """Holds a biLM's params and its compiled functions; see the module doc.
+
+    Args:
+      batch_tokens: token-steps of one biLSTM call on one device (rows x steps, at least one
+        row); default: the backend's ``elmo_jax.model.layout`` entry (``extract_tokens``).
+      precision: ``"float32"`` (default: bilm-tf's numbers), ``"tf32"`` (GPUs) or ``"bfloat16"``
+        matmuls; outputs are float32 either way (``elmo_jax.policy``).
+      token_cache: words whose token vectors are computed once, up front (e.g. a vocabulary).
+      dedup: encode each distinct word of a call once (off: every token, like AllenNLP).
+      devices: how many local devices to spread char-CNN blocks and packed rows over (default: all).
+      stateful: bilm-tf's stateful mode (see module doc).
+      layout: ``elmo_jax.model.layout.Layout`` (default: the backend's); a speed choice, never a result.
+    """
+
+    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int | None = None,
+                 precision: str = "float32", token_cache: Sequence[str] | None = None, dedup: bool = True,
+                 devices: int | None = None, stateful: bool = False,
+                 layout: Layout | None = None):
+        self.config = config
+        # device_put, not jnp.asarray: that would compile a small program per leaf shape.
+        self.params = jax.device_put(params)
+        self.layout = layout or for_backend()
+        self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
+        self.policy = policy.check(precision)
+        precision, self.dtype = policy.matmul_args(self.policy)
+        self.precision = precision
+        self.dedup = dedup
+        self.stateful = stateful
+        self.state: dict | None = None
+        self.max_chars = config.char_cnn.max_characters_per_token
+        self._char_cache: dict[str, np.ndarray] = {}
+        n_local = jax.local_device_count()
+        self.n_devices = 1 if stateful else min(devices or n_local, n_local)
+
+        def encode(p, chars):
+            return char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype)
+
+        def contextualize(p, tokens, lengths, markers, state=None):
+            return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
+
+        def gather(table, index):
+            return table[index]
+
+        def contextualize_packed(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
+            # Both streams restart from zero state at each sentence's first step (its <S>, or its
+            # </S> going backward): packed sentences never see each other.
+            resets = jnp.broadcast_to(starts, (2,) + starts.shape)
+            ys, state = lstm.run(p["lstm"], config, x, mask, state, precision, self.dtype, resets=resets,
+                                 layout=self.layout)
+            if weights is not None:
+                # The layer mix here, not on the host: a third of the bytes cross to it and are kept
+                # (layer 0 is each step's token vector, in both streams).
+                ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
+            if segment is None:
+                return ys, state
+            if weights is None:
+                ys = jnp.concatenate([x[None], ys])  # layer 0 is pooled too
+            # Pooled here too: the host receives a sum (or max) per sentence piece, not per token.
+            # Sum and max do not depend on order, so the backward stream needs no un-reversing.
+            n, r, k = ys.shape[0], ys.shape[2], ys.shape[3]
+            steps = jnp.moveaxis(ys.reshape(n, 2, r * k, -1), 2, 0)  # [rows x steps, layers, 2, P]
+            op = jax.ops.segment_sum if pool == "mean" else jax.ops.segment_max
+            return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
+
+        # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
+        # per shape, so a job compiles the sum of those shape sets, not their product.
+        self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
+        self._packed = jax.jit(contextualize_packed, static_argnames=("pieces", "pool"))
+        # A call's token vectors are looked up by a program of their own: the table's size (a
+        # bucket of the call's word count) then keys the compiles of that small program only, not
+        # the biLSTM's, whose shapes depend on the rows and steps alone.
+        self._gather = jax.jit(gather)
+        # The marker vectors are an input of the biLSTM program: encoding them inside it would add
+        # the char CNN to each of its compiles.
+        self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
+        if self.n_devices > 1:
+            # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
+            # "data" axis, so each device runs the single-device function on its own one.
+            mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
+            replicated = NamedSharding(mesh, P())
+            self._group_sharding = NamedSharding(mesh, P("data"))
+            # The params go to every device once, here, not on every call.
+            self._params_multi = jax.device_put(self.params, replicated)
+
+            def per_device(fn, in_specs):
+                # check_vma off (here and for the packed biLSTM below): the functions have no
+                # collectives, and a scan whose carry starts from values that do not vary over
+                # devices but then does is rejected by the check.
+                return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
+
+            # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
+            self._encode_multi = per_device(lambda p, c: encode(p, c[0])[None], (P(), P("data")))
+            # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
+            rows, state_rows = P(None, "data"), P(None, None, "data")
+            self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
+            self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
+            self._gather_multi = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
+
+            def packed_multi(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
+                # Pooled, each device numbers its own pieces: their sums come back one device after another.
+                extra = () if segment is None else (segment,)
+                out = P(None, None, "data") if segment is None else P("data")
+                fn = functools.partial(contextualize_packed, pieces=pieces, pool=pool)
+                return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
+                                     + (P("data"),) * len(extra), out_specs=(out, state_rows),
+                                     check_vma=False)(p, x, mask, starts, state, weights, *extra)
+
+            self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
+        self.cache_words: dict[str, int] = {}
+        self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
+        if token_cache is not None:
+            self._build_cache(list(token_cache))
+
+    @classmethod
+    def from_hdf5(cls, options_path: str | os.PathLike, weights_path: str | os.PathLike, **kw) -> "Embedder":
+        config, params = load_hdf5(options_path, weights_path)
+        return cls(config, params, **kw)
+
+    @classmethod
+    def from_pretrained(cls, name: str, *, cache_dir=None, sha256: dict | None = None, **kw) -> "Embedder":
+        """A released model by name (``"small"``, ``"medium"``, ``"original"``, ``"original_5.5b"``,
+        ``"pubmed"``): its options and weights are downloaded once into the cache
+        (``elmo_jax.pretrained``; ``cache_dir`` and ``sha256`` pins as for ``registry.fetch``),
+        then read from there."""
+        from elmo_jax.pretrained.registry import load_pretrained
+
+        config, params = load_pretrained(name, cache_dir=cache_dir, sha256=sha256)
+        return cls(config, params, **kw)
+
+    @classmethod
+    def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> "Embedder":
+        from elmo_jax.training.run_dir import load_run
+
+        options, _, params, _ = load_run(run_dir, step)
+        return cls(options.model, params["bilm"], **kw)
+
+    # -- token vectors ---------------------------------------------------------------------------
+    def _chars(self, word: str) -> np.ndarray:
+        ids = self._char_cache.get(word)
+        if ids is None:
+            if len(self._char_cache) >= 200_000:  # bounded: a long stream of new words must not grow memory
+                self._char_cache.clear()
+            ids = self._char_cache[word] = token_to_ids(word, self.max_chars)
+        return ids
+
+    def _encode_words(self, words: Sequence[str]) -> np.ndarray:
+        """``[len(words), P]`` float32 token vectors from the char CNN.
+
+        Words are sorted by length into blocks of ``ENCODE_ROWS`` (fewer for a short list, a
+        power of 2), so each block's char axis is trimmed to what its longest word needs.
+        """
+        out = np.zeros((len(words), self.config.lstm.projection_dim), np.float32)
+        if not words:
+            return out
+        ids = np.stack([self._chars(w) for w in words])
+        order = np.argsort((ids != PAD_CHAR + 1).sum(axis=1), kind="stable")
+        rows = ENCODE_ROWS if len(words) > ENCODE_ROWS else bucket_size(len(words), 8)
+        blocks = []
+        for lo in range(0, len(words), rows):
+            chars = np.zeros((rows, self.max_chars), np.int32)
+            chars[:len(order[lo:lo + rows])] = ids[order[lo:lo + rows]]
+            blocks.append(char_cnn.trim_char_ids(chars, self.config))
+        if self.n_devices == 1:
+            results = [self._encode(self.params, b) for b in blocks]  # all dispatched before the first wait
+        else:
+            groups = []
+            for lo in range(0, len(blocks), self.n_devices):
+                group = blocks[lo:lo + self.n_devices]
+                stacked = jax.device_put(_pad_group(group, self.n_devices, PAD_CHAR + 1), self._group_sharding)
+                groups.append((self._encode_multi(self._params_multi, stacked), len(group)))
+            # All groups are dispatched before the first wait.
+            results = [v for vectors, k in groups for v in np.asarray(vectors)[:k]]
+        for lo, vectors in zip(range(0, len(words), rows), results):
+            sel = order[lo:lo + rows]
+            out[sel] = np.asarray(vectors)[:len(sel)]
+        return out
+
+    def _build_cache(self, words: list[str]) -> None:
+        words = list(dict.fromkeys(words))
+        # In slices, so that the char ids of a large vocabulary never exist all at once.
+        self.cache = np.concatenate([self._encode_words(words[lo:lo + 32768]) for lo in range(0, len(words), 32768)]
+                                    or [np.zeros((0, self.config.lstm.projection_dim), np.float32)])
+        self.cache_words = {w: i for i, w in enumerate(words)}
+
+    def _token_table(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The call's token vectors ``[n, P]`` and, per sentence, its tokens' rows in them.
+
+        With ``dedup`` a row per distinct word, else a row per token; cached words come from the
+        cache, the rest from the char CNN.
+        """
+        slot: dict[str, int] = {}
+        entries: list[str] = []
+        rows = []
+        for s in sentences:
+            if self.dedup:
+                rows.append(np.array([slot.setdefault(w, len(slot)) for w in s], np.int64))
+            else:
+                rows.append(np.arange(len(entries), len(entries) + len(s)))
+                entries.extend(s)
+        if self.dedup:
+            entries = list(slot)
+        table = np.zeros((max(len(entries), 1), self.config.lstm.projection_dim), np.float32)
+        cached = [i for i, w in enumerate(entries) if w in self.cache_words]
+        fresh = [i for i, w in enumerate(entries) if w not in self.cache_words]
+        if cached:
+            table[cached] = self.cache[[self.cache_words[entries[i]] for i in cached]]
+        if fresh:
+            table[fresh] = self._encode_words([entries[i] for i in fresh])
+        return table, rows
+
+    # -- batching --------------------------------------------------------------------------------
+    def _packing(self, lengths: Sequence[int]) -> Packing:
+        return pack_sentences(lengths, self.n_devices, self.batch_tokens, self.layout.extract_steps)
+
+    @staticmethod
+    def _batch(table: np.ndarray, token_rows: list[np.ndarray], rows: int, time: int) -> dict:
+        """Token vectors ``[rows, time, P]`` and lengths ``[rows]`` of these sentences (left-aligned)."""
+        index = np.zeros((rows, time), np.int64)  # padding looks up row 0; the biLM masks it
+        lengths = np.zeros(rows, np.int32)
+        for r, ids in enumerate(token_rows):
+            index[r, :len(ids)] = ids
+            lengths[r] = len(ids)
+        return {"tokens": table[index], "lengths": lengths}
+
+    def embed(self, sentences: Sequence[Sequence[str]], *, layers: Layers = "all",
+              pool: str | None = None) -> list[np.ndarray]:
+        """One float32 array per tokenized sentence, in input order.
+
+        By default ``[n_layers + 1, n_tokens, 2P]``. ``layers`` (``"top"``, ``"average"`` or
+        ``n_layers + 1`` weights, see ``select_layers``) makes it ``[n_tokens, 2P]``; ``pool``
+        (``"mean"`` or ``"max"`` over the tokens, see ``pool_tokens``) then drops the token axis:
+        ``[2P]``, or ``[n_layers + 1, 2P]`` with ``layers="all"``. Empty sentences pool to zeros,
+        with one warning per call. A sentence that is a ``str`` raises ``TypeError`` (raw text:
+        ``embed_texts``).
+        """
+        if isinstance(sentences, str):
+            raise TypeError(f"sentences is one str; expected a list of token lists: {_EMBED_HINT}")
+        sentences = list(sentences)
+        check_tokenized(sentences, _EMBED_HINT)
+        sentences = [list(s) for s in sentences]
+        layers = check_layers(layers, self.config.n_output_layers)
+        check_pool(pool)
+        if self.stateful:
+            out = [select_layers(x, layers) for x in self._embed_stateful(sentences)]
+        else:
+            out = self._embed_stateless(sentences, mix_weights(layers, self.config.n_output_layers), pool)
+        if pool is None:
+            return out
+        _warn_empty(sum(len(s) == 0 for s in sentences))
+        return [pool_tokens(x, pool) for x in out] if self.stateful else out
+
+    def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
+                    pool: str | None = None) -> list[np.ndarray]:
+        """``embed`` of raw strings, one sentence each, tokenized by ``tokenizer`` (``str -> list[str]``;
+        default ``elmo_jax.text.tokenize.tokenize``). Same outputs and options as ``embed``."""
+        return self.embed(tokenize_texts(texts, tokenizer), layers=layers, pool=pool)
+
+    def hub_outputs(self, inputs: Sequence[str] | Sequence[Sequence[str]], *, weights: Sequence[float] | None = None,
+                    tokenizer: Tokenizer | None = None) -> dict[str, np.ndarray]:
+        """The outputs of TF-Hub's ELMo module (``google/elmo``, ``as_dict=True``), for one batch.
+
+        ``inputs``: raw strings, tokenized by ``tokenizer`` (default ``str.split``, as the hub's
+        ``default`` signature splits on spaces), or token lists (its ``tokens`` signature). Batch
+        arrays are padded with zeros to ``T``, the longest sentence:
+
+        - ``word_emb`` ``[B, T, P]`` float32: the char-CNN token vectors (AllenNLP's layer 0 is
+          this twice, side by side);
+        - ``lstm_outputs1`` .. ``lstm_outputs{n_layers}`` ``[B, T, 2P]``: each biLSTM layer,
+          forward and backward side by side;
+        - ``elmo`` ``[B, T, 2P]``: ``sum_k weights[k] * layer_k`` (layer 0 = ``[word_emb, word_emb]``),
+          by default equal weights, the hub's aggregation before any training (the weights are
+          used as given, see ``select_layers``);
+        - ``default`` ``[B, 2P]``: the mean of ``elmo`` over each sentence's tokens (zeros, and
+          a warning, for an empty one);
+        - ``sequence_len`` ``[B]`` int32.
+        """
+        inputs = list(inputs)
+        kinds = {isinstance(x, str) for x in inputs}
+        if kinds == {True, False}:
+            raise TypeError("inputs mixes raw strings and token lists; give one kind")
+        sentences = tokenize_texts(inputs, tokenizer or str.split) if kinds == {True} else inputs
+        n_out = self.config.n_output_layers
+        if isinstance(weights, str):
+            raise TypeError(f"weights={weights!r}: expected {n_out} numbers (use embed() for 'top' or 'average')")
+        mix = check_layers(np.full(n_out, 1 / n_out) if weights is None else weights, n_out)
+        out = self.embed(sentences)
+        lengths = np.array([x.shape[1] for x in out], np.int32)
+        p = self.config.lstm.projection_dim
+        padded = np.zeros((n_out, len(out), int(lengths.max(initial=0)), 2 * p), np.float32)
+        for b, x in enumerate(out):
+            padded[:, b, :x.shape[1]] = x
+        elmo = np.tensordot(mix, padded, axes=1)
+        _warn_empty(int((lengths == 0).sum()))
+        result = {"word_emb": np.ascontiguousarray(padded[0, :, :, :p])}
+        result.update({f"lstm_outputs{k}": padded[k] for k in range(1, n_out)})
+        default = elmo.sum(axis=1) / np.maximum(lengths, 1).astype(np.float32)[:, None]  # padding is 0
+        result.update(elmo=elmo, default=default, sequence_len=lengths)
+        return result
+
+    def _embed_stateless(self, sentences: list[list[str]], weights: np.ndarray | None = None,
+                         pool: str | None = None) -> list[np.ndarray]:
+        """Every layer ``[n_layers + 1, n, 2P]`` per sentence, or with ``weights`` (``mix_weights``)
+        their mix ``[n, 2P]``; ``pool`` then drops the token axis. Mixes and pools are computed on
+        the device."""
+        table, token_rows = self._token_table(sentences)
+        pack = self._packing([len(s) for s in sentences])
+        layers = 1 if weights is not None else self.config.n_output_layers
+        if pool is not None:
+            pooled = self._pool_packed(pack, table, token_rows, layers, weights, pool)
+            return [x[0].copy() if weights is not None else x.copy() for x in pooled]
+        outputs: list[list[np.ndarray]] = []
+
+        def take(c: int, ys: np.ndarray) -> None:
+            if not outputs:  # made only now, while the device runs the first calls
+                outputs.append(new_outputs(table, token_rows, layers))
+            pack.scatter(outputs[0], c, ys)
+
+        self._run_packed(pack, table, token_rows, take, weights)
+        out = outputs[0] if outputs else new_outputs(table, token_rows, layers)
+        return out if weights is None else [x[0] for x in out]
+
+    def _pool_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray], layers: int,
+                     weights: np.ndarray | None, pool: str) -> np.ndarray:
+        """``[sentences, layers, 2P]`` float32: each sentence's mean or max over its tokens, from
+        the sums (or maxima) of its pieces that each call computes on the device."""
+        segment, owner = pack.pieces(self.n_devices)
+        acc = np.full((len(token_rows), layers, 2, table.shape[1]), 0.0 if pool == "mean" else -np.inf, np.float32)
+
+        def take(c: int, pooled: np.ndarray) -> None:
+            ids = owner[c]
+            ok = ids >= 0
+            # A sentence lies in one row, so it has at most one piece a call: no repeated ids.
+            if pool == "mean":
+                acc[ids[ok]] += pooled[ok]
+            else:
+                acc[ids[ok]] = np.maximum(acc[ids[ok]], pooled[ok])
+
+        self._run_packed(pack, table, token_rows, take, weights, segment, owner.shape[1] // self.n_devices, pool)
+        if pool == "mean":
+            acc /= np.maximum(pack.length, 1).astype(np.float32)[:, None, None, None]
+        acc[pack.length == 0] = 0.0
+        return acc.reshape(len(token_rows), layers, -1)  # forward and backward side by side: 2P
+
+    def _run_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray],
+                    take: Callable[[int, np.ndarray], None], weights: np.ndarray | None = None,
+                    segment: np.ndarray | None = None, pieces: int = 1, pool: str = "mean") -> None:
+        """Runs ``pack``'s calls and hands each call's outputs to ``take(call, array)`` on the host:
+        ``[L, 2, rows, steps, P]`` (every biLSTM layer, or the mix of all), or with ``segment``
+        (``Packing.pieces``) the sum or max of each piece, ``[n_devices x pieces, L, 2, P]``."""
+        if pack.calls == 0:
+            return
+        p = self.config.lstm.projection_dim
+        # The device's table: the call's words, then <S> and </S>, padded to a bucket (a compile
+        # of the lookup per bucket, not per word count); the lookup runs on the device, so only
+        # indices cross to it per call.
+        bos, eos = len(table), len(table) + 1
+        device_table = np.zeros((_batch_rows(len(table) + 2), p), np.float32)
+        device_table[:len(table)], device_table[bos:eos + 1] = table, np.asarray(self._markers)
+        index, mask, starts = pack.streams(token_rows, bos, eos)
+        l = self.config.lstm
+        state = {"c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
+                 "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32)}
+        if self.n_devices == 1:
+            run, lookup, params, device_table = self._packed, self._gather, self.params, jax.device_put(device_table)
+            place = lambda *arrays: arrays  # noqa: E731  (jit moves host arrays itself)
+        else:
+            run, lookup, params = self._packed_multi, self._gather_multi, self._params_multi
+            device_table = jax.device_put(device_table, self._replicated)
+            state = jax.device_put(state, self._state_sharding)
+            place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
+        k = pack.steps
+        pending: collections.deque = collections.deque()
+        for c in range(pack.calls + IN_FLIGHT):
+            if c < pack.calls:  # each call carries the state on
+                at = slice(c * k, (c + 1) * k)
+                ids, *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
+                                          None if segment is None else segment[:, at])
+                ys, state = run(params, lookup(device_table, ids), *inputs, state, weights, seg, pieces, pool)
+                ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
+                pending.append((c, ys))
+            # The host takes a call's outputs while the device runs the next ones, and holds no
+            # more than IN_FLIGHT calls' outputs on the device, however long the job.
+            if len(pending) > IN_FLIGHT or (c >= pack.calls and pending):
+                done, ys = pending.popleft()
+                take(done, np.asarray(ys))
+
+    def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        rows = len(sentences)
+        if rows == 0:
+            return []
+        l = self.config.lstm
+        if self.state is None or self.state["c"].shape[2] < rows:
+            grown = {"c": np.zeros((2, l.n_layers, rows, l.dim), np.float32),
+                     "h": np.zeros((2, l.n_layers, rows, l.projection_dim), np.float32)}
+            if self.state is not None:
+                n = self.state["c"].shape[2]
+                for k in grown:
+                    grown[k][:, :, :n] = self.state[k]
+            self.state = grown
+        table, token_rows = self._token_table(sentences)
+        b = self._batch(table, token_rows, rows, _length_bucket(max(len(s) for s in sentences)))
+        # A batch smaller than the stored state continues (and updates) only its first rows.
+        state = {k: v[:, :, :rows] for k, v in self.state.items()}
+        layers, new_state = self._contextualize(self.params, b["tokens"], b["lengths"], self._markers, state)
+        for k in self.state:
+            self.state[k][:, :, :rows] = np.asarray(new_state[k])
+        layers = np.asarray(layers)
+        return [np.ascontiguousarray(layers[:, r, :len(s)]) for r, s in enumerate(sentences)]
+
+    def reset(self) -> None:
+        """Stateful mode: back to zero state for every row."""
+        self.state = None
+
+    def embed_stream(self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all",
+                     pool: str | None = None) -> Iterable[tuple[int, np.ndarray]]:
+        """``(index, array)`` for an iterable of tokenized sentences, ``window`` at a time (bounded
+        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences)."""
+        buf: list[Sequence[str]] = []
+        base = 0
+        for s in sentences:
+            buf.append(s)
+            if len(buf) == window:
+                yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
+                base += len(buf)
+                buf = []
+        if buf:
+            yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
+
+
+# -- sharded output: `elmo-jax embed --num-shards N --shard-index I` ---------------------------
+MANIFEST_FORMAT = "elmo-jax-embed-shard/1"
+
+
+def shard_file(output: str | os.PathLike, index: int, num_shards: int) -> str:
+    """Shard ``index``'s hdf5 for ``--output``: ``elmo.hdf5`` -> ``elmo-00001-of-00004.hdf5``.
+
+    Its manifest is that name plus ``.json``. Each shard writes only its own two files, so N
+    processes never write the same file.
+    """
+    root, ext = os.path.splitext(os.fspath(output))
+    return f"{root}-{index:05d}-of-{num_shards:05d}{ext}"
+
+
+def shard_manifest(output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool,
+                   **extra) -> dict:
+    """The manifest of shard ``index``: it holds lines ``index, index + num_shards, ...`` of the
+    input's ``num_lines``, each as dataset ``str(line)``, or, when ``pooled``, as row
+    ``(line - index) // num_shards`` of dataset ``embeddings``. ``file`` is relative to the manifest."""
+    return {"format": MANIFEST_FORMAT, "file": os.path.basename(shard_file(output, index, num_shards)),
+            "shard_index": index, "num_shards": num_shards, "num_lines": num_lines,
+            "lines": {"start": index, "stop": num_lines, "step": num_shards},
+            "dataset": "embeddings" if pooled else "{line}", **extra}
+
+
+class ShardedEmbeddings:
+    """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
+    processes of a ``--num-shards N`` run, or the one file of an unsharded run.
+
+    ``source``: the ``--output`` the shards were given (their manifests are found next to it),
+    a list of the shards' manifests (``*.hdf5.json``), or the hdf5 of an unsharded run.
+    ``len(view)`` is the input's line count; ``view[i]`` is line i's array as stored (float32
+    ``[n_layers + 1, n_tokens, 2P]`` by default, ``[2P]`` with ``--pool``, ...); iteration yields
+    them in line order. Files open on first use; ``close()`` (or ``with``) closes them.
+    """
+
+    def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike]):
+        self._files: dict[str, object] = {}  # path -> open h5py.File
+        if not isinstance(source, (str, os.PathLike)):
+            self._shards = self._check([self._read_manifest(os.fspath(p)) for p in source])
+            return
+        source = os.fspath(source)
+        if source.endswith(".json"):
+            self._shards = self._check([self._read_manifest(source)])
+            return
+        root, ext = os.path.splitext(source)
+        paths = sorted(glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json"))
+        self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
+
+    @staticmethod
+    def _read_manifest(path: str) -> dict:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+        if m.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{path}: not an elmo-jax embed shard manifest (format {m.get('format')!r})")
+        return {**m, "path": os.path.join(os.path.dirname(path), m["file"]), "manifest": path}
+
+    @staticmethod
+    def _check(shards: list[dict]) -> list[dict]:
+        if not shards:
+            raise FileNotFoundError("no shard manifests given")
+        runs = {(m["num_shards"], m["num_lines"]) for m in shards}
+        if len(runs) > 1:
+            raise ValueError(f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
+                             f"{', '.join(m['manifest'] for m in shards)}")
+        n = shards[0]["num_shards"]
+        by_index = {m["shard_index"]: m for m in shards}
+        missing = [i for i in range(n) if i not in by_index]
+        if missing:
+            hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
+            raise FileNotFoundError(f"shard(s) {missing} of {n} have no manifest next to {hint} "
+                                    f"(still running, or failed?)")
+        return [by_index[i] for i in range(n)]
+
+    @staticmethod
+    def _unsharded(path: str) -> dict:
+        import h5py
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
+        with h5py.File(path, "r") as f:
+            pooled = "embeddings" in f
+            n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
+        return {"path": path, "num_lines": n, "lines": {"start": 0, "stop": n, "step": 1},
+                "dataset": "embeddings" if pooled else "{line}"}
+
+    def __len__(self) -> int:
+        return self._shards[0]["num_lines"]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"line {i} out of range for {n} lines")
+        i = int(i) % n
+        shard = self._shards[i % len(self._shards)]  # shard k holds the lines i with i % N == k
+        f = self._files.get(shard["path"])
+        if f is None:
+            import h5py
+
+            f = self._files[shard["path"]] = h5py.File(shard["path"], "r")
+        if shard["dataset"] == "embeddings":
+            return f["embeddings"][(i - shard["lines"]["start"]) // shard["lines"]["step"]]
+        return f[str(i)][()]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> "ShardedEmbeddings":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,102 @@
+"""The biLM forward pass: token encoder, sentence markers, biLSTM, ELMo layers.
+
+Params: ``{"char_cnn": char_cnn params, "lstm": lstm params}`` (see those modules); the
+softmax lives with the training state, not here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.vocabulary import sentence_markers
+
+Precision = jax.lax.Precision | str | None
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def init(key: jax.Array, config: ModelConfig) -> dict:
+    """Fresh biLM params. Jitted: run eagerly, the weights' ~30 slices and scalings would each
+    compile a program of their own."""
+    k1, k2 = jax.random.split(key)
+    return {"char_cnn": char_cnn.init(k1, config), "lstm": lstm.init(k2, config)}
+
+
+def marker_vectors(params: dict, config: ModelConfig, precision: Precision = "highest",
+                   dtype=jnp.float32) -> jax.Array:
+    """``[2, P]`` float32: the token vectors of ``<S>`` and ``</S>``."""
+    bos_ids, eos_ids = sentence_markers(config.char_cnn.max_characters_per_token)
+    return char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), precision, dtype)
+
+
+def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                         precision: Precision = "highest", dtype=jnp.float32,
+                         markers: jax.Array | None = None) -> jax.Array:
+    """``[B, T, P]`` token vectors -> ``[B, T+2, P]``: ``<S>`` at 0, ``</S>`` right after each row.
+
+    The two marker vectors are encoded once, not once per row; ``markers`` (``marker_vectors``)
+    skips even that, for callers that compile many shapes.
+    """
+    bos, eos = marker_vectors(params, config, precision, dtype) if markers is None else markers
+    batch, time = tokens.shape[:2]
+    x = jnp.concatenate([jnp.broadcast_to(bos, (batch, 1, bos.shape[-1])), tokens,
+                         jnp.zeros((batch, 1, tokens.shape[-1]), tokens.dtype)], axis=1)
+    t = jnp.arange(time + 2)[None, :, None]
+    x = jnp.where(t == lengths[:, None, None] + 1, eos, x)
+    return jnp.where(t <= lengths[:, None, None] + 1, x, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "precision", "dtype"))
+def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: dict | None = None,
+               keep_sentence_markers: bool = False, precision: Precision = "highest",
+               dtype=jnp.float32) -> tuple[jax.Array, jax.Array, dict]:
+    """The ELMo layers of a batch of sentences.
+
+    Args:
+      params: biLM params (``load_hdf5`` or ``init``).
+      config: the model config (static: one compile per config and input shape).
+      char_ids: ``[batch, time, chars] int32`` from ``batch_to_ids``: the sentence tokens, without
+        ``<S>``/``</S>``, left-aligned; an all-zero row is an empty sentence. ``chars`` may be
+        cut below ``max_characters_per_token`` by ``char_cnn.trim_char_ids`` (same result).
+      state: ``{"c": [2, n_layers, batch, dim], "h": [2, n_layers, batch, P]}`` to continue from
+        (bilm-tf's stateful mode), or None for zeros (stateless: a sentence's vectors then do not
+        depend on the rest of the batch).
+      keep_sentence_markers: keep the ``<S>``/``</S>`` positions (time axis ``time + 2``).
+      precision: matmul precision. The default, full float32, matches the references; XLA's
+        default on GPU/TPU (TF32/bfloat16 passes) moves results about 1e-2.
+      dtype: compute dtype for the matmuls (e.g. ``jnp.bfloat16``); state and outputs stay float32.
+
+    Returns:
+      ``layers [n_layers + 1, batch, time, 2P]`` float32 (layer 0 is ``[e; e]``; exactly 0 at
+      padding), ``mask [batch, time]`` bool, and the new state (per row: forward after ``</S>``,
+      backward after ``<S>``).
+    """
+    lengths = jnp.any(char_ids > 0, axis=-1).sum(axis=-1).astype(jnp.int32)
+    tokens = char_cnn.apply(params["char_cnn"], config, char_ids, precision, dtype)
+    return bilm_from_tokens(params, config, tokens, lengths, state, keep_sentence_markers, precision, dtype)
+
+
+def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                     state: dict | None = None, keep_sentence_markers: bool = False,
+                     precision: Precision = "highest", dtype=jnp.float32, markers: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array, dict]:
+    """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
+
+    For callers that encode tokens their own way: each distinct word once, or from a cache.
+    ``markers``: ``marker_vectors``, when the caller already has them.
+    """
+    mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    tokens = jnp.where(mask[:, :, None], tokens, 0.0)
+    x = add_sentence_markers(params, config, tokens, lengths, precision, dtype, markers)
+    seq_lengths = lengths + 2
+    layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, precision, dtype)
+    layers = jnp.concatenate([jnp.concatenate([x, x], axis=-1)[None], layers])
+    if keep_sentence_markers:
+        return layers, jnp.arange(x.shape[1])[None, :] < seq_lengths[:, None], new_state
+    # Dropping position 0 shifts each row's </S> to index `length`, which the mask zeroes.
+    layers = jnp.where(mask[None, :, :, None], layers[:, :, 1:-1], 0.0)
+    return layers, mask, new_state

@@ -1,0 +1,66 @@
+"""How the model's arrays are laid out and blocked per backend: a speed choice, never a result.
+
+Every layout computes the same function (tests compare them). The table below is measured:
+``benchmarks/bench_bilm.py`` (CPU) and ``benchmarks/bench_variants.py`` (GPU) print the figures
+behind each entry, and experiments/README.md records them.
+
+| backend | lstm      | unroll | cnn_chunk | measured |
+|---------|-----------|--------|-----------|----------|
+| cpu     | "columns" | 1      | 32        | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache |
+| gpu     | "rows"    | 20     | 0         | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20 |
+| tpu     | "rows"    | 20     | 0         | not measured: the GPU's choice; a batch on the minor (lane) axis would waste most of a vector register |
+
+Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
+of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
+
+| backend | extract_steps | extract_tokens | measured |
+|---------|---------------|----------------|----------|
+| cpu     | 16            | 4096           | `small`, the experiments' held-out job, warm (`benchmarks/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps |
+| gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
+| tpu     | 40            | 16384          | not measured: the GPU's choice |
+
+On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
+kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
+bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
+in blocks of 20 steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """``lstm``: "columns" (state ``[2, D, B]``, batch minor) or "rows" (``[2, B, D]``).
+    ``unroll``: scan steps per loop iteration (1: none). ``cnn_chunk``: tokens per char-CNN block
+    (0: all tokens in one block). ``extract_steps``, ``extract_tokens``: extraction's biLSTM
+    steps per call and token-steps per call and device (rows x steps)."""
+
+    lstm: str = "rows"
+    unroll: int = 1
+    cnn_chunk: int = 0
+    extract_steps: int = 40
+    extract_tokens: int = 16384
+
+    def __post_init__(self):
+        if self.lstm not in ("rows", "columns"):
+            raise ValueError(f"Layout.lstm must be 'rows' or 'columns', got {self.lstm!r}")
+        if self.unroll < 1 or self.cnn_chunk < 0 or self.extract_steps < 1 or self.extract_tokens < 1:
+            raise ValueError(f"Layout needs unroll, extract_steps and extract_tokens >= 1 and cnn_chunk >= 0, "
+                             f"got {self}")
+
+
+BY_BACKEND = {
+    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096),
+    "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
+    "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
+}
+
+
+def for_backend(backend: str | None = None) -> Layout:
+    """The table's layout for ``backend`` (default: JAX's default backend, read when tracing)."""
+    backend = backend or jax.default_backend()
+    return BY_BACKEND.get(backend, BY_BACKEND["gpu"])

@@ -1,0 +1,219 @@
+"""The biLSTM: TF's LSTMCell with projection and clipping (ELMO_SPEC section 3) as a ``lax.scan``.
+
+Params: a list with one dict per layer, each leaf stacked over the two directions
+(index 0 forward, 1 backward)::
+
+    w_x     [2, in, 4*dim]   rows of bilm-tf's W_0 that act on the input
+    w_h     [2, P, 4*dim]    rows of W_0 that act on h
+    b       [2, 4*dim]       B (the +1 forget bias is added at run time, never stored)
+    w_proj  [2, dim, P]      W_P_0 (no bias)
+
+State: ``{"c": [2, n_layers, batch, dim], "h": [2, n_layers, batch, P]}``, float32.
+
+Both directions run in the same scan, as one batched matmul per step. The recurrence is
+sequential, so on every backend the cost of a step is dominated by per-step overhead (loop
+bookkeeping, kernel launches on a GPU) and small matmuls; doing the two directions together
+halves the number of steps and doubles each matmul. The backward direction gets the same
+recurrence by reversing each row within its own length first (so it starts at that row's
+``</S>``), which also keeps padding at the end of every row for both directions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model.initializers import Uniform, draw
+from elmo_jax.model.layout import Layout, for_backend
+
+Precision = jax.lax.Precision | str | None
+
+
+def init(key: jax.Array, config: ModelConfig) -> list[dict]:
+    """Glorot-uniform weights and zero biases (TF 1.x's defaults, which bilm-tf used)."""
+    l = config.lstm
+    d, p = l.dim, l.projection_dim
+
+    def glorot(shape):
+        fan_in, fan_out = shape[-2], shape[-1]
+        lim = np.sqrt(6.0 / (fan_in + fan_out))
+        return Uniform(shape, -lim, lim)
+
+    # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
+    weights = draw(key, [spec for _ in range(l.n_layers) for spec in (glorot((2, p + p, 4 * d)), glorot((2, d, p)))])
+    return [{"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)), "w_proj": w_proj}
+            for w0, w_proj in zip(weights[0::2], weights[1::2])]
+
+
+def zero_state(config: ModelConfig, batch: int) -> dict:
+    l = config.lstm
+    return {"c": jnp.zeros((2, l.n_layers, batch, l.dim), jnp.float32),
+            "h": jnp.zeros((2, l.n_layers, batch, l.projection_dim), jnp.float32)}
+
+
+def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """``[batch, time, ...]``: reverses ``x[b, :lengths[b]]`` per row; the padding stays put.
+
+    It is its own inverse, so it also maps backward outputs back to input order.
+    """
+    t = jnp.arange(x.shape[1])[None, :]
+    idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def _clip(x: jax.Array, value) -> jax.Array:
+    return jnp.clip(x, -value, value) if value else x
+
+
+def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
+    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``)."""
+    l = config.lstm
+    i, j, f, o = jnp.split(z, 4, axis=axis)
+    c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), l.cell_clip)
+    h_new = _clip(project(jax.nn.sigmoid(o) * jnp.tanh(c_new)).astype(jnp.float32), l.proj_clip)
+    # Padding never enters the recurrence: the state passes through and the output is 0.
+    return (jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)
+
+
+def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
+           h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None, layout: Layout
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
+    ``resets [2, B, T]``: the state is zeroed before those steps.
+
+    The two layouts compute the same function (``elmo_jax.model.layout`` picks one per backend).
+    """
+    f = _layer_columns if layout.lstm == "columns" else _layer_rows
+    return f(params, config, xs, mask, c0, h0, precision, dtype, resets, layout.unroll)
+
+
+def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
+                h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis)."""
+    # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
+    gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
+                    precision=precision).astype(jnp.float32) + params["b"][None, :, None, :]
+    w_h, w_proj = params["w_h"].astype(dtype), params["w_proj"].astype(dtype)
+
+    def project(a):
+        return jnp.einsum("dbc,dcp->dbp", a.astype(dtype), w_proj, precision=precision)
+
+    def step(carry, inputs):
+        c, h = carry
+        g, m, *r = inputs  # [2, B, 4D], [B, 1], optionally [2, B, 1]
+        if r:
+            c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
+        z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
+        return _cell(z, c, h, m, project, config, -1)
+
+    per_step = (gx, mask.T[:, :, None]) + (() if resets is None else (resets.transpose(2, 0, 1)[..., None],))
+    (c, h), ys = jax.lax.scan(step, (c0, h0), per_step, unroll=unroll)
+    return ys.transpose(1, 2, 0, 3), c, h
+
+
+def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
+                   h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``_layer`` with the batch as the minor axis: state ``[2, D, B]``, weights transposed (CPU).
+
+    On XLA's CPU backend a step's matmuls run much faster as ``[4D, in] @ [in, B]`` than as
+    ``[B, in] @ [in, 4D]`` (few rows, many columns), and the input half is faster inside the
+    step than as one ``[T*B]``-row einsum before it (``benchmarks/bench_bilm.py`` times both
+    layouts). On a TPU a batch of 32 on the minor (lane) axis would waste most of each vector
+    register, hence ``_layer_rows`` there.
+    """
+    w_x, w_h, w_proj = (params[k].astype(dtype).transpose(0, 2, 1) for k in ("w_x", "w_h", "w_proj"))
+    b = params["b"][:, :, None]
+
+    def project(a):
+        return jnp.einsum("dpc,dcb->dpb", w_proj, a.astype(dtype), precision=precision)
+
+    def step(carry, inputs):
+        c, h = carry  # [2, D, B], [2, P, B]
+        x, m, *r = inputs  # [2, in, B], [1, B], optionally [2, 1, B]
+        if r:
+            c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
+        z = (jnp.einsum("dgi,dib->dgb", w_x, x.astype(dtype), precision=precision).astype(jnp.float32)
+             + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32) + b)
+        return _cell(z, c, h, m, project, config, 1)
+
+    per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
+        () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],))
+    (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)), per_step, unroll=unroll)
+    return ys.transpose(1, 3, 0, 2), c.transpose(0, 2, 1), h.transpose(0, 2, 1)
+
+
+def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None,
+        precision: Precision = "highest", dtype=jnp.float32, dropout_rate: float = 0.0,
+        dropout_keys: jax.Array | None = None, resets: jax.Array | None = None, layout: Layout | None = None
+        ) -> tuple[jax.Array, dict]:
+    """Both directions' layer stacks, each over its own input in its own time order.
+
+    Args:
+      xs: ``[2, batch, time, P]`` inputs of the forward and the backward stack (training feeds
+        the backward stack its own reversed stream; ``apply`` reverses within each row).
+      mask: ``[batch, time]`` bool, True on a prefix of each row; padding passes the state
+        through and outputs exactly 0.
+      state: initial state (see module doc), or None for zeros.
+      dropout_rate, dropout_keys: training only. Dropout on each layer's input, a fresh mask per
+        step as in TF's DropoutWrapper (which wraps the residual, so a skip connection adds the
+        dropped input). ``dropout_keys`` is ``[batch]`` keys, one per row, so masks do not depend
+        on how rows are split over devices.
+      resets: ``[2, batch, time]`` bool or None: every layer's state is zeroed just before those
+        steps (training: some sentence starts begin from zero state, as evaluation and
+        extraction do; see ``TrainConfig.reset_state_prob``).
+      layout: ``elmo_jax.model.layout.Layout`` (default: the backend's, read when tracing).
+
+    Returns:
+      ``[n_layers, 2, batch, time, P]`` outputs and the final state.
+    """
+    l = config.lstm
+    layout = layout or for_backend()
+    if state is None:
+        state = zero_state(config, xs.shape[1])
+    xs = jnp.where(mask[None, :, :, None], xs, 0.0)
+    outputs, cs, hs = [], [], []
+    for k, layer in enumerate(params):
+        inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype, resets,
+                           layout)
+        if l.use_skip_connections and k > 0:
+            ys = ys + inp  # both are 0 at padding
+        outputs.append(ys)
+        cs.append(c)
+        hs.append(h)
+        xs = ys
+    return jnp.stack(outputs), {"c": jnp.stack(cs, 1), "h": jnp.stack(hs, 1)}
+
+
+def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
+          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32,
+          layout: Layout | None = None) -> tuple[jax.Array, dict]:
+    """The biLSTM over sentences (inference).
+
+    Args:
+      x: ``[batch, time, P]`` float32 token vectors, ``<S>``/``</S>`` already in place.
+      lengths: ``[batch] int32`` tokens per row, markers included (0: the row is skipped).
+      state: initial state (see module doc), or None for zeros.
+
+    Returns:
+      ``([n_layers, batch, time, 2P]`` outputs, forward then backward on the last axis, exactly 0
+      at padding; the final state: per row, forward after ``</S>``, backward after ``<S>``).
+    """
+    mask = jnp.arange(x.shape[1])[None, :] < lengths[:, None]
+    xs = jnp.stack([x, reverse_within_length(x, lengths)])
+    out, new_state = run(params, config, xs, mask, state, precision, dtype, layout=layout)
+    bwd = jax.vmap(reverse_within_length, in_axes=(0, None))(out[:, 1], lengths)
+    return jnp.concatenate([out[:, 0], bwd], axis=-1), new_state
+
+
+def dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
+    """Inverted dropout on ``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` and ``salt``."""
+    def row_mask(key):
+        return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (x.shape[0],) + x.shape[2:])
+    keep = jax.vmap(row_mask, out_axes=1)(row_keys)  # [2, B, T, F]
+    return jnp.where(keep, x / (1.0 - rate), 0.0)

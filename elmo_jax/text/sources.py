@@ -1,0 +1,145 @@
+"""Where training and evaluation sentences come from: text files, lines in memory, or a tfds dataset.
+
+A ``Source`` is a sequence of shards (files, or ranges of a tfds data source); each shard reads as a
+list of sentences, one whitespace-tokenized sentence per string. ``shard_for_process`` gives each
+process of a multi-process run its own shards.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import warnings
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Training or evaluation data is missing or unusable."""
+
+
+class Source(Protocol):
+    """Sentences in shards: text files, or ranges of a tfds data source."""
+
+    def __len__(self) -> int: ...
+    def name(self, shard: int) -> str: ...
+    def read(self, shard: int) -> list[str]: ...
+
+
+class TextFiles:
+    """Text shards, one whitespace-tokenized sentence per line (lm1b's layout).
+
+    Lines that are not UTF-8 are skipped with a warning naming file and line; blank lines are
+    skipped silently.
+    """
+
+    def __init__(self, pattern: str | Sequence[str]):
+        patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+        files = sorted({f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)
+                        if os.path.isfile(f)})
+        if not files:
+            raise DataError(f"no files match {' '.join(patterns)!s}")
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def name(self, shard: int) -> str:
+        return self.files[shard]
+
+    def read(self, shard: int) -> list[str]:
+        path = self.files[shard]
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            lines = []
+            for lineno, raw in enumerate(data.split(b"\n"), 1):
+                try:
+                    lines.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    warnings.warn(f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})",
+                                  stacklevel=2)
+        return [line for line in lines if line.strip()]
+
+
+class Lines:
+    """Sentences already in memory as one shard (e.g. a notebook's held-out slice)."""
+
+    def __init__(self, lines: Sequence[str], name: str = "<lines>"):
+        self.lines, self.label = [l for l in lines if l.strip()], name
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, shard: int) -> str:
+        return self.label
+
+    def read(self, shard: int) -> list[str]:
+        return list(self.lines)
+
+
+class TfdsSource:
+    """A tfds dataset read through ``tfds.data_source`` (ArrayRecord, no TensorFlow needed).
+
+    The records are split into ``n_shards`` contiguous ranges that play the role of files. The
+    dataset must already be prepared in ArrayRecord format; see README ("lm1b with tfds").
+    """
+
+    def __init__(self, name: str, split: str = "train", data_dir: str | None = None, n_shards: int = 100,
+                 feature: str = "text"):
+        import tensorflow_datasets as tfds
+
+        try:
+            self.source = tfds.data_source(name, split=split, data_dir=data_dir)
+        except Exception as e:  # tfds raises many types for "not prepared"; name the fix.
+            raise DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                            f"prepare it once with file_format='array_record' (see README)") from None
+        n = len(self.source)
+        if n == 0:
+            raise DataError(f"tfds dataset {name!r} split {split!r} is empty")
+        self.bounds = np.linspace(0, n, min(n_shards, n) + 1).astype(np.int64)
+        self.label, self.feature = f"tfds:{name}/{split}", feature
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def name(self, shard: int) -> str:
+        return f"{self.label}[{self.bounds[shard]}:{self.bounds[shard + 1]}]"
+
+    def read(self, shard: int) -> list[str]:
+        lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
+        try:  # one batched read of the shard's records
+            records = self.source.__getitems__(list(range(lo, hi)))
+        except (AttributeError, TypeError):  # sources without batched reads (tfds's mock data)
+            records = [self.source[i] for i in range(lo, hi)]
+        out = []
+        for r in records:
+            text = r[self.feature]
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", "replace")
+            if text.strip():
+                out.append(text)
+        return out
+
+
+def open_source(spec: str, data_dir: str | None = None) -> Source:
+    """``tfds:NAME[/SPLIT]`` (e.g. ``tfds:lm1b/train``) or a glob of text files."""
+    if spec.startswith("tfds:"):
+        name, _, split = spec[len("tfds:"):].partition("/")
+        return TfdsSource(name, split or "train", data_dir=data_dir)
+    return TextFiles(spec)
+
+
+def shard_for_process(source: Source, process_index: int, process_count: int) -> list[int]:
+    """The shards this process reads: every ``process_count``-th, so processes never overlap.
+
+    Too few shards is refused on every process, not only on those left without one: a process
+    that stopped alone would leave the others to abort in jax.distributed's coordination service."""
+    if len(source) < process_count:
+        raise DataError(f"{len(source)} shard(s) for {process_count} processes: each process needs at least one; "
+                        f"use at least as many shards as processes")
+    return list(range(process_index, len(source), process_count))

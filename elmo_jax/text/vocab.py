@@ -1,0 +1,154 @@
+"""Building a word vocabulary from training text.
+
+``count_tokens`` reads every shard once; ``build_vocab`` turns the counts into an LM word list
+(``<S>``, ``</S>``, ``<UNK>`` first, then words by descending count); ``write_vocab`` writes it one
+token per line, next to a JSON sidecar ``<path>.json`` with the corpus size::
+
+    {"n_train_tokens": ...,  # tokens + sentences: training (input, target) pairs per direction
+     "n_tokens": ...,        # whitespace tokens in the text
+     "n_sentences": ...,     # non-blank lines
+     "n_words": ...,         # lines of the vocabulary file
+     "files": [...],         # the shards that were counted
+     "vocab_sha256": ...}    # of the vocabulary file, to notice a sidecar that no longer matches it
+
+``n_train_tokens`` is what bilm-tf's ``n_train_tokens`` option means for this data pipeline
+(``elmo_jax.training.batches``): a sentence of n words gives n + 1 (input, target) pairs per direction
+(inputs ``<S> w1 .. wn``, targets ``w1 .. wn </S>``), so one epoch is ``n_tokens + n_sentences``
+pairs per direction.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import json
+import numbers
+import os
+import warnings
+from typing import Iterable, Mapping, Sequence
+
+from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
+from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
+from elmo_jax.text.sources import DataError, Source, TextFiles
+
+SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+
+
+def _describe(files: Source) -> str:
+    names = [files.name(i) for i in range(min(len(files), 5))]
+    return ", ".join(names) + (f" ... ({len(files)} files)" if len(files) > 5 else "")
+
+
+def count_tokens(files: TextFiles | Source) -> tuple[collections.Counter, int, int]:
+    """Word counts, number of tokens and number of sentences, in one pass over all shards.
+
+    Sentences are the non-blank lines ``files.read`` returns (non-UTF-8 lines are skipped there
+    with a warning); tokens are ``line.split()``. ``<S>``, ``</S>`` and ``<UNK>`` occurring in the
+    text are counted like any other word. Raises ``DataError`` if there is no token at all.
+    """
+    counts: collections.Counter = collections.Counter()
+    n_sentences = 0
+    for shard in range(len(files)):
+        lines = files.read(shard)
+        n_sentences += len(lines)
+        # One C-level update per shard: much faster than an update per line.
+        counts.update(itertools.chain.from_iterable(map(str.split, lines)))
+    n_tokens = sum(counts.values())
+    if n_tokens == 0:
+        raise DataError(f"no tokens in {_describe(files)}")
+    return counts, n_tokens, n_sentences
+
+
+def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None,
+                extend: Sequence[str] | None = None) -> list[str]:
+    """``['<S>', '</S>', '<UNK>', *words]``: words with ``count >= min_count``, most frequent first.
+
+    Ties are broken by the word itself (Python string order), so the result is deterministic.
+    Specials found in ``counts`` are not repeated. ``max_size`` caps the total length, specials
+    included.
+
+    ``extend``: an existing vocabulary (continued pretraining) whose words are all kept, whatever
+    their count here, so that their softmax rows carry over. The merged list is still sorted by
+    the counts of this corpus, because the log-uniform sampler assumes ids in frequency order;
+    words of ``extend`` that do not occur here come last, in their old order.
+    """
+    if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
+        raise VocabError(f"min_count must be an integer >= 1, got {min_count!r}")
+    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4):
+        raise VocabError(f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least "
+                         f"one word) or None, got {max_size!r}")
+    words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
+    old_rank = {}
+    for w in extend or ():
+        if w not in SPECIALS:
+            old_rank.setdefault(w, len(old_rank))
+            words.add(w)
+    words = sorted(words, key=lambda w: (-counts.get(w, 0), old_rank.get(w, 0) if not counts.get(w) else 0, w))
+    if max_size is not None:
+        words = words[: max_size - len(SPECIALS)]
+    return [*SPECIALS, *words]
+
+
+def _file_names(files: Source | Iterable[str]) -> list[str]:
+    if hasattr(files, "name") and hasattr(files, "__len__"):
+        return [files.name(i) for i in range(len(files))]
+    return [os.fspath(f) for f in files]
+
+
+def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int,
+                files: Source | Iterable[str]) -> None:
+    """Writes ``words`` one per line (UTF-8) to ``path`` and the sidecar ``<path>.json``, each
+    atomically. ``files`` is the counted ``TextFiles`` (or a list of file names).
+
+    The vocabulary is written first: a failure between the two writes leaves an old sidecar whose
+    ``vocab_sha256`` no longer matches, which ``read_vocab_meta`` notices.
+    """
+    path = os.fspath(path)
+    words = list(words)
+    for i, w in enumerate(words):
+        if not isinstance(w, str) or w.split() != [w]:
+            raise VocabError(f"{path}: word {i} ({w!r}) is not a single whitespace-free token")
+    Vocabulary(words, lm=True, source=path)  # duplicates and missing specials
+    data = "".join(w + "\n" for w in words).encode("utf-8")
+    meta = {"n_train_tokens": int(n_tokens) + int(n_sentences), "n_tokens": int(n_tokens),
+            "n_sentences": int(n_sentences), "n_words": len(words), "files": _file_names(files),
+            "vocab_sha256": hashlib.sha256(data).hexdigest()}
+    if is_local(path):  # an object store (gs://) has no directories to make
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_bytes_atomic(path, data)
+    write_bytes_atomic(path + ".json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def read_vocab_meta(path: str | os.PathLike) -> dict | None:
+    """The sidecar ``<path>.json`` written by ``write_vocab``, or None if there is none.
+
+    A sidecar whose ``vocab_sha256`` does not match the vocabulary file (the vocabulary was
+    rewritten or edited since) is ignored with a warning: its numbers may describe other data.
+    """
+    path = os.fspath(path)
+    sidecar = path + ".json"
+    try:
+        with open_binary(sidecar) as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VocabError(f"{sidecar}: not a valid vocabulary sidecar (JSON): {e}") from None
+    if not isinstance(meta, dict):
+        raise VocabError(f"{sidecar}: not a valid vocabulary sidecar: expected a JSON object, "
+                         f"got {type(meta).__name__}")
+    expected = meta.get("vocab_sha256")
+    if expected is not None:
+        try:
+            with open_binary(path) as f:
+                actual = hashlib.sha256(f.read()).hexdigest()
+        except FileNotFoundError:
+            actual = None
+        if actual != expected:
+            warnings.warn(f"{sidecar}: ignored, it does not match {path} (the vocabulary was changed after it "
+                          f"was written); rebuild the vocabulary or give n_train_tokens explicitly", stacklevel=2)
+            return None
+    return meta

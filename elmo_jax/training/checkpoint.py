@@ -1,0 +1,184 @@
+"""Checkpoints of a training run: Orbax for the global state, a small per-process file for the data position.
+
+A run directory holds::
+
+    checkpoints/<step>/          Orbax: ``state`` (params, optimizer state, step, RNG; the softmax
+                                 and its accumulators in ``RowLayout`` slot order, split by rows
+                                 over the devices), ``lstm`` (the carried state of every global
+                                 row), and JSON ``meta`` (the options, the vocabulary's hash and
+                                 size, the global row count, the softmax layout, the format)
+    host_state/<step>.p<i>.npz   per process: its data position (epoch, shard, sentence, the
+                                 rows' buffered pairs)
+    options.json, vocab.txt      what the run was started with
+    metrics.jsonl                one JSON line per logged step
+
+The state is saved as global ``jax.Array``s: each process writes the shards it holds, and a
+restore onto another mesh reads what each device needs (Orbax reshards). Orbax commits a step by
+renaming a finished temporary directory, so a crash mid-save leaves nothing that looks like a
+checkpoint; a step whose files are damaged anyway is skipped with a warning and the previous one
+is used. The host file is written (temp + rename; on an object store such as ``gs://``, one
+object write) before the Orbax save starts, and is only read for steps Orbax has committed. On
+``gs://`` Orbax commits a step with a ``commit_success.txt`` file instead of a rename.
+
+Format 1 (before the device mesh): ``state`` held the softmax in id order, ``[V, P]``, and the
+host file held the process's LSTM rows too. ``restore_latest`` reads both formats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from elmo_jax._util.atomic import atomic_path, is_local
+from elmo_jax.model.vocabulary import Vocabulary
+
+FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A run directory cannot be resumed as asked."""
+
+
+def vocab_hash(vocab: Vocabulary) -> str:
+    return hashlib.sha256("\n".join(vocab.words).encode("utf-8")).hexdigest()
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        elif isinstance(v, np.ndarray) and v.dtype == object:
+            # Token strings hold no whitespace: one newline-joined string is lossless.
+            out[f"{prefix}{k}#words"] = np.array("\n".join(str(w) for w in v))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def _unflatten(flat: dict[str, np.ndarray]) -> dict:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        *parents, leaf = key.split("/")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        if leaf.endswith("#words"):
+            text = str(v)
+            node[leaf[:-6]] = np.array(text.split("\n") if text else [], dtype=object)
+        else:
+            node[leaf] = v
+    return out
+
+
+class Checkpointer:
+    """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
+
+    def __init__(self, run_dir: str | os.PathLike, keep: int = 3, async_save: bool = True, read_only: bool = False):
+        """``read_only``: for readers (eval, export, embed) of a run dir that may be training right
+        now. A writer's manager deletes unfinished saves' temporary directories when it opens;
+        a reader's must not, or it destroys the save the training has in flight."""
+        # Through etils.epath, so that a gs:// run dir works (an absolute path only for a local one:
+        # abspath would turn gs://b/r into <cwd>/gs:/b/r).
+        self.run_dir = epath.Path(os.path.abspath(run_dir) if is_local(run_dir) else run_dir)
+        self.host_dir = self.run_dir / "host_state"
+        if not read_only:
+            self.host_dir.mkdir(parents=True, exist_ok=True)
+        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0, create=False)
+                   if read_only else
+                   ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                                cleanup_tmp_directories=True, create=True))
+        absl = logging.getLogger("absl")
+        level = absl.level
+        if read_only:  # Orbax warns that the directory is read only: that is the point here
+            absl.setLevel(logging.ERROR)
+        try:
+            self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
+        finally:
+            absl.setLevel(level)
+
+    def _host_path(self, step: int, process: int) -> epath.Path:
+        return self.host_dir / f"{step}.p{process}.npz"
+
+    def save(self, step: int, shared: dict, lstm: dict, host: dict, meta: dict) -> None:
+        """``shared`` and ``lstm``: global arrays, saved shard by shard where they are; ``host``:
+        this process's numpy arrays."""
+        with atomic_path(self._host_path(step, jax.process_index())) as tmp:
+            np.savez(tmp, **_flatten(host))
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
+                                                        lstm=ocp.args.StandardSave(lstm),
+                                                        meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
+                          force=True)
+        self._prune_host_files()
+
+    def _prune_host_files(self) -> None:
+        keep = set(self.manager.all_steps())
+        for path in self.host_dir.iterdir():
+            step = path.name.split(".", 1)[0]
+            if step.isdigit() and int(step) not in keep and int(step) < max(keep, default=0):
+                path.unlink(missing_ok=True)
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def meta(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def latest_meta(self) -> dict | None:
+        for step in reversed(self.steps()):
+            try:
+                return self.meta(step)
+            except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
+                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older")
+        return None
+
+    def restore(self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
+                ) -> tuple[dict, dict | None, dict | None, dict]:
+        """(shared state, LSTM rows or None, host state or None, meta) of one step.
+
+        ``abstract(meta)`` gives the targets (``jax.ShapeDtypeStruct`` trees, with the sharding to
+        restore onto) of the ``state`` item and of the ``lstm`` item, or None to skip the rows.
+        ``with_host=False`` skips this process's host file (a run resumed by another number of
+        processes has none that fits).
+        """
+        meta = self.meta(step)
+        target_state, target_lstm = abstract(meta)
+        items = {"state": ocp.args.StandardRestore(target_state)}
+        if target_lstm is not None and meta.get("format", 1) >= 2:
+            items["lstm"] = ocp.args.StandardRestore(target_lstm)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        host = None
+        if with_host:
+            # Read whole (a few KB to MB): np.load wants a seekable file, which a remote one may not be.
+            data = io.BytesIO(self._host_path(step, jax.process_index()).read_bytes())
+            with np.load(data, allow_pickle=False) as f:
+                host = _unflatten({k: f[k] for k in f.files})
+        return restored["state"], restored.get("lstm") if "lstm" in items else None, host, meta
+
+    def restore_latest(self, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
+                       ) -> tuple[int, dict, dict | None, dict | None, dict] | None:
+        """(step, shared, lstm, host, meta) of the newest readable checkpoint, or None."""
+        for step in reversed(self.steps()):
+            try:
+                return (step, *self.restore(step, abstract, with_host))
+            except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
+                warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                              f"falling back to an older one")
+        return None
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,193 @@
+"""Held-out perplexity under the full softmax: both protocols, one device program.
+
+Two protocols, as in the references:
+
+- carried (bilm-tf's ``test.py``): the held-out text is dealt into ``batch_size`` row streams in
+  file order, ``unroll_steps`` tokens at a time, and each row's LSTM state is carried from one
+  window to the next across sentence boundaries;
+- per sentence: every sentence alone from zero state, ``<S> w..`` -> ``w.. </S>`` (and reversed).
+
+Both feed the same step: a window of rows with a mask (padding rows; padding after a sentence),
+the LSTM state in and out (zeros in, output dropped, for the second protocol). The rows are split
+over the devices of a mesh for the char-CNN and the LSTM; the top-layer outputs are then
+all-gathered, and each device scores every position against its own contiguous share of the
+softmax rows, ``block`` rows at a time (``softmax.full_softmax_loss``), so that no ``[positions,
+V]`` logits ever exist. A training state's softmax, in ``RowLayout`` slot order and already split
+by rows, is used where it lies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elmo_jax.config import ModelConfig
+from elmo_jax.model import lstm
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import Source
+from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.softmax import full_softmax_loss
+from elmo_jax.training.step import AXIS, put_global, token_vectors
+
+# Rows of the softmax scored at once per device: logits of [2 x rows x steps, BLOCK] float32 are
+# 84 MB at bilm-tf's 128 x 20, whatever the vocabulary.
+BLOCK = 4096
+
+
+def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
+             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
+             layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK,
+             scored: np.ndarray | None = None) -> dict:
+    """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
+    "unk_rate"}``.
+
+    ``perplexity`` is ``exp(mean CE)`` over all target tokens with ``CE = 0.5 * (CE_fwd +
+    CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is the same number).
+    ``batch_size`` is the number of rows (streams, or sentences at a time), whatever the number
+    of devices: the carried protocol's result depends on it, never on the devices.
+
+    ``params["softmax"]`` (``w [V, P]``, ``b [V]``) is in id order (``run_dir.load_run``), or in
+    ``layout``'s slot order (a training state's ``[V_pad, P]``, padding slots ignored).
+    ``mesh``: a 1-D mesh over ``"data"``; default, that of a softmax already split over one, else
+    every device. Multi-process: every process calls this with the same text and params.
+
+    ``scored``: ``[V]`` bool, the target ids that count (default: all). Models with different
+    vocabularies are comparable only on targets every one of them can name: the others still
+    feed the LSTM as inputs, but their losses are left out (``tokens`` counts per direction's
+    mean). ``unk_rate``: the share of target positions that are ``<UNK>`` in ``vocab``.
+    """
+    mesh = mesh or _mesh_of(params["softmax"]["w"])
+    n_dev = mesh.size
+    w, b, valid, rows = _softmax_table(params["softmax"], layout, n_dev, block)
+    block = _divisor_at_most(rows // n_dev, block)
+    by_row = NamedSharding(mesh, P(AXIS))
+    everywhere = NamedSharding(mesh, P())
+    placed = {"bilm": _place(params["bilm"], everywhere),
+              "softmax": {"w": _place(w, by_row), "b": _place(b, by_row)}}
+    valid = put_global(valid, by_row)
+    to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
+    step = _step_fn(model, mesh, precision, block)
+    padded = -(-batch_size // n_dev) * n_dev
+    zero = jax.jit(lambda: lstm.zero_state(model, padded), out_shardings=NamedSharding(mesh, P(None, None, AXIS)))()
+    if reset_state_per_sentence:
+        table = WordTable(vocab, model.char_cnn.max_characters_per_token)
+        windows = _sentences(source, vocab, table, batch_size)
+    else:
+        batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
+                            max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+        table, windows = batcher.table, _windows(batcher)
+    state, sums, count, unks, positions = zero, [], np.zeros(2), 0, 0
+    for inputs, targets, mask in windows:
+        unks += int((mask[None] & (targets == vocab.unk)).sum())
+        positions += 2 * int(mask.sum())
+        score = np.broadcast_to(mask[None], targets.shape) if scored is None else mask[None] & scored[targets]
+        extra = padded - inputs.shape[1]  # rows that read nothing, so that each device has as many
+        inputs, targets = (np.pad(x, ((0, 0), (0, extra), (0, 0))) for x in (inputs, targets))
+        mask = np.pad(mask, ((0, extra), (0, 0)))
+        score = np.pad(score, ((0, 0), (0, extra), (0, 0)))
+        targets = to_rows(targets).astype(np.int32)
+        local = split_over_devices(table, inputs, targets, n_dev)
+        local = {"chars": local["chars"], "inputs": local["inputs"], "mask": mask.reshape(n_dev, padded // n_dev, -1)}
+        carried, s = step(placed, valid, state, put_global(local, by_row), put_global((targets, score), everywhere))
+        if not reset_state_per_sentence:
+            state = carried
+        sums.append(s)  # read back at the end: the host deals the next window meanwhile
+        count += score.sum(axis=(1, 2))
+    if count.min() == 0:
+        raise ValueError(f"no complete evaluation window in the held-out data (need at least "
+                         f"{batch_size} x {unroll_steps} tokens); lower --batch-size")
+    fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / count
+    return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
+            "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()),
+            "unk_rate": unks / max(positions, 1)}
+
+
+def _mesh_of(w) -> Mesh:
+    sharding = getattr(w, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh.axis_names == (AXIS,):
+        return sharding.mesh
+    return Mesh(np.array(jax.devices()), (AXIS,))
+
+
+def _divisor_at_most(n: int, limit: int) -> int:
+    return max(k for k in range(1, min(n, limit) + 1) if n % k == 0)
+
+
+def _softmax_table(softmax: dict, layout: RowLayout | None, n_dev: int, block: int):
+    """``(w, b, valid, rows)``: a table whose ``rows`` split evenly over ``n_dev`` devices into
+    shares with a divisor near ``block``, and which of its rows are words."""
+    if layout is not None:  # RowLayout pads to a multiple of 3,072: shares of 3,072 / n_dev rows
+        return softmax["w"], softmax["b"], layout.valid(), softmax["w"].shape[0]
+    v = softmax["w"].shape[0]
+    share = -(-v // n_dev)
+    share = -(-share // 8) * 8 if share <= block else -(-share // block) * block
+    rows = share * n_dev
+    w, b = np.asarray(softmax["w"]), np.asarray(softmax["b"])
+    w = np.concatenate([w, np.zeros((rows - v, w.shape[1]), w.dtype)])
+    b = np.concatenate([b, np.zeros(rows - v, b.dtype)])
+    return w, b, np.arange(rows) < v, rows
+
+
+def _place(tree, sharding):
+    """Arrays already on devices are resharded there (a no-op when in place); host arrays are put."""
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding) if isinstance(x, jax.Array)
+                                  else put_global(x, sharding), tree)
+
+
+@functools.lru_cache(maxsize=None)
+def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
+    """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
+    jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their
+    mask), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
+    positions that count) are all rows, on every device."""
+    p = model.lstm.projection_dim
+
+    def per_device(params, valid, state, local, everywhere):
+        local = {k: x[0] for k, x in local.items()}
+        targets, score = everywhere
+        x = token_vectors(params["bilm"], model, local, precision, jnp.float32)
+        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, precision)
+        # Every device scores every position against its share of the softmax rows.
+        h = jax.lax.all_gather(outs[-1], AXIS, axis=1, tiled=True)  # [2, rows, T, P]
+        sm = params["softmax"]
+        bias = jnp.where(valid, sm["b"], -jnp.inf)
+        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision, block, AXIS)
+        return state, jnp.where(score, ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
+
+    in_specs = ({"bilm": P(), "softmax": P(AXIS)}, P(AXIS), P(None, None, AXIS), P(AXIS), P())
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(None, None, AXIS), P())))
+
+
+def _windows(batcher: LMBatcher):
+    """The carried protocol's windows: ``inputs``, ``targets [2, rows, steps]``, ``mask [rows, steps]``."""
+    while True:
+        try:
+            inputs, targets = batcher.window()
+        except StopIteration:
+            return
+        yield inputs, targets, np.ones(inputs.shape[1:], bool)
+
+
+def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int):
+    """The per-sentence protocol's windows, ``rows`` sentences at a time, shortest first (little
+    padding; the sums do not depend on the order); lengths rounded up to a multiple of 8."""
+    sentences = [line.split() for i in range(len(source)) for line in source.read(i)]
+    sentences.sort(key=len)
+    for lo in range(0, len(sentences), rows):
+        chunk = sentences[lo:lo + rows]
+        n = -(-(max(len(s) for s in chunk) + 1) // 8) * 8
+        inputs, targets = np.zeros((2, len(chunk), n), np.int64), np.zeros((2, len(chunk), n), np.int64)
+        mask = np.zeros((len(chunk), n), bool)
+        for r, s in enumerate(chunk):
+            m = len(s) + 1
+            for d, (words, start, end) in enumerate(((s, vocab.bos, vocab.eos), (s[::-1], vocab.eos, vocab.bos))):
+                inputs[d, r, :m] = np.append(start, table.input_ids(words))
+                targets[d, r, :m] = np.append(vocab.encode(words), end)
+            mask[r, :m] = True
+        yield inputs, targets, mask

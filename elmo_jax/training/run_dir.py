@@ -1,0 +1,146 @@
+"""A run directory's weights in id order: load them, export them to bilm-tf files.
+
+Checkpoints keep the softmax in ``RowLayout`` slot order (split by rows over the devices);
+everything here works in vocabulary id order, ``[V, P]``, as bilm-tf's files do. Both checkpoint
+formats are read (see ``checkpoint``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import jax
+import numpy as np
+from etils import epath
+
+from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax.compat.hdf5 import save_hdf5
+from elmo_jax.config import Options
+from elmo_jax.model import lstm
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.step import init_state
+
+
+def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
+    """Restore target of a checkpoint's ``state`` item, written in ``meta['format']``; every leaf
+    on ``sharding`` (default: this process's first device)."""
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shared = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, options.train, 1)).shared()
+    if meta.get("format", 1) == 1:  # the softmax in id order, unpadded
+        v = options.train.n_tokens_vocab
+        for part in ("params", "opt"):
+            shared[part]["softmax"] = {k: jax.ShapeDtypeStruct((v,) + x.shape[1:], x.dtype)
+                                       for k, x in shared[part]["softmax"].items()}
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shared)
+
+
+def abstract_rows(model, global_rows: int, sharding=None) -> dict:
+    """Restore target of a checkpoint's ``lstm`` item (``sharding`` a tree like the rows, or one
+    sharding for all; default: this process's first device)."""
+    rows = jax.eval_shape(lambda: lstm.zero_state(model, global_rows))
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    if not isinstance(sharding, dict):
+        sharding = {k: sharding for k in rows}
+    return {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding[k]) for k, x in rows.items()}
+
+
+def saved_layout(meta: dict) -> RowLayout | None:
+    """The softmax layout a checkpoint was written in (None: format 1, id order)."""
+    return RowLayout(**meta["softmax_layout"]) if meta.get("format", 1) >= 2 else None
+
+
+def softmax_in_id_order(shared: dict, layout: RowLayout | None) -> dict:
+    """``shared`` with its softmax weights and accumulators ``[V, ...]`` in id order (numpy), from
+    ``layout``'s slot order (None: already in id order)."""
+    convert = np.asarray if layout is None else layout.from_stored
+    return {**shared, **{part: {**shared[part], "softmax": {k: convert(x) for k, x in shared[part]["softmax"].items()}}
+                         for part in ("params", "opt")}}
+
+
+def softmax_in_slot_order(shared: dict, layout: RowLayout) -> dict:
+    """The inverse: id order -> slot order (padding: weights 0, accumulators 1, as at init)."""
+    out = dict(shared)
+    for part, fill in (("params", 0.0), ("opt", 1.0)):
+        out[part] = {**shared[part], "softmax": {k: layout.to_stored(np.asarray(x), fill)
+                                                 for k, x in shared[part]["softmax"].items()}}
+    return out
+
+
+def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+    """(options, vocab, shared state with the softmax in id order, step) of a run directory's
+    newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath)."""
+    options_path = os.path.join(run_dir, "options.json")
+    if not epath.Path(options_path).is_file():
+        raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
+    options = Options.load(options_path, saved=True)
+    vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
+    ckpt = Checkpointer(run_dir, read_only=True)
+    try:
+        steps = ckpt.steps()
+        if not steps:
+            raise CheckpointError(f"{run_dir}: no checkpoint found")
+        abstract = lambda meta: (abstract_shared(options, meta), None)  # noqa: E731
+        if step is None:
+            restored = ckpt.restore_latest(abstract, with_host=False)
+            if restored is None:
+                raise CheckpointError(f"{run_dir}: no readable checkpoint")
+            step, shared, _, _, meta = restored
+        else:
+            if step not in steps:
+                raise CheckpointError(f"{run_dir}: no checkpoint at step {step}; have {steps}")
+            shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
+    finally:
+        ckpt.close()
+    return options, vocab, softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
+
+
+def load_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+    """(options, vocab, params, step): params ``{"bilm", "softmax": {"w" [V, P], "b" [V]}}`` in id order."""
+    options, vocab, shared, step = read_run(run_dir, step)
+    return options, vocab, shared["params"], step
+
+
+def write_vocab_file(path: str | os.PathLike, vocab: Vocabulary) -> None:
+    write_text_atomic(path, "\n".join(vocab.words) + "\n")
+
+
+def released_stem(model) -> str:
+    """AllenNLP's name for a biLM shape, e.g. ``2x4096_512_2048cnn_2xhighway`` for ``original``."""
+    c, l = model.char_cnn, model.lstm
+    return f"{l.n_layers}x{l.dim}_{l.projection_dim}_{c.n_filters}cnn_{c.n_highway}xhighway"
+
+
+LAYOUTS = ("elmo_jax", "released")
+
+
+def export_names(model, layout: str = "elmo_jax") -> list[str]:
+    """The four files' names: options, weights, softmax, vocabulary. ``"released"``: AllenNLP's
+    (``elmo_<stem>_options.json``, ``elmo_<stem>_weights.hdf5``, ``elmo_<stem>_softmax_weights.hdf5``,
+    ``vocab-<stem>.txt``), which AllenNLP and bilm-tf users load as they load the released models."""
+    if layout == "elmo_jax":
+        return ["options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"]
+    if layout != "released":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    stem = released_stem(model)
+    return [f"elmo_{stem}_options.json", f"elmo_{stem}_weights.hdf5", f"elmo_{stem}_softmax_weights.hdf5",
+            f"vocab-{stem}.txt"]
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,
+               layout: str = "elmo_jax") -> list[str]:
+    """A run's checkpoint -> bilm-tf files: options (with the training keys), weights (AllenNLP's
+    layout), softmax (``softmax/W`` [V, P], ``softmax/b`` [V]) and vocabulary, named as
+    ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``."""
+    options, vocab, params, step = load_run(run_dir, step)
+    epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
+    paths = [os.path.join(out_dir, n) for n in export_names(options.model, layout)]
+    save_hdf5(options, params["bilm"], paths[0], paths[1])
+    with atomic_path(paths[2]) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f["softmax/W"] = np.asarray(params["softmax"]["w"], np.float32)
+            f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
+    write_vocab_file(paths[3], vocab)
+    return paths

@@ -1,0 +1,281 @@
+"""The pretraining step: sampled-softmax biLM loss, dropout, clipping, Adagrad, sharded softmax.
+
+``train_step(state, batch) -> (state, metrics)`` is a per-device function over the mesh axis
+``data``; ``make_train_step`` runs it under ``jax.shard_map`` inside ``jax.jit`` over a ``Mesh``
+of every device of every process (one program for one host or many). The dense biLM weights are
+replicated and their gradients averaged; the softmax ``[V_pad, P]`` and its Adagrad accumulators
+are split by rows, one owner per row (``sharded_softmax``). The step fetches the rows of its
+candidates and targets from their owners, differentiates w.r.t. those rows only, and sends their
+gradients back; each owner sums them and updates its rows in place (the state is donated). Only
+those rows enter the global norm; their gradient is exactly the dense one restricted to its
+non-zero rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elmo_jax.config import ModelConfig, TrainConfig
+from elmo_jax.model import bilm, char_cnn, lstm
+from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.training.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
+from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
+
+AXIS = "data"
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes. As global arrays: ``step``, ``rng`` and the dense biLM
+    (``params["bilm"]``, ``opt["bilm"]``) replicated; ``params["softmax"]`` (``w [V_pad, P]``,
+    ``b [V_pad]``, in ``RowLayout`` slot order) and ``opt["softmax"]`` split by rows; ``lstm``
+    (``c [2, L, R, dim]``, ``h [2, L, R, P]`` for R global rows) split by rows."""
+
+    step: jax.Array
+    params: dict
+    opt: dict
+    lstm: dict
+    rng: jax.Array  # a raw uint32 key: checkpoints as a plain array
+
+    def shared(self) -> dict:
+        """What is the same for any number of rows: the checkpoint's ``state`` item."""
+        return {"step": self.step, "params": self.params, "opt": self.opt, "rng": self.rng}
+
+
+def dense_optimizer(train: TrainConfig) -> optax.GradientTransformation:
+    # TF's Adagrad: accumulator starts at 1.0 and has no epsilon.
+    return optax.adagrad(train.learning_rate, initial_accumulator_value=1.0, eps=0.0)
+
+
+def state_specs(state: TrainState) -> TrainState:
+    """The ``PartitionSpec`` of every leaf over the mesh axis ``data``."""
+    rep = lambda tree: jax.tree_util.tree_map(lambda _: P(), tree)
+    by_row = {k: P(AXIS) for k in ("w", "b")}
+    return TrainState(step=P(), rng=P(),
+                      params={"bilm": rep(state.params["bilm"]), "softmax": by_row},
+                      opt={"bilm": rep(state.opt["bilm"]), "softmax": by_row},
+                      lstm={k: P(None, None, AXIS) for k in state.lstm})
+
+
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), state_specs(state),
+                                  is_leaf=lambda x: isinstance(x, P))
+
+
+def put_global(tree, shardings):
+    """Host arrays (the same on every process) -> global arrays with ``shardings`` (a tree or
+    one sharding); each process copies only the shards its devices hold."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings)
+
+
+def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int | None = None) -> TrainState:
+    """A fresh state for ``rows`` global rows (default ``train.batch_size``).
+
+    Under ``jax.jit(..., out_shardings=state_shardings(...))`` each device draws only its own
+    softmax rows (jax's threefry is partitionable). The weights are drawn in slot order:
+    N(0, 1/sqrt(P)) as in bilm-tf, zero in the padding slots.
+    """
+    k_bilm, k_softmax, k_rng = jax.random.split(key, 3)
+    p = model.lstm.projection_dim
+    layout = RowLayout.for_vocab(train.n_tokens_vocab)
+    valid = jnp.asarray(layout.valid())
+    params = {
+        "bilm": bilm.init(k_bilm, model),
+        # bilm-tf: zero bias; the softmax is shared by both directions.
+        "softmax": {"w": jax.random.normal(k_softmax, (layout.padded, p)) / np.sqrt(p) * valid[:, None],
+                    "b": jnp.zeros((layout.padded,))},
+    }
+    sparse = SparseAdagrad(train.learning_rate)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt={"bilm": dense_optimizer(train).init(params["bilm"]),
+             "softmax": {k: sparse.init(v) for k, v in params["softmax"].items()}},
+        lstm=lstm.zero_state(model, train.batch_size if rows is None else rows),
+        rng=k_rng,
+    )
+
+
+def token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype,
+                  layout: Layout | None = None) -> jax.Array:
+    """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
+    chunk = None if layout is None else layout.cnn_chunk
+    words = char_cnn.apply(params["char_cnn"], model, batch["chars"], precision, dtype, chunk)
+    return words[batch["inputs"]]
+
+
+def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
+    # Keys depend on (seed, step, global row) only, never on the device that holds the row.
+    base = jax.random.fold_in(state.rng, state.step)
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(rows)
+
+
+def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: TrainConfig,
+               precision="highest", dtype=jnp.float32, axis_name: str | None = AXIS,
+               layout: Layout | None = None) -> tuple[TrainState, dict]:
+    """One optimisation step on this device's rows and softmax shard.
+
+    ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
+    ``targets [2, B, T]``, ``rows [B]`` global row ids, ``starts [2, B, T]`` sentence starts (for
+    ``train.reset_state_prob``), ``candidates [2, S]`` sampled ids,
+    ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
+    (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
+    this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
+    ``axis_name`` None it runs on one device alone, outside any mesh. ``layout``: see
+    ``elmo_jax.model.layout`` (default: the backend's).
+    """
+    layout = layout or for_backend()
+    v, p = train.n_tokens_vocab, model.lstm.projection_dim
+    targets, cands = batch["targets"], batch["candidates"]
+    n_pos = targets.shape[1] * targets.shape[2]
+    flat_targets = targets.reshape(2, n_pos)
+    row_keys = _row_keys(state, batch["rows"])
+    sm = state.params["softmax"]
+    with jax.named_scope("softmax_rows"):
+        rows, received = fetch_rows(sm, batch["fetch"], axis_name)
+    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
+
+    resets = None
+    if train.reset_state_prob > 0:
+        # Drawn from the row keys like dropout: the same resets however rows are split over devices.
+        draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1),
+                                                     (2, targets.shape[2])))(row_keys)  # [B, 2, T]
+        resets = batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
+
+    # The named scopes label the parts of the step in a profile (benchmarks/bench_variants.py).
+    def loss_fn(bilm_params, rows_w, rows_b):
+        with jax.named_scope("char_cnn"):
+            x = token_vectors(bilm_params, model, batch, precision, dtype, layout)
+        mask = jnp.ones(targets.shape[1:], bool)
+        # Gradients stop at the window edge: the carried state is an input, not a graph.
+        carried = jax.lax.stop_gradient(state.lstm)
+        with jax.named_scope("lstm"):
+            outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
+                                      train.dropout, row_keys, resets, layout)
+        top = outs[-1]
+        if train.dropout > 0:
+            top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
+        with jax.named_scope("softmax"):
+            per_dir = [
+                sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
+                                     rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
+                                     batch["num_tries"][d], v, precision).mean()
+                for d in range(2)]
+        loss = 0.5 * (per_dir[0] + per_dir[1])
+        # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
+        # that scale changes the effective step size, so it is kept.
+        return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
+
+    bilm_params = state.params["bilm"]
+    if axis_name is not None:
+        # Replicated params enter a per-device loss: marked device-varying, their gradient is this
+        # device's own (shard_map would otherwise psum it implicitly), averaged below.
+        bilm_params = jax.lax.pcast(bilm_params, (axis_name,), to="varying")
+    (g_bilm, g_w, g_b), (per_dir, new_lstm) = jax.grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
+        bilm_params, rows["w"], rows["b"])
+    rows_per_device = sm["b"].shape[0]
+    with jax.named_scope("softmax_rows"):
+        ids, g_rows = return_grads({"w": g_w, "b": g_b}, received, rows_per_device, axis_name)
+    if axis_name is not None:
+        # The loss is a mean over this device's rows: the global loss is the mean over devices.
+        n_dev = jax.lax.axis_size(axis_name)
+        g_bilm = jax.lax.pmean(g_bilm, axis_name)
+        g_rows = {k: g / n_dev for k, g in g_rows.items()}
+    # Each row has one owner, holding its whole gradient: the sparse part of the norm is a sum
+    # over owners.
+    sparse_sq = jnp.sum(g_rows["w"] * g_rows["w"]) + jnp.sum(g_rows["b"] * g_rows["b"])
+    if axis_name is not None:
+        sparse_sq = jax.lax.psum(sparse_sq, axis_name)
+    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True) + sparse_sq)
+    clip = train.all_clip_norm_val
+    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
+    g_bilm = jax.tree_util.tree_map(lambda g: g * scale, g_bilm)
+
+    with jax.named_scope("optimizer"):
+        updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
+        new_bilm = optax.apply_updates(state.params["bilm"], updates)
+        sparse = SparseAdagrad(train.learning_rate)
+        new_sm, new_acc = {}, {}
+        for name in ("w", "b"):
+            new_sm[name], new_acc[name] = sparse.apply(sm[name], state.opt["softmax"][name], ids,
+                                                       g_rows[name] * scale)
+
+    loss_sums = per_dir * n_pos
+    count = jnp.asarray(n_pos, jnp.float32)
+    if axis_name is not None:
+        loss_sums = jax.lax.psum(loss_sums, axis_name)
+        count = jax.lax.psum(count, axis_name)
+    new_state = TrainState(step=state.step + 1, params={"bilm": new_bilm, "softmax": new_sm},
+                           opt={"bilm": opt_bilm, "softmax": new_acc}, lstm=new_lstm, rng=state.rng)
+    metrics = {"loss_sum_fwd": loss_sums[0], "loss_sum_bwd": loss_sums[1], "count": count,
+               "grad_norm": grad_norm}
+    return new_state, metrics
+
+
+BATCH_KEYS = ("chars", "inputs", "targets", "rows", "starts", "candidates", "num_tries", "fetch", "cand_index",
+              "target_index")
+
+
+@functools.lru_cache(maxsize=8)
+def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precision="highest", dtype=jnp.float32,
+                    layout: Layout | None = None):
+    """``train_step`` under ``shard_map`` over ``mesh`` inside ``jit``; the state is donated
+    (updated in place: the softmax and its accumulators are never copied).
+
+    Takes global arrays: the state as ``state_shardings`` places it, and a batch whose every leaf
+    has a leading axis of one entry per device (``P("data")``). Cached: runs of one process with
+    the same model, recipe and mesh share the compiled programs."""
+    def per_device(state, batch):
+        return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
+                          precision=precision, dtype=dtype, axis_name=AXIS, layout=layout)
+
+    specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
+                         out_specs=(specs, P()))
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int,
+                   first_device: int = 0, fixed: bool = False) -> dict:
+    """Adds ``candidates [D, 2, S]`` and ``num_tries [D, 2]`` to a host batch with device axis D.
+
+    Drawn per (step, global device, direction) from its own seeded generator, so a run is
+    reproducible and a resumed run draws what it would have drawn. ``fixed``: every device gets
+    the same draw (for tests that compare device layouts).
+    """
+    n_dev = batch["inputs"].shape[0]
+    cands = np.empty((n_dev, 2, num_sampled), np.int32)
+    tries = np.empty((n_dev, 2), np.float32)
+    for k in range(n_dev):
+        for d in range(2):
+            device = 0 if fixed else first_device + k
+            rng = np.random.default_rng([seed, step, device, d])
+            cands[k, d], tries[k, d] = sample_log_uniform_unique(rng, num_sampled, vocab_size)
+    return {**batch, "candidates": cands, "num_tries": tries}
+
+
+def prepare_batch(batch: dict, *, step: int, seed: int, train: TrainConfig, n_devices: int, first_device: int = 0,
+                  fixed: bool = False, capacity: int = 0) -> tuple[dict, int]:
+    """A batcher's host batch ``[D, ...]`` -> everything ``train_step`` takes, and the fetch
+    capacity used (at least ``capacity``; see ``sharded_softmax.plan_fetch``)."""
+    batch = add_candidates(batch, step=step, seed=seed, num_sampled=train.n_negative_samples_batch,
+                           vocab_size=train.n_tokens_vocab, first_device=first_device, fixed=fixed)
+    return plan_batch(batch, train.n_tokens_vocab, n_devices, capacity)
+
+
+def plan_batch(batch: dict, vocab_size: int, n_devices: int, capacity: int = 0) -> tuple[dict, int]:
+    """A host batch with its candidates -> the same with the fetch plan of ``plan_fetch`` (which
+    may replace an older one), and the capacity used (at least ``capacity``)."""
+    plan, capacity = plan_fetch(batch["candidates"], batch["targets"], RowLayout.for_vocab(vocab_size), n_devices,
+                                capacity)
+    return {**batch, **plan}, capacity
