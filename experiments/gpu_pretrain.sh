@@ -2,7 +2,7 @@
 # The pretraining run of experiments/README.md on a lent GPU machine, in one call: the same
 # `elmo-jax train` command as on the CPU, then both held-out evaluations and the export.
 #   bash experiments/gpu_pretrain.sh OUT_DIR     (needs experiments/data/lm from prep_corpus.py)
-# TRAIN_ARGS adds flags to the train command (e.g. TRAIN_ARGS='--reset-state-prob 0.1').
+# TRAIN_ARGS adds flags to the train command (e.g. TRAIN_ARGS='--reset-state-prob 0', bilm-tf's recipe).
 # TRAIN_SECONDS bounds the training; on SIGTERM `elmo-jax train` saves its checkpoint and stops.
 set -uo pipefail
 out=${1:?usage: gpu_pretrain.sh OUT_DIR}
