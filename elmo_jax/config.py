@@ -151,7 +151,7 @@ class TrainConfig:
     n_train_tokens: int = 768648884
     """Tokens per epoch (bilm-tf's default is the 1B Word count; set it from the vocab pass)."""
     bidirectional: bool = True
-    """Only bidirectional models are supported (a missing key means true here; see README)."""
+    """Only bidirectional models are supported (a missing key means true here; see docs/formats.md)."""
     learning_rate: float = 0.2
     """Adagrad learning rate (bilm-tf default 0.2)."""
     sample_softmax: bool = True

@@ -85,7 +85,7 @@ class TfdsSource:
     """A tfds dataset read through ``tfds.data_source`` (ArrayRecord, no TensorFlow needed).
 
     The records are split into ``n_shards`` contiguous ranges that play the role of files. The
-    dataset must already be prepared in ArrayRecord format; see README ("lm1b with tfds").
+    dataset must already be prepared in ArrayRecord format; see docs/pretraining.md ("lm1b with tfds").
     """
 
     def __init__(self, name: str, split: str = "train", data_dir: str | None = None, n_shards: int = 100,
@@ -97,7 +97,8 @@ class TfdsSource:
         except Exception as e:  # tfds raises many types for "not prepared"; name the fix.
             raise DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                            f"prepare it once with file_format='array_record' (see README)") from None
+                            f"prepare it once with file_format='array_record' "
+                            f"(see docs/pretraining.md, \"lm1b with tfds\")") from None
         n = len(self.source)
         if n == 0:
             raise DataError(f"tfds dataset {name!r} split {split!r} is empty")
