@@ -26,7 +26,7 @@ from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
 YMAX = 1000
 
 
-def read_run(run_dir: pathlib.Path) -> tuple[dict, list[dict], list[dict]]:
+def read_metrics(run_dir: pathlib.Path) -> tuple[dict, list[dict], list[dict]]:
     """(options, logged rows, held-out rows) of a run dir, or of a results folder holding its
     ``metrics.jsonl`` and ``options.json``."""
     metrics_path = run_dir / "metrics.jsonl"
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
     p.add_argument("--compare-label", default=None)
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "experiments" / "results")
     args = p.parse_args(argv)
-    runs = [(args.label or args.run_dir.name, *read_run(args.run_dir))]
+    runs = [(args.label or args.run_dir.name, *read_metrics(args.run_dir))]
     if args.compare:
-        runs.append((args.compare_label or args.compare.name, *read_run(args.compare)))
+        runs.append((args.compare_label or args.compare.name, *read_metrics(args.compare)))
     # Same data, same rows: the epoch axis is shared (the table's steps are the first run's).
     options = runs[0][1]
     tokens_per_step = options["batch_size"] * options["unroll_steps"]
