@@ -1,4 +1,4 @@
-"""The cost of the per-step agreement of a multi-process run (``elmo_jax.training.loop._agree_max``).
+"""The cost of the per-step agreement of a multi-process run (``elmo_jax.training.global_batches._agree_max``).
 
     python benchmarks/bench_agree.py [--processes 2] [--calls 200]
 
@@ -24,7 +24,7 @@ def worker(port: int, n: int, rank: int, calls: int) -> None:
     import numpy as np
 
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=rank)
-    from elmo_jax.training.loop import _agree_max
+    from elmo_jax.training.global_batches import _agree_max
 
     _agree_max([1, 2, 0])  # the first call compiles
     times = []

@@ -48,7 +48,7 @@ from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
 from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402
 from elmo_jax.text.sources import TextFiles  # noqa: E402
 from elmo_jax.training.batches import LMBatcher  # noqa: E402
-from elmo_jax.training.loop import GlobalBatches  # noqa: E402
+from elmo_jax.training.global_batches import GlobalBatches  # noqa: E402
 from elmo_jax.training.sharded_softmax import RowLayout, plan_fetch  # noqa: E402
 from elmo_jax.training.softmax import sample_log_uniform_unique  # noqa: E402
 from elmo_jax.training.step import (AXIS, add_candidates, init_state, make_train_step, plan_batch,  # noqa: E402

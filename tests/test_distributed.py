@@ -46,7 +46,8 @@ from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles, shard_for_process
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer
-from elmo_jax.training.loop import GlobalBatches, RunSettings, _restore_or_init, pretrain
+from elmo_jax.training.global_batches import GlobalBatches
+from elmo_jax.training.loop import RunSettings, _restore_or_init, pretrain
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, load_run, read_run, softmax_in_id_order
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import AXIS, init_state, make_train_step, put_global, state_shardings
@@ -364,13 +365,13 @@ def worker_cache(tmp_path_factory):
 FAIL_AT_STEP_3 = """
 import sys
 from elmo_jax import cli
-from elmo_jax.training import loop
-real = loop._summarise
-def failing(window, step, *args):
+from elmo_jax.training import hooks
+real = hooks.summarise
+def failing(sums, n, step, *args):
     if step >= 3:
         raise RuntimeError("injected failure in host code")
-    return real(window, step, *args)
-loop._summarise = failing
+    return real(sums, n, step, *args)
+hooks.summarise = failing
 sys.exit(cli.main(sys.argv[1:]))
 """
 

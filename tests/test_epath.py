@@ -25,7 +25,8 @@ from orbax.checkpoint._src.path import gcs_utils
 from elmo_jax._util.atomic import is_local
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
-from elmo_jax.training.loop import RunSettings, _MetricsFile, options_for_vocab, pretrain
+from elmo_jax.training.hooks import MetricsFile
+from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
 from elmo_jax.training.run_dir import export_run, load_run
 
 from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
@@ -136,12 +137,12 @@ def test_metrics_file_drops_later_steps_and_keeps_everything_else(monkeypatch, t
             path = local = tmp_path / "metrics.jsonl"
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(old)
-        m = _MetricsFile(os.fspath(path), start=2)
+        m = MetricsFile(os.fspath(path), start=2)
         assert local.read_bytes() == b"".join(line + b"\n" for line in lines if line != b'{"step": 3}')
         m.add({"step": 3})
         m.add({"step": 4})
         assert local.read_bytes().endswith(b'{"step": 2, "x": 0}\n{"step": 3}\n{"step": 4}\n')
         # Nothing to drop and no torn line: the file is left as it is.
         before = local.stat().st_mtime_ns
-        _MetricsFile(os.fspath(path), start=4)
+        MetricsFile(os.fspath(path), start=4)
         assert local.stat().st_mtime_ns == before

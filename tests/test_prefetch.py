@@ -21,7 +21,7 @@ from elmo_jax.config import TrainConfig
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.loop import GlobalBatches, StopTogether
+from elmo_jax.training.global_batches import GlobalBatches, StopTogether
 from elmo_jax.training.prefetch import CandidatePool
 from elmo_jax.training.step import AXIS, BATCH_KEYS, add_candidates
 

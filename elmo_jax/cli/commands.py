@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(130)
         return 130
     except Exception as e:
-        from elmo_jax.training.loop import PeerFailed
+        from elmo_jax.training.global_batches import PeerFailed
 
         if not isinstance(e, PeerFailed):
             raise

@@ -1,0 +1,72 @@
+"""The training loop's hooks, each alone: the metrics window, the progress bar, the signal stop.
+
+(``MetricsFile`` is tested in test_epath.py, the stop agreement of ``GlobalBatches`` in
+test_prefetch.py and test_distributed.py, the divergence guard in test_divergence.py.)
+"""
+
+import math
+import os
+import signal
+
+import jax.numpy as jnp
+import pytest
+
+from elmo_jax.training.hooks import MetricsWindow, Progress, SignalStop, summarise
+
+
+def _metrics(fwd: float, bwd: float, count: float = 4.0, grad_norm: float = 1.0) -> dict:
+    return {"loss_sum_fwd": jnp.float32(fwd * count), "loss_sum_bwd": jnp.float32(bwd * count),
+            "count": jnp.float32(count), "grad_norm": jnp.float32(grad_norm)}
+
+
+def test_the_window_reads_each_step_one_step_late_and_averages_over_tokens():
+    w = MetricsWindow(tokens_per_step=80)
+    w.add(_metrics(2.0, 4.0, grad_norm=1.0))
+    assert w.n == 0 and w.pending is not None  # the first step is waited for, but read with the next
+    w.add(_metrics(4.0, 6.0, grad_norm=3.0))
+    assert w.n == 1  # the step before the one just dispatched
+    record = w.close(step=2, epoch=0)
+    assert w.n == 0 and w.pending is None
+    assert record["loss_fwd"] == pytest.approx(3.0) and record["loss_bwd"] == pytest.approx(5.0)
+    assert record["loss"] == pytest.approx(4.0) and record["perplexity"] == pytest.approx(math.exp(4.0))
+    assert record["grad_norm"] == pytest.approx(2.0)
+    assert record["step"] == 2 and "startup_s" in record and record["tokens_per_s"] > 0
+    assert w.last is record
+    w.restart_clock()
+    w.add(_metrics(1.0, 1.0))
+    second = w.close(step=3, epoch=1)
+    assert "startup_s" not in second and second["loss"] == pytest.approx(1.0) and second["epoch"] == 1
+
+
+def test_summarise_weights_by_token_count_and_caps_the_perplexity():
+    sums = {"loss_sum_fwd": 10.0, "loss_sum_bwd": 30.0, "count": 10.0, "grad_norm": 4.0}
+    r = summarise(sums, 2, step=7, epoch=0, tokens=100, seconds=2.0)
+    assert r["loss"] == pytest.approx(2.0) and r["grad_norm"] == pytest.approx(2.0)
+    assert r["tokens_per_s"] == pytest.approx(50.0)
+    huge = summarise({**sums, "loss_sum_fwd": 1e6}, 2, step=7, epoch=0, tokens=1, seconds=1.0)
+    assert huge["perplexity"] == pytest.approx(math.exp(50.0))  # a finite number to log, not inf
+
+
+def test_a_signal_becomes_a_request_and_a_second_one_interrupts():
+    before = signal.getsignal(signal.SIGTERM)
+    with SignalStop() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before  # restored on exit
+
+
+def test_progress_is_silent_when_disabled_and_shows_the_record_otherwise(capsys):
+    off = Progress(False, total=5, start=0)
+    off.update()
+    off.show({"loss": 1.0, "perplexity": 2.7, "tokens_per_s": 10.0})
+    off.close()
+    assert capsys.readouterr().err == ""
+    on = Progress(True, total=5, start=2)
+    on.update()
+    on.show({"loss": 1.25, "perplexity": 3.5, "tokens_per_s": 10.0})
+    on.close()
+    err = capsys.readouterr().err
+    assert "3/5" in err and "loss=1.250" in err
