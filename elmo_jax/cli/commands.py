@@ -232,7 +232,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
-                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers)
+                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers,
+                           on_divergence=args.on_divergence, new_data=args.new_data)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     init_state = None
     if warm is not None:
@@ -521,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--host-workers", type=int, default=0, metavar="N",
                     help="processes that draw the sampled candidates ahead (0: drawn with each batch)")
     tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--on-divergence", choices=("stop", "warn"), default="stop",
+                    help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
+                         "checkpoint of the diverged state left as the newest (default), or warn once and go on")
+    tr.add_argument("--new-data", action="store_true",
+                    help="resume on training files other than the run's: keep the weights and optimizer state, start "
+                         "the data position afresh (without it such a resume is refused)")
     tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
     tr.add_argument("--num-processes", type=int)
     tr.add_argument("--process-id", type=int)
@@ -642,8 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:
         from elmo_jax.training.global_batches import PeerFailed
+        from elmo_jax.training.hooks import Diverged
 
-        if not isinstance(e, PeerFailed):
+        if not isinstance(e, (PeerFailed, Diverged)):
             raise
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 1

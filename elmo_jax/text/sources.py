@@ -8,6 +8,7 @@ process of a multi-process run its own shards.
 from __future__ import annotations
 
 import glob as globlib
+import hashlib
 import os
 import warnings
 from typing import Protocol, Sequence
@@ -48,6 +49,21 @@ class TextFiles:
     def name(self, shard: int) -> str:
         return self.files[shard]
 
+    def fingerprint(self) -> list[dict]:
+        """Per file: its name, size and a hash of its first and last 64 KiB (cheap for GBs of text;
+        a regenerated file almost always changes its size or its ends)."""
+        out = []
+        for path in self.files:
+            size = os.path.getsize(path)
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                h.update(f.read(_ENDS))
+                if size > _ENDS:
+                    f.seek(max(_ENDS, size - _ENDS))
+                    h.update(f.read(_ENDS))
+            out.append({"name": os.path.basename(path), "size": size, "sha256_ends": h.hexdigest()[:16]})
+        return out
+
     def read(self, shard: int) -> list[str]:
         path = self.files[shard]
         with open(path, "rb") as f:
@@ -76,6 +92,10 @@ class Lines:
 
     def name(self, shard: int) -> str:
         return self.label
+
+    def fingerprint(self) -> list[dict]:
+        text = "\n".join(self.lines).encode("utf-8")
+        return [{"name": self.label, "size": len(text), "sha256_ends": hashlib.sha256(text).hexdigest()[:16]}]
 
     def read(self, shard: int) -> list[str]:
         return list(self.lines)
@@ -111,6 +131,10 @@ class TfdsSource:
     def name(self, shard: int) -> str:
         return f"{self.label}[{self.bounds[shard]}:{self.bounds[shard + 1]}]"
 
+    def fingerprint(self) -> list[dict]:
+        """The dataset and its record count (tfds's prepared files are versioned by tfds itself)."""
+        return [{"name": self.label, "size": int(self.bounds[-1]), "sha256_ends": ""}]
+
     def read(self, shard: int) -> list[str]:
         lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
         try:  # one batched read of the shard's records
@@ -125,6 +149,31 @@ class TfdsSource:
             if text.strip():
                 out.append(text)
         return out
+
+
+_ENDS = 1 << 16
+
+
+def fingerprint(source: Source) -> list[dict] | None:
+    """What a run records of its training data, to know it again on resume (None: a source type
+    that cannot say)."""
+    fp = getattr(source, "fingerprint", None)
+    return fp() if fp is not None else None
+
+
+def data_changes(saved: list[dict], now: list[dict]) -> list[str]:
+    """How ``now`` differs from ``saved`` (both from ``fingerprint``), by file name: a file moved
+    to another directory is the same file, a regenerated one is not."""
+    before, after = {f["name"]: f for f in saved}, {f["name"]: f for f in now}
+    changes = [f"{name} is new" for name in after if name not in before]
+    changes += [f"{name} is gone" for name in before if name not in after]
+    for name in before.keys() & after.keys():
+        b, a = before[name], after[name]
+        if b["size"] != a["size"]:
+            changes.append(f"{name} changed size ({b['size']:,} -> {a['size']:,} bytes)")
+        elif b["sha256_ends"] != a["sha256_ends"]:
+            changes.append(f"{name} changed content")
+    return changes
 
 
 def open_source(spec: str, data_dir: str | None = None) -> Source:

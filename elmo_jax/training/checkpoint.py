@@ -97,6 +97,7 @@ class Checkpointer:
                    if read_only else
                    ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                 cleanup_tmp_directories=True, create=True))
+        self._closed = False
         absl = logging.getLogger("absl")
         level = absl.level
         if read_only:  # Orbax warns that the directory is read only: that is the point here
@@ -176,9 +177,32 @@ class Checkpointer:
                               f"falling back to an older one")
         return None
 
+    def set_aside(self, after: int, folder: str) -> list[int]:
+        """Moves the checkpoints of the steps after ``after``, and their host files, to
+        ``run_dir/folder/<step>/`` where no reader looks: the newest checkpoint is then at or
+        before ``after``. Kept, not deleted: they may be worth a look. Returns the steps moved."""
+        self.wait()
+        steps = [s for s in self.steps() if s > after]
+        if steps and jax.process_index() == 0:
+            for s in steps:
+                dest = self.run_dir / folder / str(s)
+                n = 1
+                while dest.exists():  # set aside before, in an earlier session
+                    dest, n = self.run_dir / folder / f"{s}.{n}", n + 1
+                dest.mkdir(parents=True)
+                (self.run_dir / "checkpoints" / str(s)).rename(dest / "checkpoint")
+                for host in self.host_dir.glob(f"{s}.p*.npz"):
+                    host.rename(dest / host.name)
+        if steps:
+            self.manager.reload()
+        return steps
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.manager.wait_until_finished()
         self.manager.close()

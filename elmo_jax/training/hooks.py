@@ -190,3 +190,64 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
 
+
+class Diverged(RuntimeError):
+    """The training loss diverged and the run stopped (``DivergenceGuard``, mode ``"stop"``).
+
+    ``step``: the logged step that decided it; ``last_good``: the newest step whose parameters are
+    known to give a healthy loss (see ``DivergenceGuard``)."""
+
+    def __init__(self, message: str, step: int, last_good: int):
+        super().__init__(message)
+        self.step, self.last_good = step, last_good
+
+
+class DivergenceGuard:
+    """Stops (or warns about) a run whose training loss has blown up, from the logged records alone.
+
+    A record is bad when its loss is not finite, or above ``ln V + margin``: a model that guesses
+    uniformly over the vocabulary scores ln V, so a trained one above it has lost what it learnt.
+    (The sampled softmax's loss can pass ln V in a run's first steps, by up to about 0.6 nats on
+    the bundled sample, hence the margin.) A non-finite record decides at once; a finite one
+    after ``patience`` bad records in a row, so that one noisy window does not stop a run.
+
+    ``last_good`` is the newest step whose parameters gave a healthy loss: a record at step ``L``
+    averages the losses of steps up to ``L``, computed with the parameters saved after step
+    ``L - 1`` and before, so a healthy record proves ``L - 1``. The steps saved after it, in a
+    run that diverged, hold a state that is diverged or about to be (see ``loop.pretrain``).
+    It reads what the metrics window has already brought to the host: no extra device sync.
+    """
+
+    MODES = ("stop", "warn")
+
+    def __init__(self, n_vocab: int, start: int, margin: float = 1.0, patience: int = 3, mode: str = "stop"):
+        if mode not in self.MODES:
+            raise ValueError(f"on_divergence must be one of {', '.join(self.MODES)}; got {mode!r}")
+        if patience < 1:
+            raise ValueError(f"divergence patience must be 1 or more; got {patience}")
+        self.threshold, self.margin, self.patience, self.mode = math.log(n_vocab) + margin, margin, patience, mode
+        self.streak, self.warned = 0, False
+        self.last_good = start  # the state a session starts from was judged by the session before
+
+    @property
+    def suspect(self) -> bool:
+        """Whether the newest record was bad: a state saved now might be a diverged one."""
+        return self.streak > 0
+
+    def check(self, record: dict) -> str | None:
+        """Reads one logged record; returns why the run diverged (when it just did), else None.
+        In mode ``"stop"`` a divergence raises ``Diverged`` instead."""
+        loss, step = record["loss"], record["step"]
+        finite = all(math.isfinite(record[k]) for k in ("loss", "loss_fwd", "loss_bwd", "grad_norm"))
+        if finite and loss <= self.threshold:
+            self.streak, self.warned, self.last_good = 0, False, max(self.last_good, step - 1)
+            return None
+        self.streak += 1
+        if (finite and self.streak < self.patience) or self.warned:  # warn once per bad stretch
+            return None
+        self.warned = True
+        why = (f"loss {loss:.6g}, not finite" if not finite else
+               f"loss {loss:.6g} above {self.threshold:.2f} (ln V + {self.margin:g}) for {self.streak} logged steps")
+        if self.mode == "stop":
+            raise Diverged(f"the training loss diverged at step {step}: {why}", step, self.last_good)
+        return why

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import warnings
 from typing import Callable
 
@@ -21,12 +22,12 @@ from elmo_jax import policy
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.text.sources import DataError, Source, shard_for_process
+from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, vocab_hash
 from elmo_jax.training.evaluate import evaluate
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
-from elmo_jax.training.hooks import MetricsFile, MetricsWindow, Progress, SignalStop
+from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
 from elmo_jax.training.step import AXIS, TrainState, make_train_step, put_global, state_shardings
@@ -60,6 +61,17 @@ class RunSettings:
     since the sampler's faster first-draw pass, neither 1 nor 2 workers beat the default
     (``bench_train.py --pipeline-only``: 4.0-6.0 and 5.5-6.0 against 4.2-5.3 ms a step), hence
     0 until a GPU host is measured."""
+    on_divergence: str = "stop"
+    """What a diverged training loss does (``hooks.DivergenceGuard``): "stop" the run, with no
+    checkpoint of the diverged state left as the newest; or "warn" once and train on."""
+    divergence_margin: float = 1.0
+    """Nats above ln V (a uniform guess) that count as diverged."""
+    divergence_patience: int = 3
+    """Logged steps in a row above that before the guard acts (a non-finite loss acts at once)."""
+    new_data: bool = False
+    """Resume the weights and optimizer state on training data other than the run's: the data
+    position starts afresh on it (continued pretraining within one run dir). Without it, a resume
+    on changed data is refused."""
 
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
@@ -82,10 +94,25 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     return Options(model=model, train=dataclasses.replace(train_cfg, **changes))
 
 
-def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int) -> dict:
+def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int, data: list[dict] | None) -> dict:
     return {"options": options.to_dict(), "vocab_sha256": vocab_hash(vocab), "vocab_size": len(vocab),
             "global_rows": global_rows, "process_count": jax.process_count(), "local_devices": n_local,
-            "softmax_layout": RowLayout.for_vocab(options.train.n_tokens_vocab).to_dict()}
+            "softmax_layout": RowLayout.for_vocab(options.train.n_tokens_vocab).to_dict(),
+            "train_files": data}
+
+
+def check_same_data(meta: dict, now: list[dict] | None, run_dir: str) -> None:
+    """A run resumes on the data it saved its position in: the same files, as ``sources.fingerprint``
+    sees them (``now``; a run dir saved before the files were recorded is not checked)."""
+    saved = meta.get("train_files")
+    if saved is None or now is None:
+        return
+    changes = data_changes(saved, now)
+    if changes:
+        more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+        raise DataError(f"the training data differs from what {run_dir} was saved with ({'; '.join(changes[:3])}"
+                        f"{more}): its data position would land in other text. Give the same files, or "
+                        f"new_data to keep the weights and optimizer and start the data position afresh")
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
@@ -121,7 +148,8 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     softmax. Resumed with the same number of processes and global rows the run continues exactly;
     with another row count the data position (epoch, shard, sentence) is kept and the rows'
     buffered text and LSTM state start afresh; with another number of processes (whose shards
-    differ) the data starts afresh too. Every process decides the same from the shared metadata.
+    differ) the data starts afresh too, as it does under ``settings.new_data``. Every process
+    decides the same from the shared metadata.
     """
     t, model = options.train, options.model
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
@@ -129,17 +157,17 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     zero_rows = jax.jit(lambda: lstm.zero_state(model, global_rows), out_shardings=rows_sharding)
     restored = None
     if meta is not None:
-        same_procs = meta.get("process_count") == jax.process_count()
+        keep_data = meta.get("process_count") == jax.process_count() and not settings.new_data
 
         def abstract(m: dict):
             if m.get("format", 1) == 1:  # read onto one device, converted below
                 return abstract_shared(options, m), None
             target = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                             abstract_shared(options, m), shardings.shared())
-            return target, abstract_rows(model, global_rows, rows_sharding) if m.get("global_rows") == global_rows \
-                else None
+            return target, abstract_rows(model, global_rows, rows_sharding) \
+                if keep_data and m.get("global_rows") == global_rows else None
 
-        restored = ckpt.restore_latest(abstract, with_host=same_procs)
+        restored = ckpt.restore_latest(abstract, with_host=keep_data)
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
@@ -157,7 +185,10 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     where = f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with " \
             f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and " \
             f"optimizer state restored"
-    if host is None:
+    if settings.new_data:
+        if jax.process_index() == 0:
+            print(f"{where}; new training data (new_data): the data position and the LSTM state start afresh")
+    elif host is None:
         warnings.warn(f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state")
     elif rows is None:
         warnings.warn(f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
@@ -227,6 +258,8 @@ class _Run:
     ckpt: Checkpointer
     meta: dict | None
     """The newest checkpoint's metadata (None: a fresh run)."""
+    data: list[dict] | None
+    """The training files as ``sources.fingerprint`` records them."""
 
     @property
     def lead(self) -> bool:
@@ -256,11 +289,14 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     total = settings.steps
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
+    data = fingerprint(source)
     ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
     meta = ckpt.latest_meta()
     try:
         if meta is not None:
             check_compatible(meta, options, vocab, settings.run_dir)
+            if not settings.new_data:
+                check_same_data(meta, data, settings.run_dir)
         elif jax.process_index() == 0:
             options.save(os.path.join(settings.run_dir, "options.json"))
             write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
@@ -268,7 +304,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
         ckpt.close()
         raise
     return _Run(options, vocab, settings, mesh, n_local, global_rows, jax.process_index() * n_local, shards, total,
-                ckpt, meta)
+                ckpt, meta, data)
 
 
 def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings,
@@ -283,8 +319,24 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     run = _open_run(options, vocab, source, settings)
     try:
         return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
+    except Diverged as e:
+        raise Diverged(_set_aside_diverged(run, e), e.step, e.last_good) from None
     finally:
         run.ckpt.close()
+
+
+def _set_aside_diverged(run: _Run, e: Diverged) -> str:
+    """Moves the checkpoints saved after ``e.last_good`` out of the run's way; the message to stop with."""
+    moved = run.ckpt.set_aside(after=e.last_good, folder="diverged")
+    newest = run.ckpt.steps()[-1] if run.ckpt.steps() else None
+    said = f"{e}; "
+    if moved:
+        said += (f"step(s) {', '.join(map(str, moved))}, saved after the last healthy step {e.last_good}, were "
+                 f"moved to {run.ckpt.run_dir / 'diverged'}; ")
+    if newest is None:
+        return said + "no checkpoint was saved before it: start again with a lower learning rate"
+    return said + (f"the newest checkpoint is step {newest}: rerun with a lower learning rate to resume from it "
+                   f"(or on_divergence 'warn' to train on regardless)")
 
 
 def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict | None,
@@ -312,11 +364,15 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
                             prefetch=settings.prefetch, workers=settings.host_workers)
     metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
     progress = Progress(settings.progress and run.lead, run.total, start)
-    meta = _meta(options, vocab, run.global_rows, run.n_local)
+    meta = _meta(options, vocab, run.global_rows, run.n_local, run.data)
+    guard = DivergenceGuard(t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience,
+                            settings.on_divergence)
     saved = [start]
 
     def save(step: int, state: TrainState) -> None:
         if saved[-1] == step:  # e.g. a signal arrived on a save step
+            return
+        if guard.suspect and guard.mode == "stop":  # the newest logged loss is bad: wait and see
             return
         saved.append(step)
         run.ckpt.save(step, state.shared(), state.lstm, {"data": batches.data_state()}, meta)
@@ -331,14 +387,20 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
         progress.show(record)
         if on_metrics is not None:
             on_metrics(record)
+        why = guard.check(record)  # after the record is written: the run's log shows what it saw
+        if why is not None and run.lead:
+            print(f"warning: {settings.run_dir}: the training loss diverged at step {step} ({why}); training on "
+                  f"(on_divergence 'warn')", file=sys.stderr)
 
     window = MetricsWindow(run.global_rows * t.unroll_steps)
     step, state, reason, error = _steps(step_fn, state, batches, start, run.total, settings, window, on_log, save,
                                         progress)
     batches.close()  # the batches built ahead are not needed; data_state() stays
-    save(step, state)  # every process reaches this at the same step
     progress.close()
     mine = error or batches.error
+    if isinstance(mine, Diverged):  # every process decides it alike, from the same replicated loss
+        raise mine
+    save(step, state)  # every process reaches this at the same step
     if mine is not None:  # after the save: the last sound state is on disk
         raise mine
     if reason == "error":

@@ -1,0 +1,166 @@
+"""What a long run meets besides kill -9, through the CLI as a user meets it: a diverging loss and
+training files that changed between sessions (the full disk is in test_disk_full.py).
+
+Each test checks the one-line message, the exit code, the checkpoints left, and that the command
+the message names goes on from the last good step.
+"""
+
+import json
+import math
+import pathlib
+import shutil
+
+import pytest
+
+from elmo_jax import cli
+from elmo_jax.training import hooks
+from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.hooks import Diverged, DivergenceGuard
+
+from helpers import FIXTURES
+from test_pretrain import _write_tiny_options
+
+TRAIN = FIXTURES / "bilm_tf_train"
+
+
+def _train_args(tmp_path: pathlib.Path, files: str, *extra: str) -> list[str]:
+    options = _write_tiny_options(tmp_path / "options.json")
+    return ["train", "--config", str(options), "--train-files", files, "--vocab", str(TRAIN / "vocab.txt"),
+            "--run-dir", str(tmp_path / "run"), "--devices", "1", "--log-every", "10", "--save-every", "10",
+            "--no-progress", *extra]
+
+
+def _steps(run: pathlib.Path) -> list[int]:
+    ckpt = Checkpointer(str(run), read_only=True)
+    try:
+        return ckpt.steps()
+    finally:
+        ckpt.close()
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("elmo-jax train: error:")]
+
+
+def _force_loss(monkeypatch, from_step: int, value: float) -> None:
+    """The logged loss from ``from_step`` on is ``value``, as a blown-up run would log it."""
+    real = hooks.summarise
+
+    def forced(sums, n, step, *args):
+        record = real(sums, n, step, *args)
+        if step >= from_step:
+            record.update(loss=value, loss_fwd=value, loss_bwd=value)
+        return record
+    monkeypatch.setattr(hooks, "summarise", forced)
+
+
+@pytest.mark.parametrize("value, decided_at", [(float("nan"), 50), (1e6, 70)], ids=["non-finite", "above-threshold"])
+def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path, monkeypatch, capsys, value,
+                                                                        decided_at):
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "100")
+    _force_loss(monkeypatch, 50, value)
+    assert cli.main(args) == 1
+    out = capsys.readouterr()
+    [line] = _error_lines(out.err)
+    assert "Traceback" not in out.err
+    assert f"the training loss diverged at step {decided_at}" in line
+    # The record at 40 is the last healthy one: it proves the parameters of step 39, not those
+    # saved at 40 (first used by step 41, inside the first bad window).
+    assert f"step(s) 40, saved after the last healthy step 39, were moved to {run / 'diverged'}" in line
+    assert "the newest checkpoint is step 30" in line and "lower learning rate" in line
+    assert _steps(run) == [20, 30]  # keep 3: 10 went when 40 was saved; none saved while the loss was bad
+    assert (run / "diverged" / "40" / "checkpoint").is_dir()  # set aside, not deleted
+    assert sorted(p.name for p in (run / "host_state").iterdir()) == ["20.p0.npz", "30.p0.npz"]
+    logged = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1] == decided_at  # the record that decided it is in the log
+
+    # The command to go on: the same one, which resumes from step 30 (here without the forced loss).
+    monkeypatch.undo()
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {run} from step 30" in out
+    assert _steps(run)[-1] == 100
+
+
+def test_warn_mode_says_it_once_and_trains_on(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _force_loss(monkeypatch, 30, 1e6)
+    assert cli.main(_train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "80", "--on-divergence", "warn")) == 0
+    err = capsys.readouterr().err
+    warned = [l for l in err.splitlines() if "the training loss diverged" in l]
+    assert len(warned) == 1 and "at step 50" in warned[0] and "training on" in warned[0]
+    assert _steps(run)[-1] == 80 and not (run / "diverged").exists()
+
+
+def test_a_real_blow_up_is_caught_without_any_forcing(tmp_path, capsys):
+    """bilm-tf's recipe at learning rate 10,000: the loss passes ln V within a few steps."""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "200", "--learning-rate", "1e4")
+    assert cli.main(args) == 1
+    [line] = _error_lines(capsys.readouterr().err)
+    assert "the training loss diverged at step" in line
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] < 200
+    assert all(math.isfinite(m["loss"]) is False or m["loss"] > 0 for m in metrics)
+
+
+def test_the_guard_needs_patience_for_a_finite_loss_and_none_for_a_nan():
+    guard = DivergenceGuard(n_vocab=1000, start=0, margin=1.0, patience=3)
+    threshold = math.log(1000) + 1.0
+
+    def record(step, loss):
+        return {"step": step, "loss": loss, "loss_fwd": loss, "loss_bwd": loss, "grad_norm": 1.0}
+    assert guard.check(record(10, threshold - 0.01)) is None and guard.last_good == 9
+    assert guard.check(record(20, threshold + 5)) is None and guard.suspect
+    assert guard.check(record(30, threshold - 1)) is None and not guard.suspect  # one noisy window: recovered
+    assert guard.last_good == 29
+    guard.check(record(40, threshold + 5))
+    guard.check(record(50, threshold + 5))
+    with pytest.raises(Diverged) as e:
+        guard.check(record(60, threshold + 5))
+    assert e.value.step == 60 and e.value.last_good == 29
+    with pytest.raises(Diverged):
+        DivergenceGuard(n_vocab=1000, start=0).check(record(10, float("inf")))
+    # Negative control: a healthy run never trips it.
+    calm = DivergenceGuard(n_vocab=1000, start=0, patience=1)
+    for step in range(10, 200, 10):
+        assert calm.check(record(step, 5.0)) is None
+
+
+def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on(tmp_path, capsys):
+    run = tmp_path / "run"
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(TRAIN / "data.txt", data / "a.txt")
+    glob = str(data / "*.txt")
+    assert cli.main(_train_args(tmp_path, glob, "--steps", "20")) == 0
+    capsys.readouterr()
+
+    shutil.copy(TRAIN / "data.txt", data / "b.txt")  # the glob now matches more files
+    assert cli.main(_train_args(tmp_path, glob, "--steps", "30")) == 2
+    [line] = _error_lines(capsys.readouterr().err)
+    assert f"the training data differs from what {run} was saved with (b.txt is new)" in line
+    assert "new_data" in line  # FLAGS-AFTER-MERGE
+    assert _steps(run) == [10, 20]  # untouched
+
+    other = tmp_path / "other.txt"
+    other.write_text((TRAIN / "data.txt").read_text().replace(" the ", " a "))
+    assert cli.main(_train_args(tmp_path, str(other), "--steps", "30")) == 2
+    [line] = _error_lines(capsys.readouterr().err)
+    assert "other.txt is new; a.txt is gone" in line
+
+    (data / "b.txt").unlink()
+    with open(data / "a.txt", "a") as f:  # regenerated in place: same name, other content
+        f.write("one more sentence .\n")
+    assert cli.main(_train_args(tmp_path, glob, "--steps", "30")) == 2
+    assert "a.txt changed size" in capsys.readouterr().err
+
+    # The flag the message names: weights and optimizer kept, the data position afresh.
+    assert cli.main(_train_args(tmp_path, glob, "--steps", "30", "--new-data")) == 0
+    out = capsys.readouterr().out
+    assert "new training data (new_data): the data position and the LSTM state start afresh" in out
+    assert "from step 20" in out and _steps(run)[-1] == 30
+    # And the files it goes on with are now the run's: a plain resume is accepted.
+    assert cli.main(_train_args(tmp_path, glob, "--steps", "40")) == 0
+    assert f"resuming {run} from step 30" in capsys.readouterr().out
