@@ -30,6 +30,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import warnings
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from elmo_jax._util.atomic import atomic_path, is_local
+from elmo_jax._util.disk_full import free_bytes, out_of_space, size
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -46,6 +48,15 @@ FORMAT = 2
 
 class CheckpointError(ValueError):
     """A run directory cannot be resumed as asked."""
+
+
+class DiskFull(CheckpointError):
+    """A save failed for lack of space (or a quota, or a read-only file system). The failed
+    step's partial files are removed; ``kept`` are the steps intact on disk."""
+
+    def __init__(self, message: str, step: int, kept: list[int]):
+        super().__init__(message)
+        self.step, self.kept = step, kept
 
 
 def vocab_hash(vocab: Vocabulary) -> str:
@@ -98,6 +109,9 @@ class Checkpointer:
                    ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                 cleanup_tmp_directories=True, create=True))
         self._closed = False
+        self._in_flight: int | None = None  # the step an async save is writing
+        self._failed: DiskFull | None = None
+        self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
         absl = logging.getLogger("absl")
         level = absl.level
         if read_only:  # Orbax warns that the directory is read only: that is the point here
@@ -112,14 +126,63 @@ class Checkpointer:
 
     def save(self, step: int, shared: dict, lstm: dict, host: dict, meta: dict) -> None:
         """``shared`` and ``lstm``: global arrays, saved shard by shard where they are; ``host``:
-        this process's numpy arrays."""
-        with atomic_path(self._host_path(step, jax.process_index())) as tmp:
-            np.savez(tmp, **_flatten(host))
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
-                                                        lstm=ocp.args.StandardSave(lstm),
-                                                        meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
-                          force=True)
+        this process's numpy arrays.
+
+        Raises ``DiskFull`` when this save, or the async one before it, runs out of space."""
+        self.wait()  # the previous save's failure is reported as that step's
+        self.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
+        try:
+            with atomic_path(self._host_path(step, jax.process_index())) as tmp:
+                np.savez(tmp, **_flatten(host))
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
+                                                            lstm=ocp.args.StandardSave(lstm),
+                                                            meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
+                              force=True)
+        except Exception as e:  # noqa: BLE001 - only a full disk is ours to explain
+            self._raise_if_full(step, e)
+            raise
+        self._in_flight = step
         self._prune_host_files()
+
+    def _raise_if_full(self, step: int, e: BaseException) -> None:
+        """Raises ``DiskFull`` (once; a second failure is the same one) for a full-disk ``e``."""
+        reason = out_of_space(e)
+        if reason is None:
+            return
+        if self._failed is None:
+            self._failed = self._disk_full(step, reason)
+        raise self._failed from None
+
+    def _disk_full(self, step: int, reason: str) -> DiskFull:
+        """Removes what the failed save wrote (to give the space back) and says what is kept."""
+        if is_local(str(self.run_dir)):
+            for tmp in (self.run_dir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._host_path(step, jax.process_index()).unlink(missing_ok=True)
+        self.manager.reload()
+        kept = [s for s in self.steps() if s != step]
+        free = free_bytes(str(self.run_dir))
+        need = f"a checkpoint needs about {size(self.nbytes)}" + (f", {size(free)} free" if free is not None else "")
+        if kept:
+            steps = ", ".join(map(str, kept))
+            then = (f"step(s) {steps} are intact; free space (or keep fewer checkpoints) and rerun the same "
+                    f"command to resume from step {kept[-1]}")
+        else:
+            then = "no step was saved yet; free space and rerun the same command to start again"
+        return DiskFull(f"{reason.lower()} in {self.run_dir} while saving step {step} ({need}); {then}", step, kept)
+
+    def check_space(self, keep: int) -> str | None:
+        """A warning when the free space cannot hold ``keep`` checkpoints and one being saved, from
+        the size of the last one (``nbytes``); None when it can, or cannot be known."""
+        free = free_bytes(str(self.run_dir))
+        if free is None or self.nbytes is None:
+            return None
+        held = sum(1 for _ in self.steps())
+        need = (keep + 1 - min(held, keep)) * self.nbytes  # what is on disk already counts
+        if free >= need:
+            return None
+        return (f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(self.nbytes)} "
+                f"each (and one in flight) needs about {size(need)} more; a save may run out of space")
 
     def _prune_host_files(self) -> None:
         keep = set(self.manager.all_steps())
@@ -198,11 +261,25 @@ class Checkpointer:
         return steps
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight; raises ``DiskFull`` if it ran out of space."""
+        step, self._in_flight = self._in_flight, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            self._raise_if_full(step if step is not None else -1, e)
+            raise
 
     def close(self) -> None:
+        """Waits for the save in flight and closes (idempotent). A ``DiskFull`` already raised is
+        not raised again."""
         if self._closed:
             return
         self._closed = True
-        self.manager.wait_until_finished()
-        self.manager.close()
+        reported = self._failed is not None
+        try:
+            self.wait()
+        except DiskFull:
+            if not reported:
+                raise
+        finally:
+            self.manager.close()

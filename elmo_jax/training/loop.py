@@ -6,10 +6,14 @@ around it (restore-or-init, hooks every N steps, checkpoint on exit), in the lev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import logging
 import math
 import os
 import sys
+import threading
 import warnings
 from typing import Callable
 
@@ -19,12 +23,13 @@ from etils import epath
 from jax.sharding import Mesh
 
 from elmo_jax import policy
+from elmo_jax._util.atomic import is_local
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, vocab_hash
+from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, DiskFull, vocab_hash
 from elmo_jax.training.evaluate import evaluate
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
@@ -317,12 +322,82 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
     """
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
+    with _orbax_log(settings.run_dir):
+        try:
+            return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
+        except Diverged as e:
+            raise Diverged(_set_aside_diverged(run, e), e.step, e.last_good) from None
+        finally:
+            run.ckpt.close()
+
+
+@contextlib.contextmanager
+def _orbax_log(run_dir: str):
+    """Orbax's log goes to ``run_dir/orbax.log`` during a run instead of stderr (a gs:// run dir
+    keeps the default). A failed async save logs one traceback from several threads, and the
+    tensorstore writes still in flight print one each as they find Orbax's event loop closed:
+    hundreds of lines that would bury the one line the run stops with. Those prints come from
+    threads Python did not start (tensorstore's), which no code of ours runs on; Python threads
+    (the batch prefetcher's warnings) still print as before."""
+    if not is_local(run_dir):
+        yield
+        return
+    name = "orbax.log" if jax.process_count() == 1 else f"orbax.p{jax.process_index()}.log"
+    handler = _LogFile(os.path.join(run_dir, name), delay=True)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    # absl: Orbax's own log; asyncio: "Task exception was never retrieved" for each write that
+    # failed after the first one was reported.
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    propagate, stderr = [logger.propagate for logger in loggers], sys.stderr
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+    sys.stderr = _ForeignThreadsTo(handler, stderr)
     try:
-        return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
-    except Diverged as e:
-        raise Diverged(_set_aside_diverged(run, e), e.step, e.last_good) from None
+        yield
     finally:
-        run.ckpt.close()
+        sys.stderr = stderr
+        for logger, p in zip(loggers, propagate):
+            logger.removeHandler(handler)
+            logger.propagate = p
+        handler.close()
+
+
+class _LogFile(logging.FileHandler):
+    """A log file that drops what it cannot write: a full disk may be what it is logging."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+    def write(self, text: str) -> int:
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            return self.stream.write(text)
+        except OSError:
+            return len(text)
+
+
+class _ForeignThreadsTo(io.TextIOBase):
+    """``sys.stderr`` that sends what threads started outside Python write to a log file."""
+
+    def __init__(self, log: _LogFile, stderr):
+        self.log, self.stderr = log, stderr
+
+    def write(self, text: str) -> int:
+        if isinstance(threading.current_thread(), threading._DummyThread):
+            return self.log.write(text)
+        return self.stderr.write(text)
+
+    def flush(self) -> None:
+        self.stderr.flush()
+
+    def fileno(self) -> int:
+        return self.stderr.fileno()
+
+    def isatty(self) -> bool:
+        return self.stderr.isatty()
 
 
 def _set_aside_diverged(run: _Run, e: Diverged) -> str:
@@ -356,8 +431,12 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {"step": start}
     matmuls = policy.check(settings.precision or policy.default_for_training())
+    run.ckpt.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.shared(), state.lstm)))
     if run.lead:
         print(_start_line(run, start, batcher, matmuls, init_state is not None))
+        short = run.ckpt.check_space(settings.keep)
+        if short is not None:
+            print(f"warning: {short}", file=sys.stderr)
     precision, dtype = policy.matmul_args(matmuls)
     step_fn = make_train_step(model, t, run.mesh, precision, dtype)
     batches = GlobalBatches(batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
@@ -400,6 +479,8 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
     mine = error or batches.error
     if isinstance(mine, Diverged):  # every process decides it alike, from the same replicated loss
         raise mine
+    if isinstance(mine, DiskFull) and jax.process_count() == 1:
+        raise mine  # a last save would fail alike (with more processes, it is a collective: all go)
     save(step, state)  # every process reaches this at the same step
     if mine is not None:  # after the save: the last sound state is on disk
         raise mine
