@@ -68,19 +68,24 @@ def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path
     # The record at 40 is the last healthy one: it proves the parameters of step 39, not those
     # saved at 40 (first used by step 41, inside the first bad window).
     assert f"step(s) 40, saved after the last healthy step 39, were moved to {run / 'diverged'}" in line
-    assert "the newest checkpoint is step 30" in line and "lower learning rate" in line
+    assert "the newest checkpoint is step 30: rerun with a lower learning_rate" in line
     assert _steps(run) == [20, 30]  # keep 3: 10 went when 40 was saved; none saved while the loss was bad
     assert (run / "diverged" / "40" / "checkpoint").is_dir()  # set aside, not deleted
     assert sorted(p.name for p in (run / "host_state").iterdir()) == ["20.p0.npz", "30.p0.npz"]
     logged = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert logged[-1] == decided_at  # the record that decided it is in the log
 
-    # The command to go on: the same one, which resumes from step 30 (here without the forced loss).
+    # The command to go on: the same one with a lower learning rate (here without the forced
+    # loss), which resumes from step 30; a later plain resume keeps the lowered rate.
     monkeypatch.undo()
+    assert cli.main([*args[:-1], "90", "--learning-rate", "0.1"]) == 0
+    assert f"from step 30 (epoch 2, shard 1 of 1) to step 90 (float32 matmuls, reset_state_prob " \
+           f"0.1, learning rate 0.2 -> 0.1)" in capsys.readouterr().out
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert f"resuming {run} from step 30" in out
+    assert f"resuming {run} from step 90" in out and "learning rate" not in out
     assert _steps(run)[-1] == 100
+    assert Checkpointer(str(run), read_only=True).latest_meta()["options"]["learning_rate"] == 0.1
 
 
 def test_warn_mode_says_it_once_and_trains_on(tmp_path, monkeypatch, capsys):

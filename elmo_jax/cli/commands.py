@@ -219,12 +219,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
               f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
+    # A resumed run keeps its recipe and its learning rate unless a flag or the config says
+    # otherwise (pretrain's start line names both).
+    saved = saved_options(args.run_dir)
     reset_state_prob = args.reset_state_prob
-    if reset_state_prob is None and not _config_sets(args.config, "reset_state_prob"):
-        # A resumed run keeps the recipe it started with (pretrain's start line names it).
-        saved = saved_options(args.run_dir)
-        if saved is not None:
-            reset_state_prob = saved_reset_state_prob(saved)
+    if reset_state_prob is None and saved is not None and not _config_sets(args.config, "reset_state_prob"):
+        reset_state_prob = saved_reset_state_prob(saved)
+    if learning_rate is None and saved is not None and not _config_sets(args.config, "learning_rate"):
+        learning_rate = saved.get("learning_rate")
     options = _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
                                 warm.model if warm is not None else None, learning_rate)
     if args.prefetch < 0 or args.host_workers < 0:

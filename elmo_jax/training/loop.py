@@ -125,8 +125,9 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
     saved = {**meta["options"], "reset_state_prob": saved_reset_state_prob(meta["options"])}
     now = options.to_dict()
     # How long to run may change between sessions, and so may the rows per device (with the device
-    # count: the global row count decides what resumes exactly, see _restore_or_init).
-    ignore = {"n_epochs", "n_train_tokens", "batch_size"}
+    # count: the global row count decides what resumes exactly, see _restore_or_init), and the
+    # learning rate (lowered after a divergence; Adagrad's accumulators do not depend on it).
+    ignore = {"n_epochs", "n_train_tokens", "batch_size", "learning_rate"}
     diffs = []
     for section in ("lstm", "char_cnn"):
         for k in sorted(set(saved[section]) | set(now[section])):
@@ -409,8 +410,8 @@ def _set_aside_diverged(run: _Run, e: Diverged) -> str:
         said += (f"step(s) {', '.join(map(str, moved))}, saved after the last healthy step {e.last_good}, were "
                  f"moved to {run.ckpt.run_dir / 'diverged'}; ")
     if newest is None:
-        return said + "no checkpoint was saved before it: start again with a lower learning rate"
-    return said + (f"the newest checkpoint is step {newest}: rerun with a lower learning rate to resume from it "
+        return said + "no checkpoint was saved before it: start again with a lower learning_rate"
+    return said + (f"the newest checkpoint is step {newest}: rerun with a lower learning_rate to resume from it "
                    f"(or on_divergence 'warn' to train on regardless)")
 
 
@@ -525,9 +526,14 @@ def _steps(step_fn: Callable, state: TrainState, batches: GlobalBatches, start: 
     return step, state, reason, error
 
 
+def _learning_rate_change(run: _Run) -> str:
+    was, now = (run.meta or {}).get("options", {}).get("learning_rate"), run.options.train.learning_rate
+    return f", learning rate {was:g} -> {now:g}" if was is not None and was != now else ""
+
+
 def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
-    until += f" ({matmuls} matmuls, {_recipe(run.options.train, run.meta)})"
+    until += f" ({matmuls} matmuls, {_recipe(run.options.train, run.meta)}{_learning_rate_change(run)})"
     if start:
         stream = batcher.streams[0]
         return (f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
