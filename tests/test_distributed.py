@@ -376,11 +376,27 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+# Both processes log a non-finite loss from step 4 on, as a diverged run would.
+NAN_FROM_STEP_4 = """
+import sys
+from elmo_jax import cli
+from elmo_jax.training import hooks
+real = hooks.summarise
+def diverged(sums, n, step, *args):
+    record = real(sums, n, step, *args)
+    if step >= 4:
+        record["loss"] = float("nan")
+    return record
+hooks.summarise = diverged
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def _start_workers(tmp_path, seed, args: list[str] | None = None, cache: str = "none",
-                   process_1: list[str] | None = None) -> tuple[list, list]:
+                   process_1: list[str] | None = None, both: list[str] | None = None) -> tuple[list, list]:
     """Two CLI processes with one CPU device each (``args``: the train command, default
     ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
-    ``-m elmo_jax``)."""
+    ``-m elmo_jax``; ``both``: how both do)."""
     port = _free_port()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
                ELMO_JAX_COMPILE_CACHE=cache)
@@ -390,7 +406,7 @@ def _start_workers(tmp_path, seed, args: list[str] | None = None, cache: str = "
     for i in range(2):
         log = open(tmp_path / f"worker{i}.log", "w+")
         args = base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
-        runner = process_1 if i == 1 and process_1 else ["-m", "elmo_jax"]
+        runner = both or (process_1 if i == 1 and process_1 else ["-m", "elmo_jax"])
         procs.append(subprocess.Popen([sys.executable, *runner, *args], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, cwd=tmp_path))
         logs.append(log)
@@ -558,6 +574,24 @@ def test_an_exception_in_one_process_stops_both_with_the_last_step_saved(tmp_pat
     assert "another process failed: stopped at step 3" in texts[0], texts[0]
     assert load_run(str(run_dir))[3] == 3
     assert all((run_dir / "host_state" / f"3.p{p}.npz").exists() for p in range(2))
+
+
+@pytest.mark.slow
+def test_a_divergence_stops_both_processes_at_the_same_step_with_the_same_line(tmp_path, worker_cache):
+    """Every process reads the same replicated loss, so each decides alike with no extra
+    collective; process 0 sets the bad checkpoint aside, and both name the same newest one."""
+    run_dir, args = _scenario(tmp_path, SHARDS)
+    args = args[:-2] + ["--save-every", "1"]
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, both=["-c", NAN_FROM_STEP_4])
+    texts = _wait_workers(procs, logs, timeout=240, expect_ok=False)
+    assert [p.returncode for p in procs] == [1, 1], texts
+    lines = [[l for l in t.splitlines() if "error:" in l] for t in texts]
+    assert lines[0] == lines[1] and len(lines[0]) == 1, lines
+    assert "the training loss diverged at step 4: loss nan, not finite; step(s) 3, saved after the last healthy " \
+           "step 2, were moved to" in lines[0][0] and "the newest checkpoint is step 2" in lines[0][0]
+    assert load_run(str(run_dir))[3] == 2
+    assert (run_dir / "diverged" / "3" / "checkpoint").is_dir()
+    assert sorted(p.name for p in (run_dir / "diverged" / "3").glob("*.npz")) == ["3.p0.npz", "3.p1.npz"]
 
 
 @pytest.mark.slow

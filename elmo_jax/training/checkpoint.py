@@ -256,6 +256,10 @@ class Checkpointer:
                 (self.run_dir / "checkpoints" / str(s)).rename(dest / "checkpoint")
                 for host in self.host_dir.glob(f"{s}.p*.npz"):
                     host.rename(dest / host.name)
+        if steps and jax.process_count() > 1:  # every process stops alike: all call this
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("elmo_jax set_aside")
         if steps:
             self.manager.reload()
         return steps
