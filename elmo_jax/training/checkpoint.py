@@ -155,9 +155,7 @@ class Checkpointer:
 
     def _disk_full(self, step: int, reason: str) -> DiskFull:
         """Removes what the failed save wrote (to give the space back) and says what is kept."""
-        if is_local(str(self.run_dir)):
-            for tmp in (self.run_dir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
-                shutil.rmtree(tmp, ignore_errors=True)
+        self._remove_partial(step)
         self._host_path(step, jax.process_index()).unlink(missing_ok=True)
         self.manager.reload()
         kept = [s for s in self.steps() if s != step]
@@ -170,6 +168,11 @@ class Checkpointer:
         else:
             then = "no step was saved yet; free space and rerun the same command to start again"
         return DiskFull(f"{reason.lower()} in {self.run_dir} while saving step {step} ({need}); {then}", step, kept)
+
+    def _remove_partial(self, step: int) -> None:
+        if is_local(str(self.run_dir)):
+            for tmp in (self.run_dir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def check_space(self, keep: int) -> str | None:
         """A warning when the free space cannot hold ``keep`` checkpoints and one being saved, from
@@ -287,3 +290,5 @@ class Checkpointer:
                 raise
         finally:
             self.manager.close()
+            if self._failed is not None:  # writes of the failed save that were still in flight
+                self._remove_partial(self._failed.step)

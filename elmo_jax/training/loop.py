@@ -442,39 +442,13 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
     step_fn = make_train_step(model, t, run.mesh, precision, dtype)
     batches = GlobalBatches(batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
                             prefetch=settings.prefetch, workers=settings.host_workers)
-    metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
-    progress = Progress(settings.progress and run.lead, run.total, start)
-    meta = _meta(options, vocab, run.global_rows, run.n_local, run.data)
     guard = DivergenceGuard(t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience,
                             settings.on_divergence)
-    saved = [start]
-
-    def save(step: int, state: TrainState) -> None:
-        if saved[-1] == step:  # e.g. a signal arrived on a save step
-            return
-        if guard.suspect and guard.mode == "stop":  # the newest logged loss is bad: wait and see
-            return
-        saved.append(step)
-        run.ckpt.save(step, state.shared(), state.lstm, {"data": batches.data_state()}, meta)
-
-    def on_log(step: int, state: TrainState, record: dict) -> None:
-        if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
-            record.update({f"heldout_{k}": v for k, v in
-                           evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
-                                    layout=RowLayout.for_vocab(t.n_tokens_vocab)).items()})
-        if metrics is not None:
-            metrics.add(record)
-        progress.show(record)
-        if on_metrics is not None:
-            on_metrics(record)
-        why = guard.check(record)  # after the record is written: the run's log shows what it saw
-        if why is not None and run.lead:
-            print(f"warning: {settings.run_dir}: the training loss diverged at step {step} ({why}); training on "
-                  f"(on_divergence 'warn')", file=sys.stderr)
-
+    progress = Progress(settings.progress and run.lead, run.total, start)
+    save = _Saver(run, batches, guard, start)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
-    step, state, reason, error = _steps(step_fn, state, batches, start, run.total, settings, window, on_log, save,
-                                        progress)
+    step, state, reason, error = _steps(step_fn, state, batches, start, run.total, settings, window,
+                                        _on_log(run, heldout, guard, progress, start, on_metrics), save, progress)
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     mine = error or batches.error
@@ -482,16 +456,64 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
         raise mine
     if isinstance(mine, DiskFull) and jax.process_count() == 1:
         raise mine  # a last save would fail alike (with more processes, it is a collective: all go)
-    save(step, state)  # every process reaches this at the same step
+    saved = save(step, state)  # every process reaches this at the same step
     if mine is not None:  # after the save: the last sound state is on disk
         raise mine
+    where = f"checkpoint saved in {settings.run_dir}" if saved else \
+        f"not saved, the newest logged loss being above the divergence threshold: {settings.run_dir} resumes from " \
+        f"step {run.ckpt.steps()[-1] if run.ckpt.steps() else 0}"
     if reason == "error":
-        raise PeerFailed(f"another process failed: stopped at step {step}; checkpoint saved in {settings.run_dir}")
+        raise PeerFailed(f"another process failed: stopped at step {step}; {where}")
     if reason == "signal":
-        print(f"stopped at step {step}; checkpoint saved in {settings.run_dir}")
+        print(f"stopped at step {step}; {where}")
     if reason == "end of data":  # under --epochs, the first process to read all its shards ends the epoch
-        print(f"end of data at step {step}; checkpoint saved in {settings.run_dir}")
+        print(f"end of data at step {step}; {where}")
     return {**window.last, "step": step}
+
+
+class _Saver:
+    """Saves the state at a step, once per step (a signal may arrive on a save step), and not
+    while the divergence guard suspects the newest logged loss (a diverged state must not become
+    the newest checkpoint). Returns whether the step is on disk (or on its way there)."""
+
+    def __init__(self, run: _Run, batches: GlobalBatches, guard: DivergenceGuard, start: int):
+        self.run, self.batches, self.guard, self.last = run, batches, guard, start
+        self.meta = _meta(run.options, run.vocab, run.global_rows, run.n_local, run.data)
+
+    def __call__(self, step: int, state: TrainState) -> bool:
+        if self.last == step:
+            return True
+        if self.guard.suspect and self.guard.mode == "stop":
+            return False
+        self.last = step
+        self.run.ckpt.save(step, state.shared(), state.lstm, {"data": self.batches.data_state()}, self.meta)
+        return True
+
+
+def _on_log(run: _Run, heldout: Source | None, guard: DivergenceGuard, progress: Progress, start: int,
+            on_metrics: Callable[[dict], None] | None) -> Callable[[int, TrainState, dict], None]:
+    """What happens at a logged step, in order: held-out perplexity into the record, the record
+    to metrics.jsonl, the progress bar and ``on_metrics``, then the divergence guard (after the
+    record is written, so that the run's log shows what the guard saw)."""
+    settings, t = run.settings, run.options.train
+    metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
+    evaluate_every = settings.eval_every if heldout is not None else 0
+
+    def on_log(step: int, state: TrainState, record: dict) -> None:
+        if evaluate_every and step % evaluate_every == 0:
+            record.update({f"heldout_{k}": v for k, v in
+                           evaluate(state.params, run.options.model, run.vocab, heldout, t.batch_size,
+                                    t.unroll_steps, layout=RowLayout.for_vocab(t.n_tokens_vocab)).items()})
+        if metrics is not None:
+            metrics.add(record)
+        progress.show(record)
+        if on_metrics is not None:
+            on_metrics(record)
+        why = guard.check(record)
+        if why is not None and run.lead:
+            print(f"warning: {settings.run_dir}: the training loss diverged at step {step} ({why}); training on "
+                  f"(on_divergence 'warn')", file=sys.stderr)
+    return on_log
 
 
 def _steps(step_fn: Callable, state: TrainState, batches: GlobalBatches, start: int, total: int | None,
