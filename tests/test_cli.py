@@ -204,3 +204,29 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
         lines = [l for l in r.stderr.splitlines() if l.startswith("elmo-jax train: error:")]
         assert len(lines) == 1 and message in lines[0], (args, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+# -- a full disk (issue 29) ---------------------------------------------------------------------
+def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(tmp_path, monkeypatch, capsys,
+                                                                              sentences):
+    import errno
+
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    real, calls = h5py.Group.create_dataset, []
+
+    def fills_up(self, *args, **kwargs):  # the disk fills at the 5th dataset (written by the background thread)
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
+    out = tmp_path / "o.hdf5"
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"elmo-jax embed: error: {out}: not written: the disk is full ("), err
+    assert err[0].endswith("bytes free in " + str(tmp_path) + "); free space or choose another output path and rerun")
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]  # nothing under the final name, no temporary file
+    monkeypatch.setattr(h5py.Group, "create_dataset", real)  # space again
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 0
+    with h5py.File(out, "r") as f:
+        assert sorted(map(int, f)) == list(range(len(sentences)))

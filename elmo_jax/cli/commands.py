@@ -14,6 +14,7 @@ from importlib import resources
 import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
+from elmo_jax._util.disk_full import OutOfSpaceError
 from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
@@ -606,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except USER_ERRORS as e:
         return _failed(args, e, 2)
+    except OutOfSpaceError as e:  # the input was fine; the machine ran out of room
+        return _failed(args, e, 1)
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
         if argv is None and args.command == "embed":

@@ -9,7 +9,9 @@ Python it is the same call, with the choices in one ``EmbedFileOptions``::
     embed_file(embedder, "sentences.txt", "elmo.hdf5", EmbedFileOptions(layers="top", pool="mean"))
 
 The file is written under a temporary name next to ``output_path`` and renamed into place when
-complete (``elmo_jax._util.atomic``): an error or Ctrl-C leaves no file under the final name.
+complete (``elmo_jax._util.atomic``): an error or Ctrl-C leaves no file under the final name, and a
+full disk (or quota, or a read-only file system) is one ``OutOfSpaceError`` naming the file and the
+space left (``elmo_jax._util.disk_full``).
 Errors about the options name their fields (``window must be 1 or more ...``).
 """
 
@@ -24,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from elmo_jax._util import background
+from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, write_text_atomic
 from elmo_jax.config import ConfigError
@@ -106,8 +108,8 @@ def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.Pa
     the file is complete (``embedder.ShardedEmbeddings`` reads the shards back as one).
 
     ``embedder``: an ``Embedder``, or a function of no arguments returning one, called after the
-    paths are checked. Raises ``DataError`` (input missing or not UTF-8, output directory missing)
-    or ``ConfigError`` (``layers`` that do not fit the model).
+    paths are checked. Raises ``DataError`` (input missing or not UTF-8, output directory missing),
+    ``ConfigError`` (``layers`` that do not fit the model) or ``disk_full.OutOfSpaceError``.
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     if not os.path.isfile(input_path):
@@ -136,12 +138,14 @@ def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.Pa
             pass
     lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
     mine = len(range(start, total, step))
-    empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
+    with disk_full.reported(output):
+        empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
     if manifest:
         extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=options.pool,
                      input=os.path.abspath(input_path))
-        write_text_atomic(manifest, json.dumps(shard_manifest(output_path, start, step, total, bool(options.pool),
-                                                              **extra), indent=1) + "\n")
+        with disk_full.reported(manifest):
+            write_text_atomic(manifest, json.dumps(shard_manifest(output_path, start, step, total,
+                                                                  bool(options.pool), **extra), indent=1) + "\n")
     return EmbedFileResult(output=output, manifest=manifest, lines=total, written=mine,
                            empty_pooled=empty if options.pool else 0)
 
