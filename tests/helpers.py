@@ -34,3 +34,10 @@ def reference_batches(name: str):
     finally:
         for f in files:
             f.close()
+
+
+def embed_sentences() -> list[list[str]]:
+    """The AllenNLP fixture's sentences, tokenized, then an empty one, long and non-ASCII tokens, one word."""
+    groups = json.loads((FIXTURES / "allennlp_elmo/sentences.json").read_text())
+    out = [s.split() for g in groups for s in g]
+    return out + [[], ["x" * 70, "東京", "🙂"], ["a"]]

@@ -1,4 +1,5 @@
-"""Embedding extraction: Embedder (stateless, stateful, cache, bf16) and `elmo-jax embed`."""
+"""Embedding extraction: Embedder (stateless, stateful, cache, bf16) and the files `elmo-jax embed` writes
+(its flags, messages and exit codes: test_cli.py)."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.extract.embedder import Embedder
 from elmo_jax.model.layout import Layout
 
-from helpers import FIXTURES, model_files, reference_batches
+from helpers import FIXTURES, embed_sentences, model_files, reference_batches
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -27,9 +28,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def sentences():
-    groups = json.loads((FIXTURES / "allennlp_elmo/sentences.json").read_text())
-    out = [s.split() for g in groups for s in g]
-    return out + [[], ["x" * 70, "東京", "🙂"], ["a"]]
+    return embed_sentences()
 
 
 @pytest.fixture(scope="module")
@@ -408,69 +407,6 @@ def test_cli_long_line_runs_whole(tmp_path, model):
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
 
 
-def test_cli_bad_input(tmp_path, capsys):
-    (tmp_path / "empty.txt").write_text("")
-    assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "e.hdf5")) == 0
-    with h5py.File(tmp_path / "e.hdf5", "r") as f:
-        assert list(f.keys()) == []
-    assert "is empty; wrote" in capsys.readouterr().err
-    (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff line\n")
-    assert run_cli("--input", str(tmp_path / "bad.txt"), "--output", str(tmp_path / "b.hdf5")) == 2
-    err = capsys.readouterr().err
-    assert "bad.txt: line 2: not UTF-8" in err and "Traceback" not in err
-    assert not (tmp_path / "b.hdf5").exists()
-    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "e.hdf5", "empty.txt"]  # no temporary file left
-    assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "missing/o.hdf5")) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert cli.main(["embed", "--run-dir", str(tmp_path), "--input", str(tmp_path / "empty.txt"),
-                     "--output", str(tmp_path / "x.hdf5")]) == 2
-    assert "not a run directory" in capsys.readouterr().err
-    opts = json.loads(open(OPTIONS).read())
-    opts["lstm"]["dim"] = 32
-    (tmp_path / "o.json").write_text(json.dumps(opts))
-    assert cli.main(["embed", "--options", str(tmp_path / "o.json"), "--weights", WEIGHTS, "--input",
-                     str(tmp_path / "empty.txt"), "--output", str(tmp_path / "x.hdf5")]) == 2
-    assert "has shape (32, 256), expected (32, 128)" in capsys.readouterr().err
-
-
-def test_ctrl_c_leaves_no_file_under_the_final_name(tmp_path, monkeypatch, sentences):
-    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n")
-
-    def interrupted(self, lines, window=2048, **options):
-        yield 0, np.zeros((3, 1, 32), np.float32)
-        raise KeyboardInterrupt
-    monkeypatch.setattr(Embedder, "embed_stream", interrupted)
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5")) == 130
-    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
-
-
-def test_ctrl_c_in_a_real_run_exits_130_and_leaves_no_file(tmp_path, sentences):
-    """SIGINT to a running `elmo-jax embed` (its background thread writing, programs compiling): a
-    clean exit."""
-    import signal
-    import time
-
-    lines = [" ".join(s) for s in sentences if s]
-    (tmp_path / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(20000)) + "\n")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    # The compile cache off: Ctrl-C lands while programs compile, which could crash the exit.
-    cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options", OPTIONS, "--weights",
-           WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5"), "--no-progress",
-           "--window", "200"]
-    # SIGINT's default handler is restored: a process started in the background may inherit it ignored.
-    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    while not any(f.endswith(".tmp.hdf5") for f in os.listdir(tmp_path)) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # windows embedded and being written
-    p.send_signal(signal.SIGINT)
-    err = p.communicate(timeout=60)[1]
-    assert p.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "elmo-jax embed: interrupted"
-    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
-
-
 def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
     empty = sentences.index([])
@@ -488,18 +424,6 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
                 continue
             np.testing.assert_allclose(f["embeddings"][i], e.mean(axis=1), atol=1e-5, rtol=0)
             np.testing.assert_allclose(g["embeddings"][i], (0.5 * e[0] - e[1] + 2 * e[2]).max(axis=0), atol=1e-5)
-    capsys.readouterr()
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--layers", "1,2") == 2
-    assert "--layers: layers: expected 3 weights" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--shard-index", "0") == 2
-    assert "--shard-index needs --num-shards" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--num-shards", "2",
-                   "--shard-index", "2") == 2
-    assert "needs --shard-index in 0..1" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
-    assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--ahead", "-1") == 2
-    assert "--window must be 1 or more and --ahead 0 or more; got 2048 and -1" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "max.hdf5", "mean.hdf5"]
 
 
@@ -603,24 +527,3 @@ def test_cli_memory_does_not_grow_with_the_input(tmp_path, wide_model):
     assert large - small < leak_kb / 4, (small, large, leak_kb)
 
 
-def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
-    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
-    # jax's compiler logs each persistent-cache miss and hit at debug level.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "JAX_DEBUG_LOG_MODULES": "jax._src.compiler"}
-
-    def run(out):
-        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", str(tmp_path / "xla"), "embed", "--options",
-               OPTIONS, "--weights", WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / out),
-               "--no-progress"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        assert r.returncode == 0, r.stderr
-        return r.stderr.count("PERSISTENT COMPILATION CACHE MISS"), r.stderr.count("Persistent compilation cache hit")
-
-    misses, hits = run("a.hdf5")
-    assert misses >= 3 and hits == 0  # the char CNN, the gather, the biLSTM (and the marker vectors)
-    assert run("b.hdf5") == (0, misses)
-    with h5py.File(tmp_path / "a.hdf5") as a, h5py.File(tmp_path / "b.hdf5") as b:
-        assert sorted(a) == sorted(b)
-        for k in a:
-            np.testing.assert_array_equal(a[k][()], b[k][()])

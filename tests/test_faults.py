@@ -68,7 +68,8 @@ def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path
     # The record at 40 is the last healthy one: it proves the parameters of step 39, not those
     # saved at 40 (first used by step 41, inside the first bad window).
     assert f"step(s) 40, saved after the last healthy step 39, were moved to {run / 'diverged'}" in line
-    assert "the newest checkpoint is step 30: rerun with a lower learning_rate" in line
+    assert "the newest checkpoint is step 30: rerun with a lower --learning-rate to resume from it (or " \
+           "--on-divergence 'warn'" in line
     assert _steps(run) == [20, 30]  # keep 3: 10 went when 40 was saved; none saved while the loss was bad
     assert (run / "diverged" / "40" / "checkpoint").is_dir()  # set aside, not deleted
     assert sorted(p.name for p in (run / "host_state").iterdir()) == ["20.p0.npz", "30.p0.npz"]
@@ -146,7 +147,7 @@ def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on
     assert cli.main(_train_args(tmp_path, glob, "--steps", "30")) == 2
     [line] = _error_lines(capsys.readouterr().err)
     assert f"the training data differs from what {run} was saved with (b.txt is new)" in line
-    assert "new_data" in line  # FLAGS-AFTER-MERGE
+    assert "Give the same files, or --new-data to keep the weights and optimizer" in line
     assert _steps(run) == [10, 20]  # untouched
 
     other = tmp_path / "other.txt"

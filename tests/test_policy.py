@@ -46,16 +46,6 @@ def test_embedder_takes_the_policy():
         np.testing.assert_allclose(a, c, atol=0.05 * np.abs(c).max())
 
 
-def test_cli_refuses_tf32_on_cpu(tmp_path, capsys):
-    text = tmp_path / "in.txt"
-    text.write_text("a b c\n")
-    args = ["--compile-cache", "none", "embed", "--options", "x.json", "--weights", "x.hdf5", "--input", str(text),
-            "--output", str(tmp_path / "out.hdf5")]
-    assert cli_main(args + ["--precision", "tf32"]) == 2
-    err = capsys.readouterr().err
-    assert "--precision: precision 'tf32' is a GPU matmul mode" in err and "Traceback" not in err
-
-
 def test_precision_is_the_one_name(capsys):
     """The deprecated ``dtype=`` / ``--dtype`` spellings are gone, not silently ignored."""
     from elmo_jax.extract.embedder import Embedder

@@ -82,15 +82,6 @@ def test_the_check_never_raises(machine, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_the_cli_warns_for_commands_that_compute_only(monkeypatch, tmp_path, capsys):
-    calls = []
-    monkeypatch.setattr(commands, "warn_if_accelerator_unused", lambda: calls.append(1))
-    assert commands.main(["eval", "--run-dir", str(tmp_path / "missing"), "--files", str(tmp_path / "x.txt")]) != 0
-    assert calls == [1]
-    assert commands.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
-    assert calls == [1]
-
-
 def test_the_readme_install_commands_use_the_pinned_jax():
     import pathlib
     import re

@@ -1,62 +1,108 @@
-"""Telling a full disk (or a quota, or a read-only file system) from other write failures.
+"""A write that fails for want of space: recognised in one place, reported in one line.
 
-Orbax writes through tensorstore, which reports a full disk as a ``ValueError`` whose text carries
-the OS error (``... No space left on device [os_error_code='28']``), often chained under other
-exceptions; Python's own writes raise ``OSError`` with an errno. Both are recognised here, so
-that every writer of the project can stop with one line that says what to do.
+``is_out_of_space(exc)`` says whether an exception means the disk (or quota) is full or the file
+system is read-only: ``ENOSPC``, ``EDQUOT`` or ``EROFS``, given as ``exc.errno``, or in the
+message as h5py words its write failures (``errno = 28``) and as tensorstore words Orbax's
+(``No space left on device [os_error_code='28']``, raised as a ``ValueError`` and often chained
+under other exceptions, which are followed). ``reported(path)`` turns such an
+error inside its block into one ``OutOfSpaceError`` that names ``path``, the space left on its
+file system and what to do; other errors pass unchanged. Pair it with ``atomic.atomic_path``
+(outside it, so the partial file is gone before the free space is measured)::
+
+    with reported(output), atomic_path(output) as tmp:
+        write(tmp)
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import shutil
+from typing import Iterator
 
-# errno -> the words the OS uses, which is also what tensorstore's messages carry.
-REASONS = {
-    errno.ENOSPC: "No space left on device",
-    errno.EDQUOT: "Disk quota exceeded",
-    errno.EROFS: "Read-only file system",
-}
+OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write failed: ..., errno = 28, ..."
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code='(\d+)'")  # any type: "... [os_error_code='28']"
 
 
-def out_of_space(exc: BaseException | None) -> str | None:
-    """The OS's words for a full disk, a quota or a read-only file system if ``exc`` or anything
-    it was raised from is one, else None."""
+class OutOfSpaceError(OSError):
+    """A write stopped for want of space (or on a read-only file system); ``str()`` is the one line
+    to show, ``errno`` the original's, ``path`` the file that was being written."""
+
+    def __init__(self, message: str, path: str, code: int | None):
+        super().__init__(message)
+        self.path = path
+        self.errno = code
+
+
+def out_of_space_errno(exc: BaseException | None) -> int | None:
+    """The ENOSPC/EDQUOT/EROFS code of ``exc`` or of an exception it was raised from, else None."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in REASONS:
-            return REASONS[exc.errno]
-        text = str(exc)
-        for code, words in REASONS.items():
-            if words in text or f"os_error_code='{code}'" in text:
-                return words
-        for inner in getattr(exc, "exceptions", ()):  # an ExceptionGroup
-            found = out_of_space(inner)
-            if found is not None:
-                return found
+        if isinstance(exc, OSError) and exc.errno in OUT_OF_SPACE_ERRNOS:
+            return exc.errno
+        found = _TENSORSTORE_ERRNO.findall(str(exc)) + (_H5PY_ERRNO.findall(str(exc)) if isinstance(exc, OSError)
+                                                         else [])
+        code = next((int(c) for c in found if int(c) in OUT_OF_SPACE_ERRNOS), None)
+        if code is not None:
+            return code
         exc = exc.__cause__ or exc.__context__
     return None
 
 
-def free_bytes(path: str | os.PathLike) -> int | None:
-    """Free bytes on the file system of ``path`` (or of its nearest existing parent); None where
-    that cannot be known (an object store such as ``gs://``)."""
-    path = os.fspath(path)
-    if "://" in path:
+def reason(code: int | None) -> str:
+    """What ``code`` means, in words for a message."""
+    return "the file system is read-only" if code == errno.EROFS else \
+        "the disk quota is exceeded" if code == errno.EDQUOT else "the disk is full"
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` means a full disk, a full quota or a read-only file system."""
+    return out_of_space_errno(exc) is not None
+
+
+def free_space(path: str | os.PathLike) -> int | None:
+    """Bytes free to this user on the file system of ``path`` (or of its nearest existing parent);
+    None where that cannot be known (an object store such as ``gs://``)."""
+    if "://" in os.fspath(path):
         return None
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
-    return shutil.disk_usage(path).free
+    directory = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def out_of_space_message(path: str | os.PathLike, code: int | None = errno.ENOSPC) -> str:
+    """``path: not written: <reason> (N bytes free in DIR); free space or choose another output path and rerun``."""
+    path = os.fspath(path)
+    free = free_space(path)
+    left = f"{size(free)} free" if free is not None else "free space unknown"
+    return (f"{path}: not written: {reason(code)} ({left} in {os.path.dirname(os.path.abspath(path))}); "
+            f"free space or choose another output path and rerun")
+
+
+@contextlib.contextmanager
+def reported(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raises an out-of-space ``OSError`` of the block as ``OutOfSpaceError`` naming ``path``."""
+    try:
+        yield
+    except OutOfSpaceError:
+        raise
+    except OSError as e:
+        code = out_of_space_errno(e)
+        if code is None:
+            raise
+        raise OutOfSpaceError(out_of_space_message(path, code), os.fspath(path), code) from e
 
 
 def size(n: int | None) -> str:
-    """``n`` bytes for a message: ``12 MB``, ``1.4 GB``."""
+    """``n`` bytes for a message: ``12.3 MB``, ``1.4 GB``."""
     if n is None:
         return "unknown"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):

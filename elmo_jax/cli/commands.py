@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import collections
+import functools
 import json
 import os
+import re
 import shlex
 import sys
-import warnings
 from importlib import resources
-from typing import Iterable, Iterator
 
 import numpy as np
 
-from elmo_jax._util import background
-from elmo_jax._util.atomic import atomic_path
+from elmo_jax._util.arguments import arguments_of
+from elmo_jax._util.disk_full import OutOfSpaceError
 from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
-from elmo_jax.model.vocabulary import VocabError, utf8_lines
+from elmo_jax.model.vocabulary import VocabError
 from elmo_jax.pretrained.registry import PretrainedError
 from elmo_jax.text.sources import DataError
 from elmo_jax.training.checkpoint import CheckpointError
@@ -165,14 +164,12 @@ def deterministic_gpu_flags() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    """``elmo_jax.training.loop.pretrain`` on the data, vocabulary and options the flags give."""
     import jax
-    from etils import epath
 
-    from elmo_jax.config import saved_reset_state_prob
     from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.text.sources import open_source, shard_for_process
-    from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
-    from elmo_jax.training.loop import RunSettings, pretrain, saved_options
+    from elmo_jax.training.loop import RunSettings, pretrain
 
     deterministic_gpu_flags()
     train_files, heldout_files = args.train_files, args.heldout_files
@@ -191,19 +188,55 @@ def cmd_train(args: argparse.Namespace) -> None:
         from elmo_jax.training.warmstart import read_warmstart
 
         warm = read_warmstart(args.init_from)
-    vocab_path = args.vocab
-    if vocab_path is None:
-        vocab_path = os.path.join(args.run_dir, "vocab.txt")
-        if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
-            epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-            counts, n_tokens, n_sentences = count_tokens(source)
-            # Continuing a model: its words keep their softmax rows, the new text's words are added.
-            old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
-            write_vocab(build_vocab(counts, min_count=args.min_count, extend=old_words), vocab_path, n_tokens,
-                        n_sentences, [source.name(i) for i in range(len(source))])
-            extended = f", {len(old_words)} words of {args.init_from} included" if old_words else ""
-            print(f"no --vocab: wrote {vocab_path}{extended}")
+    vocab_path = _train_vocab(args, source, warm)
     vocab = Vocabulary.load(vocab_path)
+    options = _train_options(args, vocab, vocab_path, warm)
+    if args.prefetch < 0 or args.host_workers < 0:
+        raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
+    settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
+                           save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
+                           log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
+                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers,
+                           on_divergence=args.on_divergence, new_data=args.new_data)
+    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
+    init_state = None
+    if warm is not None:
+        from elmo_jax.training.warmstart import finetune_state
+
+        init_state = finetune_state(warm, options, vocab, seed=args.seed)
+    last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
+    if jax.process_index() == 0:
+        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+
+
+def _train_vocab(args: argparse.Namespace, source, warm) -> str:
+    """--vocab, or the run dir's vocab.txt, built from the training text (and ``warm``'s words) when missing."""
+    from etils import epath
+
+    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
+
+    if args.vocab is not None:
+        return args.vocab
+    vocab_path = os.path.join(args.run_dir, "vocab.txt")
+    if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+        epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+        counts, n_tokens, n_sentences = count_tokens(source)
+        # Continuing a model: its words keep their softmax rows, the new text's words are added.
+        old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
+        write_vocab(build_vocab(counts, min_count=args.min_count, extend=old_words), vocab_path, n_tokens,
+                    n_sentences, [source.name(i) for i in range(len(source))])
+        extended = f", {len(old_words)} words of {args.init_from} included" if old_words else ""
+        print(f"no --vocab: wrote {vocab_path}{extended}")
+    return vocab_path
+
+
+def _train_options(args: argparse.Namespace, vocab, vocab_path: str, warm):
+    """The run's Options: --config (or ``warm``'s biLM) with the flags that override its recipe."""
+    from elmo_jax.config import saved_reset_state_prob
+    from elmo_jax.text.vocab import read_vocab_meta
+    from elmo_jax.training.loop import saved_options
+
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = args.n_train_tokens or meta.get("n_train_tokens")
     if n_train_tokens is None and args.steps is None and not _config_sets(args.config, "n_train_tokens"):
@@ -227,25 +260,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         reset_state_prob = saved_reset_state_prob(saved)
     if learning_rate is None and saved is not None and not _config_sets(args.config, "learning_rate"):
         learning_rate = saved.get("learning_rate")
-    options = _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
-                                warm.model if warm is not None else None, learning_rate)
-    if args.prefetch < 0 or args.host_workers < 0:
-        raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
-    settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
-                           save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
-                           log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
-                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers,
-                           on_divergence=args.on_divergence, new_data=args.new_data)
-    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
-    init_state = None
-    if warm is not None:
-        from elmo_jax.training.warmstart import finetune_state
-
-        init_state = finetune_state(warm, options, vocab, seed=args.seed)
-    last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
-    if jax.process_index() == 0:
-        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+    return _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
+                             warm.model if warm is not None else None, learning_rate)
 
 
 def _has_checkpoint(run_dir: str) -> bool:
@@ -289,120 +305,37 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    import h5py
-
-    from elmo_jax._util.atomic import write_text_atomic
-    from elmo_jax.extract.embedder import Embedder, check_layers, shard_file, shard_manifest
+    """``elmo_jax.extract.embed_file`` with the model the flags name; a summary line on stderr."""
+    from elmo_jax.extract import EmbedFileOptions, embed_file
 
     if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
         raise ConfigError("give one of --model, --run-dir, or --options with --weights")
-    sharded = args.num_shards is not None
-    if sharded and not (args.num_shards >= 1 and args.shard_index is not None
-                        and 0 <= args.shard_index < args.num_shards):
-        raise ConfigError(f"--num-shards {args.num_shards} needs --shard-index in 0..{args.num_shards - 1}")
-    if args.shard_index is not None and not sharded:
-        raise ConfigError("--shard-index needs --num-shards")
-    if args.batch_tokens is not None and args.batch_tokens < 1:
-        raise ConfigError(f"--batch-tokens must be 1 or more; got {args.batch_tokens}")
-    if args.window < 1 or args.ahead < 0:
-        raise ConfigError(f"--window must be 1 or more and --ahead 0 or more; got {args.window} and {args.ahead}")
-    if not os.path.isfile(args.input):
-        raise DataError(f"{args.input}: input file not found")
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        raise DataError(f"{args.output}: the directory {out_dir} does not exist")
-    kw = dict(batch_tokens=args.batch_tokens, precision=_policy(args, "float32"))
+    options = EmbedFileOptions(layers=args.layers, pool=args.pool, window=args.window, ahead=args.ahead,
+                               num_shards=args.num_shards, shard_index=args.shard_index,
+                               sentence_to_index=args.sentence_to_index, progress=not args.no_progress)
+    load = functools.partial(_embedder, args, _policy(args, "float32"))
+    done = embed_file(load, args.input, args.output, options)
+    if done.empty_pooled:
+        print(f"elmo-jax embed: {done.empty_pooled} empty line(s) pooled to zero vectors", file=sys.stderr)
+    if done.lines == 0:
+        print(f"elmo-jax embed: {args.input} is empty; wrote {done.output} with no datasets", file=sys.stderr)
+    elif done.manifest:
+        print(f"wrote {done.written} of {done.lines} lines (shard {args.shard_index} of {args.num_shards}) to "
+              f"{done.output} and {done.manifest}", file=sys.stderr)
+    else:
+        print(f"wrote {done.lines} sentences to {done.output}", file=sys.stderr)
+
+
+def _embedder(args: argparse.Namespace, precision: str):
+    """The Embedder of --model, --run-dir or --options/--weights."""
+    from elmo_jax.extract.embedder import Embedder
+
+    kw = dict(batch_tokens=args.batch_tokens, precision=precision)
     if args.model:
-        embedder = Embedder.from_pretrained(args.model, **kw)
-    elif args.run_dir:
-        embedder = Embedder.from_checkpoint(args.run_dir, **kw)
-    else:
-        embedder = Embedder.from_hdf5(args.options, args.weights, **kw)
-    try:
-        layers = check_layers(args.layers, embedder.config.n_output_layers)
-    except ValueError as e:
-        raise ConfigError(f"--layers: {e}") from None
-    # This process embeds lines start, start + step, ... (0-based); unsharded: all of them.
-    start, step = (args.shard_index, args.num_shards) if sharded else (0, 1)
-    output = shard_file(args.output, start, step) if sharded else args.output
-    with open(args.input, "rb") as f:
-        total = sum(1 for _ in f)
-    mine = len(range(start, total, step))
-    if sharded:
-        try:  # a manifest says its shard is complete: a stale one must not outlive its file
-            os.unlink(output + ".json")
-        except FileNotFoundError:
-            pass
-    sentence_to_index: dict[str, str] = {}
-    counts = collections.Counter()
-    with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
-        from tqdm import tqdm
-        lines = (line.split() for n, line in utf8_lines(args.input, DataError) if (n - 1) % step == start)
-        lines = _remember(lines, sentence_to_index, args.sentence_to_index, start, step)
-        write = _pooled_rows(out, mine, embedder.config, layers, args.window) if args.pool else None
-
-        def store(item: tuple[int, np.ndarray]) -> None:
-            k, x = item
-            if write:
-                write(x)  # rows come in line order
-            else:
-                out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
-
-        # A background thread writes (an hdf5 dataset per line is host time: see
-        # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
-        with tqdm(total=mine, unit="sent", disable=args.no_progress, dynamic_ncols=True) as bar, \
-                warnings.catch_warnings(), background.calls(store, args.ahead * args.window) as submit:
-            # Pooled by embed (on the device); its empty-sentence warning per window gives way to
-            # one line at the end.
-            warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
-            for k, x in embedder.embed_stream(_count_empty(lines, counts), window=args.window, layers=layers,
-                                              pool=args.pool):
-                submit((k, x))
-                bar.update(1)
-        if write:
-            write(None)
-        if args.sentence_to_index:
-            out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
-    if sharded:
-        extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=args.pool,
-                     input=os.path.abspath(args.input))
-        write_text_atomic(output + ".json", json.dumps(shard_manifest(args.output, start, step, total,
-                                                                      bool(args.pool), **extra), indent=1) + "\n")
-    if args.pool and counts["empty"]:
-        print(f"elmo-jax embed: {counts['empty']} empty line(s) pooled to zero vectors", file=sys.stderr)
-    if total == 0:
-        print(f"elmo-jax embed: {args.input} is empty; wrote {output} with no datasets", file=sys.stderr)
-    elif sharded:
-        print(f"wrote {mine} of {total} lines (shard {start} of {step}) to {output} and {output}.json",
-              file=sys.stderr)
-    else:
-        print(f"wrote {total} sentences to {output}", file=sys.stderr)
-
-
-def _count_empty(lines: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[str]]:
-    for tokens in lines:
-        counts["empty"] += not tokens
-        yield tokens
-
-
-def _pooled_rows(out, n_rows: int, config, layers, window: int):
-    """``write(row)`` appends to dataset ``embeddings`` ``[n_rows, ...]`` float32 of ``out``, buffered
-    ``window`` rows at a time (an h5py write per row is slow); ``write(None)`` flushes."""
-    shape = (config.n_output_layers, config.output_dim) if isinstance(layers, str) and layers == "all" \
-        else (config.output_dim,)
-    ds = out.create_dataset("embeddings", shape=(n_rows, *shape), dtype=np.float32)
-    buf: list[np.ndarray] = []
-    done = 0
-
-    def write(row: np.ndarray | None) -> None:
-        nonlocal done
-        if row is not None:
-            buf.append(row)
-        if buf and (row is None or len(buf) >= window):
-            ds[done:done + len(buf)] = np.stack(buf)
-            done += len(buf)
-            buf.clear()
-    return write
+        return Embedder.from_pretrained(args.model, **kw)
+    if args.run_dir:
+        return Embedder.from_checkpoint(args.run_dir, **kw)
+    return Embedder.from_hdf5(args.options, args.weights, **kw)
 
 
 def _layers_arg(value: str):
@@ -412,13 +345,6 @@ def _layers_arg(value: str):
         return tuple(float(w) for w in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: expected all, top, average or comma-separated weights") from None
-
-
-def _remember(lines, table: dict, enabled: bool, start: int = 0, step: int = 1):
-    for i, tokens in enumerate(lines):
-        if enabled:
-            table.setdefault(" ".join(tokens), str(start + i * step))
-        yield tokens
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -460,12 +386,32 @@ def cmd_models(args: argparse.Namespace) -> None:
               "--verify rechecks the cached files' sha256")
 
 
+# Library errors name arguments by their own names (elmo_jax._util.arguments); a subcommand's flag
+# is found by its dest, or, where the library's name differs, through this table (command -> name -> dest).
+ARGUMENT_DESTS = {"train": {"source": "init_from"}}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR",
                    help="persistent XLA compilation cache ('none': off; default: %(default)s, "
                         "or $ELMO_JAX_COMPILE_CACHE)")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_demo, _add_vocab, _add_train, _add_eval, _add_embed, _add_export, _add_models):
+        add(sub)
+    for name, command in sub.choices.items():
+        command.set_defaults(flags=_flags(command, ARGUMENT_DESTS.get(name, {})))
+    return p
+
+
+def _flags(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:
+    """Argument name -> flag of one subcommand: each option's dest, and ``aliases``' names."""
+    flags = {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
+    return {**flags, **{name: flags[dest] for name, dest in aliases.items() if dest in flags}}
+
+
+def _add_demo(sub) -> None:
+    """elmo-jax demo"""
     demo = sub.add_parser("demo", help="embed a few sentences with the bundled test model and print the result")
     demo.add_argument("--options", help="bilm-tf options.json (default: the bundled test model)")
     demo.add_argument("--weights", help="bilm-tf weights hdf5 (with --options)")
@@ -473,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--word", default="apple", help="word whose vectors to compare across sentences")
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_vocab(sub) -> None:
+    """elmo-jax vocab"""
     vocab = sub.add_parser("vocab", help="count words in training text and write an LM vocabulary")
     vocab.add_argument("--train-files", required=True, help="glob of text shards, one tokenized sentence per line")
     vocab.add_argument("--out", required=True, help="vocabulary file to write (a .json sidecar records counts)")
@@ -483,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "their softmax rows carry over); all sorted by the new counts")
     vocab.set_defaults(func=cmd_vocab)
 
+
+def _add_train(sub) -> None:
+    """elmo-jax train: what to train on and how (the run's settings: _add_train_run_args)"""
     tr = sub.add_parser("train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample")
     tr.add_argument("--config", help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
                                       "tiny, or with --init-from the source's biLM and bilm-tf's recipe)")
@@ -513,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
                          "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
                          "holds a checkpoint")
+    _add_train_run_args(tr)
+    tr.set_defaults(func=cmd_train)
+
+
+def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
+    """elmo-jax train: checkpoints, logging, devices, multi-host."""
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
@@ -536,8 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--heartbeat-timeout", type=int, default=100, metavar="SECONDS",
                     help="multi-host: a process silent this long is taken for dead and every process stops "
                          "(jax.distributed's heartbeat timeout)")
-    tr.set_defaults(func=cmd_train)
 
+
+def _add_eval(sub) -> None:
+    """elmo-jax eval"""
     ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on held-out text (one JSON line)")
     ev.add_argument("--run-dir", required=True)
     ev.add_argument("--files", required=True, help="glob of text files, or tfds:NAME/SPLIT as for train")
@@ -549,6 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="every sentence alone from zero state (to compare with models that cannot carry context)")
     ev.set_defaults(func=cmd_eval)
 
+
+def _add_embed(sub) -> None:
+    """elmo-jax embed"""
     em = sub.add_parser("embed", help="ELMo layers of every line of a file into hdf5 (bilm-tf's dump format)")
     em.add_argument("--model", help="a released model, downloaded once into the cache (see elmo-jax models)")
     em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
@@ -582,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--no-progress", action="store_true")
     em.set_defaults(func=cmd_embed)
 
+
+def _add_export(sub) -> None:
+    """elmo-jax export"""
     ex = sub.add_parser("export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt")
     ex.add_argument("--run-dir", required=True)
     ex.add_argument("--out-dir", required=True)
@@ -592,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "elmo_<shape>_softmax_weights.hdf5, vocab-<shape>.txt)")
     ex.set_defaults(func=cmd_export)
 
+
+def _add_models(sub) -> None:
+    """elmo-jax models"""
     mo = sub.add_parser("models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify")
     mo.add_argument("--fetch", metavar="NAME", help="download a model's options and weights into the cache")
     mo.add_argument("--all-files", action="store_true", help="with --fetch: also softmax, vocab and TF checkpoint")
@@ -600,7 +569,6 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--no-progress", action="store_true")
     # No XLA compile cache: setting it up would import jax, which listing models never needs.
     mo.set_defaults(func=cmd_models, compile_cache="none")
-    return p
 
 
 def _add_precision(parser: argparse.ArgumentParser, default: str) -> None:
@@ -626,6 +594,16 @@ def _policy(args, default: str | None) -> str | None:
 COMPUTE_COMMANDS = ("train", "eval", "embed", "demo", "export")
 
 
+def error_line(exc: BaseException, flags: dict[str, str]) -> str:
+    """``str(exc)`` with each argument it speaks of (``elmo_jax._util.arguments.about``) written as
+    the flag ``flags`` gives it: the one place a library error becomes a command-line message."""
+    text = str(exc)
+    for name in arguments_of(exc):
+        if name in flags:
+            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flags[name], text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -637,8 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         enable_compile_cache(args.compile_cache)
         args.func(args)
     except USER_ERRORS as e:
-        print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _failed(args, e, 2)
+    except OutOfSpaceError as e:  # the input was fine; the machine ran out of room
+        return _failed(args, e, 1)
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
         if argv is None and args.command == "embed":
@@ -655,9 +634,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(e, (PeerFailed, Diverged)):
             raise
-        print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return _failed(args, e, 1)
     return 0
+
+
+def _failed(args: argparse.Namespace, exc: BaseException, code: int) -> int:
+    """Prints ``exc`` as the command's one error line; returns the exit code ``code``."""
+    print(f"elmo-jax {args.command}: error: {error_line(exc, args.flags)}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import h5py
 import jax
 import numpy as np
 
+from elmo_jax._util import disk_full
 from elmo_jax._util.atomic import atomic_path
 from elmo_jax.config import ModelConfig, Options
 
@@ -171,11 +172,13 @@ def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
 
 def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | os.PathLike,
               weights_path: str | os.PathLike) -> None:
-    """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically."""
+    """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically (a full
+    disk: ``disk_full.OutOfSpaceError`` naming the file)."""
     options = config if isinstance(config, Options) else Options(model=config)
     datasets = to_datasets(options.model, params)
-    with atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
+    with disk_full.reported(weights_path), atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
         for name, arr in datasets.items():
             f.create_dataset(name, data=arr)
-    options.save(options_path, n_characters=262)
+    with disk_full.reported(options_path):
+        options.save(options_path, n_characters=262)
 

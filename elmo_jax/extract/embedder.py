@@ -51,8 +51,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax import policy
+from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import load_hdf5
-from elmo_jax.config import ModelConfig
+from elmo_jax.config import ConfigError, ModelConfig
 from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.bilm import bilm_from_tokens, marker_vectors
 from elmo_jax.model.layout import Layout, for_backend
@@ -368,6 +369,8 @@ class Embedder:
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
         self.layout = layout or for_backend()
+        if batch_tokens is not None and batch_tokens < 1:
+            raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")
         self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
         self.policy = policy.check(precision)
         precision, self.dtype = policy.matmul_args(self.policy)

@@ -40,7 +40,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from elmo_jax._util.atomic import atomic_path, is_local
-from elmo_jax._util.disk_full import free_bytes, out_of_space, size
+from elmo_jax._util.disk_full import OutOfSpaceError, free_space, out_of_space_errno, reason, size
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -50,12 +50,12 @@ class CheckpointError(ValueError):
     """A run directory cannot be resumed as asked."""
 
 
-class DiskFull(CheckpointError):
+class DiskFull(OutOfSpaceError):
     """A save failed for lack of space (or a quota, or a read-only file system). The failed
     step's partial files are removed; ``kept`` are the steps intact on disk."""
 
-    def __init__(self, message: str, step: int, kept: list[int]):
-        super().__init__(message)
+    def __init__(self, message: str, path: str, code: int | None, step: int, kept: list[int]):
+        super().__init__(message, path, code)
         self.step, self.kept = step, kept
 
 
@@ -146,20 +146,20 @@ class Checkpointer:
 
     def _raise_if_full(self, step: int, e: BaseException) -> None:
         """Raises ``DiskFull`` (once; a second failure is the same one) for a full-disk ``e``."""
-        reason = out_of_space(e)
-        if reason is None:
+        code = out_of_space_errno(e)
+        if code is None:
             return
         if self._failed is None:
-            self._failed = self._disk_full(step, reason)
+            self._failed = self._disk_full(step, code)
         raise self._failed from None
 
-    def _disk_full(self, step: int, reason: str) -> DiskFull:
+    def _disk_full(self, step: int, code: int) -> DiskFull:
         """Removes what the failed save wrote (to give the space back) and says what is kept."""
         self._remove_partial(step)
         self._host_path(step, jax.process_index()).unlink(missing_ok=True)
         self.manager.reload()
         kept = [s for s in self.steps() if s != step]
-        free = free_bytes(str(self.run_dir))
+        free = free_space(str(self.run_dir / "checkpoints"))
         need = f"a checkpoint needs about {size(self.nbytes)}" + (f", {size(free)} free" if free is not None else "")
         if kept:
             steps = ", ".join(map(str, kept))
@@ -167,7 +167,8 @@ class Checkpointer:
                     f"command to resume from step {kept[-1]}")
         else:
             then = "no step was saved yet; free space and rerun the same command to start again"
-        return DiskFull(f"{reason.lower()} in {self.run_dir} while saving step {step} ({need}); {then}", step, kept)
+        return DiskFull(f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}", str(self.run_dir),
+                        code, step, kept)
 
     def _remove_partial(self, step: int) -> None:
         if is_local(str(self.run_dir)):
@@ -177,7 +178,7 @@ class Checkpointer:
     def check_space(self, keep: int) -> str | None:
         """A warning when the free space cannot hold ``keep`` checkpoints and one being saved, from
         the size of the last one (``nbytes``); None when it can, or cannot be known."""
-        free = free_bytes(str(self.run_dir))
+        free = free_space(str(self.run_dir / "checkpoints"))
         if free is None or self.nbytes is None:
             return None
         held = sum(1 for _ in self.steps())

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from elmo_jax._util.arguments import about
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
@@ -100,8 +101,8 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
         sums.append(s)  # read back at the end: the host deals the next window meanwhile
         count += score.sum(axis=(1, 2))
     if count.min() == 0:
-        raise ValueError(f"no complete evaluation window in the held-out data (need at least "
-                         f"{batch_size} x {unroll_steps} tokens); lower --batch-size")
+        raise about(ValueError(f"no complete evaluation window in the held-out data (need at least "
+                               f"{batch_size} x {unroll_steps} tokens); lower batch_size"), "batch_size")
     fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / count
     return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
             "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()),

@@ -23,6 +23,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from elmo_jax import policy
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
@@ -115,9 +116,10 @@ def check_same_data(meta: dict, now: list[dict] | None, run_dir: str) -> None:
     changes = data_changes(saved, now)
     if changes:
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-        raise DataError(f"the training data differs from what {run_dir} was saved with ({'; '.join(changes[:3])}"
-                        f"{more}): its data position would land in other text. Give the same files, or "
-                        f"new_data to keep the weights and optimizer and start the data position afresh")
+        raise about(DataError(f"the training data differs from what {run_dir} was saved with ({'; '.join(changes[:3])}"
+                              f"{more}): its data position would land in other text. Give the same files, or "
+                              f"new_data to keep the weights and optimizer and start the data position afresh"),
+                    "new_data")
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
@@ -137,11 +139,12 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
         if saved.get(k) != now.get(k):
             diffs.append(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}")
     if diffs:
-        raise CheckpointError(f"{run_dir} holds a run with different options ({'; '.join(diffs[:4])}); "
-                              f"use another --run-dir or the same options")
+        raise about(CheckpointError(f"{run_dir} holds a run with different options ({'; '.join(diffs[:4])}); "
+                                    f"use another run_dir or the same options"), "run_dir")
     if meta["vocab_sha256"] != vocab_hash(vocab):
-        raise CheckpointError(f"{run_dir} was trained with a different vocabulary than {vocab.source}; "
-                              f"fine-tune into a new run dir instead (--init-from)")
+        raise about(CheckpointError(f"{run_dir} was trained with a different vocabulary than {vocab.source}; "
+                                    f"fine-tune into a new run_dir instead, starting from this one (init_from)"),
+                    "run_dir", "init_from")
 
 
 def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
@@ -229,8 +232,9 @@ def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Voca
     if not settings.eval_every:
         return
     if settings.eval_every % settings.log_every:
-        raise ConfigError(f"--eval-every {settings.eval_every} is not a multiple of --log-every {settings.log_every} "
-                          f"(held-out perplexity is computed at logged steps)")
+        raise about(ConfigError(f"eval_every {settings.eval_every} is not a multiple of log_every "
+                                f"{settings.log_every} (held-out perplexity is computed at logged steps)"),
+                    "eval_every", "log_every")
     if heldout is None:
         return
     t = options.train
@@ -240,8 +244,8 @@ def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Voca
         probe.next()
     except StopIteration:
         names = ", ".join(heldout.name(i) for i in range(min(len(heldout), 3)))
-        raise DataError(f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows x "
-                        f"{t.unroll_steps} tokens); give more text or a smaller --batch-size") from None
+        raise about(DataError(f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows "
+                              f"x {t.unroll_steps} tokens); give more text or a smaller batch_size"), "batch_size") from None
 
 
 @dataclasses.dataclass
@@ -280,9 +284,9 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
         if jax.process_count() > 1 and settings.devices != n_local:
-            raise CheckpointError("a multi-host run uses every local device; drop --devices")
+            raise about(CheckpointError("a multi-host run uses every local device; leave devices unset"), "devices")
         if not 1 <= settings.devices <= n_local:
-            raise CheckpointError(f"--devices {settings.devices}: this process has {n_local} device(s)")
+            raise about(CheckpointError(f"devices {settings.devices}: this process has {n_local} device(s)"), "devices")
         n_local, devices = settings.devices, jax.local_devices()[:settings.devices]
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
@@ -327,7 +331,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         try:
             return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
         except Diverged as e:
-            raise Diverged(_set_aside_diverged(run, e), e.step, e.last_good) from None
+            raise about(Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate",
+                    "on_divergence") from None
         finally:
             run.ckpt.close()
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from elmo_jax._util import disk_full
 from elmo_jax._util.atomic import atomic_path, write_text_atomic
 from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
@@ -133,14 +134,17 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int
                layout: str = "elmo_jax") -> list[str]:
     """A run's checkpoint -> bilm-tf files: options (with the training keys), weights (AllenNLP's
     layout), softmax (``softmax/W`` [V, P], ``softmax/b`` [V]) and vocabulary, named as
-    ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``."""
+    ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``.
+    A full disk stops it with ``disk_full.OutOfSpaceError`` naming the file: the files before it are
+    complete, and none is left half-written under its name."""
     options, vocab, params, step = load_run(run_dir, step)
     epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
     paths = [os.path.join(out_dir, n) for n in export_names(options.model, layout)]
     save_hdf5(options, params["bilm"], paths[0], paths[1])
-    with atomic_path(paths[2]) as tmp:
+    with disk_full.reported(paths[2]), atomic_path(paths[2]) as tmp:
         with h5py.File(tmp, "w") as f:
             f["softmax/W"] = np.asarray(params["softmax"]["w"], np.float32)
             f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
-    write_vocab_file(paths[3], vocab)
+    with disk_full.reported(paths[3]):
+        write_vocab_file(paths[3], vocab)
     return paths

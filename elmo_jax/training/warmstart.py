@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import WeightsError, load_hdf5
 from elmo_jax.config import ModelConfig, Options
 from elmo_jax.model.vocabulary import Vocabulary, VocabError
@@ -78,10 +79,10 @@ def read_warmstart(source: str) -> Warmstart:
 
         if str(source).lower() in registry.MODELS:
             return _from_released(source.lower())
-        raise CheckpointError(f"--init-from {source}: neither a directory nor a released model "
-                              f"({', '.join(registry.MODELS)})")
+        raise about(CheckpointError(f"source {source}: neither a directory nor a released model "
+                                    f"({', '.join(registry.MODELS)})"), "source")
     if not os.path.isdir(source):
-        raise CheckpointError(f"--init-from {source}: not a directory")
+        raise about(CheckpointError(f"source {source}: not a directory"), "source")
     if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
         return _from_tf_checkpoint(source, _find_vocab(source, also_parent=True))
     return _from_hdf5_dir(source)
@@ -158,8 +159,9 @@ def _from_hdf5_dir(directory: str) -> Warmstart:
     }
     for role in ("options", "weights"):
         if files[role] is None:
-            raise CheckpointError(f"--init-from {directory}: no {role} file (expected a run dir, a TF checkpoint, "
-                                  f"or options.json + weights.hdf5 / elmo_*_options.json + elmo_*_weights.hdf5)")
+            raise about(CheckpointError(f"source {directory}: no {role} file (expected a run dir, a TF checkpoint, "
+                                        f"or options.json + weights.hdf5 / elmo_*_options.json + "
+                                        f"elmo_*_weights.hdf5)"), "source")
     return _from_hdf5_files(directory, {k: v for k, v in files.items() if v})
 
 

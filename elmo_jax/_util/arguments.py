@@ -1,0 +1,22 @@
+"""Errors that speak of a function's arguments, marked so that a front end can name its own.
+
+A library error names an argument by its Python name (``batch_tokens must be 1 or more; got 0``)
+and says which names those are: ``raise about(ConfigError(...), "batch_tokens")``. The command
+line reads them back with ``arguments_of`` and writes its flags in their place
+(``--batch-tokens must be 1 or more; got 0``); from Python the message reads as it is.
+"""
+
+from __future__ import annotations
+
+_ATTRIBUTE = "arguments"
+
+
+def about(exc: BaseException, *arguments: str) -> BaseException:
+    """``exc``, marked as speaking of ``arguments`` (each written in its message as it is named)."""
+    setattr(exc, _ATTRIBUTE, tuple(arguments))
+    return exc
+
+
+def arguments_of(exc: BaseException) -> tuple[str, ...]:
+    """The argument names ``exc`` was marked with by ``about`` (none: ``()``)."""
+    return tuple(getattr(exc, _ATTRIBUTE, ()))

@@ -1,0 +1,224 @@
+"""Every line of a text file through an ``Embedder`` into hdf5: bilm-tf's dump format, pooled
+rows, or one shard of a run split over processes (with its manifest).
+
+``embed_file(embedder, input_path, output_path, options)`` is what ``elmo-jax embed`` does; from
+Python it is the same call, with the choices in one ``EmbedFileOptions``::
+
+    from elmo_jax.extract import EmbedFileOptions, embed_file
+
+    embed_file(embedder, "sentences.txt", "elmo.hdf5", EmbedFileOptions(layers="top", pool="mean"))
+
+The file is written under a temporary name next to ``output_path`` and renamed into place when
+complete (``elmo_jax._util.atomic``): an error or Ctrl-C leaves no file under the final name, and a
+full disk (or quota, or a read-only file system) is one ``OutOfSpaceError`` naming the file and the
+space left (``elmo_jax._util.disk_full``).
+Errors about the options name their fields (``window must be 1 or more ...``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import warnings
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from elmo_jax._util import background, disk_full
+from elmo_jax._util.arguments import about
+from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax.config import ConfigError
+from elmo_jax.model.vocabulary import utf8_lines
+from elmo_jax.text.sources import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedFileOptions:
+    """What ``embed_file`` writes, and how.
+
+    layers: ``"all"`` (``[n_layers + 1, n_tokens, 2P]`` per line), ``"top"``, ``"average"``, or one
+      weight per ELMo layer (a weighted sum, not normalised): ``[n_tokens, 2P]``.
+    pool: None, ``"mean"`` or ``"max"``: one dataset ``embeddings`` with a row per line (an empty
+      line gives zeros) instead of a dataset per line.
+    window: sentences read, sorted and written at a time.
+    ahead: windows the embedding may run ahead of the writes, which a background thread does
+      (0: written in the loop; each costs a window's memory).
+    num_shards, shard_index: this process embeds the lines ``i`` with ``i % num_shards ==
+      shard_index`` into its own file and manifest (``embedder.shard_file``); None: every line.
+    sentence_to_index: also write AllenNLP's ``sentence_to_index`` JSON dataset.
+    progress: a tqdm bar over the lines.
+    """
+    layers: str | tuple[float, ...] = "all"
+    pool: str | None = None
+    window: int = 2048
+    ahead: int = 1
+    num_shards: int | None = None
+    shard_index: int | None = None
+    sentence_to_index: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        weights = None
+        if not isinstance(self.layers, str):
+            try:
+                weights = tuple(float(w) for w in self.layers)
+            except (TypeError, ValueError):
+                pass
+            else:
+                object.__setattr__(self, "layers", weights)
+        if weights is None and self.layers not in ("all", "top", "average"):
+            raise about(ConfigError(f"layers {self.layers!r}: expected all, top, average or one weight per "
+                                    f"ELMo layer"), "layers")
+        if self.pool not in (None, "mean", "max"):
+            raise about(ConfigError(f"pool {self.pool!r}: expected None, mean or max"), "pool")
+        n, i = self.num_shards, self.shard_index
+        if n is not None and not (n >= 1 and i is not None and 0 <= i < n):
+            raise about(ConfigError(f"num_shards {n} needs shard_index in 0..{n - 1}"), "num_shards", "shard_index")
+        if i is not None and n is None:
+            raise about(ConfigError("shard_index needs num_shards"), "shard_index", "num_shards")
+        if self.window < 1 or self.ahead < 0:
+            raise about(ConfigError(f"window must be 1 or more and ahead 0 or more; got {self.window} and "
+                                    f"{self.ahead}"), "window", "ahead")
+
+    @property
+    def sharded(self) -> bool:
+        return self.num_shards is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedFileResult:
+    """What ``embed_file`` wrote: ``output`` (the shard's own name when sharded) and its
+    ``manifest`` (None unsharded), ``lines`` of the input, ``written`` by this process, and how
+    many ``empty_pooled`` lines were pooled to zero vectors."""
+    output: str
+    manifest: str | None
+    lines: int
+    written: int
+    empty_pooled: int
+
+
+def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.PathLike,
+               options: EmbedFileOptions = EmbedFileOptions()) -> EmbedFileResult:
+    """ELMo layers of every line of ``input_path`` (UTF-8, one whitespace-tokenized sentence a line)
+    into the hdf5 ``output_path``: dataset ``str(i)`` for line ``i`` (0-based), or with
+    ``options.pool`` one dataset ``embeddings``, row ``i`` for line ``i``. Sharded, the file is
+    ``embedder.shard_file(output_path, ...)`` and its manifest that name plus ``.json``, written once
+    the file is complete (``embedder.ShardedEmbeddings`` reads the shards back as one).
+
+    ``embedder``: an ``Embedder``, or a function of no arguments returning one, called after the
+    paths are checked. Raises ``DataError`` (input missing or not UTF-8, output directory missing),
+    ``ConfigError`` (``layers`` that do not fit the model) or ``disk_full.OutOfSpaceError``.
+    """
+    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    if not os.path.isfile(input_path):
+        raise DataError(f"{input_path}: input file not found")
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(out_dir):
+        raise DataError(f"{output_path}: the directory {out_dir} does not exist")
+    if callable(embedder):
+        embedder = embedder()
+    from elmo_jax.extract.embedder import check_layers, shard_file, shard_manifest
+
+    try:
+        layers = check_layers(options.layers, embedder.config.n_output_layers)
+    except ValueError as e:
+        raise about(ConfigError(str(e)), "layers") from None
+    # This process embeds lines start, start + step, ... (0-based); unsharded: all of them.
+    start, step = (options.shard_index, options.num_shards) if options.sharded else (0, 1)
+    output = shard_file(output_path, start, step) if options.sharded else output_path
+    with open(input_path, "rb") as f:
+        total = sum(1 for _ in f)
+    manifest = output + ".json" if options.sharded else None
+    if manifest:
+        try:  # a manifest says its shard is complete: a stale one must not outlive its file
+            os.unlink(manifest)
+        except FileNotFoundError:
+            pass
+    lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
+    mine = len(range(start, total, step))
+    with disk_full.reported(output):
+        empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
+    if manifest:
+        extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=options.pool,
+                     input=os.path.abspath(input_path))
+        with disk_full.reported(manifest):
+            write_text_atomic(manifest, json.dumps(shard_manifest(output_path, start, step, total,
+                                                                  bool(options.pool), **extra), indent=1) + "\n")
+    return EmbedFileResult(output=output, manifest=manifest, lines=total, written=mine,
+                           empty_pooled=empty if options.pool else 0)
+
+
+def _write_hdf5(embedder, lines: Iterable[list[str]], output: str, layers, options: EmbedFileOptions,
+                start: int, step: int, mine: int) -> int:
+    """Writes the file (atomically); returns how many of its ``mine`` lines were empty."""
+    import h5py
+    from tqdm import tqdm
+
+    sentence_to_index: dict[str, str] = {}
+    counts = collections.Counter()
+    with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
+        lines = _remember(lines, sentence_to_index if options.sentence_to_index else None, start, step)
+        write = _pooled_rows(out, mine, embedder.config, layers, options.window) if options.pool else None
+
+        def store(item: tuple[int, np.ndarray]) -> None:
+            k, x = item
+            if write:
+                write(x)  # rows come in line order
+            else:
+                out.create_dataset(str(start + k * step), data=x.astype(np.float32, copy=False))
+
+        # A background thread writes (an hdf5 dataset per line is host time: see
+        # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
+        with tqdm(total=mine, unit="sent", disable=not options.progress, dynamic_ncols=True) as bar, \
+                warnings.catch_warnings(), background.calls(store, options.ahead * options.window) as submit:
+            # Pooled by embed (on the device); its empty-sentence warning per window gives way to
+            # one count at the end.
+            warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
+            for k, x in embedder.embed_stream(_count_empty(lines, counts), window=options.window, layers=layers,
+                                              pool=options.pool):
+                submit((k, x))
+                bar.update(1)
+        if write:
+            write(None)
+        if options.sentence_to_index:
+            out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
+    return counts["empty"]
+
+
+def _count_empty(lines: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[str]]:
+    for tokens in lines:
+        counts["empty"] += not tokens
+        yield tokens
+
+
+def _remember(lines: Iterable[list[str]], table: dict | None, start: int, step: int) -> Iterator[list[str]]:
+    """The lines, unchanged; each new one's line number goes into ``table`` (None: nothing kept)."""
+    for i, tokens in enumerate(lines):
+        if table is not None:
+            table.setdefault(" ".join(tokens), str(start + i * step))
+        yield tokens
+
+
+def _pooled_rows(out, n_rows: int, config, layers, window: int) -> Callable[[np.ndarray | None], None]:
+    """``write(row)`` appends to dataset ``embeddings`` ``[n_rows, ...]`` float32 of ``out``, buffered
+    ``window`` rows at a time (an h5py write per row is slow); ``write(None)`` flushes."""
+    shape = (config.n_output_layers, config.output_dim) if isinstance(layers, str) and layers == "all" \
+        else (config.output_dim,)
+    ds = out.create_dataset("embeddings", shape=(n_rows, *shape), dtype=np.float32)
+    buf: list[np.ndarray] = []
+    done = 0
+
+    def write(row: np.ndarray | None) -> None:
+        nonlocal done
+        if row is not None:
+            buf.append(row)
+        if buf and (row is None or len(buf) >= window):
+            ds[done:done + len(buf)] = np.stack(buf)
+            done += len(buf)
+            buf.clear()
+    return write
+
+
+__all__ = ["EmbedFileOptions", "EmbedFileResult", "embed_file"]

@@ -1,0 +1,232 @@
+"""The command line itself (``elmo-jax`` / ``python -m elmo_jax``): its flags, one-line messages
+and exit codes, Ctrl-C, the compile-cache flag, and how library errors become flag messages.
+What the commands compute and write is tested with the library: test_embed.py, test_pretrain.py, ..."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from elmo_jax import cli
+from elmo_jax._util.arguments import about
+from elmo_jax.cli import commands
+from elmo_jax.config import ConfigError
+from elmo_jax.extract.embedder import Embedder
+
+from helpers import embed_sentences, model_files
+from test_pretrain import TRAIN, _cli, _write_tiny_options
+
+OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return embed_sentences()
+
+
+def run_cli(*args):
+    return cli.main(["embed", "--options", OPTIONS, "--weights", WEIGHTS, "--no-progress", *args])
+
+
+# -- library errors, flag messages --------------------------------------------------------------
+def test_an_error_about_arguments_names_the_flags_and_only_those():
+    flags = commands.build_parser().parse_args(["embed", "--input", "x", "--output", "y"]).flags
+    e = about(ConfigError("window must be 1 or more and ahead 0 or more; window_size stays"), "window", "ahead")
+    assert commands.error_line(e, flags) == "--window must be 1 or more and --ahead 0 or more; window_size stays"
+    # Negative control: the same words in an error not marked as about them stay as they are.
+    assert commands.error_line(ConfigError("window and ahead"), flags) == "window and ahead"
+    train = commands.build_parser().parse_args(["train"]).flags
+    assert train["source"] == "--init-from" and train["eval_every"] == "--eval-every"
+    assert commands.error_line(about(ConfigError("eval_every 3 is not a multiple of log_every 2"), "eval_every",
+                                     "log_every"), train) == "--eval-every 3 is not a multiple of --log-every 2"
+
+
+def test_no_cli_function_is_over_60_lines_without_a_reason():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(commands))
+    long = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno >= 60
+            and "lines:" not in (ast.get_docstring(n) or "")]
+    assert long == []
+
+
+# -- embed (from test_embed.py) ------------------------------------------------------------------
+def test_cli_bad_input(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "e.hdf5")) == 0
+    with h5py.File(tmp_path / "e.hdf5", "r") as f:
+        assert list(f.keys()) == []
+    assert "is empty; wrote" in capsys.readouterr().err
+    (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff line\n")
+    assert run_cli("--input", str(tmp_path / "bad.txt"), "--output", str(tmp_path / "b.hdf5")) == 2
+    err = capsys.readouterr().err
+    assert "bad.txt: line 2: not UTF-8" in err and "Traceback" not in err
+    assert not (tmp_path / "b.hdf5").exists()
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "e.hdf5", "empty.txt"]  # no temporary file left
+    assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "missing/o.hdf5")) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["embed", "--run-dir", str(tmp_path), "--input", str(tmp_path / "empty.txt"),
+                     "--output", str(tmp_path / "x.hdf5")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    opts = json.loads(open(OPTIONS).read())
+    opts["lstm"]["dim"] = 32
+    (tmp_path / "o.json").write_text(json.dumps(opts))
+    assert cli.main(["embed", "--options", str(tmp_path / "o.json"), "--weights", WEIGHTS, "--input",
+                     str(tmp_path / "empty.txt"), "--output", str(tmp_path / "x.hdf5")]) == 2
+    assert "has shape (32, 256), expected (32, 128)" in capsys.readouterr().err
+
+
+def test_ctrl_c_leaves_no_file_under_the_final_name(tmp_path, monkeypatch, sentences):
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n")
+
+    def interrupted(self, lines, window=2048, **options):
+        yield 0, np.zeros((3, 1, 32), np.float32)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Embedder, "embed_stream", interrupted)
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5")) == 130
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_ctrl_c_in_a_real_run_exits_130_and_leaves_no_file(tmp_path, sentences):
+    """SIGINT to a running `elmo-jax embed` (its background thread writing, programs compiling): a
+    clean exit."""
+    import signal
+    import time
+
+    lines = [" ".join(s) for s in sentences if s]
+    (tmp_path / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(20000)) + "\n")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    # The compile cache off: Ctrl-C lands while programs compile, which could crash the exit.
+    cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options", OPTIONS, "--weights",
+           WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5"), "--no-progress",
+           "--window", "200"]
+    # SIGINT's default handler is restored: a process started in the background may inherit it ignored.
+    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while not any(f.endswith(".tmp.hdf5") for f in os.listdir(tmp_path)) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # windows embedded and being written
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "elmo-jax embed: interrupted"
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
+    """Split from test_embed.py's test_cli_pool_writes_one_dataset: its flag checks."""
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--layers", "1,2") == 2
+    assert "--layers: expected 3 weights" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--shard-index", "0") == 2
+    assert "--shard-index needs --num-shards" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--num-shards", "2",
+                   "--shard-index", "2") == 2
+    assert "needs --shard-index in 0..1" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
+    assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--ahead", "-1") == 2
+    assert "--window must be 1 or more and --ahead 0 or more; got 2048 and -1" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
+    # jax's compiler logs each persistent-cache miss and hit at debug level.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "JAX_DEBUG_LOG_MODULES": "jax._src.compiler"}
+
+    def run(out):
+        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", str(tmp_path / "xla"), "embed", "--options",
+               OPTIONS, "--weights", WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / out),
+               "--no-progress"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.count("PERSISTENT COMPILATION CACHE MISS"), r.stderr.count("Persistent compilation cache hit")
+
+    misses, hits = run("a.hdf5")
+    assert misses >= 3 and hits == 0  # the char CNN, the gather, the biLSTM (and the marker vectors)
+    assert run("b.hdf5") == (0, misses)
+    with h5py.File(tmp_path / "a.hdf5") as a, h5py.File(tmp_path / "b.hdf5") as b:
+        assert sorted(a) == sorted(b)
+        for k in a:
+            np.testing.assert_array_equal(a[k][()], b[k][()])
+
+
+# -- precision (from test_policy.py), compute commands (from test_runtime.py) ----------------------
+def test_cli_refuses_tf32_on_cpu(tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("a b c\n")
+    args = ["--compile-cache", "none", "embed", "--options", "x.json", "--weights", "x.hdf5", "--input", str(text),
+            "--output", str(tmp_path / "out.hdf5")]
+    assert cli.main(args + ["--precision", "tf32"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision: precision 'tf32' is a GPU matmul mode" in err and "Traceback" not in err
+
+
+def test_the_cli_warns_for_commands_that_compute_only(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(commands, "warn_if_accelerator_unused", lambda: calls.append(1))
+    assert commands.main(["eval", "--run-dir", str(tmp_path / "missing"), "--files", str(tmp_path / "x.txt")]) != 0
+    assert calls == [1]
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
+    assert calls == [1]
+
+
+# -- train (from test_pretrain.py) ----------------------------------------------------------------
+@pytest.mark.slow
+def test_cli_bad_inputs_give_one_line_errors(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    no_unk = tmp_path / "vocab.txt"
+    no_unk.write_text("<S>\n</S>\nthe\n")
+    big = _write_tiny_options(tmp_path / "o.json")
+    opts = json.loads(big.read_text())
+    opts["n_tokens_vocab"] = 99
+    (tmp_path / "misfit.json").write_text(json.dumps(opts))
+    cases = [
+        (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
+        (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
+        (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(no_unk)], "must contain ['<UNK>']"),
+        (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt"), "--config",
+          str(tmp_path / "misfit.json")], "the options say n_tokens_vocab 99 but"),
+        (["--config", "huge"], "neither a preset"),
+    ]
+    for args, message in cases:
+        r = _cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress", *args, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("elmo-jax train: error:")]
+        assert len(lines) == 1 and message in lines[0], (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+# -- a full disk (issue 29) ---------------------------------------------------------------------
+def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(tmp_path, monkeypatch, capsys,
+                                                                              sentences):
+    import errno
+
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    real, calls = h5py.Group.create_dataset, []
+
+    def fills_up(self, *args, **kwargs):  # the disk fills at the 5th dataset (written by the background thread)
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
+    out = tmp_path / "o.hdf5"
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"elmo-jax embed: error: {out}: not written: the disk is full ("), err
+    assert err[0].endswith(" free in " + str(tmp_path) + "); free space or choose another output path and rerun")
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]  # nothing under the final name, no temporary file
+    monkeypatch.setattr(h5py.Group, "create_dataset", real)  # space again
+    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 0
+    with h5py.File(out, "r") as f:
+        assert sorted(map(int, f)) == list(range(len(sentences)))

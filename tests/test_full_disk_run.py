@@ -1,0 +1,147 @@
+"""A training run whose save runs out of space: one line, what is kept, and nothing lost after the resume.
+
+The run dir sits on a real small file system (a tmpfs, where the test may mount one: root), so
+that Orbax's own asynchronous writes fail as they would on a full disk; a write hook that raises
+ENOSPC in the save covers the same path where no tmpfs can be mounted.
+"""
+
+import errno
+import pathlib
+import subprocess
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from elmo_jax import cli
+from elmo_jax._util.disk_full import out_of_space_errno
+from elmo_jax.training.run_dir import load_run
+
+from test_faults import TRAIN, _error_lines, _steps, _train_args
+
+STEPS = "60"
+
+
+def _du(path: pathlib.Path) -> int:
+    """Bytes in blocks (what a file system charges), of a file or a tree."""
+    return sum(p.stat().st_blocks * 512 for p in [path, *path.rglob("*")] if p.is_file())
+
+
+@pytest.fixture
+def reference(tmp_path_factory):
+    """The run as it goes when space never runs out: (run dir, final params)."""
+    where = tmp_path_factory.mktemp("reference")
+    assert cli.main(_train_args(where, str(TRAIN / "data.txt"), "--steps", STEPS)) == 0
+    return where / "run", load_run(str(where / "run"))[2]
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A tmpfs to mount (root only), unmounted at the end; skips where mounting is not allowed."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    mounted = []
+
+    def make(size: int) -> pathlib.Path:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()[:80]}); the write-hook test covers it")
+        mounted.append(mount)
+        return mount
+
+    def grow(size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
+
+    make.grow = grow
+    yield make
+    for m in mounted:
+        subprocess.run(["umount", str(m)], check=False)
+
+
+def _assert_one_line_and_kept(err: str, run: pathlib.Path) -> int:
+    """The stop's one line; returns the step it names to resume from."""
+    assert "Traceback" not in err and "RESOURCE_EXHAUSTED" not in err, err[-2000:]
+    [line] = _error_lines(err)
+    assert line.startswith(f"elmo-jax train: error: {run}: step ")
+    failed = int(line.split(": step ")[1].split()[0])
+    assert f"step {failed} not saved: the disk is full (a checkpoint needs about " in line
+    kept = _steps(run)
+    assert kept and kept[-1] == failed - 10 and failed not in kept
+    assert f"step(s) {', '.join(map(str, kept))} are intact" in line
+    assert f"rerun the same command to resume from step {kept[-1]}" in line
+    assert not list((run / "checkpoints").glob("*tmp*"))  # the failed save's partial files are gone
+    return kept[-1]
+
+
+def _assert_same_weights(run: pathlib.Path, params: dict) -> None:
+    _, _, got, step = load_run(str(run))
+    assert step == int(STEPS)
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten(params)
+    assert got_tree == want_tree
+    # As the kill -9 resume test: a resumed run's softmax fetch starts at its first size again,
+    # which can change a float32 sum's order (1 ulp); anything lost would be far larger.
+    for a, b in zip(got_leaves, want_leaves):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(reference, small_fs, tmp_path, capsys):
+    ref_run, ref_params = reference
+    checkpoint = _du(ref_run / "checkpoints" / STEPS)
+    rest = _du(ref_run) - _du(ref_run / "checkpoints")
+    # Room for the run's small files and two and a half checkpoints: the third save fails.
+    fs = small_fs(rest + int(2.5 * checkpoint) + (256 << 10))
+    args = _train_args(fs, str(TRAIN / "data.txt"), "--steps", STEPS)
+    capsys.readouterr()
+    assert cli.main(args) == 1
+    out = capsys.readouterr()
+    resume_from = _assert_one_line_and_kept(out.err, fs / "run")
+    assert "a save may run out of space" in out.err  # the start-up check saw it coming
+    assert (fs / "run" / "orbax.log").exists()  # Orbax's tracebacks went there
+
+    small_fs.grow(64 << 20)  # space freed: the same command goes on
+    assert cli.main(args) == 0
+    assert f"resuming {fs / 'run'} from step {resume_from}" in capsys.readouterr().out
+    _assert_same_weights(fs / "run", ref_params)
+
+
+def test_a_save_refused_for_space_by_a_write_hook_stops_alike(reference, tmp_path, monkeypatch, capsys):
+    _, ref_params = reference
+    real, calls = ocp.CheckpointManager.save, []
+
+    def third_fails(self, step, *args, **kwargs):
+        calls.append(step)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", third_fails)
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", STEPS)
+    assert cli.main(args) == 1
+    resume_from = _assert_one_line_and_kept(capsys.readouterr().err, tmp_path / "run")
+    assert resume_from == 20
+    assert sorted(p.name for p in (tmp_path / "run" / "host_state").iterdir()) == ["10.p0.npz", "20.p0.npz"]
+
+    monkeypatch.undo()
+    assert cli.main(args) == 0
+    assert f"resuming {tmp_path / 'run'} from step 20" in capsys.readouterr().out
+    _assert_same_weights(tmp_path / "run", ref_params)
+
+
+def test_orbax_s_full_disk_is_told_from_other_failures_through_the_chain():
+    """tensorstore's words, wrapped as Orbax raises them, under another exception."""
+    wrapped = ValueError("RESOURCE_EXHAUSTED: Error writing ... Failed to write 1044480 bytes to file 4: No space "
+                         "left on device [os_error_code='28']")
+    try:
+        try:
+            raise wrapped
+        except ValueError as e:
+            raise RuntimeError("Save Finalize thread failed") from e
+    except RuntimeError as outer:
+        assert out_of_space_errno(outer) == errno.ENOSPC
+    # Negative controls: other failures are not a full disk.
+    assert out_of_space_errno(ValueError("RESOURCE_EXHAUSTED: out of memory")) is None
+    assert out_of_space_errno(ValueError("NOT_FOUND [os_error_code='2']")) is None
+    assert out_of_space_errno(None) is None
