@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import h5py
 import jax

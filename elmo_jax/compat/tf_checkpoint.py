@@ -33,7 +33,7 @@ import os
 import re
 import struct
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -562,7 +562,7 @@ class TFCheckpoint:
         """Drops this object's maps (views handed out stay valid)."""
         self._maps.clear()
 
-    def __enter__(self) -> "TFCheckpoint":
+    def __enter__(self) -> TFCheckpoint:
         return self
 
     def __exit__(self, *exc) -> None:

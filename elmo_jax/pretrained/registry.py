@@ -38,7 +38,7 @@ import posixpath
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from elmo_jax._util.atomic import write_text_atomic
 

@@ -26,7 +26,7 @@ import json
 import numbers
 import os
 import warnings
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary

@@ -31,7 +31,8 @@ import io
 import logging
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -138,7 +139,8 @@ class Checkpointer:
             try:
                 return self.meta(step)
             except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
-                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older")
+                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
+                              stacklevel=2)
         return None
 
     def restore(self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
@@ -173,7 +175,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
                 warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                              f"falling back to an older one")
+                              f"falling back to an older one", stacklevel=2)
         return None
 
     def wait(self) -> None:

@@ -140,7 +140,7 @@ def _place(tree, sharding):
                                   else put_global(x, sharding), tree)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their

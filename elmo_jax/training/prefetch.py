@@ -24,7 +24,7 @@ import multiprocessing
 import queue
 import threading
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

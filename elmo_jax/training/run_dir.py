@@ -43,7 +43,7 @@ def abstract_rows(model, global_rows: int, sharding=None) -> dict:
     rows = jax.eval_shape(lambda: lstm.zero_state(model, global_rows))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if not isinstance(sharding, dict):
-        sharding = {k: sharding for k in rows}
+        sharding = dict.fromkeys(rows, sharding)
     return {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding[k]) for k, x in rows.items()}
 
 
