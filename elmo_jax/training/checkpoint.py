@@ -114,7 +114,7 @@ class Checkpointer:
         """``shared`` and ``lstm``: global arrays, saved shard by shard where they are; ``host``:
         this process's numpy arrays."""
         with atomic_path(self._host_path(step, jax.process_index())) as tmp:
-            np.savez(tmp, **_flatten(host))
+            np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
                                                         lstm=ocp.args.StandardSave(lstm),
                                                         meta=ocp.args.JsonSave({**meta, "format": FORMAT})),

@@ -110,7 +110,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
 
 def _mesh_of(w) -> Mesh:
     sharding = getattr(w, "sharding", None)
-    if isinstance(sharding, NamedSharding) and sharding.mesh.axis_names == (AXIS,):
+    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.axis_names == (AXIS,):
         return sharding.mesh
     return Mesh(np.array(jax.devices()), (AXIS,))
 
