@@ -34,7 +34,7 @@ def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, pea
     for label, fn in (("rows (GPU/TPU)", lstm._layer_rows), ("columns (CPU)", lstm._layer_columns)):
         f = jax.jit(lambda p, x, fn=fn: fn(p, config, x, mask, state["c"][:, 0], state["h"][:, 0], "highest",
                                              jnp.float32)[0])
-        seconds = time_best(lambda: f(layer, xs).block_until_ready(), repeats)
+        seconds = time_best(lambda: f(layer, xs).block_until_ready(), repeats)  # noqa: B023 - timed here
         gflops = flops / seconds / 1e9
         print(f"{name:8s} LSTM layer, {label:14s} {rows} rows x {steps} steps: {seconds * 1e3:7.1f} ms  "
               f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)")
@@ -58,7 +58,7 @@ def main() -> None:
         full = batch_to_ids(sentences)
         for label, ids in (("50 char slots", full), ("trimmed chars", trim_char_ids(full, config))):
             ids = jnp.asarray(ids)
-            run = lambda: bilm_apply(params, config, ids)[0].block_until_ready()  # noqa: E731
+            run = lambda: bilm_apply(params, config, ids)[0].block_until_ready()  # noqa: E731, B023 - timed here
             seconds = time_best(run, args.repeats)
             chars = ids.shape[-1]
             flops = ((n_tokens + 2) * encoder_flops(config, chars)

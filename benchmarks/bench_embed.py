@@ -29,10 +29,10 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
-import jax  # noqa: E402
+import jax
 
-from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences  # noqa: E402
-from elmo_jax import Embedder, init_bilm, preset  # noqa: E402  (public names: a baseline tree has them too)
+from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences
+from elmo_jax import Embedder, init_bilm, preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILES: list[float] = []  # seconds of each XLA compile in this process (a persistent-cache hit is not one)

@@ -37,21 +37,21 @@ if "--fake-devices" in sys.argv:  # a --compile-only child: set before jax is im
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_n}"
     os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from harness import encoder_flops, lstm_flops, matmul_gflops  # noqa: E402
-from elmo_jax._util.hlo import wire_bytes_per_device  # noqa: E402
-from elmo_jax.config import PRESETS, Options, TrainConfig, preset  # noqa: E402
-from elmo_jax.model.vocabulary import Vocabulary  # noqa: E402
-from elmo_jax.text.sources import TextFiles  # noqa: E402
-from elmo_jax.training.batches import LMBatcher  # noqa: E402
-from elmo_jax.training.global_batches import GlobalBatches  # noqa: E402
-from elmo_jax.training.sharded_softmax import RowLayout, plan_fetch  # noqa: E402
-from elmo_jax.training.softmax import sample_log_uniform_unique  # noqa: E402
-from elmo_jax.training.step import (AXIS, add_candidates, init_state, make_train_step, plan_batch,  # noqa: E402
+from harness import encoder_flops, lstm_flops, matmul_gflops
+from elmo_jax._util.hlo import wire_bytes_per_device
+from elmo_jax.config import PRESETS, Options, TrainConfig, preset
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import TextFiles
+from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.global_batches import GlobalBatches
+from elmo_jax.training.sharded_softmax import RowLayout, plan_fetch
+from elmo_jax.training.softmax import sample_log_uniform_unique
+from elmo_jax.training.step import (AXIS, add_candidates, init_state, make_train_step, plan_batch,
                                     state_shardings)
 
 MB = 1e6

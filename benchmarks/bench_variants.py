@@ -29,7 +29,7 @@ from harness import matmul_gflops
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
 from elmo_jax.config import TrainConfig
 from elmo_jax.model.layout import Layout, for_backend
-from elmo_jax.training.step import AXIS, train_step
+from elmo_jax.training.step import AXIS
 
 _PRESET = jax.lax.DotAlgorithmPreset
 # name -> (precision, compute dtype, layout). "f32" with rows/1/32 is the layout every GPU ran before
@@ -174,7 +174,7 @@ def main() -> None:
             trace = os.path.join(tmp, "trace") if name == args.profile else None
             try:
                 sec, compiled = time_step(model, tc, mesh, batches, precision, dtype, layout, trace_dir=trace)
-            except Exception as e:  # a variant a backend rejects (tf32 on a CPU) must not stop the rest
+            except Exception as e:  # noqa: BLE001 - a variant a backend rejects (tf32 on a CPU) must not stop the rest
                 print(f"{name:<12} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
                 continue
             rate = flops / sec / 1e9

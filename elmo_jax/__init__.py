@@ -21,7 +21,7 @@ _LAZY = {
     "enable_compile_cache": "elmo_jax._util.runtime",
 }
 
-__all__ = [
+__all__ = [  # noqa: PLE0604 - *_LAZY unpacks its keys, all str
     "PRESETS", "CharCNNConfig", "ConfigError", "LSTMConfig", "ModelConfig", "Options", "TrainConfig",
     "Vocabulary", "VocabError", "WeightsError", "add_sentence_markers", "batch_to_ids", "bilm_apply",
     "init_bilm", "load_hdf5", "preset", "save_hdf5", "token_to_ids", *_LAZY,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from elmo_jax._util.atomic import open_binary, write_text_atomic
 
@@ -220,7 +221,7 @@ class Options:
     train: TrainConfig | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping, where: str = "options", saved: bool = False) -> "Options":
+    def from_dict(cls, d: Mapping, where: str = "options", saved: bool = False) -> Options:
         """``saved``: ``d`` is a run's own record (a run dir's options.json, a checkpoint's), where a
         missing ``reset_state_prob`` means 0.0 (``saved_reset_state_prob``), not a fresh run's 0.1."""
         if not isinstance(d, Mapping):
@@ -294,7 +295,7 @@ class Options:
         return d
 
     @classmethod
-    def load(cls, path: str | os.PathLike, saved: bool = False) -> "Options":
+    def load(cls, path: str | os.PathLike, saved: bool = False) -> Options:
         """``saved``: as in ``from_dict``, for a run dir's own options.json."""
         path = os.fspath(path)
         try:

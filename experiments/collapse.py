@@ -200,7 +200,7 @@ def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) ->
     for d in range(2):
         h, y = top[d].reshape(-1, w.shape[1]), host["targets"][0, d].reshape(-1)
         cands, tries = host["candidates"][0, d], host["num_tries"][0, d]
-        log_q = lambda ids: np.log(np.asarray(expected_count(ids, tries, t.n_tokens_vocab), np.float64))  # noqa: E731
+        log_q = lambda ids: np.log(np.asarray(expected_count(ids, tries, t.n_tokens_vocab), np.float64))  # noqa: E731, B023 - used in this iteration
         true = (h * w[y]).sum(axis=1) + b[y] - log_q(y)
         logits = h @ w[cands].T + b[cands] - log_q(cands)
         logits[cands[None, :] == y[:, None]] = -np.inf

@@ -52,7 +52,7 @@ import pathlib
 import sys
 import time
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -136,7 +136,7 @@ class KneserNey:
         return [(tuple(seq[i - n:i]), seq[i]) for i in range(n, len(seq))]
 
     # -- training ---------------------------------------------------------------------------------
-    def fit(self, sentences: Iterable[Sequence[int]]) -> "KneserNey":
+    def fit(self, sentences: Iterable[Sequence[int]]) -> KneserNey:
         """Counts every level from sentences of token ids (natural order, no markers)."""
         N, pad = self.order, self.pad
         flat: list[int] = []

@@ -89,7 +89,7 @@ class ModelServer:
         """The GET requests whose path contains ``substring``, in order."""
         return [r for r in self.requests if r["method"] == "GET" and substring in r["path"]]
 
-    def __enter__(self) -> "ModelServer":
+    def __enter__(self) -> ModelServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):

@@ -11,7 +11,7 @@ def test_writes_bytes_and_text(tmp_path):
     write_bytes_atomic(tmp_path / "a.bin", b"\x00\x01")
     write_text_atomic(tmp_path / "b.txt", "héllo\nworld\n")
     assert (tmp_path / "a.bin").read_bytes() == b"\x00\x01"
-    assert (tmp_path / "b.txt").read_bytes() == "héllo\nworld\n".encode("utf-8")
+    assert (tmp_path / "b.txt").read_bytes() == "héllo\nworld\n".encode()
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.txt"]
 
 

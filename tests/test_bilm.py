@@ -128,7 +128,7 @@ def test_trimmed_char_axis_gives_the_same_vectors(allennlp_model):
 
 def test_chunked_token_encoding_is_exact(allennlp_model):
     config, params = allennlp_model
-    ids = jnp.asarray(batch_to_ids([["word%d" % i for i in range(37)]]))
+    ids = jnp.asarray(batch_to_ids([[f"word{i}" for i in range(37)]]))
     a = char_cnn.apply(params["char_cnn"], config, ids, chunk=8)
     b = char_cnn.apply(params["char_cnn"], config, ids, chunk=0)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)

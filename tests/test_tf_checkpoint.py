@@ -205,7 +205,7 @@ def write_table(entries, per_block=1000):
 
 
 def rewrite_index(directory, change=lambda entries: entries, per_block=1000):
-    index = [directory / f for f in os.listdir(directory) if f.endswith(".index")][0]
+    index = next(directory / f for f in os.listdir(directory) if f.endswith(".index"))
     entries = tfc._read_table(str(index))
     index.write_bytes(write_table(change(entries), per_block))
     return index

@@ -80,7 +80,7 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
                      "--steps", "1", "--batch-size", "2", "--devices", "1", "--no-progress"]) == 0
     new_vocab = Vocabulary.load(out / "vocab.txt")
     assert set(vocab.words) <= set(new_vocab.words) and {"zebra", "hello"} <= set(new_vocab.words)
-    counts = {w: 0 for w in new_vocab.words}
+    counts = dict.fromkeys(new_vocab.words, 0)
     for w in text.read_text().split():
         counts[w] += 1
     got = [counts[w] for w in new_vocab.words[3:]]

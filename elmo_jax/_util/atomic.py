@@ -17,7 +17,8 @@ import os
 import re
 import shutil
 import tempfile
-from typing import IO, Iterator
+from typing import IO
+from collections.abc import Iterator
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

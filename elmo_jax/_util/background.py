@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 T = TypeVar("T")
 _END = object()

@@ -50,7 +50,7 @@ def _tpu_on_pci() -> bool:
         from jax._src import hardware_utils  # private: guarded, and only asked when /dev/vfio exists
 
         return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - a private API: any failure means no TPU
         return False
 
 
@@ -104,7 +104,7 @@ def warn_if_accelerator_unused() -> bool:
         if extra is None or _installed(*_PLUGINS[extra]):
             return False
         version = importlib.metadata.version("jax")
-    except Exception:  # a warning must never stop a command
+    except Exception:  # noqa: BLE001 - a warning must never stop a command
         return False
     _warned = True
     device = "an NVIDIA GPU" if extra == "cuda12" else "a TPU"

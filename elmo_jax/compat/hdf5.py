@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import h5py
 import jax
@@ -110,17 +110,23 @@ def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | 
     read as the identity for weights and ``pad`` for slots."""
 
     c, l = config.char_cnn, config.lstm
-    char_embed = np.asarray(get("char_embed"), np.float32)
+
+    def need(name: str) -> np.ndarray:  # every dataset but CNN_proj's: the callers checked them
+        x = get(name)
+        assert x is not None, name
+        return x
+
+    char_embed = np.asarray(need("char_embed"), np.float32)
     if char_embed.shape[0] == 261:
         char_embed = np.concatenate([np.full((1, c.embedding_dim), pad, np.float32), char_embed])
     else:
         char_embed = char_embed.copy()
         char_embed[0] = pad
-    conv = [{"w": np.array(get(f"CNN/W_cnn_{i}")[0]), "b": np.array(get(f"CNN/b_cnn_{i}"))}
+    conv = [{"w": np.array(need(f"CNN/W_cnn_{i}")[0]), "b": np.array(need(f"CNN/b_cnn_{i}"))}
             for i in range(len(c.filters))]
     highway = []
     for k in range(c.n_highway):
-        r = {n: get(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
+        r = {n: need(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
         highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
                         "b": np.concatenate([r["b_carry"], r["b_transform"]])})
     w_proj = get("CNN_proj/W_proj")
@@ -128,14 +134,14 @@ def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | 
         eye = np.eye(c.n_filters, dtype=np.float32)
         proj = {"w": eye if pad == 0 else np.full_like(eye, pad), "b": np.full(l.projection_dim, pad, np.float32)}
     else:
-        proj = {"w": np.array(w_proj), "b": np.array(get("CNN_proj/b_proj"))}
+        proj = {"w": np.array(w_proj), "b": np.array(need("CNN_proj/b_proj"))}
     layers = []
     p = l.projection_dim
     for layer in range(l.n_layers):
-        w0 = np.stack([get(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
+        w0 = np.stack([need(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
         layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:],
-                       "b": np.stack([get(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
-                       "w_proj": np.stack([get(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
+                       "b": np.stack([need(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
+                       "w_proj": np.stack([need(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
     return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
             "lstm": layers}
 

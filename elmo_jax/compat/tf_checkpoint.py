@@ -33,14 +33,15 @@ import os
 import re
 import struct
 import sys
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 try:  # optional: 5-10x faster than the numpy fallback
     import google_crc32c as _google_crc32c
 except ImportError:  # pragma: no cover - exercised on machines without it
-    _google_crc32c = None
+    _google_crc32c = None  # type: ignore[assignment]  # the optional module's stand-in
 
 
 class TFCheckpointError(Exception):
@@ -154,7 +155,7 @@ def crc32c_numpy(data, crc: int = 0) -> int:
         arr = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     else:
         arr = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-    reg = np.uint32(~crc & 0xFFFFFFFF)
+    reg = np.asarray(~crc & 0xFFFFFFFF, np.uint32)
     step = _CHUNKS * _CHUNK_MAX
     for start in range(0, arr.size, step):
         seg = arr[start:start + step]
@@ -209,9 +210,11 @@ def _signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _proto_fields(buf: bytes, where: str) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of a serialized message; varints unsigned."""
+def _proto_fields(buf: bytes, where: str) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of a serialized message; varints unsigned. The value is
+    an int for wire types 0, 1 and 5, bytes for 2 (which a type can't say: hence ``Any``)."""
     pos = 0
+    value: int | bytes
     while pos < len(buf):
         key, pos = _varint(buf, pos, where)
         field, wire = key >> 3, key & 7
@@ -294,7 +297,7 @@ def _read_table(path: str) -> list[tuple[bytes, bytes]]:
     for _ in _block_entries(_read_block(data, footer, path, "metaindex block"), path, "metaindex block"):
         pass  # TF writes no filter: nothing to use, but its checksum and layout are checked
     index = _read_block(data, footer[pos:], path, "index block")
-    entries = []
+    entries: list[tuple[bytes, bytes]] = []
     for _, handle in _block_entries(index, path, "index block"):
         block = _read_block(data, handle, path, "data block")
         entries.extend(_block_entries(block, path, "data block"))
@@ -351,7 +354,7 @@ def _parse_shape(buf: bytes, where: str) -> tuple[int, ...]:
 
 
 def _parse_entry(name: str, buf: bytes, where: str) -> TensorEntry:
-    values = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0, "sliced": False}
+    values: dict[str, Any] = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0, "sliced": False}
     for field, wire, value in _proto_fields(buf, where):
         if field == 1 and wire == 0:
             values["dtype"] = value
@@ -509,7 +512,9 @@ class TFCheckpoint:
         return self.entry(name).shape
 
     def dtype(self, name: str) -> np.dtype:
-        return self._supported(self.entry(name)).dtype
+        dtype = self._supported(self.entry(name)).dtype
+        assert dtype is not None  # _supported refuses the others
+        return dtype
 
     def _supported(self, entry: TensorEntry) -> TensorEntry:
         if entry.sliced:
@@ -552,8 +557,10 @@ class TFCheckpoint:
             out = np.zeros(entry.shape, entry.dtype)
             out.flags.writeable = False
             return out
-        raw = self._map(entry.shard_id)[entry.offset:entry.offset + entry.size]
-        return raw.view(entry.dtype).reshape(entry.shape)
+        data, dtype = self._map(entry.shard_id), entry.dtype
+        assert data is not None and dtype is not None  # a non-empty tensor, of a supported dtype
+        raw = data[entry.offset:entry.offset + entry.size]
+        return raw.view(dtype).reshape(entry.shape)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.get(name)
@@ -562,7 +569,7 @@ class TFCheckpoint:
         """Drops this object's maps (views handed out stay valid)."""
         self._maps.clear()
 
-    def __enter__(self) -> "TFCheckpoint":
+    def __enter__(self) -> TFCheckpoint:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -642,7 +649,7 @@ def _infer_config(prefix: str, names: dict[str, str], ckpt: TFCheckpoint):
 
     try:
         emb = shape("char_embed")
-        filters = []
+        filters: list[tuple[int, int]] = []
         while shape(f"CNN/W_cnn_{len(filters)}") is not None:
             s = shape(f"CNN/W_cnn_{len(filters)}")
             filters.append((s[1], s[3]))
@@ -711,8 +718,8 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
 
     for name in sorted(set(weights) | set(slots)):
         if name not in expected:
-            tf = weights.get(name) or slots[name]
-            raise TFCheckpointError(f"{prefix}: unexpected tensor {tf!r} with shape {ckpt.shape(tf)}{per}")
+            unexpected = weights.get(name) or slots[name]
+            raise TFCheckpointError(f"{prefix}: unexpected tensor {unexpected!r} with shape {ckpt.shape(unexpected)}{per}")
     has_slots = bool(slots)
     for h5, shape in expected.items():
         for table, kind in ((weights, "tensor"), (slots, "Adagrad slot")):

@@ -27,7 +27,7 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
     c, p = config.char_cnn, config.lstm.projection_dim
     f, e = c.n_filters, c.embedding_dim
     if c.activation == "relu":
-        conv_specs = [Uniform((width, e, n), -0.05, 0.05) for width, n in c.filters]
+        conv_specs: list[Uniform | Normal] = [Uniform((width, e, n), -0.05, 0.05) for width, n in c.filters]
     else:
         conv_specs = [Normal((width, e, n), np.sqrt(1.0 / (width * e))) for width, n in c.filters]
     # Per highway layer: carry, then transform.

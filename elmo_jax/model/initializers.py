@@ -37,5 +37,5 @@ def draw(key: jax.Array, specs: list[Uniform | Normal]) -> list[jax.Array]:
         kind = type(spec)
         x = flat[kind][offset[kind]:offset[kind] + n].reshape(spec.shape)
         offset[kind] += n
-        out.append(spec.low + (spec.high - spec.low) * x if kind is Uniform else spec.stddev * x)
+        out.append(spec.low + (spec.high - spec.low) * x if isinstance(spec, Uniform) else spec.stddev * x)
     return out

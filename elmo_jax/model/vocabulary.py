@@ -7,7 +7,7 @@ returned with bilm-tf's inference shift (+1) so that an all-zero row means "no t
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -146,7 +146,7 @@ class Vocabulary:
             self.unk = self._index.get(UNK_TOKEN, -1)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, lm: bool = True, max_size: int | None = None) -> "Vocabulary":
+    def load(cls, path: str | os.PathLike, lm: bool = True, max_size: int | None = None) -> Vocabulary:
         """Reads one token per line (bilm-tf also allows ``token count`` lines: the first field counts)."""
         path = os.fspath(path)
         words = []

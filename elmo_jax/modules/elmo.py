@@ -299,19 +299,19 @@ class Elmo(nn.Module):
     precision: str = "float32"
 
     @classmethod
-    def from_hdf5(cls, options, weights, **kwargs) -> tuple["Elmo", dict]:
+    def from_hdf5(cls, options, weights, **kwargs) -> tuple[Elmo, dict]:
         """``(module, bilm_params)`` from bilm-tf/AllenNLP files (``options.json``, ``weights.hdf5``)."""
         config, params = _load_hdf5(options, weights)
         return cls(config=config, **kwargs), _plain(params)
 
     @classmethod
-    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> tuple["Elmo", dict]:
+    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> tuple[Elmo, dict]:
         """``(module, bilm_params)`` from a pretraining run directory's newest (or given) checkpoint."""
         config, params = _load_checkpoint(run_dir, step)
         return cls(config=config, **kwargs), _plain(params)
 
     @classmethod
-    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> tuple["Elmo", dict]:
+    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> tuple[Elmo, dict]:
         """``(module, bilm_params)`` of a released model (``elmo_jax.pretrained``: ``"original"``, ...),
         downloaded once into the cache (``cache_dir``, ``sha256``: as for ``registry.fetch``)."""
         config, params = _load_pretrained(name, cache_dir, sha256)
@@ -432,17 +432,17 @@ class ElmoNNX(nnx.Module):
             setattr(self, f"dropout_{k}", nnx.Dropout(dropout, rngs=rngs))
 
     @classmethod
-    def from_hdf5(cls, options, weights, **kwargs) -> "ElmoNNX":
+    def from_hdf5(cls, options, weights, **kwargs) -> ElmoNNX:
         config, params = _load_hdf5(options, weights)
         return cls(config, params, **kwargs)
 
     @classmethod
-    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> "ElmoNNX":
+    def from_checkpoint(cls, run_dir, step=None, **kwargs) -> ElmoNNX:
         config, params = _load_checkpoint(run_dir, step)
         return cls(config, params, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> "ElmoNNX":
+    def from_pretrained(cls, name, *, cache_dir=None, sha256=None, **kwargs) -> ElmoNNX:
         """A released model (``elmo_jax.pretrained``), downloaded once into the cache."""
         config, params = _load_pretrained(name, cache_dir, sha256)
         return cls(config, params, **kwargs)

@@ -38,14 +38,14 @@ import posixpath
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from elmo_jax._util.atomic import write_text_atomic
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock, so concurrent fetches of one model are not coordinated there
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the optional module's stand-in
 
 __all__ = ["BASE_URL", "MODELS", "ROLES", "FileStatus", "PretrainedError", "PretrainedModel", "RemoteFile",
            "cache_root", "cache_status", "fetch", "get_model", "list_models", "load_pretrained", "offline",
@@ -244,7 +244,7 @@ def list_models() -> list[PretrainedModel]:
 def _files(model: PretrainedModel, roles: Sequence[str]) -> list[RemoteFile]:
     if isinstance(roles, str):
         roles = (roles,)
-    out = []
+    out: list[RemoteFile] = []
     for role in roles:
         if role not in model.files:
             raise PretrainedError(f"{model.name}: no {role!r} file was released; it has {', '.join(model.files)}")
@@ -402,7 +402,7 @@ def _chunks(read, source: str) -> Iterator[bytes]:
 def _content_range(value: str | None) -> tuple[int, int | None]:
     """``bytes START-END/TOTAL`` -> (START, TOTAL or None)."""
     try:
-        span, _, total = value.split(" ", 1)[1].partition("/")
+        span, _, total = (value or "").split(" ", 1)[1].partition("/")
         return int(span.split("-")[0]), (None if total in ("", "*") else int(total))
     except (AttributeError, IndexError, ValueError):
         return -1, None
@@ -607,7 +607,9 @@ def verify(name: str | PretrainedModel, *, cache_dir: str | os.PathLike | None =
         for f in files:
             path = model_dir / f.local
             if path.is_file():
-                out[f.local] = _check_cached(model, f, path, manifest, pins.get(f.local), rehash=True)
+                digest = _check_cached(model, f, path, manifest, pins.get(f.local), rehash=True)
+                assert digest is not None  # rehash: always known
+                out[f.local] = digest
                 if f.local not in manifest:
                     with contextlib.suppress(OSError), _locked(model_dir):
                         _record(model_dir, f.local, {"size": path.stat().st_size, "sha256": out[f.local],

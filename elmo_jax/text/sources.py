@@ -11,7 +11,8 @@ import glob as globlib
 import hashlib
 import os
 import warnings
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class TfdsSource:
 
         try:
             self.source = tfds.data_source(name, split=split, data_dir=data_dir)
-        except Exception as e:  # tfds raises many types for "not prepared"; name the fix.
+        except Exception as e:  # noqa: BLE001 - tfds raises many types for "not prepared"; name the fix.
             raise DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                             f"prepare it once with file_format='array_record' "

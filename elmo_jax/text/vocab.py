@@ -26,7 +26,8 @@ import json
 import numbers
 import os
 import warnings
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
@@ -92,7 +93,8 @@ def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | N
 
 def _file_names(files: Source | Iterable[str]) -> list[str]:
     if hasattr(files, "name") and hasattr(files, "__len__"):
-        return [files.name(i) for i in range(len(files))]
+        source = cast(Source, files)
+        return [source.name(i) for i in range(len(source))]
     return [os.fspath(f) for f in files]
 
 

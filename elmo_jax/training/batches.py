@@ -21,7 +21,7 @@ char CNN encodes a word once per batch, not once per occurrence.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

@@ -32,7 +32,8 @@ import logging
 import os
 import shutil
 import warnings
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -133,7 +134,7 @@ class Checkpointer:
         self.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
         try:
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
-                np.savez(tmp, **_flatten(host))
+                np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
                                                             lstm=ocp.args.StandardSave(lstm),
                                                             meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
@@ -206,7 +207,8 @@ class Checkpointer:
             try:
                 return self.meta(step)
             except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
-                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older")
+                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
+                              stacklevel=2)
         return None
 
     def restore(self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
@@ -241,7 +243,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
                 warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                              f"falling back to an older one")
+                              f"falling back to an older one", stacklevel=2)
         return None
 
     def set_aside(self, after: int, folder: str) -> list[int]:

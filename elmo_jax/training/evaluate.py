@@ -111,7 +111,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
 
 def _mesh_of(w) -> Mesh:
     sharding = getattr(w, "sharding", None)
-    if isinstance(sharding, NamedSharding) and sharding.mesh.axis_names == (AXIS,):
+    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh) and sharding.mesh.axis_names == (AXIS,):
         return sharding.mesh
     return Mesh(np.array(jax.devices()), (AXIS,))
 
@@ -141,7 +141,7 @@ def _place(tree, sharding):
                                   else put_global(x, sharding), tree)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their

@@ -24,7 +24,8 @@ import multiprocessing
 import queue
 import threading
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class CandidatePool:
     def __init__(self, *, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int = 0,
                  fixed: bool = False, workers: int = 0, ahead: int = 2):
         self.n_devices = n_devices
-        self.args = dict(seed=seed, num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device,
+        self.args: dict[str, Any] = dict(seed=seed, num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device,
                          fixed=fixed)
         self.workers, self.ahead = workers, max(2, ahead, workers)
         self._futures: dict[int, concurrent.futures.Future] = {}

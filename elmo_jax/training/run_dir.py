@@ -29,9 +29,11 @@ def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
     """Restore target of a checkpoint's ``state`` item, written in ``meta['format']``; every leaf
     on ``sharding`` (default: this process's first device)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shared = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, options.train, 1)).shared()
+    train = options.train
+    assert train is not None  # a run's options have their training keys
+    shared = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, train, 1)).shared()
     if meta.get("format", 1) == 1:  # the softmax in id order, unpadded
-        v = options.train.n_tokens_vocab
+        v = train.n_tokens_vocab
         for part in ("params", "opt"):
             shared[part]["softmax"] = {k: jax.ShapeDtypeStruct((v,) + x.shape[1:], x.dtype)
                                        for k, x in shared[part]["softmax"].items()}
@@ -44,7 +46,7 @@ def abstract_rows(model, global_rows: int, sharding=None) -> dict:
     rows = jax.eval_shape(lambda: lstm.zero_state(model, global_rows))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if not isinstance(sharding, dict):
-        sharding = {k: sharding for k in rows}
+        sharding = dict.fromkeys(rows, sharding)
     return {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding[k]) for k, x in rows.items()}
 
 

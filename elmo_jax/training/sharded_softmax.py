@@ -49,7 +49,7 @@ class RowLayout:
     multiplier: int
 
     @classmethod
-    def for_vocab(cls, vocab_size: int) -> "RowLayout":
+    def for_vocab(cls, vocab_size: int) -> RowLayout:
         padded = -(-vocab_size // ROW_MULTIPLE) * ROW_MULTIPLE
         a = max(1, round(padded * _PHI))
         while math.gcd(a, padded) != 1:  # a unit mod V_pad: the map is a permutation

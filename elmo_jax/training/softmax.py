@@ -81,7 +81,8 @@ def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int,
                          f"vocab_size={vocab_size} (a unique sampler cannot draw the whole vocabulary)")
     log_range = np.log(vocab_size + 1.0)
     chunk = int(1.04 * _expected_draws(num_sampled, vocab_size)) + 64
-    found, drawn, need = [], 0, num_sampled
+    found: list[np.ndarray] = []
+    drawn, need = 0, num_sampled
     while True:
         u = rng.random(chunk)
         # Inverse CDF: the CDF of P at k is log(k+2) / log(V+1). The clip only guards round-off.

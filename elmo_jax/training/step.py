@@ -56,9 +56,9 @@ def dense_optimizer(train: TrainConfig) -> optax.GradientTransformation:
 
 def state_specs(state: TrainState) -> TrainState:
     """The ``PartitionSpec`` of every leaf over the mesh axis ``data``."""
-    rep = lambda tree: jax.tree_util.tree_map(lambda _: P(), tree)
+    rep = lambda tree: jax.tree_util.tree_map(lambda _: P(), tree)  # noqa: E731
     by_row = {k: P(AXIS) for k in ("w", "b")}
-    return TrainState(step=P(), rng=P(),
+    return TrainState(step=P(), rng=P(),  # type: ignore[arg-type]  # the same pytree, of specs
                       params={"bilm": rep(state.params["bilm"]), "softmax": by_row},
                       opt={"bilm": rep(state.opt["bilm"]), "softmax": by_row},
                       lstm={k: P(None, None, AXIS) for k in state.lstm})

@@ -224,6 +224,7 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
     if warm.model != options.model:
         raise CheckpointError(f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
                               f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(options.model)}")
+    assert options.train is not None  # continuing needs the training keys
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
     fresh = softmax_in_id_order(jax.device_get(init_state(jax.random.PRNGKey(seed), options.model,
                                                                 options.train, 1).shared()), layout)
@@ -231,7 +232,7 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
     state = dict(fresh)
     state["params"] = {"bilm": warm.bilm, "softmax": dict(fresh["params"]["softmax"])}
     state["opt"] = {"bilm": dense_opt, "softmax": dict(fresh["opt"]["softmax"])}
-    if warm.softmax is not None:
+    if warm.softmax is not None and warm.vocab is not None:  # both or neither
         shared = [(i, warm.vocab.word_to_id(w)) for i, w in enumerate(vocab.words) if w in warm.vocab]
         if shared:
             new_ids, old_ids = (np.array(x) for x in zip(*shared))
