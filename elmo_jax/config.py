@@ -220,6 +220,15 @@ class Options:
     model: ModelConfig = ModelConfig()
     train: TrainConfig | None = None
 
+    @property
+    def training(self) -> TrainConfig:
+        """The training keys, for code that trains: a ``ConfigError`` when the file has none (a
+        released model's options.json describes the model alone)."""
+        if self.train is None:
+            raise ConfigError("these options have no training keys (batch_size, n_tokens_vocab, ...): they "
+                              "describe a model to run, not a run to train")
+        return self.train
+
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "options", saved: bool = False) -> Options:
         """``saved``: ``d`` is a run's own record (a run dir's options.json, a checkpoint's), where a

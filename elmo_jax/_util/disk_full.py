@@ -20,7 +20,7 @@ import errno
 import os
 import re
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write failed: ..., errno = 28, ..."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import functools
 import json
 import os
@@ -110,8 +111,9 @@ def _training_options(config: str | None, vocab, batch_size: int | None, n_train
         options = Options.load(config)
     else:
         raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
-    for key, value in (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
-                       ("learning_rate", learning_rate)):
+    flags: tuple[tuple[str, Any], ...] = (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
+                                          ("learning_rate", learning_rate))
+    for key, value in flags:
         if value is not None:
             options = dataclasses.replace(options, train=dataclasses.replace(
                 options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
@@ -313,7 +315,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     options = EmbedFileOptions(layers=args.layers, pool=args.pool, window=args.window, ahead=args.ahead,
                                num_shards=args.num_shards, shard_index=args.shard_index,
                                sentence_to_index=args.sentence_to_index, progress=not args.no_progress)
-    load = functools.partial(_embedder, args, _policy(args, "float32"))
+    load = functools.partial(_embedder, args, _policy(args, "float32") or "float32")
     done = embed_file(load, args.input, args.output, options)
     if done.empty_pooled:
         print(f"elmo-jax embed: {done.empty_pooled} empty line(s) pooled to zero vectors", file=sys.stderr)

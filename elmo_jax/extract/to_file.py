@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import warnings
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -126,7 +126,7 @@ def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.Pa
     except ValueError as e:
         raise about(ConfigError(str(e)), "layers") from None
     # This process embeds lines start, start + step, ... (0-based); unsharded: all of them.
-    start, step = (options.shard_index, options.num_shards) if options.sharded else (0, 1)
+    start, step = (options.shard_index or 0, options.num_shards or 1)  # unsharded: (0, 1)
     output = shard_file(output_path, start, step) if options.sharded else output_path
     with open(input_path, "rb") as f:
         total = sum(1 for _ in f)
@@ -157,7 +157,7 @@ def _write_hdf5(embedder, lines: Iterable[list[str]], output: str, layers, optio
     from tqdm import tqdm
 
     sentence_to_index: dict[str, str] = {}
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
     with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
         lines = _remember(lines, sentence_to_index if options.sentence_to_index else None, start, step)
         write = _pooled_rows(out, mine, embedder.config, layers, options.window) if options.pool else None

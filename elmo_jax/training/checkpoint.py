@@ -139,7 +139,7 @@ class Checkpointer:
                                                             lstm=ocp.args.StandardSave(lstm),
                                                             meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
                               force=True)
-        except Exception as e:  # noqa: BLE001 - only a full disk is ours to explain
+        except Exception as e:
             self._raise_if_full(step, e)
             raise
         self._in_flight = step
@@ -275,7 +275,7 @@ class Checkpointer:
         step, self._in_flight = self._in_flight, None
         try:
             self.manager.wait_until_finished()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._raise_if_full(step if step is not None else -1, e)
             raise
 

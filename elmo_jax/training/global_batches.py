@@ -107,7 +107,8 @@ class GlobalBatches:
         words = local["chars"].shape[1] if local is not None else 0
         words, capacity, reason = _agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
         if reason:
-            raise StopTogether(StopTogether.REASONS[reason])
+            raise StopTogether(str(StopTogether.REASONS[reason]))
+        assert local is not None  # no process stops here, so this one built its batch
         if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity
             local, _ = plan_batch(local, self.train.n_tokens_vocab, n, capacity)
             arrays = None
@@ -141,6 +142,7 @@ class GlobalBatches:
         """The batcher's epoch after the last batch ``next`` took (the one to log)."""
         if self._prefetcher is None:
             return self.batcher.epoch
+        assert self._snapshot is not None  # set when the prefetcher started
         return LMBatcher.epoch_of(self._snapshot)
 
     def close(self) -> None:

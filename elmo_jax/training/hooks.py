@@ -37,8 +37,9 @@ class MetricsWindow:
     def __init__(self, tokens_per_step: int):
         self.tokens_per_step = tokens_per_step
         self.sums, self.n = dict.fromkeys(self.KEYS, 0.0), 0
-        self.pending = None
-        self.startup = self.first_run = None
+        self.pending: dict | None = None
+        self.startup: float | None = None
+        self.first_run: float | None = None
         self.timed = 0
         self.t0 = time.perf_counter()
         self.last: dict = {}
@@ -67,7 +68,7 @@ class MetricsWindow:
         """The record of the window ending at ``step``; the next window starts empty."""
         self.flush()
         # A window of the first step alone has only that step's run to time.
-        n, seconds = (self.timed, time.perf_counter() - self.t0) if self.timed else (1, self.first_run)
+        n, seconds = (self.timed, time.perf_counter() - self.t0) if self.timed else (1, self.first_run or 0.0)
         record = summarise(self.sums, self.n, step, epoch, self.tokens_per_step * n, seconds)
         if self.startup is not None:
             record["startup_s"], self.startup = self.startup, None

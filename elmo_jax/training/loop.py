@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import warnings
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -88,7 +89,7 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     if strict and options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
         raise CheckpointError(f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
                               f"{len(vocab)} tokens; they must agree")
-    changes = {"n_tokens_vocab": len(vocab)}
+    changes: dict[str, Any] = {"n_tokens_vocab": len(vocab)}
     if n_train_tokens:
         changes["n_train_tokens"] = int(n_train_tokens)
     if train_cfg.n_negative_samples_batch >= len(vocab):
@@ -103,7 +104,7 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
 def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int, data: list[dict] | None) -> dict:
     return {"options": options.to_dict(), "vocab_sha256": vocab_hash(vocab), "vocab_size": len(vocab),
             "global_rows": global_rows, "process_count": jax.process_count(), "local_devices": n_local,
-            "softmax_layout": RowLayout.for_vocab(options.train.n_tokens_vocab).to_dict(),
+            "softmax_layout": RowLayout.for_vocab(options.training.n_tokens_vocab).to_dict(),
             "train_files": data}
 
 
@@ -160,7 +161,7 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     differ) the data starts afresh too, as it does under ``settings.new_data``. Every process
     decides the same from the shared metadata.
     """
-    t, model = options.train, options.model
+    t, model = options.training, options.model
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     rows_sharding = shardings.lstm
     zero_rows = jax.jit(lambda: lstm.zero_state(model, global_rows), out_shardings=rows_sharding)
@@ -198,10 +199,11 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
         if jax.process_index() == 0:
             print(f"{where}; new training data (new_data): the data position and the LSTM state start afresh")
     elif host is None:
-        warnings.warn(f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state")
+        warnings.warn(f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state",
+                      stacklevel=2)
     elif rows is None:
         warnings.warn(f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
-                      f"LSTM state start afresh")
+                      f"LSTM state start afresh", stacklevel=2)
     return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
@@ -237,7 +239,7 @@ def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Voca
                     "eval_every", "log_every")
     if heldout is None:
         return
-    t = options.train
+    t = options.training
     probe = LMBatcher(heldout, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                       max_chars=options.model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
     try:
@@ -279,7 +281,7 @@ class _Run:
 def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings) -> _Run:
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
-    t = options.train
+    t = options.training
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
@@ -424,7 +426,7 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
            on_metrics: Callable[[dict], None] | None, fixed_candidates: bool) -> dict:
     """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
     options, vocab, settings = run.options, run.vocab, run.settings
-    t, model = options.train, options.model
+    t, model = options.training, options.model
     max_epochs = math.ceil(settings.epochs) if settings.epochs else None
     batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
                         max_chars=model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=settings.seed,
@@ -500,12 +502,12 @@ def _on_log(run: _Run, heldout: Source | None, guard: DivergenceGuard, progress:
     """What happens at a logged step, in order: held-out perplexity into the record, the record
     to metrics.jsonl, the progress bar and ``on_metrics``, then the divergence guard (after the
     record is written, so that the run's log shows what the guard saw)."""
-    settings, t = run.settings, run.options.train
+    settings, t = run.settings, run.options.training
     metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
     evaluate_every = settings.eval_every if heldout is not None else 0
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
-        if evaluate_every and step % evaluate_every == 0:
+        if evaluate_every and heldout is not None and step % evaluate_every == 0:
             record.update({f"heldout_{k}": v for k, v in
                            evaluate(state.params, run.options.model, run.vocab, heldout, t.batch_size,
                                     t.unroll_steps, layout=RowLayout.for_vocab(t.n_tokens_vocab)).items()})
@@ -554,13 +556,13 @@ def _steps(step_fn: Callable, state: TrainState, batches: GlobalBatches, start: 
 
 
 def _learning_rate_change(run: _Run) -> str:
-    was, now = (run.meta or {}).get("options", {}).get("learning_rate"), run.options.train.learning_rate
+    was, now = (run.meta or {}).get("options", {}).get("learning_rate"), run.options.training.learning_rate
     return f", learning rate {was:g} -> {now:g}" if was is not None and was != now else ""
 
 
 def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
-    until += f" ({matmuls} matmuls, {_recipe(run.options.train, run.meta)}{_learning_rate_change(run)})"
+    until += f" ({matmuls} matmuls, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
     if start:
         stream = batcher.streams[0]
         return (f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
