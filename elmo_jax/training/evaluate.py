@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import Source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
@@ -40,8 +41,8 @@ from elmo_jax.training.step import AXIS, put_global, token_vectors
 BLOCK = 4096
 
 
-def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
-             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
+def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, *, batch_size: int = 16,
+             unroll_steps: int = 20, reset_state_per_sentence: bool = False, compute: Compute = Compute(),
              layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK,
              scored: np.ndarray | None = None) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
@@ -61,6 +62,10 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     vocabularies are comparable only on targets every one of them can name: the others still
     feed the LSTM as inputs, but their losses are left out (``tokens`` counts per direction's
     mean). ``unk_rate``: the share of target positions that are ``<UNK>`` in ``vocab``.
+    ``compute``: the biLM's matmul precision, compute dtype and layout (``elmo_jax.model.compute``;
+    default: float32, the references' numbers).
+
+    Long because of this docstring: the body is the placement of the tables and one loop over windows.
     """
     mesh = mesh or _mesh_of(params["softmax"]["w"])
     n_dev = mesh.size
@@ -72,7 +77,7 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
               "softmax": {"w": _place(w, by_row), "b": _place(b, by_row)}}
     valid = put_global(valid, by_row)
     to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
-    step = _step_fn(model, mesh, precision, block)
+    step = _step_fn(model, mesh, block, compute=compute)
     padded = -(-batch_size // n_dev) * n_dev
     zero = jax.jit(lambda: lstm.zero_state(model, padded), out_shardings=NamedSharding(mesh, P(None, None, AXIS)))()
     if reset_state_per_sentence:
@@ -141,7 +146,7 @@ def _place(tree, sharding):
 
 
 @functools.lru_cache(maxsize=None)
-def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
+def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = Compute()):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their
     mask), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
@@ -151,13 +156,14 @@ def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
     def per_device(params, valid, state, local, everywhere):
         local = {k: x[0] for k, x in local.items()}
         targets, score = everywhere
-        x = token_vectors(params["bilm"], model, local, precision, jnp.float32)
-        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, precision)
+        x = token_vectors(params["bilm"], model, local, compute=compute)
+        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, compute=compute)
         # Every device scores every position against its share of the softmax rows.
         h = jax.lax.all_gather(outs[-1], AXIS, axis=1, tiled=True)  # [2, rows, T, P]
         sm = params["softmax"]
         bias = jnp.where(valid, sm["b"], -jnp.inf)
-        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision, block, AXIS)
+        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision=compute.precision,
+                               block=block, axis_name=AXIS)
         return state, jnp.where(score, ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
 
     in_specs = ({"bilm": P(), "softmax": P(AXIS)}, P(AXIS), P(None, None, AXIS), P(AXIS), P())

@@ -26,6 +26,7 @@ from elmo_jax import policy
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, shard_for_process
 from elmo_jax.training.batches import LMBatcher
@@ -493,8 +494,7 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         else:
             how = "from scratch" if init_state is None else "from the given initial state"
             print(f"starting {settings.run_dir} {how}{until}")
-    precision, dtype = policy.matmul_args(matmuls)
-    step_fn = make_train_step(model, t, mesh, precision, dtype)
+    step_fn = make_train_step(model, t, mesh, compute=Compute.from_policy(matmuls))
     batches = GlobalBatches(batcher, t, mesh, settings.seed, first_device, fixed_candidates,
                             prefetch=settings.prefetch, workers=settings.host_workers)
     metrics = _MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if jax.process_index() == 0 \
@@ -555,8 +555,8 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
                     window = {k: 0.0 for k in window} | {"n": 0}
                     if settings.eval_every and heldout is not None and step % settings.eval_every == 0:
                         last.update({f"heldout_{k}": v for k, v in
-                                     evaluate(state.params, model, vocab, heldout, t.batch_size, t.unroll_steps,
-                                              layout=layout).items()})
+                                     evaluate(state.params, model, vocab, heldout, batch_size=t.batch_size,
+                                              unroll_steps=t.unroll_steps, layout=layout).items()})
                     if metrics is not None:
                         metrics.add(last)
                     if progress is not None:
