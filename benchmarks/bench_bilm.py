@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset
 from elmo_jax.model import lstm
+from elmo_jax.model.compute import Compute
+from elmo_jax.model.layout import Layout
 from elmo_jax.model.char_cnn import trim_char_ids
 
 
@@ -31,9 +33,10 @@ def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, pea
     xs = jax.random.normal(jax.random.PRNGKey(1), (2, rows, steps, config.lstm.projection_dim))
     mask = jnp.ones((rows, steps), bool)
     flops = rows * steps * lstm_flops(config) / config.lstm.n_layers
+    compute = Compute(layout=Layout(unroll=1))  # no unrolling: the layer functions' own figures
     for label, fn in (("rows (GPU/TPU)", lstm._layer_rows), ("columns (CPU)", lstm._layer_columns)):
-        f = jax.jit(lambda p, x, fn=fn: fn(p, config, x, mask, state["c"][:, 0], state["h"][:, 0], "highest",
-                                             jnp.float32)[0])
+        f = jax.jit(lambda p, x, fn=fn: fn(p, config, x, mask, state["c"][:, 0], state["h"][:, 0],
+                                             compute=compute)[0])
         seconds = time_best(lambda: f(layer, xs).block_until_ready(), repeats)  # noqa: B023 - timed here
         gflops = flops / seconds / 1e9
         print(f"{name:8s} LSTM layer, {label:14s} {rows} rows x {steps} steps: {seconds * 1e3:7.1f} ms  "

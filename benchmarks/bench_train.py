@@ -45,6 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from harness import encoder_flops, lstm_flops, matmul_gflops
 from elmo_jax._util.hlo import wire_bytes_per_device
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training.batches import LMBatcher
@@ -238,12 +239,12 @@ def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, m
     return batches, width, capacity
 
 
-def time_step(model, tc: TrainConfig, mesh: Mesh, batches: list, precision="highest", dtype=jnp.float32,
-              layout=None, trace_dir: str | None = None):
+def time_step(model, tc: TrainConfig, mesh: Mesh, batches: list, *, compute: Compute = Compute(),
+              trace_dir: str | None = None):
     """Median seconds of one train step over ``batches[1:]`` (``batches[0]`` warms up), and the
     compiled step. With ``trace_dir``, the timed steps also run under ``jax.profiler.trace``."""
     n = mesh.size
-    step = make_train_step(model, tc, mesh, precision, dtype, layout)
+    step = make_train_step(model, tc, mesh, compute=compute)
     shardings = state_shardings(jax.eval_shape(lambda: init_state(
         jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
     state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),

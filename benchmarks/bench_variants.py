@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from harness import matmul_gflops
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
 from elmo_jax.config import TrainConfig
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout, for_backend
 from elmo_jax.training.step import AXIS
 
@@ -35,21 +36,21 @@ _PRESET = jax.lax.DotAlgorithmPreset
 # name -> (precision, compute dtype, layout). "f32" with rows/1/32 is the layout every GPU ran before
 # elmo_jax.model.layout existed: the baseline.
 VARIANTS = {
-    "f32": ("highest", jnp.float32, Layout("rows", 1, 32)),
-    "tf32": (_PRESET.TF32_TF32_F32, jnp.float32, Layout("rows", 1, 32)),
-    "bf16": ("default", jnp.bfloat16, Layout("rows", 1, 32)),
-    "bf16-preset": (_PRESET.BF16_BF16_F32, jnp.float32, Layout("rows", 1, 32)),
-    "bf16-c0": ("default", jnp.bfloat16, Layout("rows", 1, 0)),
-    "bf16-c256": ("default", jnp.bfloat16, Layout("rows", 1, 256)),
-    "bf16-c0-u2": ("default", jnp.bfloat16, Layout("rows", 2, 0)),
-    "bf16-c0-u5": ("default", jnp.bfloat16, Layout("rows", 5, 0)),
-    "bf16-c0-u20": ("default", jnp.bfloat16, Layout("rows", 20, 0)),
-    "f32-c0": ("highest", jnp.float32, Layout("rows", 1, 0)),
-    "f32-c0-u5": ("highest", jnp.float32, Layout("rows", 5, 0)),
-    "cpu": ("highest", jnp.float32, Layout("columns", 1, 32)),
+    "f32": Compute("highest", jnp.float32, Layout("rows", 1, 32)),
+    "tf32": Compute(_PRESET.TF32_TF32_F32, jnp.float32, Layout("rows", 1, 32)),
+    "bf16": Compute("default", jnp.bfloat16, Layout("rows", 1, 32)),
+    "bf16-preset": Compute(_PRESET.BF16_BF16_F32, jnp.float32, Layout("rows", 1, 32)),
+    "bf16-c0": Compute("default", jnp.bfloat16, Layout("rows", 1, 0)),
+    "bf16-c256": Compute("default", jnp.bfloat16, Layout("rows", 1, 256)),
+    "bf16-c0-u2": Compute("default", jnp.bfloat16, Layout("rows", 2, 0)),
+    "bf16-c0-u5": Compute("default", jnp.bfloat16, Layout("rows", 5, 0)),
+    "bf16-c0-u20": Compute("default", jnp.bfloat16, Layout("rows", 20, 0)),
+    "f32-c0": Compute("highest", jnp.float32, Layout("rows", 1, 0)),
+    "f32-c0-u5": Compute("highest", jnp.float32, Layout("rows", 5, 0)),
+    "cpu": Compute("highest", jnp.float32, Layout("columns", 1, 32)),
     # The library's defaults on a GPU today: training's bfloat16 policy, and float32 (extraction's).
-    "gpu": ("default", jnp.bfloat16, for_backend("gpu")),
-    "gpu-f32": ("highest", jnp.float32, for_backend("gpu")),
+    "gpu": Compute.from_policy("bfloat16", layout=for_backend("gpu")),
+    "gpu-f32": Compute.from_policy("float32", layout=for_backend("gpu")),
 }
 
 PARTS = ("char_cnn", "lstm", "softmax_rows", "softmax", "optimizer")
@@ -170,17 +171,17 @@ def main() -> None:
         if args.profile and args.profile not in names:
             names.append(args.profile)
         for name in names:
-            precision, dtype, layout = VARIANTS[name]
+            compute = VARIANTS[name]
             trace = os.path.join(tmp, "trace") if name == args.profile else None
             try:
-                sec, compiled = time_step(model, tc, mesh, batches, precision, dtype, layout, trace_dir=trace)
+                sec, compiled = time_step(model, tc, mesh, batches, compute=compute, trace_dir=trace)
             except Exception as e:  # noqa: BLE001 - a variant a backend rejects (tf32 on a CPU) must not stop the rest
                 print(f"{name:<12} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
                 continue
             rate = flops / sec / 1e9
             print(f"{name:<12} {sec * 1e3:8.2f} ms/step {args.batch * 20 / sec:9.0f} tokens/s {rate:9,.0f} GFLOP/s "
                   f"({100 * rate / f32:.0f}% of f32 matmul, {100 * rate / bf16:.0f}% of bf16)  "
-                  f"[{np.dtype(dtype).name}, {getattr(precision, 'name', precision)}, {layout}]", flush=True)
+                  f"[{compute.dtype.name}, {compute.precision.name}, {compute.layout}]", flush=True)
             if trace:
                 text = summarize_trace(trace, args.steps, sec, compiled.as_text())
                 os.makedirs(args.profile_out, exist_ok=True)

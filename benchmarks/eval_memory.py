@@ -48,7 +48,7 @@ def eval_step_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: 
              "inputs": abstract((1, 2, rows, steps), jnp.int32, spec("data")),
              "mask": abstract((1, rows, steps), bool, spec("data"))}
     everywhere = (abstract((2, rows, steps), jnp.int32, spec()), abstract((rows, steps), bool, spec()))
-    step = _step_fn(model, mesh, "highest", _divisor_at_most(v_pad, BLOCK))
+    step = _step_fn(model, mesh, _divisor_at_most(v_pad, BLOCK))
     return _temp_bytes(step, params, valid, state, local, everywhere)
 
 

@@ -11,28 +11,16 @@ the loss stay float32: only the matmul (and convolution) inputs are rounded. ``"
 one that reproduces bilm-tf's and AllenNLP's numbers (to about 1e-6); XLA's own default on a GPU
 or TPU is neither exact nor named, which is why the library never uses it unasked.
 
-The functions below the policy (``bilm_apply``, ``train_step``, ...) take the pair that
-``matmul_args`` returns: a ``jax.lax`` precision and a compute dtype.
+The functions below the policy (``bilm_apply``, ``train_step``, ...) take a
+``elmo_jax.model.compute.Compute``: ``Compute.from_policy(name)`` is the policy's ``jax.lax``
+precision and compute dtype, with the layout.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 POLICIES = ("float32", "tf32", "bfloat16")
-
-
-def matmul_args(policy: str) -> tuple[object, object]:
-    """``(precision, dtype)`` for ``policy``: what ``bilm_apply``, ``char_cnn.apply``,
-    ``lstm.run`` and ``train_step`` take."""
-    check(policy)
-    if policy == "float32":
-        return "highest", jnp.float32
-    if policy == "tf32":
-        return jax.lax.DotAlgorithmPreset.TF32_TF32_F32, jnp.float32
-    # bfloat16 inputs, float32 accumulation (the MXU / tensor-core default for bfloat16 operands).
-    return "default", jnp.bfloat16
 
 
 def check(policy: str, backend: str | None = None) -> str:

@@ -44,9 +44,9 @@ from elmo_jax.training.step import token_vectors
 def top_outputs(bilm, model, batch, mask, dropout: float, seed: int, state=None) -> jax.Array:
     """``[2, B, T, P]`` top-layer outputs from ``state`` (default zero); with ``dropout`` as a
     training step applies it (each layer's input and the top output)."""
-    x = token_vectors(bilm, model, batch, "highest", jnp.float32)
+    x = token_vectors(bilm, model, batch)
     keys = jax.random.split(jax.random.PRNGKey(seed), mask.shape[0]) if dropout else None
-    outs, _ = lstm.run(bilm["lstm"], model, x, mask, state, "highest", jnp.float32, dropout, keys)
+    outs, _ = lstm.run(bilm["lstm"], model, x, mask, state, dropout_rate=dropout, dropout_keys=keys)
     top = outs[-1]
     if dropout:
         top = lstm.dropout(top, dropout, keys, salt=model.lstm.n_layers)

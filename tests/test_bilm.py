@@ -8,6 +8,8 @@ import pytest
 
 from elmo_jax import bilm_apply, batch_to_ids, load_hdf5
 from elmo_jax.model import char_cnn
+from elmo_jax.model.compute import Compute
+from elmo_jax.model.layout import Layout
 from elmo_jax.model.vocabulary import Vocabulary
 
 from helpers import FIXTURES, model_files, reference_batches
@@ -129,15 +131,15 @@ def test_trimmed_char_axis_gives_the_same_vectors(allennlp_model):
 def test_chunked_token_encoding_is_exact(allennlp_model):
     config, params = allennlp_model
     ids = jnp.asarray(batch_to_ids([[f"word{i}" for i in range(37)]]))
-    a = char_cnn.apply(params["char_cnn"], config, ids, chunk=8)
-    b = char_cnn.apply(params["char_cnn"], config, ids, chunk=0)
+    a = char_cnn.apply(params["char_cnn"], config, ids, compute=Compute(layout=Layout(cnn_chunk=8)))
+    b = char_cnn.apply(params["char_cnn"], config, ids, compute=Compute(layout=Layout(cnn_chunk=0)))
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
 def test_bfloat16_compute_is_close_and_float32_out(allennlp_model):
     config, params = allennlp_model
     batch, expected = next(reference_batches("allennlp"))
-    layers, _, _ = bilm_apply(params, config, batch_to_ids(batch), dtype=jnp.bfloat16)
+    layers, _, _ = bilm_apply(params, config, batch_to_ids(batch), compute=Compute(dtype=jnp.bfloat16))
     assert layers.dtype == jnp.float32
     got = np.asarray(layers[-1, 0, :len(batch[0])])
     assert np.all(np.abs(got - expected[0]) <= 2e-2 + 1e-2 * np.abs(expected[0]))
@@ -175,11 +177,11 @@ def test_a_reset_starts_the_rest_of_the_row_from_zero_state(layout):
     c0, h0 = jax.random.normal(k2, (2, batch, dim)), jax.random.normal(k3, (2, batch, p))
     resets = np.zeros((2, batch, time), bool)
     resets[0, 1, 3] = resets[1, 0, 2] = True  # forward row 1 at step 3; backward row 0 at step 2
-    ys, c, h = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32, jnp.asarray(resets))
-    plain, _, _ = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32)
+    ys, c, h = fn(params, config, xs, mask, c0, h0, resets=jnp.asarray(resets))
+    plain, _, _ = fn(params, config, xs, mask, c0, h0)
     zero_c, zero_h = jnp.zeros_like(c0), jnp.zeros_like(h0)
-    tail3, c3, _ = fn(params, config, xs[:, :, 3:], mask[:, 3:], zero_c, zero_h, "highest", jnp.float32)
-    tail2, c2, _ = fn(params, config, xs[:, :, 2:], mask[:, 2:], zero_c, zero_h, "highest", jnp.float32)
+    tail3, c3, _ = fn(params, config, xs[:, :, 3:], mask[:, 3:], zero_c, zero_h)
+    tail2, c2, _ = fn(params, config, xs[:, :, 2:], mask[:, 2:], zero_c, zero_h)
     close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # noqa: E731
     close(ys[0, 1, :3], plain[0, 1, :3])
     close(ys[0, 1, 3:], tail3[0, 1])
@@ -208,15 +210,17 @@ def test_lstm_layouts_agree_with_masks_state_and_gradients():
     h0 = jax.random.normal(k3, (2, batch, p))
 
     def loss(fn, params, xs):
-        ys, c, h = fn(params, config, xs, mask, c0, h0, "highest", jnp.float32)
+        ys, c, h = fn(params, config, xs, mask, c0, h0)
         return (ys ** 2).sum() + (c * h.sum()).sum(), (ys, c, h)
 
     # Jitted: run eagerly, every op of the backward pass compiled a program of its own.
     grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2), has_aux=True), static_argnums=0)
-    (l_cols, out_cols), g_cols = grad(lstm._layer_columns, params, xs)
+    unrolled = lambda n: Compute(layout=Layout("rows", unroll=n))  # noqa: E731
+    (l_cols, out_cols), g_cols = grad(functools.partial(lstm._layer_columns, compute=unrolled(1)), params, xs)
     # Rows as the GPU runs them (unrolled: 3 does not divide 7 steps, so a remainder runs too).
-    for fn in (lstm._layer_rows, functools.partial(lstm._layer_rows, unroll=3),
-               functools.partial(lstm._layer_rows, unroll=20)):
+    for fn in (functools.partial(lstm._layer_rows, compute=unrolled(1)),
+               functools.partial(lstm._layer_rows, compute=unrolled(3)),
+               functools.partial(lstm._layer_rows, compute=unrolled(20))):
         (l_rows, out_rows), g_rows = grad(fn, params, xs)
         for a, b in zip(jax.tree_util.tree_leaves((out_rows, g_rows)), jax.tree_util.tree_leaves((out_cols, g_cols))):
             # Weight gradients sum over every step and row: float32 rounding differs in the last digits.

@@ -16,6 +16,7 @@ import elmo_jax.modules.elmo as fm
 from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
 from elmo_jax._util.hlo import constant_sizes
 from elmo_jax.config import Options
+from elmo_jax.model.compute import Compute
 from elmo_jax.modules.elmo import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
                                    remove_sentence_markers, scalar_mix, with_bilm)
 
@@ -118,7 +119,7 @@ def model():
 def bilm_layers(params, config, char_ids, convention="bilm_tf"):
     """``bilm_apply`` called exactly as the modules call it (same jit cache entry)."""
     return bilm_apply(params, config, jnp.asarray(char_ids), None, keep_sentence_markers=convention == "allennlp",
-                      precision="highest", dtype=jnp.float32)
+                      compute=Compute.from_policy("float32"))
 
 
 def bilm_leaves(tree):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import policy
+from elmo_jax.model.compute import Compute
 from elmo_jax import load_hdf5
 from elmo_jax.cli import main as cli_main
 from helpers import model_files
@@ -16,10 +17,27 @@ def tiny_model():
 
 
 def test_each_policy_maps_to_a_precision_and_dtype():
-    assert policy.matmul_args("float32") == ("highest", jnp.float32)
-    assert policy.matmul_args("bfloat16") == ("default", jnp.bfloat16)
+    assert Compute.from_policy("float32") == Compute("highest", jnp.float32) == Compute()
+    assert Compute.from_policy("bfloat16") == Compute("default", jnp.bfloat16)
+    assert Compute.from_policy("bfloat16").precision == jax.lax.Precision.DEFAULT
+    assert Compute.from_policy("bfloat16").dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="one of float32, tf32, bfloat16; got 'fp16'"):
-        policy.matmul_args("fp16")
+        Compute.from_policy("fp16")
+
+
+def test_compute_is_validated_and_hashable():
+    from elmo_jax.model.layout import Layout
+
+    layout = Layout("rows", 20)
+    assert Compute.from_policy("bfloat16", layout=layout) == Compute("default", "bfloat16", layout)
+    assert hash(Compute(dtype="float32")) == hash(Compute())
+    assert len({Compute(), Compute.from_policy("float32"), Compute(layout=layout)}) == 2
+    assert Compute(layout=layout).resolved_layout() is layout and Compute().resolved_layout() is not None
+    for bad, match in (({"precision": "fast"}, "unknown matmul precision"), ({"precision": 3}, "Precision"),
+                       ({"dtype": jnp.int32}, "floating"), ({"dtype": "nope"}, "not a dtype"),
+                       ({"layout": "rows"}, "Layout or None")):
+        with pytest.raises(ValueError, match=match):
+            Compute(**bad)
 
 
 def test_tf32_is_refused_off_a_gpu_in_one_line():

@@ -18,6 +18,7 @@ import pytest
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
 from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import BY_BACKEND
 from elmo_jax.model.vocabulary import Vocabulary, token_to_ids
 from elmo_jax.text.sources import TextFiles
@@ -367,7 +368,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
         functools.partial(_reference_step, tc=tc))(state, batch)
     # The step works on the softmax in slot order (padding slots included); the reference in id order.
     stored = softmax_in_slot_order(jax.device_get({k: v for k, v in state.items() if k != "lstm"}), LAYOUT)
-    step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None, layout=layout))
+    step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None, compute=Compute(layout=layout)))
     new_stored, metrics = step(TrainState(**stored, lstm=state["lstm"]), batch)
     new_stored, metrics = jax.device_get((new_stored, metrics))
     pad = ~LAYOUT.valid()

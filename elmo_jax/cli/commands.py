@@ -294,8 +294,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     source = open_source(args.files, args.tfds_data_dir)
     options, vocab, params, step = load_run(args.run_dir, args.step)
-    result = evaluate(params, options.model, vocab, source, args.batch_size, args.unroll_steps,
-                      reset_state_per_sentence=args.reset_state_per_sentence)
+    result = evaluate(params, options.model, vocab, source, batch_size=args.batch_size,
+                      unroll_steps=args.unroll_steps, reset_state_per_sentence=args.reset_state_per_sentence)
     print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
 
 

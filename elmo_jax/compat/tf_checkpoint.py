@@ -684,10 +684,39 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
     1.0 (Adagrad's initial value) in the accumulators. The softmax leaves stay memmap views;
     ``verify`` checks the crc32c of every tensor read.
     """
-    from elmo_jax.compat.hdf5 import expected_datasets, params_from_datasets
+    from elmo_jax.compat.hdf5 import params_from_datasets
 
     ckpt = TFCheckpoint(path)
     prefix = ckpt.prefix
+    weights, slots = _tensor_names(ckpt)
+    config, n_vocab, source = _load_options(options, prefix)
+    inferred = config is None
+    if inferred:
+        config = _infer_config(prefix, weights, ckpt)
+        source = "the checkpoint's own shapes"
+    _check_tensors(ckpt, weights, slots, config, n_vocab, f" (per {source})")
+
+    def getter(table):
+        return lambda h5: ckpt.get(table[h5], verify=verify) if h5 in table else None
+
+    def softmax(table):
+        if "softmax/W" not in table:
+            return None
+        return {"w": ckpt.get(table["softmax/W"], verify=verify), "b": ckpt.get(table["softmax/b"], verify=verify)}
+
+    params = {"bilm": params_from_datasets(config, getter(weights), 0.0), "softmax": softmax(weights)}
+    accumulators = None
+    if slots:
+        accumulators = {"bilm": params_from_datasets(config, getter(slots), 1.0), "softmax": softmax(slots)}
+    c = config.char_cnn
+    if not inferred and c.n_characters == 261:  # as load_hdf5: inference uses the shifted ids
+        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
+    return {"config": None if inferred else config, "prefix": prefix, "global_step": _global_step(ckpt, verify),
+            "params": params, "accumulators": accumulators}
+
+
+def _tensor_names(ckpt: TFCheckpoint) -> tuple[dict[str, str], dict[str, str]]:
+    """The checkpoint's biLM tensors and their Adagrad slots: ``{hdf5 name: checkpoint name}`` each."""
     weights: dict[str, str] = {}
     slots: dict[str, str] = {}
     for name in ckpt.keys():
@@ -697,13 +726,16 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
             continue
         h5 = _one_layer_alias(h5)
         (slots if base != name else weights)[h5] = name
+    return weights, slots
 
-    config, n_vocab, source = _load_options(options, prefix)
-    inferred = config is None
-    if inferred:
-        config = _infer_config(prefix, weights, ckpt)
-        source = "the checkpoint's own shapes"
-    c, l = config.char_cnn, config.lstm
+
+def _check_tensors(ckpt: TFCheckpoint, weights: dict[str, str], slots: dict[str, str], config,
+                   n_vocab: int | None, per: str) -> None:
+    """Raises one line on an unexpected tensor, a missing one, or a shape or dtype other than
+    ``config``'s (the softmax: ``n_vocab`` rows, or the checkpoint's when None)."""
+    from elmo_jax.compat.hdf5 import expected_datasets
+
+    prefix, c, l = ckpt.prefix, config.char_cnn, config.lstm
     expected = expected_datasets(config)
     optional = set()
     if c.n_filters == l.projection_dim and "CNN_proj/W_proj" not in weights:
@@ -714,16 +746,14 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
         expected["softmax/b"] = (v,)
     if "char_embed" in weights and ckpt.shape(weights["char_embed"]) == (262, c.embedding_dim):
         expected["char_embed"] = (262, c.embedding_dim)
-    per = f" (per {source})"
 
     for name in sorted(set(weights) | set(slots)):
         if name not in expected:
             unexpected = weights.get(name) or slots[name]
             raise TFCheckpointError(f"{prefix}: unexpected tensor {unexpected!r} with shape {ckpt.shape(unexpected)}{per}")
-    has_slots = bool(slots)
     for h5, shape in expected.items():
         for table, kind in ((weights, "tensor"), (slots, "Adagrad slot")):
-            if table is slots and not has_slots:
+            if table is slots and not slots:
                 continue
             tf = table.get(h5)
             if tf is None:
@@ -736,26 +766,12 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
             if ckpt.dtype(tf) != np.float32:
                 raise TFCheckpointError(f"{prefix}: tensor {tf!r} has dtype {ckpt.dtype(tf)}, expected float32")
 
-    def getter(table):
-        return lambda h5: ckpt.get(table[h5], verify=verify) if h5 in table else None
 
-    def softmax(table):
-        if "softmax/W" not in table:
-            return None
-        return {"w": ckpt.get(table["softmax/W"], verify=verify), "b": ckpt.get(table["softmax/b"], verify=verify)}
-
-    params = {"bilm": params_from_datasets(config, getter(weights), 0.0), "softmax": softmax(weights)}
-    accumulators = None
-    if has_slots:
-        accumulators = {"bilm": params_from_datasets(config, getter(slots), 1.0), "softmax": softmax(slots)}
-
-    global_step = None
-    if "global_step" in ckpt:
-        value = np.asarray(ckpt.get("global_step", verify=verify))
-        if value.shape != () or value.dtype.kind not in "fiu":
-            raise TFCheckpointError(f"{prefix}: 'global_step' is {value.dtype} {value.shape}, expected a number")
-        global_step = int(value)  # bilm-tf's is a float32 variable
-    if not inferred and c.n_characters == 261:  # as load_hdf5: inference uses the shifted ids
-        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
-    return {"config": None if inferred else config, "prefix": prefix, "global_step": global_step,
-            "params": params, "accumulators": accumulators}
+def _global_step(ckpt: TFCheckpoint, verify: bool) -> int | None:
+    """The checkpoint's ``global_step`` (bilm-tf's is a float32 variable), or None without one."""
+    if "global_step" not in ckpt:
+        return None
+    value = np.asarray(ckpt.get("global_step", verify=verify))
+    if value.shape != () or value.dtype.kind not in "fiu":
+        raise TFCheckpointError(f"{ckpt.prefix}: 'global_step' is {value.dtype} {value.shape}, expected a number")
+    return int(value)

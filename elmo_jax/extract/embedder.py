@@ -56,11 +56,11 @@ from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import ConfigError, ModelConfig
 from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.bilm import bilm_from_tokens, marker_vectors
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout, for_backend
 from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.training.batches import bucket_size
 
-Precision = jax.lax.Precision | str | None
 Layers = str | Sequence[float]  # "all", "top", "average", or one weight per ELMo layer
 Tokenizer = Callable[[str], Sequence[str]]
 
@@ -151,9 +151,9 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> 
     return out
 
 
-def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_index: jax.Array, lengths: jax.Array,
+def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_index: jax.Array, lengths: jax.Array, *,
                  cache: jax.Array | None = None, cache_index: jax.Array | None = None, state: dict | None = None,
-                 precision: Precision = "highest", dtype=jnp.float32) -> tuple[jax.Array, dict]:
+                 compute: Compute = Compute()) -> tuple[jax.Array, dict]:
     """ELMo layers from a batch's distinct words.
 
     Args:
@@ -163,16 +163,56 @@ def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_inde
       cache, cache_index: optional ``[W, P]`` precomputed token vectors and ``[K]`` rows of it
         used by this batch (placed before the CNN-encoded words).
       state: bilm-tf state to continue from, or None (stateless).
+      compute: matmul precision, compute dtype and layout (``elmo_jax.model.compute``).
 
     Returns:
       (``[n_layers + 1, B, T, 2P]`` float32, exactly 0 at padding; the new state).
     """
-    vectors = char_cnn.apply(params["char_cnn"], config, chars, precision, dtype)
+    vectors = char_cnn.apply(params["char_cnn"], config, chars, compute=compute)
     if cache is not None:
         vectors = jnp.concatenate([cache[cache_index], vectors])
     tokens = vectors[token_index]
-    layers, _, new_state = bilm_from_tokens(params, config, tokens, lengths, state, False, precision, dtype)
+    layers, _, new_state = bilm_from_tokens(params, config, tokens, lengths, state, compute=compute)
     return layers, new_state
+
+
+# -- the device functions of an Embedder (config and compute fixed by functools.partial) ---------
+def _encode(p: dict, chars: jax.Array, *, config: ModelConfig, compute: Compute) -> jax.Array:
+    return char_cnn.apply(p["char_cnn"], config, chars, compute=compute)
+
+
+def _contextualize(p: dict, tokens: jax.Array, lengths: jax.Array, markers: jax.Array, state: dict | None = None,
+                   *, config: ModelConfig, compute: Compute) -> tuple[jax.Array, dict]:
+    return bilm_from_tokens(p, config, tokens, lengths, state, compute=compute, markers=markers)[0::2]
+
+
+def _gather(table: jax.Array, index: jax.Array) -> jax.Array:
+    return table[index]
+
+
+def _contextualize_packed(p: dict, x: jax.Array, mask: jax.Array, starts: jax.Array, state: dict, *,
+                          weights: jax.Array | None = None, segment: jax.Array | None = None, pieces: int = 1,
+                          pool: str = "mean", config: ModelConfig, compute: Compute) -> tuple[jax.Array, dict]:
+    """The biLSTM over packed rows (``Packing``): every layer, or their mix by ``weights``; with
+    ``segment``, the sum (``pool="mean"``) or max of each of ``pieces`` sentence pieces."""
+    # Both streams restart from zero state at each sentence's first step (its <S>, or its
+    # </S> going backward): packed sentences never see each other.
+    resets = jnp.broadcast_to(starts, (2,) + starts.shape)
+    ys, state = lstm.run(p["lstm"], config, x, mask, state, compute=compute, resets=resets)
+    if weights is not None:
+        # The layer mix here, not on the host: a third of the bytes cross to it and are kept
+        # (layer 0 is each step's token vector, in both streams).
+        ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
+    if segment is None:
+        return ys, state
+    if weights is None:
+        ys = jnp.concatenate([x[None], ys])  # layer 0 is pooled too
+    # Pooled here too: the host receives a sum (or max) per sentence piece, not per token.
+    # Sum and max do not depend on order, so the backward stream needs no un-reversing.
+    n, r, k = ys.shape[0], ys.shape[2], ys.shape[3]
+    steps = jnp.moveaxis(ys.reshape(n, 2, r * k, -1), 2, 0)  # [rows x steps, layers, 2, P]
+    op = jax.ops.segment_sum if pool == "mean" else jax.ops.segment_max
+    return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
 
 
 def _length_bucket(n: int) -> int:
@@ -373,8 +413,7 @@ class Embedder:
             raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")
         self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
         self.policy = policy.check(precision)
-        precision, self.dtype = policy.matmul_args(self.policy)
-        self.precision = precision
+        self.compute = Compute.from_policy(self.policy, layout=self.layout)
         self.dedup = dedup
         self.stateful = stateful
         self.state: dict | None = None
@@ -382,85 +421,71 @@ class Embedder:
         self._char_cache: dict[str, np.ndarray] = {}
         n_local = jax.local_device_count()
         self.n_devices = 1 if stateful else min(devices or n_local, n_local)
-
-        def encode(p, chars):
-            return char_cnn.apply(p["char_cnn"], config, chars, precision, self.dtype)
-
-        def contextualize(p, tokens, lengths, markers, state=None):
-            return bilm_from_tokens(p, config, tokens, lengths, state, False, precision, self.dtype, markers)[0::2]
-
-        def gather(table, index):
-            return table[index]
-
-        def contextualize_packed(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
-            # Both streams restart from zero state at each sentence's first step (its <S>, or its
-            # </S> going backward): packed sentences never see each other.
-            resets = jnp.broadcast_to(starts, (2,) + starts.shape)
-            ys, state = lstm.run(p["lstm"], config, x, mask, state, precision, self.dtype, resets=resets,
-                                 layout=self.layout)
-            if weights is not None:
-                # The layer mix here, not on the host: a third of the bytes cross to it and are kept
-                # (layer 0 is each step's token vector, in both streams).
-                ys = (weights[0] * x + jnp.tensordot(weights[1:], ys, axes=1))[None]
-            if segment is None:
-                return ys, state
-            if weights is None:
-                ys = jnp.concatenate([x[None], ys])  # layer 0 is pooled too
-            # Pooled here too: the host receives a sum (or max) per sentence piece, not per token.
-            # Sum and max do not depend on order, so the backward stream needs no un-reversing.
-            n, r, k = ys.shape[0], ys.shape[2], ys.shape[3]
-            steps = jnp.moveaxis(ys.reshape(n, 2, r * k, -1), 2, 0)  # [rows x steps, layers, 2, P]
-            op = jax.ops.segment_sum if pool == "mean" else jax.ops.segment_max
-            return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
-
-        # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
-        # per shape, so a job compiles the sum of those shape sets, not their product.
-        self._encode, self._contextualize = jax.jit(encode), jax.jit(contextualize)
-        self._packed = jax.jit(contextualize_packed, static_argnames=("pieces", "pool"))
-        # A call's token vectors are looked up by a program of their own: the table's size (a
-        # bucket of the call's word count) then keys the compiles of that small program only, not
-        # the biLSTM's, whose shapes depend on the rows and steps alone.
-        self._gather = jax.jit(gather)
-        # The marker vectors are an input of the biLSTM program: encoding them inside it would add
-        # the char CNN to each of its compiles.
-        self._markers = jax.jit(marker_vectors, static_argnums=(1, 2, 3))(self.params, config, precision, self.dtype)
+        self._compile_one_device()
         if self.n_devices > 1:
-            # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
-            # "data" axis, so each device runs the single-device function on its own one.
-            mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
-            replicated = NamedSharding(mesh, P())
-            self._group_sharding = NamedSharding(mesh, P("data"))
-            # The params go to every device once, here, not on every call.
-            self._params_multi = jax.device_put(self.params, replicated)
-
-            def per_device(fn, in_specs):
-                # check_vma off (here and for the packed biLSTM below): the functions have no
-                # collectives, and a scan whose carry starts from values that do not vary over
-                # devices but then does is rejected by the check.
-                return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
-
-            # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
-            self._encode_multi = per_device(lambda p, c: encode(p, c[0])[None], (P(), P("data")))
-            # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
-            rows, state_rows = P(None, "data"), P(None, None, "data")
-            self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
-            self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
-            self._gather_multi = jax.jit(jax.shard_map(gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
-
-            def packed_multi(p, x, mask, starts, state, weights=None, segment=None, pieces=1, pool="mean"):
-                # Pooled, each device numbers its own pieces: their sums come back one device after another.
-                extra = () if segment is None else (segment,)
-                out = P(None, None, "data") if segment is None else P("data")
-                fn = functools.partial(contextualize_packed, pieces=pieces, pool=pool)
-                return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
-                                     + (P("data"),) * len(extra), out_specs=(out, state_rows),
-                                     check_vma=False)(p, x, mask, starts, state, weights, *extra)
-
-            self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
+            self._compile_devices()
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
             self._build_cache(list(token_cache))
+
+    def _compile_one_device(self) -> None:
+        """The jitted device functions of one device, and the marker vectors."""
+        fixed = dict(config=self.config, compute=self.compute)
+        # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
+        # per shape, so a job compiles the sum of those shape sets, not their product.
+        self._encode = jax.jit(functools.partial(_encode, **fixed))
+        self._contextualize = jax.jit(functools.partial(_contextualize, **fixed))
+        self._packed = jax.jit(functools.partial(_contextualize_packed, **fixed), static_argnames=("pieces", "pool"))
+        # A call's token vectors are looked up by a program of their own: the table's size (a
+        # bucket of the call's word count) then keys the compiles of that small program only, not
+        # the biLSTM's, whose shapes depend on the rows and steps alone.
+        self._gather = jax.jit(_gather)
+        # The marker vectors are an input of the biLSTM program: encoding them inside it would add
+        # the char CNN to each of its compiles.
+        self._markers = jax.jit(marker_vectors, static_argnums=1, static_argnames="compute")(
+            self.params, self.config, compute=self.compute)
+
+    def _compile_devices(self) -> None:
+        """The same functions over a ``Mesh`` of ``n_devices`` local devices (axis ``"data"``)."""
+        # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
+        # "data" axis, so each device runs the single-device function on its own one.
+        mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
+        replicated = NamedSharding(mesh, P())
+        self._group_sharding = NamedSharding(mesh, P("data"))
+        # The params go to every device once, here, not on every call.
+        self._params_multi = jax.device_put(self.params, replicated)
+        fixed = dict(config=self.config, compute=self.compute)
+
+        def per_device(fn, in_specs):
+            # check_vma off (here and for the packed biLSTM below): the functions have no
+            # collectives, and a scan whose carry starts from values that do not vary over
+            # devices but then does is rejected by the check.
+            return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
+
+        # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
+        self._encode_multi = per_device(lambda p, c: _encode(p, c[0], **fixed)[None], (P(), P("data")))
+        # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
+        rows, state_rows = P(None, "data"), P(None, None, "data")
+        self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
+        self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
+        self._gather_multi = jax.jit(jax.shard_map(_gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
+
+        def packed_multi(p, x, mask, starts, state, *, weights=None, segment=None, pieces=1, pool="mean"):
+            # Pooled, each device numbers its own pieces: their sums come back one device after another.
+            extra = () if segment is None else (segment,)
+            out = P(None, None, "data") if segment is None else P("data")
+
+            def fn(p, x, mask, starts, state, weights, *segment):  # shard_map passes positionals only
+                return _contextualize_packed(p, x, mask, starts, state, weights=weights,
+                                             segment=segment[0] if segment else None, pieces=pieces, pool=pool,
+                                             **fixed)
+
+            return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
+                                 + (P("data"),) * len(extra), out_specs=(out, state_rows),
+                                 check_vma=False)(p, x, mask, starts, state, weights, *extra)
+
+        self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
 
     @classmethod
     def from_hdf5(cls, options_path: str | os.PathLike, weights_path: str | os.PathLike, **kw) -> "Embedder":
@@ -726,7 +751,8 @@ class Embedder:
                 at = slice(c * k, (c + 1) * k)
                 ids, *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
                                           None if segment is None else segment[:, at])
-                ys, state = run(params, lookup(device_table, ids), *inputs, state, weights, seg, pieces, pool)
+                ys, state = run(params, lookup(device_table, ids), *inputs, state, weights=weights, segment=seg,
+                                pieces=pieces, pool=pool)
                 ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
                 pending.append((c, ys))
             # The host takes a call's outputs while the device runs the next ones, and holds no

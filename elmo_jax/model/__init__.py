@@ -1,6 +1,7 @@
 """The biLM itself, as pure functions: characters -> char CNN -> biLSTM.
 
 ``vocabulary`` (words and their character ids), ``char_cnn``, ``lstm``, ``bilm`` (the two put
-together), ``initializers``, and ``layout`` (how the math is laid out on a backend). No training,
-file formats or downloads in here.
+together), ``initializers``, ``layout`` (how the math is laid out on a backend) and ``compute``
+(``Compute``: the matmul precision, compute dtype and layout that the char CNN, LSTM and biLM take as
+``compute=``). No training, file formats or downloads in here.
 """

@@ -13,9 +13,8 @@ import jax.numpy as jnp
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import char_cnn, lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import sentence_markers
-
-Precision = jax.lax.Precision | str | None
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -26,22 +25,20 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
     return {"char_cnn": char_cnn.init(k1, config), "lstm": lstm.init(k2, config)}
 
 
-def marker_vectors(params: dict, config: ModelConfig, precision: Precision = "highest",
-                   dtype=jnp.float32) -> jax.Array:
+def marker_vectors(params: dict, config: ModelConfig, *, compute: Compute = Compute()) -> jax.Array:
     """``[2, P]`` float32: the token vectors of ``<S>`` and ``</S>``."""
     bos_ids, eos_ids = sentence_markers(config.char_cnn.max_characters_per_token)
-    return char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), precision, dtype)
+    return char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), compute=compute)
 
 
-def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                         precision: Precision = "highest", dtype=jnp.float32,
-                         markers: jax.Array | None = None) -> jax.Array:
+def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, *,
+                         compute: Compute = Compute(), markers: jax.Array | None = None) -> jax.Array:
     """``[B, T, P]`` token vectors -> ``[B, T+2, P]``: ``<S>`` at 0, ``</S>`` right after each row.
 
     The two marker vectors are encoded once, not once per row; ``markers`` (``marker_vectors``)
     skips even that, for callers that compile many shapes.
     """
-    bos, eos = marker_vectors(params, config, precision, dtype) if markers is None else markers
+    bos, eos = marker_vectors(params, config, compute=compute) if markers is None else markers
     batch, time = tokens.shape[:2]
     x = jnp.concatenate([jnp.broadcast_to(bos, (batch, 1, bos.shape[-1])), tokens,
                          jnp.zeros((batch, 1, tokens.shape[-1]), tokens.dtype)], axis=1)
@@ -50,10 +47,9 @@ def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, l
     return jnp.where(t <= lengths[:, None, None] + 1, x, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "precision", "dtype"))
-def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: dict | None = None,
-               keep_sentence_markers: bool = False, precision: Precision = "highest",
-               dtype=jnp.float32) -> tuple[jax.Array, jax.Array, dict]:
+@functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "compute"))
+def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: dict | None = None, *,
+               keep_sentence_markers: bool = False, compute: Compute = Compute()) -> tuple[jax.Array, jax.Array, dict]:
     """The ELMo layers of a batch of sentences.
 
     Args:
@@ -66,9 +62,9 @@ def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: di
         (bilm-tf's stateful mode), or None for zeros (stateless: a sentence's vectors then do not
         depend on the rest of the batch).
       keep_sentence_markers: keep the ``<S>``/``</S>`` positions (time axis ``time + 2``).
-      precision: matmul precision. The default, full float32, matches the references; XLA's
-        default on GPU/TPU (TF32/bfloat16 passes) moves results about 1e-2.
-      dtype: compute dtype for the matmuls (e.g. ``jnp.bfloat16``); state and outputs stay float32.
+      compute: ``elmo_jax.model.compute.Compute`` (static): matmul precision, compute dtype and
+        layout. The default, full float32, matches the references; ``Compute.from_policy("bfloat16")``
+        moves results about 1e-2 (state and outputs stay float32).
 
     Returns:
       ``layers [n_layers + 1, batch, time, 2P]`` float32 (layer 0 is ``[e; e]``; exactly 0 at
@@ -76,13 +72,14 @@ def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: di
       backward after ``<S>``).
     """
     lengths = jnp.any(char_ids > 0, axis=-1).sum(axis=-1).astype(jnp.int32)
-    tokens = char_cnn.apply(params["char_cnn"], config, char_ids, precision, dtype)
-    return bilm_from_tokens(params, config, tokens, lengths, state, keep_sentence_markers, precision, dtype)
+    tokens = char_cnn.apply(params["char_cnn"], config, char_ids, compute=compute)
+    return bilm_from_tokens(params, config, tokens, lengths, state, keep_sentence_markers=keep_sentence_markers,
+                            compute=compute)
 
 
 def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                     state: dict | None = None, keep_sentence_markers: bool = False,
-                     precision: Precision = "highest", dtype=jnp.float32, markers: jax.Array | None = None
+                     state: dict | None = None, *, keep_sentence_markers: bool = False,
+                     compute: Compute = Compute(), markers: jax.Array | None = None
                      ) -> tuple[jax.Array, jax.Array, dict]:
     """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
 
@@ -91,9 +88,9 @@ def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengt
     """
     mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
     tokens = jnp.where(mask[:, :, None], tokens, 0.0)
-    x = add_sentence_markers(params, config, tokens, lengths, precision, dtype, markers)
+    x = add_sentence_markers(params, config, tokens, lengths, compute=compute, markers=markers)
     seq_lengths = lengths + 2
-    layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, precision, dtype)
+    layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, compute=compute)
     layers = jnp.concatenate([jnp.concatenate([x, x], axis=-1)[None], layers])
     if keep_sentence_markers:
         return layers, jnp.arange(x.shape[1])[None, :] < seq_lengths[:, None], new_state

@@ -15,11 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import CharCNNConfig, ModelConfig
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.initializers import Normal, Uniform, draw
-from elmo_jax.model.layout import for_backend
 from elmo_jax.model.vocabulary import PAD_CHAR
-
-Precision = jax.lax.Precision | str | None
 
 
 def init(key: jax.Array, config: ModelConfig) -> dict:
@@ -49,8 +47,9 @@ def _activation(name: str):
     return jax.nn.relu if name == "relu" else jnp.tanh
 
 
-def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, precision: Precision) -> jax.Array:
-    """``[N, chars, E] -> [N, F]``: each filter's VALID convolution + bias, max over positions.
+def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Compute) -> jax.Array:
+    """``[N, chars, E] -> [N, F]``: each filter's VALID convolution + bias, max over positions
+    (``x`` already in ``compute.dtype``).
 
     Each filter is one matmul over an im2col view: XLA's CPU convolution runs at about 45 % of
     its matmul rate, the matmuls at about 70 %. One im2col at the widest width serves every
@@ -64,16 +63,16 @@ def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, precision: Preci
     outs = []
     for layer, (width, n) in zip(conv, c.filters):
         y = jnp.dot(cols[:, :n_chars - width + 1, :width * e], layer["w"].reshape(width * e, n).astype(x.dtype),
-                    precision=precision)
+                    precision=compute.precision)
         outs.append(y.max(axis=1) + layer["b"].astype(x.dtype))
     return jnp.concatenate(outs, axis=-1)
 
 
-def _pad_window_values(params: dict, c: CharCNNConfig, dtype, precision: Precision) -> jax.Array:
+def _pad_window_values(params: dict, c: CharCNNConfig, compute: Compute) -> jax.Array:
     """``[F]``: each filter's value on a window of in-token padding chars only."""
     pad = jnp.full((1, max(w for w, _ in c.filters)), PAD_CHAR + 1, dtype=jnp.int32)
-    x = jnp.take(params["char_embed"], pad, axis=0).astype(dtype)
-    return _conv_max(x, params["conv"], c, precision)[0]
+    x = jnp.take(params["char_embed"], pad, axis=0).astype(compute.dtype)
+    return _conv_max(x, params["conv"], c, compute=compute)[0]
 
 
 def _token_chunks(f, x: jax.Array, chunk: int) -> jax.Array:
@@ -116,16 +115,16 @@ def trim_char_ids(char_ids: np.ndarray, config: ModelConfig, multiple: int = 8) 
     return np.ascontiguousarray(char_ids[..., :width])
 
 
-def apply(params: dict, config: ModelConfig, char_ids: jax.Array, precision: Precision = "highest",
-          dtype=jnp.float32, chunk: int | None = None) -> jax.Array:
+def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Compute = Compute()) -> jax.Array:
     """``[..., chars] int32`` char ids (shifted) -> ``[..., projection_dim]`` float32 token vectors.
 
     ``chars`` is ``max_characters_per_token`` or fewer (see ``trim_char_ids``). Rows of zeros
-    (padding) get a vector too; callers mask it. ``dtype`` is the compute dtype (e.g. bfloat16).
-    ``chunk`` tokens are encoded at a time (a speed knob, not a semantic one; 0: all at once;
-    None: the backend's ``elmo_jax.model.layout`` entry).
+    (padding) get a vector too; callers mask it. ``compute``: the matmul precision and compute
+    dtype (e.g. bfloat16), and the layout whose ``cnn_chunk`` tokens are encoded at a time (a
+    speed knob, not a semantic one; the backend's when the layout is None).
     """
     c = config.char_cnn
+    precision, dtype = compute.precision, compute.dtype
     lead = char_ids.shape[:-1]
     ids = char_ids.reshape(-1, char_ids.shape[-1])
     if ids.shape[-1] > c.max_characters_per_token:
@@ -134,12 +133,12 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, precision: Pre
 
     def encode(block):
         x = jnp.take(params["char_embed"], block, axis=0).astype(dtype)  # [n, chars, E]
-        return _conv_max(x, params["conv"], c, precision)
+        return _conv_max(x, params["conv"], c, compute=compute)
 
-    h = _token_chunks(encode, ids, for_backend().cnn_chunk if chunk is None else chunk)
+    h = _token_chunks(encode, ids, compute.resolved_layout().cnn_chunk)
     if ids.shape[-1] < c.max_characters_per_token:
         # A char axis cut by trim_char_ids: add back the all-padding windows it dropped.
-        h = jnp.maximum(h, _pad_window_values(params, c, dtype, precision))
+        h = jnp.maximum(h, _pad_window_values(params, c, compute))
     h = _activation(c.activation)(h)
     for layer in params["highway"]:
         f = h.shape[-1]

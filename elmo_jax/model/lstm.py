@@ -25,10 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.initializers import Uniform, draw
-from elmo_jax.model.layout import Layout, for_backend
-
-Precision = jax.lax.Precision | str | None
 
 
 def init(key: jax.Array, config: ModelConfig) -> list[dict]:
@@ -78,22 +76,25 @@ def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, confi
     return (jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)
 
 
-def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-           h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None, layout: Layout
-           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array, h0: jax.Array, *,
+           compute: Compute, resets: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
     ``resets [2, B, T]``: the state is zeroed before those steps.
 
-    The two layouts compute the same function (``elmo_jax.model.layout`` picks one per backend).
+    The two layouts compute the same function (``elmo_jax.model.layout`` picks one per backend):
+    ``compute``'s layout (the backend's when None) picks the layer function and its unroll.
     """
+    layout = compute.resolved_layout()
     f = _layer_columns if layout.lstm == "columns" else _layer_rows
-    return f(params, config, xs, mask, c0, h0, precision, dtype, resets, layout.unroll)
+    return f(params, config, xs, mask, c0, h0, compute=compute, resets=resets)
 
 
-def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
+def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array, h0: jax.Array, *,
+                compute: Compute = Compute(), resets: jax.Array | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis)."""
+    """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis).
+    Unrolled ``compute.layout.unroll`` steps at a time (the backend's when None)."""
+    precision, dtype, unroll = compute.precision, compute.dtype, compute.resolved_layout().unroll
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
     gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
                     precision=precision).astype(jnp.float32) + params["b"][None, :, None, :]
@@ -116,7 +117,7 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
 
 
 def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                   h0: jax.Array, precision: Precision, dtype, resets: jax.Array | None = None, unroll: int = 1
+                   h0: jax.Array, *, compute: Compute = Compute(), resets: jax.Array | None = None
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with the batch as the minor axis: state ``[2, D, B]``, weights transposed (CPU).
 
@@ -126,6 +127,7 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
     layouts). On a TPU a batch of 32 on the minor (lane) axis would waste most of each vector
     register, hence ``_layer_rows`` there.
     """
+    precision, dtype, unroll = compute.precision, compute.dtype, compute.resolved_layout().unroll
     w_x, w_h, w_proj = (params[k].astype(dtype).transpose(0, 2, 1) for k in ("w_x", "w_h", "w_proj"))
     b = params["b"][:, :, None]
 
@@ -147,10 +149,9 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
     return ys.transpose(1, 3, 0, 2), c.transpose(0, 2, 1), h.transpose(0, 2, 1)
 
 
-def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None,
-        precision: Precision = "highest", dtype=jnp.float32, dropout_rate: float = 0.0,
-        dropout_keys: jax.Array | None = None, resets: jax.Array | None = None, layout: Layout | None = None
-        ) -> tuple[jax.Array, dict]:
+def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None, *,
+        compute: Compute = Compute(), dropout_rate: float = 0.0, dropout_keys: jax.Array | None = None,
+        resets: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Both directions' layer stacks, each over its own input in its own time order.
 
     Args:
@@ -166,21 +167,21 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
       resets: ``[2, batch, time]`` bool or None: every layer's state is zeroed just before those
         steps (training: some sentence starts begin from zero state, as evaluation and
         extraction do; see ``TrainConfig.reset_state_prob``).
-      layout: ``elmo_jax.model.layout.Layout`` (default: the backend's, read when tracing).
+      compute: matmul precision, compute dtype and layout (``elmo_jax.model.compute``; default:
+        float32 at full precision, the backend's layout read when tracing).
 
     Returns:
       ``[n_layers, 2, batch, time, P]`` outputs and the final state.
     """
     l = config.lstm
-    layout = layout or for_backend()
     if state is None:
         state = zero_state(config, xs.shape[1])
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
-        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], precision, dtype, resets,
-                           layout)
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], compute=compute,
+                          resets=resets)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding
         outputs.append(ys)
@@ -191,8 +192,7 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
 
 
 def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
-          state: dict | None = None, precision: Precision = "highest", dtype=jnp.float32,
-          layout: Layout | None = None) -> tuple[jax.Array, dict]:
+          state: dict | None = None, *, compute: Compute = Compute()) -> tuple[jax.Array, dict]:
     """The biLSTM over sentences (inference).
 
     Args:
@@ -206,7 +206,7 @@ def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Ar
     """
     mask = jnp.arange(x.shape[1])[None, :] < lengths[:, None]
     xs = jnp.stack([x, reverse_within_length(x, lengths)])
-    out, new_state = run(params, config, xs, mask, state, precision, dtype, layout=layout)
+    out, new_state = run(params, config, xs, mask, state, compute=compute)
     bwd = jax.vmap(reverse_within_length, in_axes=(0, None))(out[:, 1], lengths)
     return jnp.concatenate([out[:, 0], bwd], axis=-1), new_state
 

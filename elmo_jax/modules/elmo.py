@@ -114,9 +114,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from elmo_jax import policy
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import bilm as _bilm
+from elmo_jax.model.compute import Compute
 
 CONVENTIONS = ("allennlp", "bilm_tf")
 LAYER_NORM_EPSILON = {"allennlp": 1e-13, "bilm_tf": 1e-12}
@@ -255,10 +255,9 @@ def _layers_from_inputs(module, weights, char_ids, layers, mask):
     if char_ids is not None:
         if weights is None:
             raise ValueError(f"{type(module).__name__} was built without bilm_params: pass precomputed layers and mask")
-        precision, dtype = policy.matmul_args(module.precision)
         layers, mask, _ = _bilm.bilm_apply(weights, module.config, jnp.asarray(char_ids), None,
                                            keep_sentence_markers=module.convention == "allennlp",
-                                           precision=precision, dtype=dtype)
+                                           compute=Compute.from_policy(module.precision))
     n_layers = module.config.n_output_layers
     if layers.shape[0] != n_layers:
         raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")

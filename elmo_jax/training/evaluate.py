@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from elmo_jax._util.arguments import about
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import Source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
@@ -41,8 +42,8 @@ from elmo_jax.training.step import AXIS, put_global, token_vectors
 BLOCK = 4096
 
 
-def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, batch_size: int = 16,
-             unroll_steps: int = 20, reset_state_per_sentence: bool = False, precision: str = "highest",
+def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, *, batch_size: int = 16,
+             unroll_steps: int = 20, reset_state_per_sentence: bool = False, compute: Compute = Compute(),
              layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK,
              scored: np.ndarray | None = None) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
@@ -62,51 +63,83 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     vocabularies are comparable only on targets every one of them can name: the others still
     feed the LSTM as inputs, but their losses are left out (``tokens`` counts per direction's
     mean). ``unk_rate``: the share of target positions that are ``<UNK>`` in ``vocab``.
+    ``compute``: the biLM's matmul precision, compute dtype and layout (``elmo_jax.model.compute``;
+    default: float32, the references' numbers).
     """
-    mesh = mesh or _mesh_of(params["softmax"]["w"])
-    n_dev = mesh.size
-    w, b, valid, rows = _softmax_table(params["softmax"], layout, n_dev, block)
-    block = _divisor_at_most(rows // n_dev, block)
-    by_row = NamedSharding(mesh, P(AXIS))
-    everywhere = NamedSharding(mesh, P())
-    placed = {"bilm": _place(params["bilm"], everywhere),
-              "softmax": {"w": _place(w, by_row), "b": _place(b, by_row)}}
-    valid = put_global(valid, by_row)
-    to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
-    step = _step_fn(model, mesh, precision, block)
-    padded = -(-batch_size // n_dev) * n_dev
-    zero = jax.jit(lambda: lstm.zero_state(model, padded), out_shardings=NamedSharding(mesh, P(None, None, AXIS)))()
-    if reset_state_per_sentence:
-        table = WordTable(vocab, model.char_cnn.max_characters_per_token)
-        windows = _sentences(source, vocab, table, batch_size)
-    else:
-        batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
-                            max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
-        table, windows = batcher.table, _windows(batcher)
-    state, sums, count, unks, positions = zero, [], np.zeros(2), 0, 0
-    for inputs, targets, mask in windows:
-        unks += int((mask[None] & (targets == vocab.unk)).sum())
-        positions += 2 * int(mask.sum())
-        score = np.broadcast_to(mask[None], targets.shape) if scored is None else mask[None] & scored[targets]
-        extra = padded - inputs.shape[1]  # rows that read nothing, so that each device has as many
-        inputs, targets = (np.pad(x, ((0, 0), (0, extra), (0, 0))) for x in (inputs, targets))
-        mask = np.pad(mask, ((0, extra), (0, 0)))
-        score = np.pad(score, ((0, 0), (0, extra), (0, 0)))
-        targets = to_rows(targets).astype(np.int32)
-        local = split_over_devices(table, inputs, targets, n_dev)
-        local = {"chars": local["chars"], "inputs": local["inputs"], "mask": mask.reshape(n_dev, padded // n_dev, -1)}
-        carried, s = step(placed, valid, state, put_global(local, by_row), put_global((targets, score), everywhere))
-        if not reset_state_per_sentence:
-            state = carried
-        sums.append(s)  # read back at the end: the host deals the next window meanwhile
-        count += score.sum(axis=(1, 2))
-    if count.min() == 0:
-        raise about(ValueError(f"no complete evaluation window in the held-out data (need at least "
-                               f"{batch_size} x {unroll_steps} tokens); lower batch_size"), "batch_size")
-    fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / count
-    return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
-            "perplexity_bwd": math.exp(bwd), "tokens": int(count.mean()),
-            "unk_rate": unks / max(positions, 1)}
+    evaluator = HeldoutEvaluator(model, vocab, source, mesh or _mesh_of(params["softmax"]["w"]),
+                                 batch_size=batch_size, unroll_steps=unroll_steps,
+                                 reset_state_per_sentence=reset_state_per_sentence, compute=compute, layout=layout,
+                                 block=block, scored=scored)
+    return evaluator(params)
+
+
+class HeldoutEvaluator:
+    """``evaluate`` built once and run on many states: the held-out perplexity of a training run.
+
+    Built once: the held-out text dealt into windows (host arrays in each device's layout, with
+    their score masks and counts), the compiled step (``_step_fn``, cached per model, mesh and
+    compute), the zero LSTM state and the softmax's validity mask on the mesh. A call places
+    the params and runs the windows. Arguments as ``evaluate``'s; ``layout`` and ``block`` fix
+    the softmax table's shape, so every call's params must have it.
+    """
+
+    def __init__(self, model: ModelConfig, vocab: Vocabulary, source: Source, mesh: Mesh, *, batch_size: int,
+                 unroll_steps: int, reset_state_per_sentence: bool = False, compute: Compute = Compute(),
+                 layout: RowLayout | None = None, block: int = BLOCK, scored: np.ndarray | None = None):
+        self.mesh, self.layout, self.carried = mesh, layout, not reset_state_per_sentence
+        n_dev = mesh.size
+        self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+        self.block_limit = block
+        padded = -(-batch_size // n_dev) * n_dev
+        self.zero = jax.jit(lambda: lstm.zero_state(model, padded),
+                            out_shardings=NamedSharding(mesh, P(None, None, AXIS)))()
+        self.model, self.compute = model, compute
+        if reset_state_per_sentence:
+            table = WordTable(vocab, model.char_cnn.max_characters_per_token)
+            windows = _sentences(source, vocab, table, batch_size)
+        else:
+            batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
+                                max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+            table, windows = batcher.table, _windows(batcher)
+        to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
+        self.windows, self.count, unks, positions = [], np.zeros(2), 0, 0
+        for inputs, targets, mask in windows:
+            unks += int((mask[None] & (targets == vocab.unk)).sum())
+            positions += 2 * int(mask.sum())
+            score = np.broadcast_to(mask[None], targets.shape) if scored is None else mask[None] & scored[targets]
+            extra = padded - inputs.shape[1]  # rows that read nothing, so that each device has as many
+            inputs, targets = (np.pad(x, ((0, 0), (0, extra), (0, 0))) for x in (inputs, targets))
+            mask = np.pad(mask, ((0, extra), (0, 0)))
+            score = np.pad(score, ((0, 0), (0, extra), (0, 0)))
+            targets = to_rows(targets).astype(np.int32)
+            local = split_over_devices(table, inputs, targets, n_dev)
+            local = {"chars": local["chars"], "inputs": local["inputs"],
+                     "mask": mask.reshape(n_dev, padded // n_dev, -1)}
+            self.windows.append((local, (targets, score)))
+            self.count += score.sum(axis=(1, 2))
+        if self.count.min() == 0:
+            raise about(ValueError(f"no complete evaluation window in the held-out data (need at least "
+                                   f"{batch_size} x {unroll_steps} tokens); lower batch_size"), "batch_size")
+        self.unk_rate = unks / max(positions, 1)
+
+    def __call__(self, params: dict) -> dict:
+        """``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens", "unk_rate"}`` of ``params``."""
+        w, b, valid, rows = _softmax_table(params["softmax"], self.layout, self.mesh.size, self.block_limit)
+        block = _divisor_at_most(rows // self.mesh.size, self.block_limit)
+        placed = {"bilm": _place(params["bilm"], self.everywhere),
+                  "softmax": {"w": _place(w, self.by_row), "b": _place(b, self.by_row)}}
+        valid = put_global(valid, self.by_row)
+        step = _step_fn(self.model, self.mesh, block, compute=self.compute)
+        state, sums = self.zero, []
+        for local, everywhere in self.windows:
+            carried, s = step(placed, valid, state, put_global(local, self.by_row),
+                              put_global(everywhere, self.everywhere))
+            if self.carried:
+                state = carried
+            sums.append(s)  # read back at the end: the host puts the next window meanwhile
+        fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / self.count
+        return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
+                "perplexity_bwd": math.exp(bwd), "tokens": int(self.count.mean()), "unk_rate": self.unk_rate}
 
 
 def _mesh_of(w) -> Mesh:
@@ -142,7 +175,7 @@ def _place(tree, sharding):
 
 
 @functools.cache
-def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
+def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = Compute()):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their
     mask), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
@@ -152,13 +185,14 @@ def _step_fn(model: ModelConfig, mesh: Mesh, precision: str, block: int):
     def per_device(params, valid, state, local, everywhere):
         local = {k: x[0] for k, x in local.items()}
         targets, score = everywhere
-        x = token_vectors(params["bilm"], model, local, precision, jnp.float32)
-        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, precision)
+        x = token_vectors(params["bilm"], model, local, compute=compute)
+        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, compute=compute)
         # Every device scores every position against its share of the softmax rows.
         h = jax.lax.all_gather(outs[-1], AXIS, axis=1, tiled=True)  # [2, rows, T, P]
         sm = params["softmax"]
         bias = jnp.where(valid, sm["b"], -jnp.inf)
-        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision, block, AXIS)
+        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision=compute.precision,
+                               block=block, axis_name=AXIS)
         return state, jnp.where(score, ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
 
     in_specs = ({"bilm": P(), "softmax": P(AXIS)}, P(AXIS), P(None, None, AXIS), P(AXIS), P())

@@ -28,11 +28,12 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
+from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, DiskFull, vocab_hash
-from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
@@ -445,8 +446,7 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
         short = run.ckpt.check_space(settings.keep)
         if short is not None:
             print(f"warning: {short}", file=sys.stderr)
-    precision, dtype = policy.matmul_args(matmuls)
-    step_fn = make_train_step(model, t, run.mesh, precision, dtype)
+    step_fn = make_train_step(model, t, run.mesh, compute=Compute.from_policy(matmuls))
     batches = GlobalBatches(batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
                             prefetch=settings.prefetch, workers=settings.host_workers)
     guard = DivergenceGuard(t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience,
@@ -504,13 +504,14 @@ def _on_log(run: _Run, heldout: Source | None, guard: DivergenceGuard, progress:
     record is written, so that the run's log shows what the guard saw)."""
     settings, t = run.settings, run.options.training
     metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
-    evaluate_every = settings.eval_every if heldout is not None else 0
+    # Held-out perplexity in float32 (the references' numbers), whatever the training's policy.
+    evaluator = HeldoutEvaluator(run.options.model, run.vocab, heldout, run.mesh, batch_size=t.batch_size,
+                                 unroll_steps=t.unroll_steps, layout=RowLayout.for_vocab(t.n_tokens_vocab)) \
+        if settings.eval_every and heldout is not None else None
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
-        if evaluate_every and heldout is not None and step % evaluate_every == 0:
-            record.update({f"heldout_{k}": v for k, v in
-                           evaluate(state.params, run.options.model, run.vocab, heldout, t.batch_size,
-                                    t.unroll_steps, layout=RowLayout.for_vocab(t.n_tokens_vocab)).items()})
+        if evaluator is not None and step % settings.eval_every == 0:
+            record.update({f"heldout_{k}": v for k, v in evaluator(state.params).items()})
         if metrics is not None:
             metrics.add(record)
         progress.show(record)

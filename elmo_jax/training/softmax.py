@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-Precision = jax.lax.Precision | str | None
+Precision = jax.lax.Precision | jax.lax.DotAlgorithmPreset | str | None  # as elmo_jax.model.compute.Compute.precision
 
 
 def log_uniform_prob(ids: jax.Array, vocab_size: int) -> jax.Array:
@@ -119,7 +119,7 @@ def _first_draws(ids: np.ndarray, vocab_size: int) -> np.ndarray:
 
 def sampled_softmax_loss(h: jax.Array, targets: jax.Array, true_w: jax.Array, true_b: jax.Array,
                          cand_ids: jax.Array, cand_w: jax.Array, cand_b: jax.Array, num_tries,
-                         vocab_size: int, precision: Precision = "highest") -> jax.Array:
+                         vocab_size: int, *, precision: Precision = "highest") -> jax.Array:
     """Per-position sampled softmax cross-entropy ``[N]`` (``tf.nn.sampled_softmax_loss``).
 
     Shapes: ``h [N, P]``, ``targets [N]``, ``true_w [N, P] = W[targets]``, ``true_b [N]``,
@@ -141,7 +141,7 @@ def sampled_softmax_loss(h: jax.Array, targets: jax.Array, true_w: jax.Array, tr
     return jax.nn.logsumexp(logits, axis=1) - true_logit
 
 
-def full_softmax_loss(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Array,
+def full_softmax_loss(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Array, *,
                       precision: Precision = "highest", block: int | None = None,
                       axis_name: str | None = None) -> jax.Array:
     """Per-position cross-entropy ``[N]`` of the full softmax: ``h [N, P]``, ``targets [N]`` row

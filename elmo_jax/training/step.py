@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.config import ModelConfig, TrainConfig
 from elmo_jax.model import bilm, char_cnn, lstm
-from elmo_jax.model.layout import Layout, for_backend
+from elmo_jax.model.compute import Compute
 from elmo_jax.training.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
 from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
 
@@ -106,11 +106,9 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
     )
 
 
-def token_vectors(params: dict, model: ModelConfig, batch: dict, precision, dtype,
-                  layout: Layout | None = None) -> jax.Array:
+def token_vectors(params: dict, model: ModelConfig, batch: dict, *, compute: Compute = Compute()) -> jax.Array:
     """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
-    chunk = None if layout is None else layout.cnn_chunk
-    words = char_cnn.apply(params["char_cnn"], model, batch["chars"], precision, dtype, chunk)
+    words = char_cnn.apply(params["char_cnn"], model, batch["chars"], compute=compute)
     return words[batch["inputs"]]
 
 
@@ -120,9 +118,81 @@ def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(rows)
 
 
+def _resets(batch: dict, row_keys: jax.Array, model: ModelConfig, train: TrainConfig) -> jax.Array | None:
+    """``[2, B, T]``: the sentence starts where the LSTM state is zeroed (``train.reset_state_prob``)."""
+    if train.reset_state_prob <= 0:
+        return None
+    # Drawn from the row keys like dropout: the same resets however rows are split over devices.
+    steps = batch["targets"].shape[2]
+    draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1),
+                                                 (2, steps)))(row_keys)  # [B, 2, T]
+    return batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
+
+
+def _loss(bilm_params: dict, rows_w: jax.Array, rows_b: jax.Array, *, batch: dict, lstm_state: dict,
+          row_keys: jax.Array, resets: jax.Array | None, model: ModelConfig, train: TrainConfig,
+          compute: Compute) -> tuple[jax.Array, tuple[jax.Array, dict]]:
+    """The loss ``train_step`` differentiates w.r.t. the dense biLM and the fetched softmax rows
+    (``rows_w``, ``rows_b``): the mean sampled-softmax loss of both directions times
+    ``unroll_steps``; also the per-direction means ``[2]`` and the new LSTM state."""
+    v, p = train.n_tokens_vocab, model.lstm.projection_dim
+    targets, cands = batch["targets"], batch["candidates"]
+    n_pos = targets.shape[1] * targets.shape[2]
+    flat_targets = targets.reshape(2, n_pos)
+    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
+    # The named scopes label the parts of the step in a profile (benchmarks/bench_variants.py).
+    with jax.named_scope("char_cnn"):
+        x = token_vectors(bilm_params, model, batch, compute=compute)
+    mask = jnp.ones(targets.shape[1:], bool)
+    # Gradients stop at the window edge: the carried state is an input, not a graph.
+    carried = jax.lax.stop_gradient(lstm_state)
+    with jax.named_scope("lstm"):
+        outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, compute=compute,
+                                  dropout_rate=train.dropout, dropout_keys=row_keys, resets=resets)
+    top = outs[-1]
+    if train.dropout > 0:
+        top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
+    with jax.named_scope("softmax"):
+        per_dir = [
+            sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
+                                 rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
+                                 batch["num_tries"][d], v, precision=compute.precision).mean()
+            for d in range(2)]
+    loss = 0.5 * (per_dir[0] + per_dir[1])
+    # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
+    # that scale changes the effective step size, so it is kept.
+    return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
+
+
+def _clip_by_global_norm(g_bilm: dict, g_rows: dict, clip: float, axis_name: str | None
+                         ) -> tuple[dict, jax.Array, jax.Array]:
+    """The dense gradient scaled to the global norm ``clip`` (when above it), the norm over the
+    dense and the sparse gradients, and the scale (which the sparse rows' update applies)."""
+    # Each row has one owner, holding its whole gradient: the sparse part of the norm is a sum
+    # over owners.
+    sparse_sq = jnp.sum(g_rows["w"] * g_rows["w"]) + jnp.sum(g_rows["b"] * g_rows["b"])
+    if axis_name is not None:
+        sparse_sq = jax.lax.psum(sparse_sq, axis_name)
+    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True) + sparse_sq)
+    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
+    return jax.tree_util.tree_map(lambda g: g * scale, g_bilm), grad_norm, scale
+
+
+def _updated(state: TrainState, g_bilm: dict, ids: jax.Array, g_rows: dict, scale: jax.Array,
+             train: TrainConfig) -> tuple[dict, dict]:
+    """New ``(params, opt)``: Adagrad on the dense biLM, sparse Adagrad on the softmax rows ``ids``."""
+    updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
+    new_bilm = optax.apply_updates(state.params["bilm"], updates)
+    sparse = SparseAdagrad(train.learning_rate)
+    new_sm, new_acc = {}, {}
+    for name in ("w", "b"):
+        new_sm[name], new_acc[name] = sparse.apply(state.params["softmax"][name], state.opt["softmax"][name], ids,
+                                                   g_rows[name] * scale)
+    return {"bilm": new_bilm, "softmax": new_sm}, {"bilm": opt_bilm, "softmax": new_acc}
+
+
 def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: TrainConfig,
-               precision="highest", dtype=jnp.float32, axis_name: str | None = AXIS,
-               layout: Layout | None = None) -> tuple[TrainState, dict]:
+               compute: Compute = Compute(), axis_name: str | None = AXIS) -> tuple[TrainState, dict]:
     """One optimisation step on this device's rows and softmax shard.
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
@@ -131,50 +201,19 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
     (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
-    ``axis_name`` None it runs on one device alone, outside any mesh. ``layout``: see
-    ``elmo_jax.model.layout`` (default: the backend's).
+    ``axis_name`` None it runs on one device alone, outside any mesh. ``compute``: matmul
+    precision, compute dtype and layout (``elmo_jax.model.compute``; default: float32, the
+    backend's layout).
     """
-    layout = layout or for_backend()
-    v, p = train.n_tokens_vocab, model.lstm.projection_dim
-    targets, cands = batch["targets"], batch["candidates"]
+    targets = batch["targets"]
     n_pos = targets.shape[1] * targets.shape[2]
-    flat_targets = targets.reshape(2, n_pos)
     row_keys = _row_keys(state, batch["rows"])
     sm = state.params["softmax"]
     with jax.named_scope("softmax_rows"):
         rows, received = fetch_rows(sm, batch["fetch"], axis_name)
-    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
-
-    resets = None
-    if train.reset_state_prob > 0:
-        # Drawn from the row keys like dropout: the same resets however rows are split over devices.
-        draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1),
-                                                     (2, targets.shape[2])))(row_keys)  # [B, 2, T]
-        resets = batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
-
-    # The named scopes label the parts of the step in a profile (benchmarks/bench_variants.py).
-    def loss_fn(bilm_params, rows_w, rows_b):
-        with jax.named_scope("char_cnn"):
-            x = token_vectors(bilm_params, model, batch, precision, dtype, layout)
-        mask = jnp.ones(targets.shape[1:], bool)
-        # Gradients stop at the window edge: the carried state is an input, not a graph.
-        carried = jax.lax.stop_gradient(state.lstm)
-        with jax.named_scope("lstm"):
-            outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, precision, dtype,
-                                      train.dropout, row_keys, resets, layout)
-        top = outs[-1]
-        if train.dropout > 0:
-            top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
-        with jax.named_scope("softmax"):
-            per_dir = [
-                sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
-                                     rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
-                                     batch["num_tries"][d], v, precision).mean()
-                for d in range(2)]
-        loss = 0.5 * (per_dir[0] + per_dir[1])
-        # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
-        # that scale changes the effective step size, so it is kept.
-        return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
+    loss_fn = functools.partial(_loss, batch=batch, lstm_state=state.lstm, row_keys=row_keys,
+                                resets=_resets(batch, row_keys, model, train), model=model, train=train,
+                                compute=compute)
 
     bilm_params = state.params["bilm"]
     if axis_name is not None:
@@ -191,32 +230,16 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
         n_dev = jax.lax.axis_size(axis_name)
         g_bilm = jax.lax.pmean(g_bilm, axis_name)
         g_rows = {k: g / n_dev for k, g in g_rows.items()}
-    # Each row has one owner, holding its whole gradient: the sparse part of the norm is a sum
-    # over owners.
-    sparse_sq = jnp.sum(g_rows["w"] * g_rows["w"]) + jnp.sum(g_rows["b"] * g_rows["b"])
-    if axis_name is not None:
-        sparse_sq = jax.lax.psum(sparse_sq, axis_name)
-    grad_norm = jnp.sqrt(optax.tree_utils.tree_norm(g_bilm, squared=True) + sparse_sq)
-    clip = train.all_clip_norm_val
-    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
-    g_bilm = jax.tree_util.tree_map(lambda g: g * scale, g_bilm)
-
+    g_bilm, grad_norm, scale = _clip_by_global_norm(g_bilm, g_rows, train.all_clip_norm_val, axis_name)
     with jax.named_scope("optimizer"):
-        updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
-        new_bilm = optax.apply_updates(state.params["bilm"], updates)
-        sparse = SparseAdagrad(train.learning_rate)
-        new_sm, new_acc = {}, {}
-        for name in ("w", "b"):
-            new_sm[name], new_acc[name] = sparse.apply(sm[name], state.opt["softmax"][name], ids,
-                                                       g_rows[name] * scale)
+        params, opt = _updated(state, g_bilm, ids, g_rows, scale, train)
 
     loss_sums = per_dir * n_pos
     count = jnp.asarray(n_pos, jnp.float32)
     if axis_name is not None:
         loss_sums = jax.lax.psum(loss_sums, axis_name)
         count = jax.lax.psum(count, axis_name)
-    new_state = TrainState(step=state.step + 1, params={"bilm": new_bilm, "softmax": new_sm},
-                           opt={"bilm": opt_bilm, "softmax": new_acc}, lstm=new_lstm, rng=state.rng)
+    new_state = TrainState(step=state.step + 1, params=params, opt=opt, lstm=new_lstm, rng=state.rng)
     metrics = {"loss_sum_fwd": loss_sums[0], "loss_sum_bwd": loss_sums[1], "count": count,
                "grad_norm": grad_norm}
     return new_state, metrics
@@ -227,17 +250,16 @@ BATCH_KEYS = ("chars", "inputs", "targets", "rows", "starts", "candidates", "num
 
 
 @functools.lru_cache(maxsize=8)
-def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, precision="highest", dtype=jnp.float32,
-                    layout: Layout | None = None):
+def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, *, compute: Compute = Compute()):
     """``train_step`` under ``shard_map`` over ``mesh`` inside ``jit``; the state is donated
     (updated in place: the softmax and its accumulators are never copied).
 
     Takes global arrays: the state as ``state_shardings`` places it, and a batch whose every leaf
     has a leading axis of one entry per device (``P("data")``). Cached: runs of one process with
-    the same model, recipe and mesh share the compiled programs."""
+    the same model, recipe, mesh and ``compute`` share the compiled programs."""
     def per_device(state, batch):
         return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
-                          precision=precision, dtype=dtype, axis_name=AXIS, layout=layout)
+                          compute=compute, axis_name=AXIS)
 
     specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
     step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
