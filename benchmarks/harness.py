@@ -88,11 +88,12 @@ def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 4
     return MatmulRate(dtype, n, counts, t, rate)
 
 
-def roofline(size: int | None = None, repeats: int = 5) -> dict[str, MatmulRate]:
+def roofline(size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None) -> dict[str, MatmulRate]:
     """The device's matmul rates by the slope method: bfloat16 and tf32 at 8192^3 on a GPU,
-    bfloat16 at 8192^3 on a TPU, float32 at 1024^3 on a CPU (seconds there); ``size`` overrides."""
+    bfloat16 at 8192^3 on a TPU, float32 at 1024^3 on a CPU (seconds there); ``size`` and
+    ``dtypes`` override."""
     backend = jax.default_backend()
-    dtypes = {"gpu": ("bfloat16", "tf32"), "tpu": ("bfloat16",)}.get(backend, ("float32",))
+    dtypes = dtypes or {"gpu": ("bfloat16", "tf32"), "tpu": ("bfloat16",)}.get(backend, ("float32",))
     n = size or (1024 if backend == "cpu" else 8192)
     return {d: matmul_slope(n, d, repeats=repeats) for d in dtypes}
 
@@ -140,7 +141,8 @@ def gpu_clocks() -> str | None:
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
 
-def roofline_report(size: int | None = None, repeats: int = 5) -> tuple[list[str], dict[str, MatmulRate]]:
+def roofline_report(size: int | None = None, repeats: int = 5,
+                    dtypes: tuple[str, ...] | None = None) -> tuple[list[str], dict[str, MatmulRate]]:
     """The lines ``python benchmarks/harness.py`` prints: device, clocks, each measured rate beside
     the datasheet peak; and the rates (for ``mfu``)."""
     device = jax.devices()[0]
@@ -148,7 +150,7 @@ def roofline_report(size: int | None = None, repeats: int = 5) -> tuple[list[str
     clocks = gpu_clocks()
     if clocks:
         lines += ["nvidia-smi:", *("  " + c for c in clocks.splitlines())]
-    rates = roofline(size, repeats)
+    rates = roofline(size, repeats, dtypes)
     for dtype, rate in rates.items():
         lines.append(rate.line())
         peak = dense_peak(device.device_kind)
