@@ -248,7 +248,7 @@ def drive(args) -> None:
             most, least = most * 2, 1  # a CPU compiles and runs slower; never skip in a rehearsal
         left = args.budget - (time.perf_counter() - start)
         if left < least:
-            summary.append(f"{name}: skipped, {left:.0f} s left of the budget and it needs about {least} s")
+            summary.append(f"{name}: skipped, {max(left, 0):.0f} s left of the budget and it needs about {least} s")
             print(summary[-1], flush=True)
             continue
         summary.append(f"{name}: " + run_part(name, cmd, args.out, min(most, left), part_env))
