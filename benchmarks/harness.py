@@ -47,7 +47,7 @@ class MatmulRate:
     def line(self) -> str:
         (a, b), (ta, tb) = self.counts, self.seconds
         return (f"{self.dtype} {self.n}^3 matmul, slope of {a} and {b} dependent matmuls in one fori_loop "
-                f"({ta * 1e3:.1f} and {tb * 1e3:.1f} ms): {self.tflops:,.2f} TFLOP/s")
+                f"({ta * 1e3:.1f} and {tb * 1e3:.1f} ms): {self.tflops:.4g} TFLOP/s")
 
 
 _DTYPES = {"float32": (jnp.float32, "highest"), "bfloat16": (jnp.bfloat16, "default"),
