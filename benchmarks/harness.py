@@ -88,14 +88,22 @@ def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 4
     return MatmulRate(dtype, n, counts, t, rate)
 
 
-def roofline(size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None) -> dict[str, MatmulRate]:
+def roofline(size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None,
+             failed: dict[str, str] | None = None) -> dict[str, MatmulRate]:
     """The device's matmul rates by the slope method: bfloat16 and tf32 at 8192^3 on a GPU,
     bfloat16 at 8192^3 on a TPU, float32 at 1024^3 on a CPU (seconds there); ``size`` and
-    ``dtypes`` override."""
+    ``dtypes`` override. A dtype the backend refuses is left out, its error in ``failed``."""
     backend = jax.default_backend()
     dtypes = dtypes or {"gpu": ("bfloat16", "tf32"), "tpu": ("bfloat16",)}.get(backend, ("float32",))
     n = size or (1024 if backend == "cpu" else 8192)
-    return {d: matmul_slope(n, d, repeats=repeats) for d in dtypes}
+    rates = {}
+    for d in dtypes:
+        try:
+            rates[d] = matmul_slope(n, d, repeats=repeats)
+        except Exception as e:  # noqa: BLE001 - one refused mode (tf32 off a GPU) must not lose the others
+            if failed is not None:
+                failed[d] = f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+    return rates
 
 
 # Vendor datasheet dense (without sparsity) tensor-core peaks, TFLOP/s, at the boost clock: NVIDIA's
@@ -150,7 +158,9 @@ def roofline_report(size: int | None = None, repeats: int = 5,
     clocks = gpu_clocks()
     if clocks:
         lines += ["nvidia-smi:", *("  " + c for c in clocks.splitlines())]
-    rates = roofline(size, repeats, dtypes)
+    failed: dict[str, str] = {}
+    rates = roofline(size, repeats, dtypes, failed)
+    lines += [f"{dtype} matmul failed: {error}" for dtype, error in failed.items()]
     for dtype, rate in rates.items():
         lines.append(rate.line())
         peak = dense_peak(device.device_kind)
