@@ -13,7 +13,8 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   ``"bfloat16"`` policy) under the backend's layout, at 128 and at 384 rows (bilm-tf's global batch
   on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
   datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
-  (``memory_analysis``).
+  (``memory_analysis``). Under the XLA flag ``elmo-jax train`` sets on GPUs (deterministic
+  scatters), so that the cli part runs the same device program.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -84,6 +85,11 @@ def measured_rates(out: str) -> dict:
 
 
 def part_step(args, s: dict) -> None:
+    # The program `elmo-jax train` runs (the cli part): deterministic scatters on a GPU, as
+    # elmo_jax.cli.commands.deterministic_gpu_flags asks, set before the backend starts.
+    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
+    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -273,6 +279,7 @@ def main() -> None:
     if args.part is None:
         return drive(args)
     s = _settings(args.rehearse)
+    os.makedirs(args.out, exist_ok=True)
     if args.tag:  # the baseline's step files beside, not over, this tree's
         args.out = os.path.join(args.out, args.tag)
         os.makedirs(args.out, exist_ok=True)
