@@ -189,16 +189,16 @@ def report_comm(tag: str, hlo_text: str, n: int, model, tc, links: bool = False)
             for name, rate in LINKS))
 
 
-def compile_only(args) -> None:
-    """In a child with --fake-devices N: compile the step for N devices, print one JSON line."""
-    n = len(jax.devices())
-    model, tc = model_and_config(args, args.vocabs[-1])
-    mesh = Mesh(np.array(jax.devices()), (AXIS,))
+def abstract_step_inputs(model, tc: TrainConfig, mesh: Mesh, words: int) -> tuple[dict, dict, int, int]:
+    """``(state, batch, capacity, rows_asked)``: shape-only stand-ins (``jax.ShapeDtypeStruct``,
+    sharded over ``mesh``) of the train step's inputs, to compile it without running it. The
+    fetch plan is that of one device's candidates and a Zipfian batch of targets, drawn as in
+    training; ``words``: distinct words per device batch."""
+    n = mesh.size
     layout = RowLayout.for_vocab(tc.n_tokens_vocab)
     abstract = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n))
     shardings = state_shardings(abstract, mesh)
     state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-    # One device's requests, drawn as in training: its candidates and a Zipfian batch of targets.
     rng = np.random.default_rng(0)
     cands = np.stack([sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0]
                       for _ in range(2)])
@@ -207,10 +207,19 @@ def compile_only(args) -> None:
     rows_asked = len(np.unique(np.concatenate([cands.ravel(), targets.ravel()])))
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
     i32, sh = jnp.int32, NamedSharding(mesh, P(AXIS))
-    shapes = {"chars": ((args.words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
+    shapes = {"chars": ((words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
               "rows": ((b,), i32), "starts": ((2, b, t), bool), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
               "fetch": ((n, capacity), i32), "cand_index": ((2, s), i32), "target_index": ((2, b, t), i32)}
     batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
+    return state, batch, capacity, rows_asked
+
+
+def compile_only(args) -> None:
+    """In a child with --fake-devices N: compile the step for N devices, print one JSON line."""
+    n = len(jax.devices())
+    model, tc = model_and_config(args, args.vocabs[-1])
+    mesh = Mesh(np.array(jax.devices()), (AXIS,))
+    state, batch, capacity, rows_asked = abstract_step_inputs(model, tc, mesh, args.words)
     t0 = time.perf_counter()
     compiled = make_train_step(model, tc, mesh).lower(state, batch).compile()
     mem = compiled.memory_analysis()

@@ -5,8 +5,9 @@
 
 Each variant prints its line as soon as it is measured (a timeout keeps the lines before it).
 Figures: median ms per step over ``--steps`` steps, tokens/s (rows x 20, counted once), the
-FLOP/s executed (``bench_train.train_flops``) beside float32 and bfloat16 2048^3 matmuls measured
-in the same run. ``--profile NAME`` traces that variant's timed steps with ``jax.profiler`` and
+FLOP/s executed (``bench_train.train_flops``) as a share of the card's datasheet dense peak and of
+the matmul rate measured in the same run (``harness.roofline``: the slope of dependent matmuls in
+one ``fori_loop``, 8192^3 on a GPU, ``--roofline-size`` to change), each in the variant's dtype. ``--profile NAME`` traces that variant's timed steps with ``jax.profiler`` and
 writes ``profile_top.txt``: device time per part of the step (the ``jax.named_scope`` names of
 ``train_step``) and the top 20 ops, so that only a small text file need come back.
 """
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from harness import matmul_gflops
+from harness import mfu, roofline_report
 from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
 from elmo_jax.config import TrainConfig
 from elmo_jax.model.compute import Compute
@@ -153,14 +154,14 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--profile", choices=list(VARIANTS), help="trace this variant's timed steps")
     ap.add_argument("--profile-out", default=".", help="where profile_top.txt goes")
+    ap.add_argument("--roofline-size", type=int, help="n of the roofline's n^3 matmuls (default: harness.roofline's)")
     args = ap.parse_args()
     args.vocabs = [args.vocab]
     model, tc = model_and_config(args, args.vocab)
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
-    f32 = matmul_gflops()
-    bf16 = matmul_gflops(dtype=jnp.bfloat16)
-    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; 2048^3 matmul: float32 {f32:,.0f} GFLOP/s, "
-          f"bfloat16 {bf16:,.0f} GFLOP/s", flush=True)
+    lines, measured = roofline_report(args.roofline_size)
+    print("\n".join(lines), flush=True)
+    kind = jax.devices()[0].device_kind
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, args.vocab, 300_000)
         batches, width, capacity = device_batches(args, model, tc, vocab, path, mesh)
@@ -179,9 +180,13 @@ def main() -> None:
                 print(f"{name:<12} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
                 continue
             rate = flops / sec / 1e9
+            # The roofline dtype the variant's matmuls run in (its MFU denominators).
+            kind_of = ("bfloat16" if np.dtype(compute.dtype) == jnp.bfloat16 or name == "bf16-preset" else
+                       "tf32" if name == "tf32" else "float32")
             print(f"{name:<12} {sec * 1e3:8.2f} ms/step {args.batch * 20 / sec:9.0f} tokens/s {rate:9,.0f} GFLOP/s "
-                  f"({100 * rate / f32:.0f}% of f32 matmul, {100 * rate / bf16:.0f}% of bf16)  "
-                  f"[{compute.dtype.name}, {compute.precision.name}, {compute.layout}]", flush=True)
+                  f"({mfu(rate / 1e3, kind_of, kind, measured)})  "
+                  f"[{np.dtype(compute.dtype).name}, {getattr(compute.precision, 'name', compute.precision)}, "
+                  f"{compute.layout}]", flush=True)
             if trace:
                 text = summarize_trace(trace, args.steps, sec, compiled.as_text())
                 os.makedirs(args.profile_out, exist_ok=True)

@@ -2,7 +2,15 @@
 # Every GPU figure of experiments/README.md on a lent GPU machine (it has jax, flax, optax, orbax
 # and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
 #   bash benchmarks/gpu_bench.sh [OUT_DIR]
-# PARTS picks parts, run in this order (default: projection embed cli profile, about 9 minutes
+# The default is issue 30's one measurement, under 8 minutes in all (REHEARSE=1: tiny shapes on a
+# CPU, about 3 minutes; BUDGET=seconds to change the 465 s; BASELINE=DIR adds the previous
+# commit's step if time is left):
+#   measure   gpu_measure.py: the roofline (nvidia-smi clocks, 8192^3 bfloat16 and tf32 matmuls by
+#             the slope of dependent matmuls in one fori_loop), the `original` step in bfloat16 at
+#             128 and 384 rows (tokens/s, MFU against the datasheet peak and the measured matmul,
+#             peak memory), `elmo-jax train` at 384 rows, a >=100,000-token extraction job in
+#             bfloat16: roofline.txt, step128.txt, step384.txt, cli.txt, extract.txt, summary.txt
+# PARTS picks other parts, run in this order (e.g. projection embed cli profile, about 9 minutes
 # with BASELINE: two calls, PARTS="projection embed" then PARTS="cli profile"):
 #   projection  gpu_projection.py: the cost model's projection of the embed and cli parts, with the
 #             host's shares measured on this machine's CPU (about 20 s), to set beside them
@@ -15,7 +23,8 @@
 #             the device), every layer and the top one
 #   embed-cli `elmo-jax embed` itself on the same file, a fresh process each (startup and compiles
 #             included), writing every line's layers, with --ahead 0 and 1 (bench_embed_cli.py)
-#   variants  the train step, `original` shape, 128 x 20, under each precision x layout in
+#   variants  the roofline (harness.roofline_report), then the train step, `original` shape, 128 x 20,
+#             with MFU against the datasheet peak and the measured matmul, under each precision x layout in
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.model.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
 #   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
@@ -34,7 +43,7 @@
 # and carry ".baseline" and "experiments/data/lm" (3 + 11 MB) to the device machine.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
-parts=${PARTS:-projection embed cli profile}
+parts=${PARTS:-measure}
 shape=${SHAPE:-original}
 batch=${BATCH:-128}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -42,6 +51,12 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
 has() { [[ " $parts " == *" $1 "* ]]; }
 lm=experiments/data/lm
+if has measure; then
+  measure=(--out "$out" --budget "${BUDGET:-465}")
+  [ -n "${REHEARSE:-}" ] && measure+=(--rehearse)
+  [ -n "${BASELINE:-}" ] && measure+=(--baseline "$BASELINE")
+  python benchmarks/gpu_measure.py "${measure[@]}" 2>&1
+fi
 if has projection; then
   timeout "${PROJECTION_S:-90}" python benchmarks/gpu_projection.py 2>&1 | tee "$out/projection.txt"
 fi

@@ -1,7 +1,21 @@
-"""Shared pieces of the benchmark scripts: the machine's matmul rate, FLOP counts, timing."""
+"""Shared pieces of the benchmark scripts: the machine's matmul rate, FLOP counts, timing.
+
+    python benchmarks/harness.py [--size N]    # the roofline of this machine's first device
+
+The roofline (``roofline``) is the slope of dependent matmuls inside one jitted ``fori_loop``:
+a chain of N and of M matmuls, each the previous one's result times a fixed matrix, timed to
+``block_until_ready``; the rate is ``2 n^3 (M - N) / (t_M - t_N)``. The dispatch, the launch and
+the copies cost the same in both chains and drop out of the difference, and no matmul can be
+hoisted out of the loop or skipped, since each needs the one before. ``matmul_gflops`` times one
+jitted call, which on a GPU mostly measures dispatch at 2048^3.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import re
+import subprocess
 import time
 
 import jax
@@ -18,6 +32,142 @@ def matmul_gflops(n: int = 2048, repeats: int = 20, dtype=jnp.float32) -> float:
     f(a).block_until_ready()
     best = min(_time(lambda: f(a).block_until_ready()) for _ in range(repeats))
     return 2 * n ** 3 / best / 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulRate:
+    """One roofline figure: ``n``^3 matmuls in ``dtype`` (``"float32"``, ``"tf32"``, ``"bfloat16"``)."""
+
+    dtype: str
+    n: int
+    counts: tuple[int, int]  # the chain lengths timed
+    seconds: tuple[float, float]  # their median wall times
+    tflops: float  # 2 n^3 per matmul over the slope
+
+    def line(self) -> str:
+        (a, b), (ta, tb) = self.counts, self.seconds
+        return (f"{self.dtype} {self.n}^3 matmul, slope of {a} and {b} dependent matmuls in one fori_loop "
+                f"({ta * 1e3:.1f} and {tb * 1e3:.1f} ms): {self.tflops:.4g} TFLOP/s")
+
+
+_DTYPES = {"float32": (jnp.float32, "highest"), "bfloat16": (jnp.bfloat16, "default"),
+           "tf32": (jnp.float32, jax.lax.DotAlgorithmPreset.TF32_TF32_F32)}
+
+
+def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 40), repeats: int = 5,
+                 dependent: bool = True) -> MatmulRate:
+    """The ``dtype`` matmul rate of the default device at ``n``^3, by the slope method (module doc).
+
+    Each chain is one compiled program; its times are medians of ``repeats`` runs after one warm-up,
+    the two chains' runs interleaved so that a drift of the machine's speed hits both.
+    ``dependent=False`` is the mistake the method avoids, kept for its test: a loop body
+    ``x + a @ b`` whose matmul XLA hoists out of the loop, so that the chains take the same time."""
+    array_dtype, precision = _DTYPES[dtype]
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(k1, (n, n), jnp.float32).astype(array_dtype)
+    # Entries of variance 1/n: x @ b keeps x's scale on average, so no chain over- or underflows.
+    b = (jax.random.normal(k2, (n, n), jnp.float32) / np.sqrt(n)).astype(array_dtype)
+
+    def chain(count):
+        if dependent:
+            body = lambda _, x: jnp.matmul(x, b, precision=precision).astype(array_dtype)  # noqa: E731
+        else:
+            body = lambda _, x: x + jnp.matmul(a, b, precision=precision).astype(array_dtype)  # noqa: E731
+        return jax.jit(lambda a: jax.lax.fori_loop(0, count, body, a))
+
+    runs = [chain(c) for c in counts]
+    for run in runs:
+        run(a).block_until_ready()
+    times: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            times[i].append(_time(lambda run=run: run(a).block_until_ready()))
+    t = (float(np.median(times[0])), float(np.median(times[1])))
+    per_matmul = (t[1] - t[0]) / (counts[1] - counts[0]) if counts[1] != counts[0] else 0.0
+    rate = 2 * n ** 3 / per_matmul / 1e12 if per_matmul > 0 else float("nan")
+    return MatmulRate(dtype, n, counts, t, rate)
+
+
+def roofline(size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None,
+             failed: dict[str, str] | None = None) -> dict[str, MatmulRate]:
+    """The device's matmul rates by the slope method: bfloat16 and tf32 at 8192^3 on a GPU,
+    bfloat16 at 8192^3 on a TPU, float32 at 1024^3 on a CPU (seconds there); ``size`` and
+    ``dtypes`` override. A dtype the backend refuses is left out, its error in ``failed``."""
+    backend = jax.default_backend()
+    dtypes = dtypes or {"gpu": ("bfloat16", "tf32"), "tpu": ("bfloat16",)}.get(backend, ("float32",))
+    n = size or (1024 if backend == "cpu" else 8192)
+    rates = {}
+    for d in dtypes:
+        try:
+            rates[d] = matmul_slope(n, d, repeats=repeats)
+        except Exception as e:  # noqa: BLE001 - one refused mode (tf32 off a GPU) must not lose the others
+            if failed is not None:
+                failed[d] = f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+    return rates
+
+
+# Vendor datasheet dense (without sparsity) tensor-core peaks, TFLOP/s, at the boost clock: NVIDIA's
+# H100/H200 and A100 datasheets (whose headline figures are the 2:4-sparse ones, twice these).
+# First match of the device name wins: the PCIe and NVL cards before the SXM ones.
+DENSE_PEAKS = (
+    ("H100 PCIe", r"H100.*PCIe", {"bfloat16": 756.0, "tf32": 378.0}),
+    ("H100 NVL / H200 NVL", r"H[12]00.*NVL", {"bfloat16": 835.5, "tf32": 417.5}),
+    ("H100 SXM", r"H100", {"bfloat16": 989.4, "tf32": 494.7}),
+    ("H200 SXM", r"H200", {"bfloat16": 989.4, "tf32": 494.7}),
+    ("A100 (SXM or PCIe)", r"A100", {"bfloat16": 312.0, "tf32": 156.0}),
+)
+
+
+def dense_peak(device_name: str) -> tuple[str, dict[str, float]] | None:
+    """``(card, {dtype: TFLOP/s})`` from ``DENSE_PEAKS`` for a device name, or None if not listed."""
+    for card, pattern, peaks in DENSE_PEAKS:
+        if re.search(pattern, device_name, re.IGNORECASE):
+            return card, peaks
+    return None
+
+
+def mfu(tflops: float, dtype: str, device_name: str, measured: dict[str, MatmulRate]) -> str:
+    """``tflops`` executed as a share of the card's datasheet dense ``dtype`` peak and of the
+    ``dtype`` matmul rate measured by ``roofline`` (each "n/a" where unknown)."""
+    peak = dense_peak(device_name)
+    sheet = (f"{100 * tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} peak "
+             f"({peak[1][dtype]:,.0f} TFLOP/s)" if peak and dtype in peak[1] else f"datasheet {dtype} peak n/a")
+    rate = measured.get(dtype)
+    ours = (f"{100 * tflops / rate.tflops:.1f}% of the measured {dtype} {rate.n}^3 matmul ({rate.tflops:.4g} TFLOP/s)"
+            if rate and rate.tflops > 0 else f"measured {dtype} matmul n/a")
+    return f"{sheet}; {ours}"
+
+
+def gpu_clocks() -> str | None:
+    """nvidia-smi's name, SM clock, its maximum, memory clock and power limit (CSV with a header),
+    or None where there is no nvidia-smi."""
+    query = "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
+    try:
+        r = subprocess.run(["nvidia-smi", query, "--format=csv"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def roofline_report(size: int | None = None, repeats: int = 5,
+                    dtypes: tuple[str, ...] | None = None) -> tuple[list[str], dict[str, MatmulRate]]:
+    """The lines ``python benchmarks/harness.py`` prints: device, clocks, each measured rate beside
+    the datasheet peak; and the rates (for ``mfu``)."""
+    device = jax.devices()[0]
+    lines = [f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}"]
+    clocks = gpu_clocks()
+    if clocks:
+        lines += ["nvidia-smi:", *("  " + c for c in clocks.splitlines())]
+    failed: dict[str, str] = {}
+    rates = roofline(size, repeats, dtypes, failed)
+    lines += [f"{dtype} matmul failed: {error}" for dtype, error in failed.items()]
+    for dtype, rate in rates.items():
+        lines.append(rate.line())
+        peak = dense_peak(device.device_kind)
+        if peak and dtype in peak[1]:
+            lines.append(f"  = {100 * rate.tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} "
+                         f"peak, {peak[1][dtype]:,.0f} TFLOP/s")
+    return lines, rates
 
 
 def _time(fn) -> float:
@@ -54,3 +204,15 @@ def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     return [["".join(rng.choice(letters, rng.integers(3, 11))) for _ in range(length)] for _ in range(n)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="The roofline of this machine's first device (module doc).")
+    ap.add_argument("--size", type=int, help="n of the n^3 matmuls (default: 8192 on a GPU or TPU, 1024 on a CPU)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    print("\n".join(roofline_report(args.size, args.repeats)[0]))
+
+
+if __name__ == "__main__":
+    main()

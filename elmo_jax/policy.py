@@ -4,7 +4,7 @@
 |------------|----------------------|------------|--------------------------------------------------|
 | "float32"  | float32, full passes | float32    | the CPU's default; extraction's default anywhere |
 | "tf32"     | TF32 (10-bit mantissa) | float32  | GPUs only (NVIDIA Ampere and later)              |
-| "bfloat16" | bfloat16             | float32    | training's default on GPUs and TPUs              |
+| "bfloat16" | bfloat16             | float32    | training's default on TPUs and GPUs from sm 8.0  |
 
 Under every policy the params, the Adagrad accumulators, the LSTM cell state, the logsumexp and
 the loss stay float32: only the matmul (and convolution) inputs are rounded. ``"float32"`` is the
@@ -17,6 +17,8 @@ precision and compute dtype, with the layout.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 
@@ -35,7 +37,69 @@ def check(policy: str, backend: str | None = None) -> str:
     return policy
 
 
-def default_for_training(backend: str | None = None) -> str:
-    """``"float32"`` on a CPU (where bfloat16 matmuls are slower), ``"bfloat16"`` on GPUs and TPUs."""
-    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+# NVIDIA compute capability by model name, for a device that does not report its own (jax before
+# the ``compute_capability`` attribute, or a runtime that leaves it out). First match wins.
+_CAPABILITY_BY_NAME = (
+    (r"\bG?B(100|200)\b", "10.0"),
+    (r"\bG?H(100|200|800)\b", "9.0"),
+    (r"\bA(100|800|30)\b", "8.0"),
+    (r"\bL(4|40S?)\b|RTX 40\d0|RTX \d000 Ada", "8.9"),
+    (r"\bA(10G?|40|16|2)\b|RTX 30\d0|RTX A\d000", "8.6"),
+    (r"\bT4\b|RTX 20\d0|Quadro RTX|TITAN RTX", "7.5"),
+    (r"\bV100|TITAN V\b", "7.0"),
+    (r"\bP100\b", "6.0"),
+    (r"\bP(4|40)\b|GTX 10\d0", "6.1"),
+    (r"\bK80\b", "3.7"),
+)
 
+
+def compute_capability(device) -> tuple[str | None, str]:
+    """``(capability, source)`` of a GPU ``device``: its ``compute_capability`` attribute (a string
+    such as ``"9.0"``) when it has one, else the capability of its ``device_kind`` in a table of
+    known NVIDIA cards (source ``"from its name"``), else ``(None, "unknown")``."""
+    cap = getattr(device, "compute_capability", None)
+    if cap:
+        return str(cap), "reported"
+    kind = getattr(device, "device_kind", "") or ""
+    for pattern, cap in _CAPABILITY_BY_NAME:
+        if re.search(pattern, kind, re.IGNORECASE):
+            return cap, "from its name"
+    return None, "unknown"
+
+
+def training_default(device=None) -> tuple[str, str]:
+    """``(policy, reason)``: training's precision for ``device`` (default: jax's first device).
+
+    bfloat16 where the device computes it natively: TPUs, and NVIDIA GPUs of compute capability 8.0
+    and up (A100, L4, H100, H200, ...). float32 on older GPUs (T4, V100, P100: no bfloat16 tensor
+    cores, so bfloat16 is emulated and slower), on a GPU whose capability can be neither read nor
+    told from its name, and on a CPU. ``reason`` is one line for the training start line, e.g.
+    ``"NVIDIA H100 80GB HBM3, compute capability 9.0: native bfloat16"``.
+    """
+    device = jax.devices()[0] if device is None else device
+    platform = str(getattr(device, "platform", "")).lower()
+    kind = str(getattr(device, "device_kind", "") or platform)
+    if platform == "tpu":
+        return "bfloat16", f"{kind if kind.startswith('TPU') else 'TPU'}: native bfloat16"
+    if platform in ("gpu", "cuda", "rocm"):
+        cap, source = compute_capability(device)
+        if cap is None:
+            return "float32", (f"{kind}, compute capability unknown: float32, as bfloat16 is native only from "
+                               "compute capability 8.0 on")
+        where = f"{kind}, compute capability {cap}" + (" (from its name)" if source == "from its name" else "")
+        if int(cap.split(".")[0]) >= 8:
+            return "bfloat16", f"{where}: native bfloat16"
+        return "float32", f"{where}: no native bfloat16, float32 is faster"
+    return "float32", f"{platform.upper() or kind}: bfloat16 matmuls are slower here"
+
+
+def default_for_training(backend: str | None = None) -> str:
+    """``training_default``'s policy for the first device of ``backend`` (default: jax's default
+    backend). A backend with no device in this process gets the platform's answer: float32 on a
+    CPU, bfloat16 on a TPU or a GPU (assumed to be of compute capability 8.0 or later)."""
+    backend = backend or jax.default_backend()
+    try:
+        device = jax.devices(backend)[0]
+    except RuntimeError:  # no such backend here: nothing to read the model from
+        return "float32" if backend == "cpu" else "bfloat16"
+    return training_default(device)[0]

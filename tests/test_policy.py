@@ -97,3 +97,61 @@ def test_flax_module_takes_the_policy():
         outs[p] = np.asarray(module.apply(variables, ids, deterministic=True)["elmo_representations"][0])
     assert np.abs(outs["float32"] - outs["bfloat16"]).max() > 0
     np.testing.assert_allclose(outs["bfloat16"], outs["float32"], atol=0.05 * np.abs(outs["float32"]).max())
+
+
+class FakeDevice:
+    """What ``policy.training_default`` reads of a jax device."""
+
+    def __init__(self, platform, device_kind, compute_capability=None):
+        self.platform, self.device_kind = platform, device_kind
+        if compute_capability is not None:  # jax's CPU and TPU devices have no such attribute
+            self.compute_capability = compute_capability
+
+
+@pytest.mark.parametrize("kind, cap", [("NVIDIA A100-SXM4-80GB", "8.0"), ("NVIDIA H100 80GB HBM3", "9.0"),
+                                       ("NVIDIA H200", "9.0"), ("NVIDIA L4", "8.9"), ("NVIDIA A10G", "8.6")])
+def test_training_takes_bfloat16_from_compute_capability_8(kind, cap):
+    assert policy.training_default(FakeDevice("gpu", kind, cap)) == (
+        "bfloat16", f"{kind}, compute capability {cap}: native bfloat16")
+
+
+@pytest.mark.parametrize("kind, cap", [("Tesla T4", "7.5"), ("Tesla V100-SXM2-16GB", "7.0"),
+                                       ("Tesla P100-PCIE-16GB", "6.0")])
+def test_training_takes_float32_on_gpus_without_bfloat16(kind, cap):
+    assert policy.training_default(FakeDevice("gpu", kind, cap)) == (
+        "float32", f"{kind}, compute capability {cap}: no native bfloat16, float32 is faster")
+
+
+@pytest.mark.parametrize("kind, policy_name, cap", [("NVIDIA H100 PCIe", "bfloat16", "9.0"),
+                                                    ("NVIDIA A100-PCIE-40GB", "bfloat16", "8.0"),
+                                                    ("Tesla T4", "float32", "7.5"),
+                                                    ("Tesla V100-PCIE-32GB", "float32", "7.0"),
+                                                    ("Tesla P100-PCIE-16GB", "float32", "6.0")])
+def test_a_gpu_without_the_attribute_is_told_by_its_name(kind, policy_name, cap):
+    name, reason = policy.training_default(FakeDevice("gpu", kind))
+    assert name == policy_name
+    assert reason.startswith(f"{kind}, compute capability {cap} (from its name): ")
+
+
+def test_an_unknown_gpu_gets_float32_and_says_why():
+    name, reason = policy.training_default(FakeDevice("gpu", "Some Future Card"))
+    assert name == "float32"
+    assert reason == ("Some Future Card, compute capability unknown: float32, as bfloat16 is native only "
+                      "from compute capability 8.0 on")
+
+
+def test_tpus_and_cpus():
+    assert policy.training_default(FakeDevice("tpu", "TPU v5 lite")) == ("bfloat16", "TPU v5 lite: native bfloat16")
+    assert policy.training_default(FakeDevice("tpu", "")) == ("bfloat16", "TPU: native bfloat16")
+    assert policy.training_default(FakeDevice("cpu", "cpu")) == ("float32", "CPU: bfloat16 matmuls are slower here")
+    # This process's own device (a CPU in the test suite), as the training loop asks.
+    assert policy.training_default() == policy.training_default(jax.devices()[0])
+    assert policy.default_for_training() == policy.training_default()[0]
+
+
+def test_the_capability_decides_not_the_name():
+    """Negative control: the reported capability wins over the name table, both ways."""
+    assert policy.training_default(FakeDevice("gpu", "Tesla T4", "8.0"))[0] == "bfloat16"
+    assert policy.training_default(FakeDevice("gpu", "NVIDIA H100 80GB HBM3", "7.5"))[0] == "float32"
+    assert policy.training_default(FakeDevice("gpu", "NVIDIA H100 80GB HBM3", "7.5")) != (
+        "bfloat16", "NVIDIA H100 80GB HBM3, compute capability 7.5: native bfloat16")

@@ -367,8 +367,8 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
         assert cli.main([*common, "--steps", steps]) == 0
         outputs.append(capsys.readouterr())
     said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
-    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls, reset_state_prob 0.1)"],
-                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls, reset_state_prob 0.1)"],
+    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"],
+                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"],
                     [f"{run}: already trained to step 3 (asked for 3); nothing to do"]]
     # Each session's first metrics line times its start-up (compile) apart from the steps.
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -410,25 +410,25 @@ def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_pa
             "options"].get("reset_state_prob")
 
     assert cli.main([*common, "--run-dir", str(new), "--steps", "1"]) == 0
-    assert f"starting {new} from scratch to step 1 (float32 matmuls, reset_state_prob 0.1)" in capsys.readouterr().out
+    assert f"starting {new} from scratch to step 1 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)" in capsys.readouterr().out
     assert json.loads((new / "options.json").read_text())["reset_state_prob"] == 0.1
     assert read_run(str(new))[0].train.reset_state_prob == 0.1
     # bilm-tf's recipe exactly, on request; the written options say so too.
     assert cli.main([*common, "--run-dir", str(old), "--steps", "1", "--reset-state-prob", "0"]) == 0
-    assert "(float32 matmuls, reset_state_prob 0, bilm-tf's recipe)" in capsys.readouterr().out
+    assert "(float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, bilm-tf's recipe)" in capsys.readouterr().out
     assert json.loads((old / "options.json").read_text())["reset_state_prob"] == 0.0
 
     # A run dir from before the default resumes on its own recipe, says so, and keeps it.
     _as_written_before_the_reset_default(old)
     assert read_run(str(old))[0].train.reset_state_prob == 0.0  # what export would write
     assert cli.main([*common, "--run-dir", str(old), "--steps", "2"]) == 0
-    assert (f"resuming {old} from step 1 (epoch 0, shard 1 of 1) to step 2 (float32 matmuls, reset_state_prob 0, "
+    assert (f"resuming {old} from step 1 (epoch 0, shard 1 of 1) to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, "
             f"bilm-tf's recipe: this run dir predates the 0.1 default, and a run keeps its recipe)"
             in capsys.readouterr().out)
     assert saved_prob(old, 2) == 0.0
     # A run started at the default resumes at it without the flag.
     assert cli.main([*common, "--run-dir", str(new), "--steps", "2"]) == 0
-    assert "to step 2 (float32 matmuls, reset_state_prob 0.1)" in capsys.readouterr().out
+    assert "to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)" in capsys.readouterr().out
     assert saved_prob(new, 2) == 0.1
     # Changing the recipe midway is refused in one line, either way.
     for run_dir, prob, saved in ((old, "0.1", "0.0"), (new, "0", "0.1")):

@@ -439,10 +439,13 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
     if run.total is not None and start >= run.total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {"step": start}
-    matmuls = policy.check(settings.precision or policy.default_for_training())
+    if settings.precision:
+        matmuls, why = policy.check(settings.precision), "asked for"
+    else:  # the device's native fast policy (bfloat16 only where its tensor cores have it)
+        matmuls, why = policy.training_default()
     run.ckpt.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.shared(), state.lstm)))
     if run.lead:
-        print(_start_line(run, start, batcher, matmuls, init_state is not None))
+        print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", init_state is not None))
         short = run.ckpt.check_space(settings.keep)
         if short is not None:
             print(f"warning: {short}", file=sys.stderr)
@@ -563,7 +566,7 @@ def _learning_rate_change(run: _Run) -> str:
 
 def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
-    until += f" ({matmuls} matmuls, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
+    until += f" ({matmuls}, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
     if start:
         stream = batcher.streams[0]
         return (f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "

@@ -1,0 +1,296 @@
+"""The whole GPU measurement of issue 30 in one call, under one time budget, as small text files.
+
+    PYTHONPATH=. python benchmarks/gpu_measure.py --out "$OUT" [--budget 465] [--baseline DIR]
+    PYTHONPATH=. python benchmarks/gpu_measure.py --out /tmp/rehearsal --rehearse   # tiny shapes, a CPU
+
+Parts, in this order, each a fresh process (so each peak memory is its own) under a timeout, each
+writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed):
+
+- ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
+  and tf32 matmul rates at 8192^3 by the slope method, beside the datasheet's dense peaks; also
+  ``roofline.json``, which the step parts read for their MFU.
+- ``step128``, ``step384``: the ``original`` train step, V = 793,471, 8,192 negatives, bfloat16 (the
+  ``"bfloat16"`` policy) under the backend's layout, at 128 and at 384 rows (bilm-tf's global batch
+  on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
+  datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
+  (``memory_analysis``). Under the XLA flag ``elmo-jax train`` sets on GPUs (deterministic
+  scatters), so that the cli part runs the same device program.
+- ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
+  300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
+  2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
+  ``step384``.
+- ``extract``: ``bench_embed.py --job-only``, ``original``, bfloat16: a whole job of at least
+  100,000 natural tokens (the experiments' held-out text where carried, else the first lines of
+  the bundled sample's ``train.txt``), cold and twice warm.
+- ``baseline``: with ``--baseline DIR`` (the previous commit's tree, from ``git archive``),
+  ``step128`` and ``step384`` again with that tree's ``elmo_jax`` and this tree's benchmark code.
+
+A part starts only with at least its minimum time left of ``--budget`` seconds, and runs for at
+most its own share or what is left; what is skipped or cut short is said in ``summary.txt``.
+``--rehearse`` runs the same parts with tiny shapes (the ``tiny`` preset, 4 and 12 rows, V = 2,000,
+a 256^3 roofline, a 3,000-token job) to check the script on a CPU in about 3 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name -> (seconds at most, seconds at least to start it)
+BUDGETS = {"roofline": (50, 20), "step128": (75, 40), "step384": (85, 45), "cli": (130, 60), "extract": (110, 50),
+           "baseline": (150, 80)}
+FULL = {"shape": "original", "rows": (128, 384), "vocab": 793_471, "negatives": 8192, "steps": 10,
+        "roofline_size": None, "cli_steps": 300, "cli_log": 50, "job_tokens": 100_000}
+REHEARSAL = {"shape": "tiny", "rows": (4, 12), "vocab": 2000, "negatives": 64, "steps": 3,
+             "roofline_size": 256, "cli_steps": 10, "cli_log": 5, "job_tokens": 3000}
+
+
+def _settings(rehearse: bool) -> dict:
+    return REHEARSAL if rehearse else FULL
+
+
+# -- the parts, each run in its own process ------------------------------------------------------
+
+def part_roofline(args, s: dict) -> None:
+    from harness import roofline_report
+
+    # A rehearsal on a CPU measures bfloat16 too, so that the step parts' MFU has both denominators.
+    lines, rates = roofline_report(s["roofline_size"], repeats=3 if args.rehearse else 5,
+                                   dtypes=("float32", "bfloat16") if args.rehearse else None)
+    print("\n".join(lines), flush=True)
+    with open(os.path.join(args.out, "roofline.json"), "w", encoding="utf-8") as f:
+        json.dump({d: {"n": r.n, "tflops": r.tflops, "seconds": r.seconds} for d, r in rates.items()}, f)
+
+
+def measured_rates(out: str) -> dict:
+    """The roofline part's rates, as ``harness.MatmulRate``s (empty if it did not run)."""
+    from harness import MatmulRate
+
+    try:
+        with open(os.path.join(out, "roofline.json"), encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError:
+        return {}
+    return {d: MatmulRate(d, r["n"], (8, 40), tuple(r["seconds"]), r["tflops"]) for d, r in raw.items()}
+
+
+def part_step(args, s: dict) -> None:
+    # The program `elmo-jax train` runs (the cli part): deterministic scatters on a GPU, as
+    # elmo_jax.cli.commands.deterministic_gpu_flags asks, set before the backend starts.
+    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
+    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from harness import mfu
+    from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
+    from elmo_jax import policy
+    from elmo_jax.config import TrainConfig
+    from elmo_jax.model.compute import Compute
+    from elmo_jax.model.layout import for_backend
+    from elmo_jax.training.step import AXIS
+
+    rows = args.rows
+    ns = argparse.Namespace(shape=s["shape"], batch=rows, negatives=s["negatives"], steps=s["steps"],
+                            reset_state_prob=TrainConfig.reset_state_prob)
+    model, tc = model_and_config(ns, s["vocab"])
+    mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
+    compute = Compute.from_policy("bfloat16", layout=for_backend())
+    device = jax.devices()[0]
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab, path = zipf_corpus(tmp, 100_000, max(200_000, rows * 20 * (s["steps"] + 4)))
+        batches, width, _ = device_batches(ns, model, tc, vocab, path, mesh)
+        sec, compiled = time_step(model, tc, mesh, batches, compute=compute)
+    flops = train_flops(model, tc, width)
+    tflops = flops / sec / 1e12
+    plan = compiled.memory_analysis()
+    planned = (plan.argument_size_in_bytes + plan.output_size_in_bytes - plan.alias_size_in_bytes
+               + plan.temp_size_in_bytes) if plan is not None else float("nan")
+    stats = device.memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    tokens = rows * 20 / sec
+    print(f"elmo_jax from {tree}; {device.device_kind}, jax {jax.__version__}", flush=True)
+    print(f"step {s['shape']} bfloat16 {rows} rows x 20, V={s['vocab']:,}, {s['negatives']:,} negatives, "
+          f"{width} distinct-word rows, {flops / 1e9:,.0f} GFLOP a step", flush=True)
+    print(f"step {rows} rows: {sec * 1e3:.2f} ms/step (median of {s['steps']}), {tokens:,.0f} tokens/s, "
+          f"{tflops:,.2f} TFLOP/s ({mfu(tflops, 'bfloat16', device.device_kind, measured_rates(args.out))})",
+          flush=True)
+    print(f"step {rows} rows memory: peak in use {peak / 2**20:,.0f} MiB (memory_stats), " if peak is not None else
+          f"step {rows} rows memory: no memory_stats on {device.platform}, ", end="")
+    print(f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)",
+          flush=True)
+    with open(os.path.join(args.out, f"step{rows}.json"), "w", encoding="utf-8") as f:
+        json.dump({"rows": rows, "ms": sec * 1e3, "tokens_per_s": tokens, "tflops": tflops}, f)
+
+
+def part_cli(args, s: dict) -> None:
+    from bench_train import zipf_corpus
+
+    rows = s["rows"][1]
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab, corpus = zipf_corpus(tmp, 100_000, rows * 20 * (s["cli_steps"] + 20))
+        words = vocab.words[:s["vocab"]]
+        words += [f"filler{i}" for i in range(s["vocab"] - len(words))]  # the released models' V
+        vocab_path = os.path.join(tmp, "vocab.txt")
+        with open(vocab_path, "w", encoding="utf-8") as f:
+            f.write("\n".join(words) + "\n")
+        run_dir = os.path.join(tmp, "run")
+        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", os.path.join(tmp, "xla"), "train",
+               "--config", s["shape"], "--batch-size", str(rows), "--precision", "bfloat16",
+               "--train-files", corpus, "--vocab", vocab_path, "--run-dir", run_dir, "--steps", str(s["cli_steps"]),
+               "--log-every", str(s["cli_log"]), "--save-every", "1000000", "--no-progress", *args.cli_flags]
+        print("$ elmo-jax " + " ".join(cmd[3:]).replace(tmp, "TMP"), flush=True)
+        t = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        log = r.stdout + r.stderr
+        start = [line for line in log.splitlines() if line.startswith(("starting", "resuming"))]
+        print(f"exit {r.returncode} after {wall:.0f} s; " + (start[0].replace(tmp, "TMP") if start else log[-1500:]),
+              flush=True)
+        try:
+            with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+                lines = [json.loads(line) for line in f]
+        except OSError:
+            print("no metrics.jsonl", flush=True)
+            return
+    for m in lines:
+        print(f"  step {m['step']}: {m['tokens_per_s']:,.0f} tokens/s"
+              + (f", startup {m['startup_s']:.1f} s" if "startup_s" in m else ""), flush=True)
+    later = [m["tokens_per_s"] for m in lines[1:]] or [m["tokens_per_s"] for m in lines]
+    rate = statistics.median(later)
+    line = f"cli {rows} rows: median {rate:,.0f} tokens/s over the log lines after the first"
+    try:
+        with open(os.path.join(args.out, f"step{rows}.json"), encoding="utf-8") as f:
+            step = json.load(f)
+        line += f", {100 * rate / step['tokens_per_s']:.0f}% of the step{rows} part's {step['tokens_per_s']:,.0f}"
+    except OSError:
+        pass
+    print(line, flush=True)
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+def job_file(directory: str, tokens: int) -> tuple[str, int]:
+    """A natural-text job of at least ``tokens`` tokens: the experiments' held-out text where it
+    is carried and long enough, else the first lines of the bundled sample's train.txt."""
+    heldout = os.path.join(ROOT, "experiments", "data", "lm", "heldout.txt")
+    sources = [heldout, os.path.join(ROOT, "elmo_jax", "data", "sample", "train.txt")]
+    path = os.path.join(directory, "job.txt")
+    for source in sources:
+        if not os.path.exists(source):
+            continue
+        n, keep = 0, []
+        with open(source, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    keep.append(line)
+                    n += len(line.split())
+                if n >= tokens and source != heldout:
+                    break
+        if n >= tokens:
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(keep)
+            return path, n
+    raise SystemExit(f"no natural text of {tokens:,} tokens found")
+
+
+def run_part(name: str, cmd: list[str], out: str, seconds: float, env: dict | None = None) -> str:
+    """Runs ``cmd`` into ``OUT/<name>.txt`` for at most ``seconds``; its outcome, in words."""
+    path = os.path.join(out, f"{name}.txt")
+    t = time.perf_counter()
+    with open(path, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=seconds)
+            outcome = f"exit {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the part and anything it started
+            proc.wait()
+            outcome = f"cut short at its {seconds:.0f} s limit (the lines above were measured)"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"[{name}: {outcome}, {time.perf_counter() - t:.0f} s]\n")
+    with open(path, encoding="utf-8") as f:
+        print(f.read(), end="", flush=True)
+    return f"{outcome}, {time.perf_counter() - t:.0f} s"
+
+
+def drive(args) -> None:
+    s = _settings(args.rehearse)
+    os.makedirs(args.out, exist_ok=True)
+    me = [sys.executable, os.path.abspath(__file__), "--out", args.out] + (["--rehearse"] if args.rehearse else [])
+    work = tempfile.mkdtemp(prefix="gpu_measure_")
+    job, job_tokens = job_file(work, s["job_tokens"])
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    parts: list[tuple[str, list[str], dict]] = [
+        ("roofline", me + ["--part", "roofline"], env),
+        *((f"step{r}", me + ["--part", "step", "--rows", str(r)], env) for r in s["rows"]),
+        ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
+        ("extract", [sys.executable, os.path.join(HERE, "bench_embed.py"), "--shapes", s["shape"], "--job-only",
+                     "--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2"], env)]
+    if args.baseline:
+        # The previous commit's elmo_jax under this tree's benchmark code (the script's folder
+        # comes first on sys.path, PYTHONPATH next).
+        base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline))
+        cmd = " && ".join(" ".join(me + ["--part", "step", "--rows", str(r), "--tag", "baseline"]) for r in s["rows"])
+        parts.append(("baseline", ["bash", "-c", cmd], base_env))
+    start = time.perf_counter()
+    summary = [f"gpu_measure.py{' --rehearse' if args.rehearse else ''}: budget {args.budget:.0f} s; "
+               f"job {os.path.basename(job)}: {job_tokens:,} tokens"]
+    for name, cmd, part_env in parts:
+        most, least = BUDGETS["step384" if name.startswith("step") and name != "step128" else name]
+        if args.rehearse:
+            most, least = most * 2, 1  # a CPU compiles and runs slower; never skip in a rehearsal
+        left = args.budget - (time.perf_counter() - start)
+        if left < least:
+            summary.append(f"{name}: skipped, {max(left, 0):.0f} s left of the budget and it needs about {least} s")
+            print(summary[-1], flush=True)
+            continue
+        summary.append(f"{name}: " + run_part(name, cmd, args.out, min(most, left), part_env))
+    summary.append(f"total {time.perf_counter() - start:.0f} s")
+    with open(os.path.join(args.out, "summary.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(summary) + "\n")
+    print("\n".join(summary), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_measure"), help="where the text files go")
+    ap.add_argument("--rehearse", action="store_true", help="tiny shapes, for a CPU")
+    ap.add_argument("--budget", type=float, default=465.0, help="seconds for all parts together")
+    ap.add_argument("--baseline", help="the previous commit's tree: its train step is measured too")
+    ap.add_argument("--cli-flag", dest="cli_flags", action="append", default=[],
+                    help="an extra `elmo-jax train` flag for the cli part (repeatable, e.g. --cli-flag=--prefetch=0)")
+    ap.add_argument("--part", choices=["roofline", "step", "cli"], help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.part is None:
+        return drive(args)
+    s = _settings(args.rehearse)
+    os.makedirs(args.out, exist_ok=True)
+    if args.tag:  # the baseline's step files beside, not over, this tree's
+        args.out = os.path.join(args.out, args.tag)
+        os.makedirs(args.out, exist_ok=True)
+        for name in ("roofline.json",):
+            src = os.path.join(os.path.dirname(args.out), name)
+            if os.path.exists(src) and not os.path.exists(os.path.join(args.out, name)):
+                with open(src, encoding="utf-8") as f, open(os.path.join(args.out, name), "w", encoding="utf-8") as g:
+                    g.write(f.read())
+    {"roofline": part_roofline, "step": part_step, "cli": part_cli}[args.part](args, s)
+
+
+if __name__ == "__main__":
+    main()

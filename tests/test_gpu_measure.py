@@ -1,0 +1,21 @@
+"""benchmarks/gpu_measure.py: the one GPU call's driver keeps to its budget and writes text files."""
+
+import sys
+
+import gpu_measure
+
+
+def test_a_part_over_its_limit_is_cut_short_and_keeps_its_lines(tmp_path):
+    cmd = [sys.executable, "-u", "-c", "import time; print('measured'); time.sleep(30)"]
+    outcome = gpu_measure.run_part("slow", cmd, str(tmp_path), 2.0)
+    assert outcome.startswith("cut short at its 2 s limit")
+    text = (tmp_path / "slow.txt").read_text()
+    assert text.startswith("measured\n") and "[slow: cut short" in text
+    assert gpu_measure.run_part("quick", [sys.executable, "-c", "print(1)"], str(tmp_path), 20.0).startswith("exit 0")
+
+
+def test_the_job_is_natural_text_of_at_least_the_tokens_asked(tmp_path):
+    path, tokens = gpu_measure.job_file(str(tmp_path), 100_000)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert tokens == sum(len(line.split()) for line in lines) >= 100_000
