@@ -45,16 +45,6 @@ def test_an_error_about_arguments_names_the_flags_and_only_those():
                                      "log_every"), train) == "--eval-every 3 is not a multiple of --log-every 2"
 
 
-def test_no_cli_function_is_over_60_lines_without_a_reason():
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(commands))
-    long = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno >= 60
-            and "lines:" not in (ast.get_docstring(n) or "")]
-    assert long == []
-
-
 # -- embed (from test_embed.py) ------------------------------------------------------------------
 def test_cli_bad_input(tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("")

@@ -230,3 +230,22 @@ def test_import_elmo_jax_exposes_exactly_the_public_names():
 if __name__ == "__main__":
     print(report())
     sys.exit(pytest.main([__file__, "-q"]) if "--test" in sys.argv else 0)
+
+
+def _long_functions(source: str, limit: int = 60) -> list[str]:
+    """Functions of ``source`` over ``limit`` lines whose docstring gives no "Long because" reason."""
+    import ast
+
+    return [n.name for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit
+            and "Long because" not in (ast.get_docstring(n) or "")]
+
+
+def test_no_library_function_is_over_60_lines_without_a_reason():
+    long = {str(p.relative_to(PACKAGE.parent)): names for p in sorted(PACKAGE.rglob("*.py"))
+            if (names := _long_functions(p.read_text()))}
+    assert long == {}
+    # Negative control: a long function is seen, and a stated reason lets it pass.
+    body = "".join(f"    x{i} = {i}\n" for i in range(70))
+    assert _long_functions(f"def f():\n{body}") == ["f"]
+    assert _long_functions(f'def f():\n    """Long because: a table."""\n{body}') == []
