@@ -6,6 +6,7 @@ ENOSPC in the save covers the same path where no tmpfs can be mounted.
 """
 
 import errno
+import os
 import pathlib
 import subprocess
 
@@ -145,3 +146,27 @@ def test_orbax_s_full_disk_is_told_from_other_failures_through_the_chain():
     assert out_of_space_errno(ValueError("RESOURCE_EXHAUSTED: out of memory")) is None
     assert out_of_space_errno(ValueError("NOT_FOUND [os_error_code='2']")) is None
     assert out_of_space_errno(None) is None
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(reference, tmp_path, monkeypatch, capsys):
+    import h5py
+
+    run, _ = reference
+    out = tmp_path / "export"
+    real, calls = h5py.Group.create_dataset, []
+
+    def fills_up(self, *args, **kwargs):  # the disk fills inside weights.hdf5
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
+    assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"elmo-jax export: error: {out / 'weights.hdf5'}: not written: "
+                                               f"the disk is full ("), err
+    assert "weights.hdf5" not in os.listdir(out) and not [n for n in os.listdir(out) if "tmp" in n]
+    monkeypatch.undo()  # space again: the same command writes every file
+    assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["options.json", "softmax.hdf5", "vocab.txt", "weights.hdf5"]
