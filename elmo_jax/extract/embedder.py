@@ -43,7 +43,8 @@ import json
 import math
 import os
 import warnings
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,7 @@ from elmo_jax.model.layout import Layout, for_backend
 from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
 from elmo_jax.training.batches import bucket_size
 
-Layers = str | Sequence[float]  # "all", "top", "average", or one weight per ELMo layer
+Layers = str | Sequence[float] | np.ndarray  # "all", "top", "average", or one weight per ELMo layer
 Tokenizer = Callable[[str], Sequence[str]]
 
 _EMBED_HINT = "use embed_texts() for raw text, or str.split()"
@@ -138,7 +139,9 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> 
     if isinstance(texts, str):
         raise TypeError("texts is one str; expected a list of strings (one sentence each)")
     if tokenizer is None:
-        from elmo_jax.text.tokenize import tokenize as tokenizer
+        from elmo_jax.text.tokenize import tokenize
+
+        tokenizer = tokenize
     out = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -431,12 +434,13 @@ class Embedder:
 
     def _compile_one_device(self) -> None:
         """The jitted device functions of one device, and the marker vectors."""
-        fixed = dict(config=self.config, compute=self.compute)
+        config, compute = self.config, self.compute
         # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
         # per shape, so a job compiles the sum of those shape sets, not their product.
-        self._encode = jax.jit(functools.partial(_encode, **fixed))
-        self._contextualize = jax.jit(functools.partial(_contextualize, **fixed))
-        self._packed = jax.jit(functools.partial(_contextualize_packed, **fixed), static_argnames=("pieces", "pool"))
+        self._encode = jax.jit(functools.partial(_encode, config=config, compute=compute))
+        self._contextualize = jax.jit(functools.partial(_contextualize, config=config, compute=compute))
+        self._packed = jax.jit(functools.partial(_contextualize_packed, config=config, compute=compute),
+                               static_argnames=("pieces", "pool"))
         # A call's token vectors are looked up by a program of their own: the table's size (a
         # bucket of the call's word count) then keys the compiles of that small program only, not
         # the biLSTM's, whose shapes depend on the rows and steps alone.
@@ -455,7 +459,7 @@ class Embedder:
         self._group_sharding = NamedSharding(mesh, P("data"))
         # The params go to every device once, here, not on every call.
         self._params_multi = jax.device_put(self.params, replicated)
-        fixed = dict(config=self.config, compute=self.compute)
+        config, compute = self.config, self.compute
 
         def per_device(fn, in_specs):
             # check_vma off (here and for the packed biLSTM below): the functions have no
@@ -464,7 +468,8 @@ class Embedder:
             return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
 
         # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
-        self._encode_multi = per_device(lambda p, c: _encode(p, c[0], **fixed)[None], (P(), P("data")))
+        self._encode_multi = per_device(lambda p, c: _encode(p, c[0], config=config, compute=compute)[None],
+                                        (P(), P("data")))
         # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
         rows, state_rows = P(None, "data"), P(None, None, "data")
         self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
@@ -479,7 +484,7 @@ class Embedder:
             def fn(p, x, mask, starts, state, weights, *segment):  # shard_map passes positionals only
                 return _contextualize_packed(p, x, mask, starts, state, weights=weights,
                                              segment=segment[0] if segment else None, pieces=pieces, pool=pool,
-                                             **fixed)
+                                             config=config, compute=compute)
 
             return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
                                  + (P("data"),) * len(extra), out_specs=(out, state_rows),
@@ -488,12 +493,12 @@ class Embedder:
         self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
 
     @classmethod
-    def from_hdf5(cls, options_path: str | os.PathLike, weights_path: str | os.PathLike, **kw) -> "Embedder":
+    def from_hdf5(cls, options_path: str | os.PathLike, weights_path: str | os.PathLike, **kw) -> Embedder:
         config, params = load_hdf5(options_path, weights_path)
         return cls(config, params, **kw)
 
     @classmethod
-    def from_pretrained(cls, name: str, *, cache_dir=None, sha256: dict | None = None, **kw) -> "Embedder":
+    def from_pretrained(cls, name: str, *, cache_dir=None, sha256: dict | None = None, **kw) -> Embedder:
         """A released model by name (``"small"``, ``"medium"``, ``"original"``, ``"original_5.5b"``,
         ``"pubmed"``): its options and weights are downloaded once into the cache
         (``elmo_jax.pretrained``; ``cache_dir`` and ``sha256`` pins as for ``registry.fetch``),
@@ -504,7 +509,7 @@ class Embedder:
         return cls(config, params, **kw)
 
     @classmethod
-    def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> "Embedder":
+    def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> Embedder:
         from elmo_jax.training.run_dir import load_run
 
         options, _, params, _ = load_run(run_dir, step)
@@ -579,6 +584,7 @@ class Embedder:
         cached = [i for i, w in enumerate(entries) if w in self.cache_words]
         fresh = [i for i, w in enumerate(entries) if w not in self.cache_words]
         if cached:
+            assert self.cache is not None  # cache_words is non-empty only once _build_cache has set it
             table[cached] = self.cache[[self.cache_words[entries[i]] for i in cached]]
         if fresh:
             table[fresh] = self._encode_words([entries[i] for i in fresh])
@@ -614,12 +620,12 @@ class Embedder:
         sentences = list(sentences)
         check_tokenized(sentences, _EMBED_HINT)
         sentences = [list(s) for s in sentences]
-        layers = check_layers(layers, self.config.n_output_layers)
+        chosen = check_layers(layers, self.config.n_output_layers)
         check_pool(pool)
         if self.stateful:
-            out = [select_layers(x, layers) for x in self._embed_stateful(sentences)]
+            out = [select_layers(x, chosen) for x in self._embed_stateful(sentences)]
         else:
-            out = self._embed_stateless(sentences, mix_weights(layers, self.config.n_output_layers), pool)
+            out = self._embed_stateless(sentences, mix_weights(chosen, self.config.n_output_layers), pool)
         if pool is None:
             return out
         _warn_empty(sum(len(s) == 0 for s in sentences))
@@ -654,11 +660,13 @@ class Embedder:
         kinds = {isinstance(x, str) for x in inputs}
         if kinds == {True, False}:
             raise TypeError("inputs mixes raw strings and token lists; give one kind")
-        sentences = tokenize_texts(inputs, tokenizer or str.split) if kinds == {True} else inputs
+        # kinds == {True}: every input is a str.
+        sentences = tokenize_texts(cast(list[str], inputs), tokenizer or str.split) if kinds == {True} else inputs
         n_out = self.config.n_output_layers
         if isinstance(weights, str):
             raise TypeError(f"weights={weights!r}: expected {n_out} numbers (use embed() for 'top' or 'average')")
         mix = check_layers(np.full(n_out, 1 / n_out) if weights is None else weights, n_out)
+        assert isinstance(mix, np.ndarray)  # weights is not a str (checked above), so check_layers gave weights
         out = self.embed(sentences)
         lengths = np.array([x.shape[1] for x in out], np.int32)
         p = self.config.lstm.projection_dim
@@ -667,13 +675,13 @@ class Embedder:
             padded[:, b, :x.shape[1]] = x
         elmo = np.tensordot(mix, padded, axes=1)
         _warn_empty(int((lengths == 0).sum()))
-        result = {"word_emb": np.ascontiguousarray(padded[0, :, :, :p])}
+        result: dict[str, np.ndarray] = {"word_emb": np.ascontiguousarray(padded[0, :, :, :p])}
         result.update({f"lstm_outputs{k}": padded[k] for k in range(1, n_out)})
         default = elmo.sum(axis=1) / np.maximum(lengths, 1).astype(np.float32)[:, None]  # padding is 0
         result.update(elmo=elmo, default=default, sequence_len=lengths)
         return result
 
-    def _embed_stateless(self, sentences: list[list[str]], weights: np.ndarray | None = None,
+    def _embed_stateless(self, sentences: Sequence[Sequence[str]], weights: np.ndarray | None = None,
                          pool: str | None = None) -> list[np.ndarray]:
         """Every layer ``[n_layers + 1, n, 2P]`` per sentence, or with ``weights`` (``mix_weights``)
         their mix ``[n, 2P]``; ``pool`` then drops the token axis. Mixes and pools are computed on
@@ -761,7 +769,7 @@ class Embedder:
                 done, ys = pending.popleft()
                 take(done, np.asarray(ys))
 
-    def _embed_stateful(self, sentences: list[list[str]]) -> list[np.ndarray]:
+    def _embed_stateful(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         rows = len(sentences)
         if rows == 0:
             return []
@@ -841,7 +849,7 @@ class ShardedEmbeddings:
     """
 
     def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike]):
-        self._files: dict[str, object] = {}  # path -> open h5py.File
+        self._files: dict[str, Any] = {}  # path -> open h5py.File (h5py has no type information)
         if not isinstance(source, (str, os.PathLike)):
             self._shards = self._check([self._read_manifest(os.fspath(p)) for p in source])
             return
@@ -916,7 +924,7 @@ class ShardedEmbeddings:
             f.close()
         self._files.clear()
 
-    def __enter__(self) -> "ShardedEmbeddings":
+    def __enter__(self) -> ShardedEmbeddings:
         return self
 
     def __exit__(self, *exc) -> None:
