@@ -14,6 +14,7 @@ It is frozen and hashable: jitted functions take it as a static argument.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,9 @@ class Compute:
     state and outputs stay float32). ``layout``: ``elmo_jax.model.layout.Layout``, or None for the
     backend's, read when tracing (``resolved_layout``)."""
 
-    precision: object = "highest"
-    dtype: object = jnp.float32
+    # Any: the constructor takes several spellings; __post_init__ stores the canonical one.
+    precision: Any = "highest"
+    dtype: Any = jnp.float32
     layout: Layout | None = None
 
     def __post_init__(self):

@@ -37,13 +37,17 @@ class Layout:
     """``lstm``: "columns" (state ``[2, D, B]``, batch minor) or "rows" (``[2, B, D]``).
     ``unroll``: scan steps per loop iteration (1: none). ``cnn_chunk``: tokens per char-CNN block
     (0: all tokens in one block). ``extract_steps``, ``extract_tokens``: extraction's biLSTM
-    steps per call and token-steps per call and device (rows x steps)."""
+    steps per call and token-steps per call and device (rows x steps). ``lstm_vjp``: the rows
+    layout's LSTM is differentiated by its hand-written backward pass (``lstm._rows_scan_vjp``:
+    weight gradients after the reverse scan, not accumulated inside it) instead of autodiff of
+    the scan; the same gradients. The columns layout always uses autodiff."""
 
     lstm: str = "rows"
     unroll: int = 1
     cnn_chunk: int = 0
     extract_steps: int = 40
     extract_tokens: int = 16384
+    lstm_vjp: bool = True
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
