@@ -19,6 +19,13 @@ of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per dev
 | gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
 | tpu     | 40            | 16384          | not measured: the GPU's choice |
 
+The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
+gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
+(``benchmarks/bench_lstm_grad.py``, ``benchmarks/results/cpu/lstm_grad.txt``), the biLSTM's gradient at
+`small`, 32 x 20: rows with it 285 ms, rows by autodiff 386, columns by autodiff 357; at 128 rows
+2,226, 2,610 and 2,225. The CPU keeps columns (not a clear win at 128 rows, and extraction's forward
+pass prefers columns); on a GPU it is not yet measured.
+
 On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
 kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
 bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
