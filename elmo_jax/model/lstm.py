@@ -16,6 +16,10 @@ bookkeeping, kernel launches on a GPU) and small matmuls; doing the two directio
 halves the number of steps and doubles each matmul. The backward direction gets the same
 recurrence by reversing each row within its own length first (so it starts at that row's
 ``</S>``), which also keeps padding at the end of every row for both directions.
+
+Gradients: the rows layout (GPU/TPU) has a hand-written backward pass (``_rows_scan_vjp``, on by
+``Layout.lstm_vjp``) that takes the weight gradients out of the reverse scan; the columns layout
+(CPU) is differentiated by autodiff of its scan.
 """
 
 from __future__ import annotations
