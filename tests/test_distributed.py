@@ -42,6 +42,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax._util.hlo import collectives
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
+from elmo_jax.model.compute import Compute
+from elmo_jax.model.layout import BY_BACKEND
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles, shard_for_process
 from elmo_jax.training.batches import LMBatcher
@@ -118,8 +120,11 @@ def _mesh(n: int) -> Mesh:
 # -- 1. one process, one device vs two devices ----------------------------------------------------
 
 @pytest.mark.slow
-def test_mesh_two_devices_equals_one(tmp_path):
+@pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
+def test_mesh_two_devices_equals_one(tmp_path, layout):
+    """Also under the GPU's layout (rows, with the LSTM's hand-written backward pass), run here."""
     _two_local_devices()
+    compute = Compute(layout=layout)
     vocab, t, source = _setup(tmp_path)
     t = TrainConfig(**{**t.__dict__, "reset_state_prob": 0.5})  # resets, like dropout, follow the global rows
     b, steps = t.batch_size, t.unroll_steps
@@ -139,7 +144,7 @@ def test_mesh_two_devices_equals_one(tmp_path):
     for n in (1, 2):
         shardings = state_shardings(host_state, _mesh(n))
         states[n] = put_global(host_state, shardings)
-        fns[n] = make_train_step(TINY, configs[n], _mesh(n))
+        fns[n] = make_train_step(TINY, configs[n], _mesh(n), compute=compute)
     # The sharding is real: each device holds V_pad / n softmax rows and accumulators, B rows of LSTM state.
     for part in ("params", "opt"):
         for name, x in getattr(states[2], part)["softmax"].items():

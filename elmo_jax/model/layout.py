@@ -19,6 +19,13 @@ of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per dev
 | gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
 | tpu     | 40            | 16384          | not measured: the GPU's choice |
 
+The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
+gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
+(``benchmarks/bench_lstm_grad.py``, ``benchmarks/results/cpu/lstm_grad.txt``), the biLSTM's gradient at
+`small`, 32 x 20: rows with it 285 ms, rows by autodiff 386, columns by autodiff 357; at 128 rows
+2,226, 2,610 and 2,225. The CPU keeps columns (not a clear win at 128 rows, and extraction's forward
+pass prefers columns); on a GPU it is not yet measured.
+
 On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
 kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
 bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
@@ -37,13 +44,17 @@ class Layout:
     """``lstm``: "columns" (state ``[2, D, B]``, batch minor) or "rows" (``[2, B, D]``).
     ``unroll``: scan steps per loop iteration (1: none). ``cnn_chunk``: tokens per char-CNN block
     (0: all tokens in one block). ``extract_steps``, ``extract_tokens``: extraction's biLSTM
-    steps per call and token-steps per call and device (rows x steps)."""
+    steps per call and token-steps per call and device (rows x steps). ``lstm_vjp``: the rows
+    layout's LSTM is differentiated by its hand-written backward pass (``lstm._rows_scan_vjp``:
+    weight gradients after the reverse scan, not accumulated inside it) instead of autodiff of
+    the scan; the same gradients. The columns layout always uses autodiff."""
 
     lstm: str = "rows"
     unroll: int = 1
     cnn_chunk: int = 0
     extract_steps: int = 40
     extract_tokens: int = 16384
+    lstm_vjp: bool = True
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):

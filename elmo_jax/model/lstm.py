@@ -16,9 +16,15 @@ bookkeeping, kernel launches on a GPU) and small matmuls; doing the two directio
 halves the number of steps and doubles each matmul. The backward direction gets the same
 recurrence by reversing each row within its own length first (so it starts at that row's
 ``</S>``), which also keeps padding at the end of every row for both directions.
+
+Gradients: the rows layout (GPU/TPU) has a hand-written backward pass (``_rows_scan_vjp``, on by
+``Layout.lstm_vjp``) that takes the weight gradients out of the reverse scan; the columns layout
+(CPU) is differentiated by autodiff of its scan.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -66,14 +72,24 @@ def _clip(x: jax.Array, value) -> jax.Array:
     return jnp.clip(x, -value, value) if value else x
 
 
-def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
-    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``)."""
-    l = config.lstm
+def _gates(z: jax.Array, c: jax.Array, cell_clip, axis: int) -> tuple[jax.Array, jax.Array]:
+    """The cell's elementwise part, from gate pre-activations ``z`` (gates i, j, f, o along ``axis``)
+    and the previous cell state ``c``: the new (clipped) cell state and the projection's input
+    ``sigmoid(o) * tanh(c_new)``, each shaped like ``c``."""
     i, j, f, o = jnp.split(z, 4, axis=axis)
-    c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), l.cell_clip)
-    h_new = _clip(project(jax.nn.sigmoid(o) * jnp.tanh(c_new)).astype(jnp.float32), l.proj_clip)
+    c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), cell_clip)
+    return c_new, jax.nn.sigmoid(o) * jnp.tanh(c_new)
+
+
+def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
+    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``):
+    ``((c, h), output)`` as a scan step returns them, and the projection before its clip."""
+    l = config.lstm
+    c_new, a = _gates(z, c, l.cell_clip, axis)
+    p = project(a).astype(jnp.float32)
+    h_new = _clip(p, l.proj_clip)
     # Padding never enters the recurrence: the state passes through and the output is 0.
-    return (jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)
+    return ((jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)), p
 
 
 def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array, h0: jax.Array, *,
@@ -93,12 +109,34 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
                 compute: Compute = Compute(), resets: jax.Array | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis).
-    Unrolled ``compute.layout.unroll`` steps at a time (the backend's when None)."""
-    precision, dtype, unroll = compute.precision, compute.dtype, compute.resolved_layout().unroll
-    # The input half of W_0 needs no state: one large matmul over all steps, outside the scan.
-    gx = jnp.einsum("dbti,dig->tdbg", xs.astype(dtype), params["w_x"].astype(dtype),
-                    precision=precision).astype(jnp.float32) + params["b"][None, :, None, :]
-    w_h, w_proj = params["w_h"].astype(dtype), params["w_proj"].astype(dtype)
+    Unrolled ``compute.layout.unroll`` steps at a time (the backend's when None); differentiated
+    by ``_rows_scan_vjp`` when the layout's ``lstm_vjp`` is set, else by autodiff of the scan."""
+    layout = compute.resolved_layout()
+    # The input half of W_0 needs no state: one large matmul over all steps, outside the scan
+    # (autodiff of it is already one matmul each for dW_x and dX, whichever way the scan is differentiated).
+    gx = jnp.einsum("dbti,dig->tdbg", xs.astype(compute.dtype), params["w_x"].astype(compute.dtype),
+                    precision=compute.precision).astype(jnp.float32) + params["b"][None, :, None, :]
+    m = mask.T[:, :, None]  # [T, B, 1]
+    r = None if resets is None else resets.transpose(2, 0, 1)[..., None]  # [T, 2, B, 1]
+    if layout.lstm_vjp:
+        scan = _rows_scan_vjp(config, compute, layout.unroll)
+    else:
+        scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=layout.unroll, save=False)
+    ys, c, h = scan(params["w_h"], params["w_proj"], gx, m, r, c0, h0)[:3]
+    return ys.transpose(1, 2, 0, 3), c, h
+
+
+def _rows_scan(w_h: jax.Array, w_proj: jax.Array, gx: jax.Array, m: jax.Array, r: jax.Array | None, c0: jax.Array,
+               h0: jax.Array, *, config: ModelConfig, compute: Compute, unroll: int, save: bool) -> tuple:
+    """The rows layout's recurrence over ``gx [T, 2, B, 4D]`` (input half and bias applied), masks
+    ``m [T, B, 1]`` and resets ``r [T, 2, B, 1]`` (or None), from state ``c0 [2, B, D]``, ``h0 [2, B, P]``.
+
+    Returns ``(ys [T, 2, B, P], c, h)``, and with ``save`` also what ``_rows_scan_vjp``'s backward
+    reads, per step: the gate pre-activations ``z [T, 2, B, 4D]``, the state each step started from
+    (after its reset) ``c [T, 2, B, D]`` and ``h [T, 2, B, P]``, the unclipped projection ``[T, 2, B, P]``.
+    """
+    precision, dtype = compute.precision, compute.dtype
+    w_h, w_proj = w_h.astype(dtype), w_proj.astype(dtype)
 
     def project(a):
         return jnp.einsum("dbc,dcp->dbp", a.astype(dtype), w_proj, precision=precision)
@@ -109,11 +147,74 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
         if r:
             c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
-        return _cell(z, c, h, m, project, config, -1)
+        (carry, y), p = _cell(z, c, h, m, project, config, -1)
+        return carry, ((y, (z, c, h, p)) if save else y)
 
-    per_step = (gx, mask.T[:, :, None]) + (() if resets is None else (resets.transpose(2, 0, 1)[..., None],))
-    (c, h), ys = jax.lax.scan(step, (c0, h0), per_step, unroll=unroll)
-    return ys.transpose(1, 2, 0, 3), c, h
+    per_step = (gx, m) + (() if r is None else (r,))
+    (c, h), out = jax.lax.scan(step, (c0, h0), per_step, unroll=unroll)
+    return (*out, c, h) if save else (out, c, h)
+
+
+def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
+    """A backward-pass matmul: inputs in ``compute.dtype`` at ``compute.precision``, float32 out
+    (as the forward's matmuls; float32 accumulation also for the sums over all steps)."""
+    return jnp.einsum(spec, a.astype(compute.dtype), b.astype(compute.dtype), precision=compute.precision,
+                      preferred_element_type=jnp.float32)
+
+
+def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
+    """``_rows_scan`` (``save=False``) with a hand-written backward pass, split as cuDNN splits it.
+
+    Autodiff of ``lax.scan`` transposes the step, so every backward step would add
+    ``h_{t-1}^T dz_t`` and ``a_t^T dp_t`` into loop-carried weight gradients (a small matmul and
+    a rewrite of a ``[P, 4D]`` accumulator per step). Here the reverse scan carries only the
+    state's gradients ``dc``, ``dh`` and emits the per-step gate gradients ``dz [T, 2, B, 4D]`` and
+    projection gradients ``dp [T, 2, B, P]``; ``dW_h`` and ``dW_proj`` are then one matmul each
+    over all ``T x B`` rows, and ``dz`` is the gradient of ``gx``, so autodiff of the input matmul
+    outside (``_layer_rows``) gives ``dW_x``, ``db`` and ``dX`` as one matmul or sum each.
+
+    The step's elementwise part (gates, clips) is differentiated with ``jax.vjp`` of the same
+    functions the forward runs, from the saved pre-activations: the same derivatives as autodiff,
+    including ``jnp.clip``'s (0 outside the range, 1/2 exactly at its ends).
+    """
+    l = config.lstm
+    fwd_scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=unroll)
+
+    @jax.custom_vjp
+    def scan(w_h, w_proj, gx, m, r, c0, h0):
+        return fwd_scan(w_h, w_proj, gx, m, r, c0, h0, save=False)
+
+    def fwd(w_h, w_proj, gx, m, r, c0, h0):
+        ys, saved, c, h = fwd_scan(w_h, w_proj, gx, m, r, c0, h0, save=True)
+        return (ys, c, h), (w_h, w_proj, m, r, saved)
+
+    def bwd(residuals, cotangents):
+        w_h, w_proj, m, r, (z, c, h, p) = residuals
+        dys, dc, dh = cotangents  # [T, 2, B, P]; the final state's [2, B, D], [2, B, P]
+
+        def step(carry, inputs):
+            dc, dh = carry  # the gradients of the state this step passed on
+            dy, z, c, p, m, *r = inputs
+            dh_new = jnp.where(m, dh + dy, 0.0)  # the step's h reaches both its output and its state
+            dp = jax.vjp(lambda p: _clip(p, l.proj_clip), p)[1](dh_new)[0]
+            (_, a), gates_vjp = jax.vjp(lambda z, c: _gates(z, c, l.cell_clip, -1), z, c)
+            dz, dc_in = gates_vjp((jnp.where(m, dc, 0.0), _mm("dbp,dcp->dbc", dp, w_proj, compute)))
+            # At padding the state passed through (and the gates' cotangents above are 0).
+            dc_in = dc_in + jnp.where(m, 0.0, dc)
+            dh_in = jnp.where(m, 0.0, dh) + _mm("dbg,dpg->dbp", dz, w_h, compute)
+            if r:  # a reset state was a constant: nothing flows back to the previous step
+                dc_in, dh_in = jnp.where(r[0], 0.0, dc_in), jnp.where(r[0], 0.0, dh_in)
+            return (dc_in, dh_in), (dz, dp, a)
+
+        per_step = (dys, z, c, p, m) + (() if r is None else (r,))
+        (dc0, dh0), (dz, dp, a) = jax.lax.scan(step, (dc, dh), per_step, reverse=True, unroll=unroll)
+        # The weight gradients, each one matmul over all steps and rows.
+        dw_h = _mm("tdbp,tdbg->dpg", h, dz, compute)
+        dw_proj = _mm("tdbc,tdbp->dcp", a, dp, compute)
+        return dw_h, dw_proj, dz, None, None, dc0, dh0
+
+    scan.defvjp(fwd, bwd)
+    return scan
 
 
 def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
@@ -141,7 +242,7 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
             c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = (jnp.einsum("dgi,dib->dgb", w_x, x.astype(dtype), precision=precision).astype(jnp.float32)
              + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32) + b)
-        return _cell(z, c, h, m, project, config, 1)
+        return _cell(z, c, h, m, project, config, 1)[0]
 
     per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
         () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],))
@@ -176,10 +277,12 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
     l = config.lstm
     if state is None:
         state = zero_state(config, xs.shape[1])
+    if dropout_rate > 0.0 and dropout_keys is None:
+        raise ValueError("lstm.run: dropout_rate > 0 needs dropout_keys ([batch] keys, one per row)")
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
-        inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_rate > 0.0 else xs
+        inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_keys is not None and dropout_rate > 0.0 else xs
         ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], compute=compute,
                           resets=resets)
         if l.use_skip_connections and k > 0:
