@@ -174,14 +174,14 @@ def test_a_fresh_run_defaults_to_resets_and_a_saved_run_means_what_it_wrote():
 
 
 def test_init_from_and_presets_start_at_the_default():
-    from elmo_jax.cli import commands
     from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.training.setup import training_options
 
     vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + [f"w{i}" for i in range(2000)])
     for config, model in (("tiny", None), ("small", None), (None, PRESETS["tiny"])):  # None: --init-from
-        options = commands._training_options(config, vocab, None, 10_000, model=model)
+        options = training_options(config, vocab, None, 10_000, model=model)
         assert options.train.reset_state_prob == 0.1, config
-    options = commands._training_options(None, vocab, None, 10_000, reset_state_prob=0.0, model=PRESETS["tiny"])
+    options = training_options(None, vocab, None, 10_000, reset_state_prob=0.0, model=PRESETS["tiny"])
     assert options.train.reset_state_prob == 0.0
 
 

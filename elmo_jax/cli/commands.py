@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import functools
 import json
 import os
@@ -93,59 +92,6 @@ def cmd_vocab(args: argparse.Namespace) -> None:
           f"{n_tokens} tokens in {len(files)} shard(s)")
 
 
-def _training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
-                      reset_state_prob: float | None = None, model=None, learning_rate: float | None = None):
-    """Options for a run: ``--config`` (a preset or an options.json), or with ``config=None`` the
-    biLM ``model`` of an ``--init-from`` source with bilm-tf's training recipe."""
-    import dataclasses
-
-    from elmo_jax.config import PRESETS, Options, TrainConfig
-    from elmo_jax.training.loop import options_for_vocab
-
-    strict = config is not None and config not in PRESETS
-    if config is None:
-        options = Options(model=model, train=_recipe_train(len(vocab)))
-    elif config in PRESETS:
-        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
-    elif os.path.isfile(config):
-        options = Options.load(config)
-    else:
-        raise ConfigError(f"--config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file")
-    flags: tuple[tuple[str, Any], ...] = (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
-                                          ("learning_rate", learning_rate))
-    for key, value in flags:
-        if value is not None:
-            options = dataclasses.replace(options, train=dataclasses.replace(
-                options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
-    return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
-
-
-def _config_sets(config: str | None, key: str) -> bool:
-    """Whether ``--config`` is an options.json that gives ``key`` itself (presets give no counts)."""
-    if config is None or not os.path.isfile(config):
-        return False
-    try:
-        with open(config, encoding="utf-8") as f:
-            return key in json.load(f)
-    except (OSError, ValueError):
-        return False  # Options.load reports a bad file with its own message
-
-
-def _tiny_train(n_tokens_vocab: int):
-    from elmo_jax.config import TrainConfig
-    # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
-    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 1025), batch_size=32, unroll_steps=20,
-                       n_negative_samples_batch=1024, n_epochs=1)
-
-
-def _recipe_train(n_tokens_vocab: int):
-    from elmo_jax.config import TrainConfig
-    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 8193))
-
-
-TRAIN_DEFAULTS = {"tiny": _tiny_train, "small": _recipe_train, "medium": _recipe_train, "original": _recipe_train}
-
-
 def _maybe_distributed(args: argparse.Namespace) -> None:
     import jax
 
@@ -166,12 +112,12 @@ def deterministic_gpu_flags() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """``elmo_jax.training.loop.pretrain`` on the data, vocabulary and options the flags give."""
+    """``elmo_jax.training.setup.train`` on the data, vocabulary and options the flags give."""
     import jax
 
-    from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.text.sources import open_source, shard_for_process
-    from elmo_jax.training.loop import RunSettings, pretrain
+    from elmo_jax.training.loop import RunSettings
+    from elmo_jax.training.setup import TrainSpec, train
 
     deterministic_gpu_flags()
     train_files, heldout_files = args.train_files, args.heldout_files
@@ -184,93 +130,22 @@ def cmd_train(args: argparse.Namespace) -> None:
         # Before jax.distributed starts: once it has, a process that stops leaves the others to
         # abort in the coordination service (a C++ stack trace) instead of printing this line.
         shard_for_process(source, 0, args.num_processes)
+    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     _maybe_distributed(args)
-    warm = None
-    if args.init_from and not _has_checkpoint(args.run_dir):  # a resumed run continues from its own
-        from elmo_jax.training.warmstart import read_warmstart
-
-        warm = read_warmstart(args.init_from)
-    vocab_path = _train_vocab(args, source, warm)
-    vocab = Vocabulary.load(vocab_path)
-    options = _train_options(args, vocab, vocab_path, warm)
-    if args.prefetch < 0 or args.host_workers < 0:
-        raise ConfigError(f"--prefetch and --host-workers must be 0 or more; got {args.prefetch} and {args.host_workers}")
+    spec = TrainSpec(config=args.config, vocab=args.vocab, min_count=args.min_count,
+                     n_train_tokens=args.n_train_tokens, batch_size=args.batch_size,
+                     reset_state_prob=args.reset_state_prob, learning_rate=args.learning_rate,
+                     init_from=args.init_from)
     settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
                            save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
                            log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
                            devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers,
                            on_divergence=args.on_divergence, new_data=args.new_data)
-    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
-    init_state = None
-    if warm is not None:
-        from elmo_jax.training.warmstart import finetune_state
-
-        init_state = finetune_state(warm, options, vocab, seed=args.seed)
-    last = pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
+    last = train(spec, source, settings, heldout=heldout,
+                 say=lambda text, *names: print(flag_text(text, names, args.flags)))
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
-
-
-def _train_vocab(args: argparse.Namespace, source, warm) -> str:
-    """--vocab, or the run dir's vocab.txt, built from the training text (and ``warm``'s words) when missing."""
-    from etils import epath
-
-    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
-
-    if args.vocab is not None:
-        return args.vocab
-    vocab_path = os.path.join(args.run_dir, "vocab.txt")
-    if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
-        epath.Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-        counts, n_tokens, n_sentences = count_tokens(source)
-        # Continuing a model: its words keep their softmax rows, the new text's words are added.
-        old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
-        write_vocab(build_vocab(counts, min_count=args.min_count, extend=old_words), vocab_path, n_tokens,
-                    n_sentences, [source.name(i) for i in range(len(source))])
-        extended = f", {len(old_words)} words of {args.init_from} included" if old_words else ""
-        print(f"no --vocab: wrote {vocab_path}{extended}")
-    return vocab_path
-
-
-def _train_options(args: argparse.Namespace, vocab, vocab_path: str, warm):
-    """The run's Options: --config (or ``warm``'s biLM) with the flags that override its recipe."""
-    from elmo_jax.config import saved_reset_state_prob
-    from elmo_jax.text.vocab import read_vocab_meta
-    from elmo_jax.training.loop import saved_options
-
-    meta = read_vocab_meta(vocab_path) or {}
-    n_train_tokens = args.n_train_tokens or meta.get("n_train_tokens")
-    if n_train_tokens is None and args.steps is None and not _config_sets(args.config, "n_train_tokens"):
-        # Without it --epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
-        raise ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and --config sets no "
-                          f"n_train_tokens, so epochs cannot be counted; give --n-train-tokens (tokens + "
-                          f"sentences of the training text) or --steps, or rebuild it with elmo-jax vocab")
-    config = args.config or (None if warm is not None else "tiny")
-    learning_rate = args.learning_rate
-    if (learning_rate is None and warm is not None and warm.bilm_acc is None
-            and not _config_sets(args.config, "learning_rate")):
-        from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
-
-        print(f"{args.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
-              f"instead of bilm-tf's 0.2 (--learning-rate to choose)")
-    # A resumed run keeps its recipe and its learning rate unless a flag or the config says
-    # otherwise (pretrain's start line names both).
-    saved = saved_options(args.run_dir)
-    reset_state_prob = args.reset_state_prob
-    if reset_state_prob is None and saved is not None and not _config_sets(args.config, "reset_state_prob"):
-        reset_state_prob = saved_reset_state_prob(saved)
-    if learning_rate is None and saved is not None and not _config_sets(args.config, "learning_rate"):
-        learning_rate = saved.get("learning_rate")
-    return _training_options(config, vocab, args.batch_size, n_train_tokens, reset_state_prob,
-                             warm.model if warm is not None else None, learning_rate)
-
-
-def _has_checkpoint(run_dir: str) -> bool:
-    from etils import epath
-
-    checkpoints = epath.Path(run_dir, "checkpoints")
-    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
@@ -599,10 +474,15 @@ COMPUTE_COMMANDS = ("train", "eval", "embed", "demo", "export")
 def error_line(exc: BaseException, flags: dict[str, str]) -> str:
     """``str(exc)`` with each argument it speaks of (``elmo_jax._util.arguments.about``) written as
     the flag ``flags`` gives it: the one place a library error becomes a command-line message."""
-    text = str(exc)
-    for name in arguments_of(exc):
+    return flag_text(str(exc), arguments_of(exc), flags)
+
+
+def flag_text(text: str, names, flags: dict[str, str]) -> str:
+    """``text`` with each of the argument ``names`` written as the flag ``flags`` gives it; a name
+    that is part of a path or a file name (``runs/vocab.txt``) stays as it is."""
+    for name in names:
         if name in flags:
-            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flags[name], text)
+            text = re.sub(rf"(?<![\w./-]){re.escape(name)}(?![\w/-])(?!\.\w)", flags[name], text)
     return text
 
 

@@ -1,0 +1,178 @@
+"""What to train and the one call that trains it: ``train(spec, source, settings)``.
+
+``TrainSpec`` says what to train: a preset or options.json (``config``) with the values that
+override its recipe, a vocabulary (or one built from the training text into the run dir), and
+optionally another model to continue (``init_from``, anything ``warmstart.read_warmstart``
+reads). ``train`` reads the warm start, writes the vocabulary when there is none, resolves the
+options (a resumed run keeps its recipe and learning rate unless told otherwise) and runs
+``loop.pretrain``. Its notes go to ``say(text, *argument names the text speaks of)``; its errors
+name arguments by the names here (``elmo_jax._util.arguments``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from elmo_jax._util.arguments import about
+from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, saved_reset_state_prob
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain, saved_options
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """What to train (where and for how long: ``loop.RunSettings``)."""
+
+    config: str | None = None
+    """A preset (tiny, small, medium, original) or a bilm-tf options.json (default: tiny, or
+    with ``init_from`` the source's biLM and bilm-tf's recipe)."""
+    vocab: str | None = None
+    """An LM vocabulary (default: the run dir's vocab.txt, built from the training text)."""
+    min_count: int = 1
+    """For the vocabulary built when ``vocab`` is not given."""
+    n_train_tokens: int | None = None
+    """Tokens + sentences of the training text, to count epochs (default: the vocabulary's sidecar)."""
+    batch_size: int | None = None
+    """Rows per device (default: the config's)."""
+    reset_state_prob: float | None = None
+    """Default: the config file's, a resumed run's own, else 0.1."""
+    learning_rate: float | None = None
+    """Default: the config file's, a resumed run's own, else bilm-tf's 0.2 (0.05 when
+    ``init_from`` has no optimizer state)."""
+    init_from: str | None = None
+    """Continue pretraining this model (ignored when the run dir already holds a checkpoint)."""
+
+
+def _print(text: str, *arguments: str) -> None:
+    print(text)
+
+
+def train(spec: TrainSpec, source, settings: RunSettings, heldout=None,
+          say: Callable[..., None] = _print) -> dict:
+    """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics."""
+    from elmo_jax.training.warmstart import finetune_state, read_warmstart
+
+    if settings.prefetch < 0 or settings.host_workers < 0:
+        raise about(ConfigError(f"prefetch and host_workers must be 0 or more; got {settings.prefetch} and "
+                                f"{settings.host_workers}"), "prefetch", "host_workers")
+    warm = None
+    if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
+        warm = read_warmstart(spec.init_from)
+    vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say)
+    vocab = Vocabulary.load(vocab_path)
+    options = _run_options(spec, settings, vocab, vocab_path, warm, say)
+    init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
+    return pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether ``run_dir`` (local or gs://) holds a checkpoint."""
+    from etils import epath
+
+    checkpoints = epath.Path(run_dir, "checkpoints")
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
+def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say) -> str:
+    """``spec.vocab``, or the run dir's vocab.txt, built from the training text (and ``warm``'s words) when missing."""
+    from etils import epath
+
+    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
+
+    if spec.vocab is not None:
+        return spec.vocab
+    vocab_path = os.path.join(run_dir, "vocab.txt")
+    if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+        epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
+        counts, n_tokens, n_sentences = count_tokens(source)
+        # Continuing a model: its words keep their softmax rows, the new text's words are added.
+        old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
+        write_vocab(build_vocab(counts, min_count=spec.min_count, extend=old_words), vocab_path, n_tokens,
+                    n_sentences, [source.name(i) for i in range(len(source))])
+        extended = f", {len(old_words)} words of {spec.init_from} included" if old_words else ""
+        say(f"no vocab: wrote {vocab_path}{extended}", "vocab")
+    return vocab_path
+
+
+def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, say) -> Options:
+    """The run's Options: ``spec.config`` (or ``warm``'s biLM) with the values that override its recipe."""
+    from elmo_jax.text.vocab import read_vocab_meta
+
+    meta = read_vocab_meta(vocab_path) or {}
+    n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
+    if n_train_tokens is None and settings.steps is None and not _config_sets(spec.config, "n_train_tokens"):
+        # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
+        raise about(ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
+                                f"token count, so epochs cannot be counted; give n_train_tokens (tokens + "
+                                f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"),
+                    "config", "n_train_tokens", "steps")
+    config = spec.config or (None if warm is not None else "tiny")
+    learning_rate = spec.learning_rate
+    if (learning_rate is None and warm is not None and warm.bilm_acc is None
+            and not _config_sets(spec.config, "learning_rate")):
+        from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
+
+        say(f"{spec.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
+            f"instead of bilm-tf's 0.2 (learning_rate to choose)", "learning_rate")
+    # A resumed run keeps its recipe and its learning rate unless an argument or the config says
+    # otherwise (pretrain's start line names both).
+    saved = saved_options(settings.run_dir)
+    reset_state_prob = spec.reset_state_prob
+    if reset_state_prob is None and saved is not None and not _config_sets(spec.config, "reset_state_prob"):
+        reset_state_prob = saved_reset_state_prob(saved)
+    if learning_rate is None and saved is not None and not _config_sets(spec.config, "learning_rate"):
+        learning_rate = saved.get("learning_rate")
+    return training_options(config, vocab, spec.batch_size, n_train_tokens, reset_state_prob,
+                            warm.model if warm is not None else None, learning_rate)
+
+
+def training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
+                     reset_state_prob: float | None = None, model=None, learning_rate: float | None = None) -> Options:
+    """Options for a run: ``config`` (a preset or an options.json), or with ``config=None`` the
+    biLM ``model`` of an ``init_from`` source with bilm-tf's training recipe."""
+    strict = config is not None and config not in PRESETS
+    if config is None:
+        options = Options(model=model, train=_recipe_train(len(vocab)))
+    elif config in PRESETS:
+        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
+    elif os.path.isfile(config):
+        options = Options.load(config)
+    else:
+        raise about(ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json "
+                                f"file"), "config")
+    overrides: tuple[tuple[str, Any], ...] = (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
+                                              ("learning_rate", learning_rate))
+    for key, value in overrides:
+        if value is not None:
+            options = dataclasses.replace(options, train=dataclasses.replace(
+                options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
+    return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
+
+
+def _config_sets(config: str | None, key: str) -> bool:
+    """Whether ``config`` is an options.json that gives ``key`` itself (presets give no counts)."""
+    if config is None or not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return key in json.load(f)
+    except (OSError, ValueError):
+        return False  # Options.load reports a bad file with its own message
+
+
+def _tiny_train(n_tokens_vocab: int) -> TrainConfig:
+    # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 1025), batch_size=32, unroll_steps=20,
+                       n_negative_samples_batch=1024, n_epochs=1)
+
+
+def _recipe_train(n_tokens_vocab: int) -> TrainConfig:
+    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 8193))
+
+
+# Each preset's training recipe, for a vocabulary of n words.
+TRAIN_DEFAULTS = {"tiny": _tiny_train, "small": _recipe_train, "medium": _recipe_train, "original": _recipe_train}
