@@ -34,8 +34,10 @@ def worker(port: int, n: int, rank: int, calls: int) -> None:
         times.append(time.perf_counter() - t)
     if rank == 0:
         ms = np.array(times) * 1e3
-        print(f"{n} processes, {calls} calls: median {np.median(ms):.2f} ms, 90th percentile "
-              f"{np.percentile(ms, 90):.2f} ms per agreement")
+        print(
+            f"{n} processes, {calls} calls: median {np.median(ms):.2f} ms, 90th percentile "
+            f"{np.percentile(ms, 90):.2f} ms per agreement"
+        )
 
 
 def main() -> None:
@@ -50,9 +52,23 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--processes", str(args.processes),
-                               "--calls", str(args.calls), "--worker", str(port), str(rank)], env=env)
-             for rank in range(args.processes)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--processes",
+                str(args.processes),
+                "--calls",
+                str(args.calls),
+                "--worker",
+                str(port),
+                str(rank),
+            ],
+            env=env,
+        )
+        for rank in range(args.processes)
+    ]
     sys.exit(max(p.wait() for p in procs))
 
 

@@ -17,13 +17,13 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-
 from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences, time_best
+
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, preset
 from elmo_jax.model import lstm
+from elmo_jax.model.char_cnn import trim_char_ids
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout
-from elmo_jax.model.char_cnn import trim_char_ids
 
 
 def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, peak: float) -> None:
@@ -35,12 +35,13 @@ def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, pea
     flops = rows * steps * lstm_flops(config) / config.lstm.n_layers
     compute = Compute(layout=Layout(unroll=1))  # no unrolling: the layer functions' own figures
     for label, fn in (("rows (GPU/TPU)", lstm._layer_rows), ("columns (CPU)", lstm._layer_columns)):
-        f = jax.jit(lambda p, x, fn=fn: fn(p, config, x, mask, state["c"][:, 0], state["h"][:, 0],
-                                             compute=compute)[0])
+        f = jax.jit(lambda p, x, fn=fn: fn(p, config, x, mask, state["c"][:, 0], state["h"][:, 0], compute=compute)[0])
         seconds = time_best(lambda: f(layer, xs).block_until_ready(), repeats)  # noqa: B023 - timed here
         gflops = flops / seconds / 1e9
-        print(f"{name:8s} LSTM layer, {label:14s} {rows} rows x {steps} steps: {seconds * 1e3:7.1f} ms  "
-              f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)")
+        print(
+            f"{name:8s} LSTM layer, {label:14s} {rows} rows x {steps} steps: {seconds * 1e3:7.1f} ms  "
+            f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)"
+        )
 
 
 def main() -> None:
@@ -64,12 +65,13 @@ def main() -> None:
             run = lambda: bilm_apply(params, config, ids)[0].block_until_ready()  # noqa: E731, B023 - timed here
             seconds = time_best(run, args.repeats)
             chars = ids.shape[-1]
-            flops = ((n_tokens + 2) * encoder_flops(config, chars)
-                     + args.batch * (args.length + 2) * lstm_flops(config))
+            flops = (n_tokens + 2) * encoder_flops(config, chars) + args.batch * (args.length + 2) * lstm_flops(config)
             gflops = flops / seconds / 1e9
-            print(f"{name:8s} {label:14s} {args.batch}x{args.length}: {n_tokens / seconds:8.0f} tokens/s  "
-                  f"{seconds * 1e3:7.1f} ms/batch  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)  "
-                  f"[{flops / n_tokens / 1e6:.1f} MFLOP/token, chars {chars}]")
+            print(
+                f"{name:8s} {label:14s} {args.batch}x{args.length}: {n_tokens / seconds:8.0f} tokens/s  "
+                f"{seconds * 1e3:7.1f} ms/batch  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul)  "
+                f"[{flops / n_tokens / 1e6:.1f} MFLOP/token, chars {chars}]"
+            )
         for rows in (args.batch, 4 * args.batch):
             bench_layouts(name, config, params, rows, args.length + 2, args.repeats, peak)
 

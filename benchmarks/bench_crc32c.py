@@ -25,7 +25,7 @@ def throughput(fn, data: bytes, piece: int, repeats: int) -> tuple[float, int]:
         t0 = time.perf_counter()
         crc = 0
         for start in range(0, len(data), piece):
-            crc = fn(data[start:start + piece], crc)
+            crc = fn(data[start : start + piece], crc)
         best = max(best, len(data) / (time.perf_counter() - t0) / 1e6)
     return best, crc
 
@@ -41,6 +41,7 @@ def main() -> None:
     impls = {"numpy": tfc.crc32c_numpy}
     try:
         import google_crc32c
+
         impls = {"google_crc32c": lambda b, crc: google_crc32c.extend(crc, b), **impls}
     except ImportError:
         print("google_crc32c is not installed: numpy only")

@@ -30,14 +30,15 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import jax
-
 from harness import encoder_flops, lstm_flops, matmul_gflops, random_sentences
+
 from elmo_jax import Embedder, init_bilm, preset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILES: list[float] = []  # seconds of each XLA compile in this process (a persistent-cache hit is not one)
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, sec, **_: COMPILES.append(sec) if event == "/jax/core/compile/backend_compile_duration" else None)
+    lambda event, sec, **_: COMPILES.append(sec) if event == "/jax/core/compile/backend_compile_duration" else None
+)
 
 
 def natural_sentences() -> list[list[str]]:
@@ -63,19 +64,32 @@ def job_plan(embedder, lengths: list[int]) -> str:
     real = f"{sum(n + 2 for n in lengths if n):,} real"
     if hasattr(embedder, "_packing"):
         pack = embedder._packing(lengths)
-        return (f"the job's plan: {pack.calls} calls of {pack.rows} rows x {pack.steps} steps, "
-                f"{pack.calls * pack.steps:,} sequential LSTM steps, "
-                f"{pack.rows * pack.calls * pack.steps:,} padded token-steps ({real})")
+        return (
+            f"the job's plan: {pack.calls} calls of {pack.rows} rows x {pack.steps} steps, "
+            f"{pack.calls * pack.steps:,} sequential LSTM steps, "
+            f"{pack.rows * pack.calls * pack.steps:,} padded token-steps ({real})"
+        )
     if hasattr(embedder, "_plan"):  # the batches of 807c246 and before
         plan = embedder._plan(lengths)
-        return (f"the job's plan: {len(plan)} batches, {sum(t + 2 for _, _, t in plan):,} sequential LSTM steps, "
-                f"{sum(r * (t + 2) for _, r, t in plan):,} padded token-steps ({real})")
+        return (
+            f"the job's plan: {len(plan)} batches, {sum(t + 2 for _, _, t in plan):,} sequential LSTM steps, "
+            f"{sum(r * (t + 2) for _, r, t in plan):,} padded token-steps ({real})"
+        )
     return "the job's plan: (not known to this tree)"
 
 
-def bench_job(name: str, params, config, path: str | None, precisions: list[str], peak: float,
-              settings: list[dict], repeats: int = 1, layer_choices: tuple[str, ...] = ("all",),
-              pools: tuple[str | None, ...] = (None,)) -> None:
+def bench_job(
+    name: str,
+    params,
+    config,
+    path: str | None,
+    precisions: list[str],
+    peak: float,
+    settings: list[dict],
+    repeats: int = 1,
+    layer_choices: tuple[str, ...] = ("all",),
+    pools: tuple[str | None, ...] = (None,),
+) -> None:
     sents = sample_sentences(path)
     n = sum(len(s) for s in sents)
     distinct = len({w for s in sents for w in s})
@@ -94,9 +108,12 @@ def bench_job(name: str, params, config, path: str | None, precisions: list[str]
                 embedder.embed(sents, layers=layers, pool=pool)
                 sec = time.perf_counter() - t
                 new = COMPILES[compiles:]
-                print(f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
-                      f"{sum(new):.1f} s compiling {len(new)} programs; {100 * flops / sec / 1e9 / peak:.0f}% of the "
-                      f"float32 matmul, useful FLOPs only)", flush=True)
+                print(
+                    f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
+                    f"{sum(new):.1f} s compiling {len(new)} programs; {100 * flops / sec / 1e9 / peak:.0f}% of the "
+                    f"float32 matmul, useful FLOPs only)",
+                    flush=True,
+                )
 
 
 def bench_host(name: str, config, path: str | None, backend: str) -> tuple[object, dict]:
@@ -127,9 +144,12 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     t1 = time.perf_counter()
     pack.streams(token_rows, len(slot), len(slot) + 1)
     common = {"packing": t1 - t, "index streams": time.perf_counter() - t1}
-    print(f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
-          f"{pack.calls} calls of {pack.rows} x {pack.steps}: "
-          + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()), flush=True)
+    print(
+        f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
+        f"{pack.calls} calls of {pack.rows} x {pack.steps}: "
+        + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()),
+        flush=True,
+    )
     seconds = {}
     for form in ("all", "top", "pooled"):
         for run in ("first", "again"):
@@ -158,10 +178,12 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
                 times["biLSTM layers" if form == "all" else "the mixed layer"] = time.perf_counter() - t
                 gb = sum(x.nbytes for x in out) / 1e9
                 del out
-            print(f"{name:8s}   {form} ({gb:.2f} GB from the device), {run}: "
-                  + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items() if k not in common)
-                  + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran",
-                  flush=True)
+            print(
+                f"{name:8s}   {form} ({gb:.2f} GB from the device), {run}: "
+                + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items() if k not in common)
+                + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran",
+                flush=True,
+            )
             seconds[form, run] = sum(times.values())
     return pack, seconds
 
@@ -191,12 +213,25 @@ def main() -> None:
     ap.add_argument("--job-tokens", nargs="+", type=int, help="batch_tokens values to compare (default: the library's)")
     ap.add_argument("--job-steps", nargs="+", type=int, help="extract_steps values to compare (default: the layout's)")
     ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
-    ap.add_argument("--job-layers", nargs="+", default=["all"], choices=["all", "top", "average"],
-                    help="embed(layers=...) values to compare")
-    ap.add_argument("--job-pool", nargs="+", default=["none"], choices=["none", "mean", "max"],
-                    help="embed(pool=...) values to compare (none: every token's vectors)")
-    ap.add_argument("--host-only", metavar="BACKEND",
-                    help="only the host's share of the job under this backend's layout (e.g. gpu), no device")
+    ap.add_argument(
+        "--job-layers",
+        nargs="+",
+        default=["all"],
+        choices=["all", "top", "average"],
+        help="embed(layers=...) values to compare",
+    )
+    ap.add_argument(
+        "--job-pool",
+        nargs="+",
+        default=["none"],
+        choices=["none", "mean", "max"],
+        help="embed(pool=...) values to compare (none: every token's vectors)",
+    )
+    ap.add_argument(
+        "--host-only",
+        metavar="BACKEND",
+        help="only the host's share of the job under this backend's layout (e.g. gpu), no device",
+    )
     args = ap.parse_args()
     if args.host_only:
         for name in args.shapes:
@@ -208,9 +243,18 @@ def main() -> None:
     for name in args.shapes:
         config = preset(name)
         params = init_bilm(jax.random.PRNGKey(0), config)
-        bench_job(name, params, config, args.job_file, args.job_precisions, peak,
-                  job_settings(args.job_tokens, args.job_steps), args.job_repeats, tuple(args.job_layers),
-                  tuple(None if v == "none" else v for v in args.job_pool))
+        bench_job(
+            name,
+            params,
+            config,
+            args.job_file,
+            args.job_precisions,
+            peak,
+            job_settings(args.job_tokens, args.job_steps),
+            args.job_repeats,
+            tuple(args.job_layers),
+            tuple(None if v == "none" else v for v in args.job_pool),
+        )
         if args.job_only:
             continue
         for dtype in ("float32", "bfloat16"):
@@ -226,11 +270,15 @@ def main() -> None:
                         best = min(best, time.perf_counter() - t)
                     n = sum(len(s) for s in sents)
                     distinct = len({w for s in sents for w in s})
-                    flops = (0 if cached else distinct * encoder_flops(config)) + sum(len(s) + 2 for s in sents) * lstm_flops(config)
+                    flops = (0 if cached else distinct * encoder_flops(config)) + sum(
+                        len(s) + 2 for s in sents
+                    ) * lstm_flops(config)
                     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-                    print(f"{name:8s} {dtype:8s} cache={'on ' if cached else 'off'} {label:22s}: {n / best:8.0f} tokens/s "
-                          f"{flops / best / 1e9:6.1f} GFLOP/s ({100 * flops / best / 1e9 / peak:.0f}% of matmul, "
-                          f"useful FLOPs only)  peak RSS {rss:.0f} MiB")
+                    print(
+                        f"{name:8s} {dtype:8s} cache={'on ' if cached else 'off'} {label:22s}: {n / best:8.0f} tokens/s "
+                        f"{flops / best / 1e9:6.1f} GFLOP/s ({100 * flops / best / 1e9 / peak:.0f}% of matmul, "
+                        f"useful FLOPs only)  peak RSS {rss:.0f} MiB"
+                    )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,11 @@ def write_only(path: str, shape: str, out: str, tokens: int) -> None:
         for i, n in enumerate(lengths):
             f.create_dataset(str(i), data=arrays[n])
     sec = time.perf_counter() - t
-    print(f"the writes alone: {len(lengths):,} datasets, {sum(a.nbytes for a in map(arrays.get, lengths)) / 1e9:.2f} GB "
-          f"in {sec:.2f} s ({1e3 * sec / len(lengths):.2f} ms a line, {tokens / sec:,.0f} tokens/s)", flush=True)
+    print(
+        f"the writes alone: {len(lengths):,} datasets, {sum(a.nbytes for a in map(arrays.get, lengths)) / 1e9:.2f} GB "
+        f"in {sec:.2f} s ({1e3 * sec / len(lengths):.2f} ms a line, {tokens / sec:,.0f} tokens/s)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -65,16 +68,44 @@ def main() -> None:
         write_only(args.input, args.shape, f"{tmp}/writes.hdf5", tokens)
         if args.writes_only:
             return
-        subprocess.run([sys.executable, "-c", (
-            "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.compat.hdf5 import save_hdf5; "
-            "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"),
-            args.shape, f"{tmp}/options.json", f"{tmp}/weights.hdf5"], check=True, env=env)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import jax, sys; from elmo_jax import init_bilm, preset; from elmo_jax.compat.hdf5 import save_hdf5; "
+                    "c = preset(sys.argv[1]); save_hdf5(c, init_bilm(jax.random.PRNGKey(0), c), sys.argv[2], sys.argv[3])"
+                ),
+                args.shape,
+                f"{tmp}/options.json",
+                f"{tmp}/weights.hdf5",
+            ],
+            check=True,
+            env=env,
+        )
         times: dict[int, list[float]] = {a: [] for a in args.ahead}
         for r in range(args.rounds):
             for ahead in args.ahead:
-                cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options",
-                       f"{tmp}/options.json", "--weights", f"{tmp}/weights.hdf5", "--input", args.input,
-                       "--output", f"{tmp}/out.hdf5", "--no-progress", "--ahead", str(ahead), *args.extra.split()]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "elmo_jax",
+                    "--compile-cache",
+                    "none",
+                    "embed",
+                    "--options",
+                    f"{tmp}/options.json",
+                    "--weights",
+                    f"{tmp}/weights.hdf5",
+                    "--input",
+                    args.input,
+                    "--output",
+                    f"{tmp}/out.hdf5",
+                    "--no-progress",
+                    "--ahead",
+                    str(ahead),
+                    *args.extra.split(),
+                ]
                 t = time.perf_counter()
                 subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
                 sec = time.perf_counter() - t
@@ -82,8 +113,11 @@ def main() -> None:
                 print(f"round {r + 1}, --ahead {ahead}: {sec:.2f} s, {tokens / sec:,.0f} tokens/s", flush=True)
     for ahead, secs in times.items():
         med = statistics.median(secs)
-        print(f"{args.shape} {os.path.basename(args.input)} ({tokens:,} tokens) {args.extra} --ahead {ahead}: "
-              f"median {med:.2f} s, {tokens / med:,.0f} tokens/s", flush=True)
+        print(
+            f"{args.shape} {os.path.basename(args.input)} ({tokens:,} tokens) {args.extra} --ahead {ahead}: "
+            f"median {med:.2f} s, {tokens / med:,.0f} tokens/s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def main() -> None:
     def grad_fn(layout):
         def loss(params, xs, state):
             out, final = lstm.run(params, config, xs, mask, state, compute=Compute(layout=layout))
-            return (out ** 2).sum() + final["c"].sum() + final["h"].sum()
+            return (out**2).sum() + final["c"].sum() + final["h"].sum()
+
         f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
         return lambda: jax.block_until_ready(f(params, xs, state))
 
@@ -59,8 +60,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in fns.items():
             times[name].append(time_best(fn, args.repeats, warmup=0))
-    print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; {args.shape}, "
-          f"{args.batch} rows x {args.length} steps, grad of lstm.run, float32; {args.rounds} alternating rounds")
+    print(
+        f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; {args.shape}, "
+        f"{args.batch} rows x {args.length} steps, grad of lstm.run, float32; {args.rounds} alternating rounds"
+    )
     for name, ts in times.items():
         print(f"  {name:18s} best {min(ts) * 1e3:7.1f} ms  median {statistics.median(ts) * 1e3:7.1f} ms")
 

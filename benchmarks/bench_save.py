@@ -41,13 +41,14 @@ def main() -> None:
     tc = TrainConfig(n_tokens_vocab=args.vocab, batch_size=args.batch)
     mesh = Mesh(np.array(jax.devices()), (AXIS,))
     rows = args.batch * mesh.size
-    shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, rows)),
-                                      mesh)
+    shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, rows)), mesh)
     state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, rows), out_shardings=shardings)()
     jax.block_until_ready(state)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-    print(f"{args.shape}, V={args.vocab:,}, {rows} rows, {mesh.size} {jax.devices()[0].platform} device(s): "
-          f"state {nbytes / 1e9:.2f} GB")
+    print(
+        f"{args.shape}, V={args.vocab:,}, {rows} rows, {mesh.size} {jax.devices()[0].platform} device(s): "
+        f"state {nbytes / 1e9:.2f} GB"
+    )
     host = {"data": {"position": np.zeros(3, np.int64)}}
     results: dict[str, list[tuple[float, float]]] = {"global arrays": [], "host copy first": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     train, heldout = bundled_sample()
     with open(heldout if args.file == "heldout" else train, encoding="utf-8") as f:
-        lines = f.read().splitlines()[:args.lines]
+        lines = f.read().splitlines()[: args.lines]
     options, weights = bundled_model()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "in.txt")
@@ -57,25 +57,52 @@ def main() -> None:
             f.write("\n".join(lines) + "\n")
 
         def command(output: str, *extra: str) -> list[str]:
-            return [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options", options,
-                    "--weights", weights, "--input", path, "--output", os.path.join(d, output), "--no-progress",
-                    "--layers", "top", *extra]
+            return [
+                sys.executable,
+                "-m",
+                "elmo_jax",
+                "--compile-cache",
+                "none",
+                "embed",
+                "--options",
+                options,
+                "--weights",
+                weights,
+                "--input",
+                path,
+                "--output",
+                os.path.join(d, output),
+                "--no-progress",
+                "--layers",
+                "top",
+                *extra,
+            ]
 
         n = args.shards
-        print(f"{len(lines)} lines, {sum(len(l.split()) for l in lines)} tokens of the sample's {args.file}.txt, "
-              f"bundled model; {os.cpu_count()} CPUs")
-        for label, commands in (("1 process", [command("one.hdf5")]),
-                                (f"{n} shard processes", [command("s.hdf5", "--num-shards", str(n), "--shard-index",
-                                                                  str(i)) for i in range(n)])):
+        print(
+            f"{len(lines)} lines, {sum(len(l.split()) for l in lines)} tokens of the sample's {args.file}.txt, "
+            f"bundled model; {os.cpu_count()} CPUs"
+        )
+        for label, commands in (
+            ("1 process", [command("one.hdf5")]),
+            (
+                f"{n} shard processes",
+                [command("s.hdf5", "--num-shards", str(n), "--shard-index", str(i)) for i in range(n)],
+            ),
+        ):
             seconds = run(commands, d)
             k = len(commands)
             for i, s in enumerate(seconds):
                 mine = lines[i::k]
-                print(f"  {label}, process {i}: {len(mine)} lines in {s:.1f} s: {len(mine) / s:,.0f} sentences/s, "
-                      f"{sum(len(l.split()) for l in mine) / s:,.0f} tokens/s")
+                print(
+                    f"  {label}, process {i}: {len(mine)} lines in {s:.1f} s: {len(mine) / s:,.0f} sentences/s, "
+                    f"{sum(len(l.split()) for l in mine) / s:,.0f} tokens/s"
+                )
             if k > 1:
-                print(f"  {label}, whole run: {len(lines) / max(seconds):,.0f} sentences/s, "
-                      f"{sum(len(l.split()) for l in lines) / max(seconds):,.0f} tokens/s")
+                print(
+                    f"  {label}, whole run: {len(lines) / max(seconds):,.0f} sentences/s, "
+                    f"{sum(len(l.split()) for l in lines) / max(seconds):,.0f} tokens/s"
+                )
 
 
 if __name__ == "__main__":

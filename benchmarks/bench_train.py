@@ -40,9 +40,10 @@ if "--fake-devices" in sys.argv:  # a --compile-only child: set before jax is im
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
 from harness import encoder_flops, lstm_flops, matmul_gflops
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from elmo_jax._util.hlo import wire_bytes_per_device
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset
 from elmo_jax.model.compute import Compute
@@ -52,8 +53,7 @@ from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.global_batches import GlobalBatches
 from elmo_jax.training.sharded_softmax import RowLayout, plan_fetch
 from elmo_jax.training.softmax import sample_log_uniform_unique
-from elmo_jax.training.step import (AXIS, add_candidates, init_state, make_train_step, plan_batch,
-                                    state_shardings)
+from elmo_jax.training.step import AXIS, add_candidates, init_state, make_train_step, plan_batch, state_shardings
 
 MB = 1e6
 
@@ -64,7 +64,7 @@ def zipf_corpus(directory: str, vocab_size: int, n_tokens: int, seed: int = 0) -
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = sorted({"".join(rng.choice(letters, rng.integers(2, 12))) for _ in range(int(vocab_size * 1.3))})
     rng.shuffle(words)
-    words = words[:vocab_size + 1000]
+    words = words[: vocab_size + 1000]
     ranks = np.minimum(rng.zipf(1.1, n_tokens), len(words)) - 1
     lengths = rng.integers(5, 40, n_tokens // 5)
     path = os.path.join(directory, "corpus.txt")
@@ -73,9 +73,9 @@ def zipf_corpus(directory: str, vocab_size: int, n_tokens: int, seed: int = 0) -
         for n in lengths:
             if pos >= n_tokens:
                 break
-            f.write(" ".join(words[i] for i in ranks[pos:pos + n]) + "\n")
+            f.write(" ".join(words[i] for i in ranks[pos : pos + n]) + "\n")
             pos += n
-    return Vocabulary(["<S>", "</S>", "<UNK>", *words[:vocab_size - 3]], source="zipf"), path
+    return Vocabulary(["<S>", "</S>", "<UNK>", *words[: vocab_size - 3]], source="zipf"), path
 
 
 def bench_pipeline(vocab: Vocabulary, path: str, rows: int, max_chars: int) -> float:
@@ -93,18 +93,22 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
     """Milliseconds per step of each part of the host work, one after the other on one core."""
     batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
     batcher.next()  # loads and encodes the shard
-    add_candidates(batcher.next(), step=0, seed=0, num_sampled=tc.n_negative_samples_batch,
-                         vocab_size=tc.n_tokens_vocab)  # the sampler's once-per-run set-up
-    layout, parts = RowLayout.for_vocab(tc.n_tokens_vocab), dict.fromkeys(("batcher", "data snapshot",
-                                                                           "candidates", "plan_fetch"), 0.0)
+    add_candidates(
+        batcher.next(), step=0, seed=0, num_sampled=tc.n_negative_samples_batch, vocab_size=tc.n_tokens_vocab
+    )  # the sampler's once-per-run set-up
+    layout, parts = (
+        RowLayout.for_vocab(tc.n_tokens_vocab),
+        dict.fromkeys(("batcher", "data snapshot", "candidates", "plan_fetch"), 0.0),
+    )
     for step in range(steps):
         t0 = time.perf_counter()
         batch = batcher.next()
         t1 = time.perf_counter()
         batcher.snapshot()  # what prefetch takes each step (state() only when a checkpoint is saved)
         t2 = time.perf_counter()
-        batch = add_candidates(batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch,
-                                     vocab_size=tc.n_tokens_vocab)
+        batch = add_candidates(
+            batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch, vocab_size=tc.n_tokens_vocab
+        )
         t3 = time.perf_counter()
         plan_fetch(batch["candidates"], batch["targets"], layout, 1)
         t4 = time.perf_counter()
@@ -113,8 +117,16 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
     return parts
 
 
-def bench_host_pipeline(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: int, prefetch: int,
-                        workers: int, device_s: float = 0.0, steps: int = 150) -> float:
+def bench_host_pipeline(
+    vocab: Vocabulary,
+    path: str,
+    tc: TrainConfig,
+    max_chars: int,
+    prefetch: int,
+    workers: int,
+    device_s: float = 0.0,
+    steps: int = 150,
+) -> float:
     """Seconds per step of a loop over ``GlobalBatches.next`` on one device: the whole host side of
     a step (batcher, candidates, fetch plan, global arrays) with ``prefetch`` batches built ahead in
     a thread and ``workers`` processes drawing candidates. ``device_s``: each step also runs that
@@ -167,26 +179,41 @@ def replicated_wire_bytes(dense_params: int, tc: TrainConfig, p: int, n: int) ->
 
 def model_and_config(args, v: int):
     model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
-    tc = TrainConfig(n_tokens_vocab=v, batch_size=args.batch, unroll_steps=20, n_negative_samples_batch=args.negatives,
-                     reset_state_prob=args.reset_state_prob)
+    tc = TrainConfig(
+        n_tokens_vocab=v,
+        batch_size=args.batch,
+        unroll_steps=20,
+        n_negative_samples_batch=args.negatives,
+        reset_state_prob=args.reset_state_prob,
+    )
     return model, tc
 
 
 def report_comm(tag: str, hlo_text: str, n: int, model, tc, links: bool = False) -> None:
     p = model.lstm.projection_dim
     wire = wire_bytes_per_device(hlo_text, n)
-    dense = sum(x.size for x in jax.tree_util.tree_leaves(
-        jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]))
+    dense = sum(
+        x.size
+        for x in jax.tree_util.tree_leaves(
+            jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc)).params["bilm"]
+        )
+    )
     split, rep = softmax_bytes(tc.n_tokens_vocab, p, n)
     old = replicated_wire_bytes(dense, tc, p, n)
     kinds = ", ".join(f"{k} {b / MB:,.1f}" for k, b in sorted(wire.items())) or "none"
-    print(f"{tag}   softmax stored per device {split / MB:,.1f} MB (replicated design: {rep / MB:,.1f} MB); "
-          f"sent per device per step {sum(wire.values()) / MB:,.1f} MB [{kinds}] "
-          f"(replicated design: {old / MB:,.1f} MB)")
+    print(
+        f"{tag}   softmax stored per device {split / MB:,.1f} MB (replicated design: {rep / MB:,.1f} MB); "
+        f"sent per device per step {sum(wire.values()) / MB:,.1f} MB [{kinds}] "
+        f"(replicated design: {old / MB:,.1f} MB)"
+    )
     if links and n > 1:
-        print(f"{tag}   implied communication time per step: " + "; ".join(
-            f"{name}: {sum(wire.values()) / rate * 1e3:,.1f} ms (replicated design {old / rate * 1e3:,.1f} ms)"
-            for name, rate in LINKS))
+        print(
+            f"{tag}   implied communication time per step: "
+            + "; ".join(
+                f"{name}: {sum(wire.values()) / rate * 1e3:,.1f} ms (replicated design {old / rate * 1e3:,.1f} ms)"
+                for name, rate in LINKS
+            )
+        )
 
 
 def abstract_step_inputs(model, tc: TrainConfig, mesh: Mesh, words: int) -> tuple[dict, dict, int, int]:
@@ -200,16 +227,26 @@ def abstract_step_inputs(model, tc: TrainConfig, mesh: Mesh, words: int) -> tupl
     shardings = state_shardings(abstract, mesh)
     state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     rng = np.random.default_rng(0)
-    cands = np.stack([sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0]
-                      for _ in range(2)])
+    cands = np.stack(
+        [sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0] for _ in range(2)]
+    )
     targets = np.minimum(rng.zipf(1.1, (2, tc.batch_size, tc.unroll_steps)), tc.n_tokens_vocab) - 1
     plan, capacity = plan_fetch(cands[None], targets[None], layout, n)
     rows_asked = len(np.unique(np.concatenate([cands.ravel(), targets.ravel()])))
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
     i32, sh = jnp.int32, NamedSharding(mesh, P(AXIS))
-    shapes = {"chars": ((words, c), i32), "inputs": ((2, b, t), i32), "targets": ((2, b, t), i32),
-              "rows": ((b,), i32), "starts": ((2, b, t), bool), "candidates": ((2, s), i32), "num_tries": ((2,), jnp.float32),
-              "fetch": ((n, capacity), i32), "cand_index": ((2, s), i32), "target_index": ((2, b, t), i32)}
+    shapes = {
+        "chars": ((words, c), i32),
+        "inputs": ((2, b, t), i32),
+        "targets": ((2, b, t), i32),
+        "rows": ((b,), i32),
+        "starts": ((2, b, t), bool),
+        "candidates": ((2, s), i32),
+        "num_tries": ((2,), jnp.float32),
+        "fetch": ((n, capacity), i32),
+        "cand_index": ((2, s), i32),
+        "target_index": ((2, b, t), i32),
+    }
     batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
     return state, batch, capacity, rows_asked
 
@@ -223,18 +260,33 @@ def compile_only(args) -> None:
     t0 = time.perf_counter()
     compiled = make_train_step(model, tc, mesh).lower(state, batch).compile()
     mem = compiled.memory_analysis()
-    print(json.dumps({"n": n, "hlo": compiled.as_text(), "capacity": capacity, "rows_asked": rows_asked,
-                      "compile_s": time.perf_counter() - t0,
-                      "args_bytes": getattr(mem, "argument_size_in_bytes", None),
-                      "temp_bytes": getattr(mem, "temp_size_in_bytes", None)}))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "hlo": compiled.as_text(),
+                "capacity": capacity,
+                "rows_asked": rows_asked,
+                "compile_s": time.perf_counter() - t0,
+                "args_bytes": getattr(mem, "argument_size_in_bytes", None),
+                "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+            }
+        )
+    )
 
 
 def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, mesh: Mesh) -> tuple[list, int, int]:
     """``args.steps + 2`` global batches from the corpus at ``path``, all with one distinct-word
     width and one fetch capacity (so no timed step recompiles); and that width and capacity."""
     n = mesh.size
-    batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20,
-                        max_chars=model.char_cnn.max_characters_per_token, n_devices=n)
+    batcher = LMBatcher(
+        TextFiles(path),
+        vocab,
+        rows_per_device=tc.batch_size,
+        unroll_steps=20,
+        max_chars=model.char_cnn.max_characters_per_token,
+        n_devices=n,
+    )
     feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False, prefetch=0)
     host = [feed.next(i) for i in range(args.steps + 2)]
     feed.close()  # no more batches: stop building them ahead
@@ -248,16 +300,17 @@ def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, m
     return batches, width, capacity
 
 
-def time_step(model, tc: TrainConfig, mesh: Mesh, batches: list, *, compute: Compute = Compute(),
-              trace_dir: str | None = None):
+def time_step(
+    model, tc: TrainConfig, mesh: Mesh, batches: list, *, compute: Compute = Compute(), trace_dir: str | None = None
+):
     """Median seconds of one train step over ``batches[1:]`` (``batches[0]`` warms up), and the
     compiled step. With ``trace_dir``, the timed steps also run under ``jax.profiler.trace``."""
     n = mesh.size
     step = make_train_step(model, tc, mesh, compute=compute)
-    shardings = state_shardings(jax.eval_shape(lambda: init_state(
-        jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh)
-    state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n),
-                    out_shardings=shardings)()
+    shardings = state_shardings(
+        jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n)), mesh
+    )
+    state = jax.jit(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size * n), out_shardings=shardings)()
     compiled = step.lower(state, batches[0]).compile()
     state, m = step(state, batches[0])
     jax.block_until_ready(m)
@@ -279,8 +332,11 @@ def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:
     """FLOPs executed by one step on ``n`` devices: 3 x forward (the char CNN over ``width``
     distinct words, the biLSTM, the sampled softmax)."""
     p = model.lstm.projection_dim
-    fwd = n * (width * encoder_flops(model) + tc.batch_size * 20 * lstm_flops(model)
-               + 2 * tc.batch_size * 20 * 2 * p * (tc.n_negative_samples_batch + 1))
+    fwd = n * (
+        width * encoder_flops(model)
+        + tc.batch_size * 20 * lstm_flops(model)
+        + 2 * tc.batch_size * 20 * 2 * p * (tc.n_negative_samples_batch + 1)
+    )
     return 3 * fwd
 
 
@@ -291,12 +347,21 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
     ap.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
-    ap.add_argument("--reset-state-prob", type=float, default=TrainConfig.reset_state_prob,
-                    help="TrainConfig.reset_state_prob (default: its default)")
+    ap.add_argument(
+        "--reset-state-prob",
+        type=float,
+        default=TrainConfig.reset_state_prob,
+        help="TrainConfig.reset_state_prob (default: its default)",
+    )
     ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
     ap.add_argument("--pipeline-only", action="store_true")
-    ap.add_argument("--compile-only", type=int, nargs="+", metavar="N",
-                    help="compile (not run) for N fake CPU devices each, in subprocesses")
+    ap.add_argument(
+        "--compile-only",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="compile (not run) for N fake CPU devices each, in subprocesses",
+    )
     ap.add_argument("--words", type=int, default=2048, help="--compile-only: distinct words per device batch")
     ap.add_argument("--fake-devices", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -304,8 +369,10 @@ def main() -> None:
         return compile_only(args)
     if args.compile_only:
         model, tc = model_and_config(args, args.vocabs[-1])
-        print(f"compile only: {args.shape}, V={tc.n_tokens_vocab:,}, {args.batch} rows x 20 per device, "
-              f"{args.negatives} negatives, {args.words} distinct words per device batch")
+        print(
+            f"compile only: {args.shape}, V={tc.n_tokens_vocab:,}, {args.batch} rows x 20 per device, "
+            f"{args.negatives} negatives, {args.words} distinct words per device batch"
+        )
         for n in args.compile_only:
             cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--fake-devices", str(n)]
             r = subprocess.run(cmd, capture_output=True, text=True)
@@ -313,16 +380,20 @@ def main() -> None:
                 print(f"n={n}: failed\n{r.stderr[-2000:]}")
                 continue
             out = json.loads(r.stdout.strip().splitlines()[-1])
-            print(f"n={n:>4}: compiled in {out['compile_s']:.0f} s; per device: arguments "
-                  f"{(out['args_bytes'] or 0) / MB:,.0f} MB, temporaries {(out['temp_bytes'] or 0) / MB:,.0f} MB; "
-                  f"rows asked {out['rows_asked']:,}, capacity per owner {out['capacity']}")
+            print(
+                f"n={n:>4}: compiled in {out['compile_s']:.0f} s; per device: arguments "
+                f"{(out['args_bytes'] or 0) / MB:,.0f} MB, temporaries {(out['temp_bytes'] or 0) / MB:,.0f} MB; "
+                f"rows asked {out['rows_asked']:,}, capacity per owner {out['capacity']}"
+            )
             report_comm("        ", out["hlo"], n, model, tc, links=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, 100_000, 600_000)
         rate = bench_pipeline(vocab, path, 128, 50)
-        print(f"input pipeline alone, one core (100k vocab, 128 rows x 20, both directions' windows with char ids): "
-              f"{rate:,.0f} tokens/s")
+        print(
+            f"input pipeline alone, one core (100k vocab, 128 rows x 20, both directions' windows with char ids): "
+            f"{rate:,.0f} tokens/s"
+        )
         if args.pipeline_only:
             # The whole host side of a step at the original shape's sizes (the batcher's words
             # come from the 100k-word corpus; candidates and fetch plan at V = 793,471).
@@ -330,16 +401,23 @@ def main() -> None:
             # V = 28k: the experiments' vocabulary (experiments/data/lm), where ids repeat most.
             for v in (28_000, 793_471):
                 parts = host_step_parts(vocab, path, dataclasses.replace(tc, n_tokens_vocab=v), 50)
-                print(f"host work per step, one after the other on one core (128 rows x 20, V={v:,}, 8,192 "
-                      "negatives): " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items()))
+                print(
+                    f"host work per step, one after the other on one core (128 rows x 20, V={v:,}, 8,192 "
+                    "negatives): " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items())
+                )
             # 15 ms: the original shape's train step on one H100 (issue 15).
-            print(f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores): batches taken "
-                  f"as fast as they come | with a 15 ms step on an (imagined, asynchronous) device")
+            print(
+                f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores): batches taken "
+                f"as fast as they come | with a 15 ms step on an (imagined, asynchronous) device"
+            )
             for prefetch, workers in ((0, 0), (2, 0), (2, 1), (2, 2)):
-                rates = [bench_host_pipeline(vocab, path, tc, 50, prefetch, workers, device_s)
-                         for device_s in (0.0, 0.015)]
-                print(f"  prefetch {prefetch}, {workers} candidate worker(s): " + " | ".join(
-                    f"{sec * 1e3:5.1f} ms/step {128 * 20 / sec:9,.0f} tokens/s" for sec in rates))
+                rates = [
+                    bench_host_pipeline(vocab, path, tc, 50, prefetch, workers, device_s) for device_s in (0.0, 0.015)
+                ]
+                print(
+                    f"  prefetch {prefetch}, {workers} candidate worker(s): "
+                    + " | ".join(f"{sec * 1e3:5.1f} ms/step {128 * 20 / sec:9,.0f} tokens/s" for sec in rates)
+                )
             return
         peak = matmul_gflops()
         n = args.devices
@@ -353,9 +431,11 @@ def main() -> None:
             tokens = args.batch * 20 * n
             gflops = train_flops(model, tc, width, n) / sec / 1e9
             temp = f", compiled temp {mem.temp_size_in_bytes / 2**20:.0f} MiB" if mem is not None else ""
-            print(f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {args.steps})  {tokens / sec:7.0f} tokens/s  "
-                  f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
-                  f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}")
+            print(
+                f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {args.steps})  {tokens / sec:7.0f} tokens/s  "
+                f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
+                f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}"
+            )
             report_comm("   ", compiled.as_text(), n, model, tc)
 
 

@@ -24,10 +24,10 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
+from harness import mfu, roofline_report
 from jax.sharding import Mesh
 
-from harness import mfu, roofline_report
-from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
 from elmo_jax.config import TrainConfig
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout, for_backend
@@ -75,10 +75,10 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
         if not (m := _INSTRUCTION.match(line)):
             continue
         name, rest = m.groups()
-        if (op := re.search(r'op_name="([^"]*)"', rest)):
+        if op := re.search(r'op_name="([^"]*)"', rest):
             scopes[name] = op.group(1)
             inside[current].append(op.group(1))
-        elif (callee := re.search(r"calls=%?([\w.\-]+)", rest)):
+        elif callee := re.search(r"calls=%?([\w.\-]+)", rest):
             calls[name] = callee.group(1)
     for name, callee in calls.items():
         if inside.get(callee):
@@ -112,7 +112,9 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float, hlo_text: str = "
         for line in plane.lines:
             events = list(line.events)
             if events:
-                seen.append(f"{plane.name} | {line.name}: {len(events)} events, stats {[k for k, _ in events[0].stats]}")
+                seen.append(
+                    f"{plane.name} | {line.name}: {len(events)} events, stats {[k for k, _ in events[0].stats]}"
+                )
     for plane in device_planes:
         for line in plane.lines:
             if "stream" not in line.name.lower():
@@ -128,13 +130,16 @@ def summarize_trace(trace_dir: str, steps: int, wall_s: float, hlo_text: str = "
                 by_part[part] += e.duration_ns
                 part_kernels[part] += 1
     busy = sum(by_op.values()) / 1e6
-    lines = ["lines: " + "\n  ".join(seen[:12]),
-             f"per step: wall {wall_s * 1e3:.1f} ms, device busy {busy / steps:.1f} ms "
-             f"({100 * busy / steps / (wall_s * 1e3):.0f}%), {kernels / steps:.0f} kernels, "
-             f"{len(scopes)} HLO instructions with a name stack",
-             "device time per part of the step (ms per step, kernels per step):"]
-    lines += [f"  {part:<16} {ns / 1e6 / steps:8.2f} {part_kernels[part] / steps:6.0f}"
-              for part, ns in by_part.most_common()]
+    lines = [
+        "lines: " + "\n  ".join(seen[:12]),
+        f"per step: wall {wall_s * 1e3:.1f} ms, device busy {busy / steps:.1f} ms "
+        f"({100 * busy / steps / (wall_s * 1e3):.0f}%), {kernels / steps:.0f} kernels, "
+        f"{len(scopes)} HLO instructions with a name stack",
+        "device time per part of the step (ms per step, kernels per step):",
+    ]
+    lines += [
+        f"  {part:<16} {ns / 1e6 / steps:8.2f} {part_kernels[part] / steps:6.0f}" for part, ns in by_part.most_common()
+    ]
     lines.append("top 20 ops (ms per step, kernel, name stack):")
     for op, ns in by_op.most_common(20):
         kname, scope = where[op]
@@ -149,8 +154,12 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument("--vocab", type=int, default=100_000)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--reset-state-prob", type=float, default=TrainConfig.reset_state_prob,
-                    help="TrainConfig.reset_state_prob (default: its default)")
+    ap.add_argument(
+        "--reset-state-prob",
+        type=float,
+        default=TrainConfig.reset_state_prob,
+        help="TrainConfig.reset_state_prob (default: its default)",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--profile", choices=list(VARIANTS), help="trace this variant's timed steps")
     ap.add_argument("--profile-out", default=".", help="where profile_top.txt goes")
@@ -166,8 +175,11 @@ def main() -> None:
         vocab, path = zipf_corpus(tmp, args.vocab, 300_000)
         batches, width, capacity = device_batches(args, model, tc, vocab, path, mesh)
         flops = train_flops(model, tc, width)
-        print(f"{args.shape}, {args.batch} rows x 20, V={args.vocab:,}, {width} distinct-word rows, "
-              f"{flops / 1e9:,.0f} GFLOP a step", flush=True)
+        print(
+            f"{args.shape}, {args.batch} rows x 20, V={args.vocab:,}, {width} distinct-word rows, "
+            f"{flops / 1e9:,.0f} GFLOP a step",
+            flush=True,
+        )
         names = list(args.variants)
         if args.profile and args.profile not in names:
             names.append(args.profile)
@@ -181,12 +193,20 @@ def main() -> None:
                 continue
             rate = flops / sec / 1e9
             # The roofline dtype the variant's matmuls run in (its MFU denominators).
-            kind_of = ("bfloat16" if np.dtype(compute.dtype) == jnp.bfloat16 or name == "bf16-preset" else
-                       "tf32" if name == "tf32" else "float32")
-            print(f"{name:<12} {sec * 1e3:8.2f} ms/step {args.batch * 20 / sec:9.0f} tokens/s {rate:9,.0f} GFLOP/s "
-                  f"({mfu(rate / 1e3, kind_of, kind, measured)})  "
-                  f"[{np.dtype(compute.dtype).name}, {getattr(compute.precision, 'name', compute.precision)}, "
-                  f"{compute.layout}]", flush=True)
+            kind_of = (
+                "bfloat16"
+                if np.dtype(compute.dtype) == jnp.bfloat16 or name == "bf16-preset"
+                else "tf32"
+                if name == "tf32"
+                else "float32"
+            )
+            print(
+                f"{name:<12} {sec * 1e3:8.2f} ms/step {args.batch * 20 / sec:9.0f} tokens/s {rate:9,.0f} GFLOP/s "
+                f"({mfu(rate / 1e3, kind_of, kind, measured)})  "
+                f"[{np.dtype(compute.dtype).name}, {getattr(compute.precision, 'name', compute.precision)}, "
+                f"{compute.layout}]",
+                flush=True,
+            )
             if trace:
                 text = summarize_trace(trace, args.steps, sec, compiled.as_text())
                 os.makedirs(args.profile_out, exist_ok=True)

@@ -60,8 +60,13 @@ def train(tree: str) -> float:
     script = os.path.join(os.path.abspath(tree), "benchmarks", "bench_train.py")
     if not os.path.exists(script):  # a tree from before benchmarks/ had its own in experiments/
         script = os.path.join(os.path.abspath(tree), "experiments", "bench_train.py")
-    r = subprocess.run([sys.executable, script, "--shape", "small", "--vocabs", "10000", "--steps", "10"], env=env,
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, script, "--shape", "small", "--vocabs", "10000", "--steps", "10"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     m = re.search(r"V=\s*10,000:.*?([\d.]+) tokens/s", r.stdout)
     if not m:
         raise SystemExit(f"no tokens/s in the output of {script}:\n{r.stdout[-2000:]}")

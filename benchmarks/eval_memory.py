@@ -15,7 +15,8 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax import PRESETS
 from elmo_jax.config import ModelConfig
@@ -23,7 +24,7 @@ from elmo_jax.model import bilm, lstm
 from elmo_jax.training.evaluate import BLOCK, _divisor_at_most, _step_fn
 from elmo_jax.training.sharded_softmax import RowLayout
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def _temp_bytes(fn, *args) -> int:
@@ -37,16 +38,26 @@ def eval_step_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: 
     spec = lambda *s: NamedSharding(mesh, P(*s))  # noqa: E731
     abstract = lambda shape, dtype, sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)  # noqa: E731
     v_pad, p = RowLayout.for_vocab(vocab_size).padded, model.lstm.projection_dim
-    bilm_params = jax.tree_util.tree_map(lambda x: abstract(x.shape, x.dtype, spec()),
-                                         jax.eval_shape(lambda: bilm.init(jax.random.PRNGKey(0), model)))
-    params = {"bilm": bilm_params, "softmax": {"w": abstract((v_pad, p), jnp.float32, spec("data")),
-                                               "b": abstract((v_pad,), jnp.float32, spec("data"))}}
+    bilm_params = jax.tree_util.tree_map(
+        lambda x: abstract(x.shape, x.dtype, spec()), jax.eval_shape(lambda: bilm.init(jax.random.PRNGKey(0), model))
+    )
+    params = {
+        "bilm": bilm_params,
+        "softmax": {
+            "w": abstract((v_pad, p), jnp.float32, spec("data")),
+            "b": abstract((v_pad,), jnp.float32, spec("data")),
+        },
+    }
     valid = abstract((v_pad,), bool, spec("data"))
-    state = jax.tree_util.tree_map(lambda x: abstract(x.shape, x.dtype, spec(None, None, "data")),
-                                   jax.eval_shape(lambda: lstm.zero_state(model, rows)))
-    local = {"chars": abstract((1, words, model.char_cnn.max_characters_per_token), jnp.int32, spec("data")),
-             "inputs": abstract((1, 2, rows, steps), jnp.int32, spec("data")),
-             "mask": abstract((1, rows, steps), bool, spec("data"))}
+    state = jax.tree_util.tree_map(
+        lambda x: abstract(x.shape, x.dtype, spec(None, None, "data")),
+        jax.eval_shape(lambda: lstm.zero_state(model, rows)),
+    )
+    local = {
+        "chars": abstract((1, words, model.char_cnn.max_characters_per_token), jnp.int32, spec("data")),
+        "inputs": abstract((1, 2, rows, steps), jnp.int32, spec("data")),
+        "mask": abstract((1, rows, steps), bool, spec("data")),
+    }
     everywhere = (abstract((2, rows, steps), jnp.int32, spec()), abstract((rows, steps), bool, spec()))
     step = _step_fn(model, mesh, _divisor_at_most(v_pad, BLOCK))
     return _temp_bytes(step, params, valid, state, local, everywhere)
@@ -54,12 +65,21 @@ def eval_step_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: 
 
 def dense_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: int = 20) -> int:
     """The control: cross-entropy of ``2 x rows x steps`` positions with the whole logits."""
+
     def dense(h, targets, w, b):
         logits = h @ w.T + b
         return jax.nn.logsumexp(logits, axis=1) - jnp.take_along_axis(logits, targets[:, None], axis=1)[:, 0]
+
     n, p = 2 * rows * steps, model.lstm.projection_dim
-    args = [jax.ShapeDtypeStruct(s, d) for s, d in
-            (((n, p), jnp.float32), ((n,), jnp.int32), ((vocab_size, p), jnp.float32), ((vocab_size,), jnp.float32))]
+    args = [
+        jax.ShapeDtypeStruct(s, d)
+        for s, d in (
+            ((n, p), jnp.float32),
+            ((n,), jnp.int32),
+            ((vocab_size, p), jnp.float32),
+            ((vocab_size,), jnp.float32),
+        )
+    ]
     return _temp_bytes(jax.jit(dense), *args)
 
 
@@ -74,8 +94,10 @@ def main() -> None:
     print(f"{args.config}, {args.rows} rows x {args.steps} steps, block {BLOCK}, {jax.devices()[0].platform}")
     print(f"{'V':>9} {'blockwise MiB':>14} {'[positions, V] MiB':>19}")
     for v in args.vocab:
-        print(f"{v:>9,} {eval_step_temp(model, v, args.rows, args.steps) / MiB:>14.1f} "
-              f"{dense_temp(model, v, args.rows, args.steps) / MiB:>19.1f}")
+        print(
+            f"{v:>9,} {eval_step_temp(model, v, args.rows, args.steps) / MiB:>14.1f} "
+            f"{dense_temp(model, v, args.rows, args.steps) / MiB:>19.1f}"
+        )
 
 
 if __name__ == "__main__":

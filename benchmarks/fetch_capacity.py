@@ -32,12 +32,12 @@ SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "elmo_jax" / "data" / "sa
 def needs(source, vocab, rows: int, unroll: int, negatives: int, devices: int, steps: int) -> np.ndarray:
     layout = RowLayout.for_vocab(len(vocab))
     per_owner = layout.rows_per_device(devices)
-    batcher = LMBatcher(source, vocab, rows_per_device=rows, unroll_steps=unroll, max_chars=50,
-                        n_devices=devices, seed=0)
+    batcher = LMBatcher(
+        source, vocab, rows_per_device=rows, unroll_steps=unroll, max_chars=50, n_devices=devices, seed=0
+    )
     out = []
     for step in range(steps):
-        batch = add_candidates(batcher.next(), step=step, seed=0, num_sampled=negatives,
-                                     vocab_size=len(vocab))
+        batch = add_candidates(batcher.next(), step=step, seed=0, num_sampled=negatives, vocab_size=len(vocab))
         need = 0
         for d in range(devices):
             ids = np.unique(np.concatenate([batch["candidates"][d].ravel(), batch["targets"][d].ravel()]))
@@ -71,18 +71,24 @@ def main() -> None:
         vocab = Vocabulary.load(args.vocab)
     else:
         vocab = Vocabulary(build_vocab(count_tokens(source)[0]))
-    print(f"{args.files or SAMPLE}: V={len(vocab)}, {args.rows} rows x {args.unroll} per device, "
-          f"{args.negatives} negatives, {args.steps} steps")
+    print(
+        f"{args.files or SAMPLE}: V={len(vocab)}, {args.rows} rows x {args.unroll} per device, "
+        f"{args.negatives} negatives, {args.steps} steps"
+    )
     for d in args.devices:
         need = needs(source, vocab, args.rows, args.unroll, args.negatives, d, args.steps)
         spread = (need.max() - need[0]) / np.sqrt(need[0])
-        print(f"  {d} device(s): need first {need[0]}, mean {need.mean():.0f}, std {need.std():.1f} "
-              f"({need.std() / np.sqrt(need.mean()):.2f} sqrt(mean)), max {need.max()} "
-              f"(first + {spread:.2f} sqrt(first))")
+        print(
+            f"  {d} device(s): need first {need[0]}, mean {need.mean():.0f}, std {need.std():.1f} "
+            f"({need.std() / np.sqrt(need.mean()):.2f} sqrt(mean)), max {need.max()} "
+            f"(first + {spread:.2f} sqrt(first))"
+        )
         for name, rule in (("no headroom", lambda n, cap: max(cap, capacity_bucket(n))), ("headroom", next_capacity)):
             first, last, growths = grow(need, rule)
-            print(f"    {name:12s}: capacity {first} -> {last}, grew {growths} time(s); "
-                  f"padding {1 - need.mean() / last:.1%} of the fetched rows at the end")
+            print(
+                f"    {name:12s}: capacity {first} -> {last}, grew {growths} time(s); "
+                f"padding {1 - need.mean() / last:.1%} of the fetched rows at the end"
+            )
 
 
 if __name__ == "__main__":

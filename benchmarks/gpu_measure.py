@@ -47,12 +47,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 # name -> (seconds at most, seconds at least to start it)
-BUDGETS = {"roofline": (50, 20), "step128": (75, 40), "step384": (85, 45), "cli": (130, 60), "extract": (110, 50),
-           "baseline": (150, 80)}
-FULL = {"shape": "original", "rows": (128, 384), "vocab": 793_471, "negatives": 8192, "steps": 10,
-        "roofline_size": None, "cli_steps": 300, "cli_log": 50, "job_tokens": 100_000}
-REHEARSAL = {"shape": "tiny", "rows": (4, 12), "vocab": 2000, "negatives": 64, "steps": 3,
-             "roofline_size": 256, "cli_steps": 10, "cli_log": 5, "job_tokens": 3000}
+BUDGETS = {
+    "roofline": (50, 20),
+    "step128": (75, 40),
+    "step384": (85, 45),
+    "cli": (130, 60),
+    "extract": (110, 50),
+    "baseline": (150, 80),
+}
+FULL = {
+    "shape": "original",
+    "rows": (128, 384),
+    "vocab": 793_471,
+    "negatives": 8192,
+    "steps": 10,
+    "roofline_size": None,
+    "cli_steps": 300,
+    "cli_log": 50,
+    "job_tokens": 100_000,
+}
+REHEARSAL = {
+    "shape": "tiny",
+    "rows": (4, 12),
+    "vocab": 2000,
+    "negatives": 64,
+    "steps": 3,
+    "roofline_size": 256,
+    "cli_steps": 10,
+    "cli_log": 5,
+    "job_tokens": 3000,
+}
 
 
 def _settings(rehearse: bool) -> dict:
@@ -61,12 +85,14 @@ def _settings(rehearse: bool) -> dict:
 
 # -- the parts, each run in its own process ------------------------------------------------------
 
+
 def part_roofline(args, s: dict) -> None:
     from harness import roofline_report
 
     # A rehearsal on a CPU measures bfloat16 too, so that the step parts' MFU has both denominators.
-    lines, rates = roofline_report(s["roofline_size"], repeats=3 if args.rehearse else 5,
-                                   dtypes=("float32", "bfloat16") if args.rehearse else None)
+    lines, rates = roofline_report(
+        s["roofline_size"], repeats=3 if args.rehearse else 5, dtypes=("float32", "bfloat16") if args.rehearse else None
+    )
     print("\n".join(lines), flush=True)
     with open(os.path.join(args.out, "roofline.json"), "w", encoding="utf-8") as f:
         json.dump({d: {"n": r.n, "tflops": r.tflops, "seconds": r.seconds} for d, r in rates.items()}, f)
@@ -92,10 +118,10 @@ def part_step(args, s: dict) -> None:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     import jax
     import numpy as np
+    from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
+    from harness import mfu
     from jax.sharding import Mesh
 
-    from harness import mfu
-    from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
     from elmo_jax import policy
     from elmo_jax.config import TrainConfig
     from elmo_jax.model.compute import Compute
@@ -103,8 +129,13 @@ def part_step(args, s: dict) -> None:
     from elmo_jax.training.step import AXIS
 
     rows = args.rows
-    ns = argparse.Namespace(shape=s["shape"], batch=rows, negatives=s["negatives"], steps=s["steps"],
-                            reset_state_prob=TrainConfig.reset_state_prob)
+    ns = argparse.Namespace(
+        shape=s["shape"],
+        batch=rows,
+        negatives=s["negatives"],
+        steps=s["steps"],
+        reset_state_prob=TrainConfig.reset_state_prob,
+    )
     model, tc = model_and_config(ns, s["vocab"])
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
     compute = Compute.from_policy("bfloat16", layout=for_backend())
@@ -117,21 +148,34 @@ def part_step(args, s: dict) -> None:
     flops = train_flops(model, tc, width)
     tflops = flops / sec / 1e12
     plan = compiled.memory_analysis()
-    planned = (plan.argument_size_in_bytes + plan.output_size_in_bytes - plan.alias_size_in_bytes
-               + plan.temp_size_in_bytes) if plan is not None else float("nan")
+    planned = (
+        (plan.argument_size_in_bytes + plan.output_size_in_bytes - plan.alias_size_in_bytes + plan.temp_size_in_bytes)
+        if plan is not None
+        else float("nan")
+    )
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
     tokens = rows * 20 / sec
     print(f"elmo_jax from {tree}; {device.device_kind}, jax {jax.__version__}", flush=True)
-    print(f"step {s['shape']} bfloat16 {rows} rows x 20, V={s['vocab']:,}, {s['negatives']:,} negatives, "
-          f"{width} distinct-word rows, {flops / 1e9:,.0f} GFLOP a step", flush=True)
-    print(f"step {rows} rows: {sec * 1e3:.2f} ms/step (median of {s['steps']}), {tokens:,.0f} tokens/s, "
-          f"{tflops:,.2f} TFLOP/s ({mfu(tflops, 'bfloat16', device.device_kind, measured_rates(args.out))})",
-          flush=True)
-    print(f"step {rows} rows memory: peak in use {peak / 2**20:,.0f} MiB (memory_stats), " if peak is not None else
-          f"step {rows} rows memory: no memory_stats on {device.platform}, ", end="")
-    print(f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)",
-          flush=True)
+    print(
+        f"step {s['shape']} bfloat16 {rows} rows x 20, V={s['vocab']:,}, {s['negatives']:,} negatives, "
+        f"{width} distinct-word rows, {flops / 1e9:,.0f} GFLOP a step",
+        flush=True,
+    )
+    print(
+        f"step {rows} rows: {sec * 1e3:.2f} ms/step (median of {s['steps']}), {tokens:,.0f} tokens/s, "
+        f"{tflops:,.2f} TFLOP/s ({mfu(tflops, 'bfloat16', device.device_kind, measured_rates(args.out))})",
+        flush=True,
+    )
+    print(
+        f"step {rows} rows memory: peak in use {peak / 2**20:,.0f} MiB (memory_stats), "
+        if peak is not None
+        else f"step {rows} rows memory: no memory_stats on {device.platform}, ",
+        end="",
+    )
+    print(
+        f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
+    )
     with open(os.path.join(args.out, f"step{rows}.json"), "w", encoding="utf-8") as f:
         json.dump({"rows": rows, "ms": sec * 1e3, "tokens_per_s": tokens, "tflops": tflops}, f)
 
@@ -142,24 +186,50 @@ def part_cli(args, s: dict) -> None:
     rows = s["rows"][1]
     with tempfile.TemporaryDirectory() as tmp:
         vocab, corpus = zipf_corpus(tmp, 100_000, rows * 20 * (s["cli_steps"] + 20))
-        words = vocab.words[:s["vocab"]]
+        words = vocab.words[: s["vocab"]]
         words += [f"filler{i}" for i in range(s["vocab"] - len(words))]  # the released models' V
         vocab_path = os.path.join(tmp, "vocab.txt")
         with open(vocab_path, "w", encoding="utf-8") as f:
             f.write("\n".join(words) + "\n")
         run_dir = os.path.join(tmp, "run")
-        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", os.path.join(tmp, "xla"), "train",
-               "--config", s["shape"], "--batch-size", str(rows), "--precision", "bfloat16",
-               "--train-files", corpus, "--vocab", vocab_path, "--run-dir", run_dir, "--steps", str(s["cli_steps"]),
-               "--log-every", str(s["cli_log"]), "--save-every", "1000000", "--no-progress", *args.cli_flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "elmo_jax",
+            "--compile-cache",
+            os.path.join(tmp, "xla"),
+            "train",
+            "--config",
+            s["shape"],
+            "--batch-size",
+            str(rows),
+            "--precision",
+            "bfloat16",
+            "--train-files",
+            corpus,
+            "--vocab",
+            vocab_path,
+            "--run-dir",
+            run_dir,
+            "--steps",
+            str(s["cli_steps"]),
+            "--log-every",
+            str(s["cli_log"]),
+            "--save-every",
+            "1000000",
+            "--no-progress",
+            *args.cli_flags,
+        ]
         print("$ elmo-jax " + " ".join(cmd[3:]).replace(tmp, "TMP"), flush=True)
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t
         log = r.stdout + r.stderr
         start = [line for line in log.splitlines() if line.startswith(("starting", "resuming"))]
-        print(f"exit {r.returncode} after {wall:.0f} s; " + (start[0].replace(tmp, "TMP") if start else log[-1500:]),
-              flush=True)
+        print(
+            f"exit {r.returncode} after {wall:.0f} s; " + (start[0].replace(tmp, "TMP") if start else log[-1500:]),
+            flush=True,
+        )
         try:
             with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
                 lines = [json.loads(line) for line in f]
@@ -167,8 +237,11 @@ def part_cli(args, s: dict) -> None:
             print("no metrics.jsonl", flush=True)
             return
     for m in lines:
-        print(f"  step {m['step']}: {m['tokens_per_s']:,.0f} tokens/s"
-              + (f", startup {m['startup_s']:.1f} s" if "startup_s" in m else ""), flush=True)
+        print(
+            f"  step {m['step']}: {m['tokens_per_s']:,.0f} tokens/s"
+            + (f", startup {m['startup_s']:.1f} s" if "startup_s" in m else ""),
+            flush=True,
+        )
     later = [m["tokens_per_s"] for m in lines[1:]] or [m["tokens_per_s"] for m in lines]
     rate = statistics.median(later)
     line = f"cli {rows} rows: median {rate:,.0f} tokens/s over the log lines after the first"
@@ -182,6 +255,7 @@ def part_cli(args, s: dict) -> None:
 
 
 # -- the driver --------------------------------------------------------------------------------
+
 
 def job_file(directory: str, tokens: int) -> tuple[str, int]:
     """A natural-text job of at least ``tokens`` tokens: the experiments' held-out text where it
@@ -238,8 +312,24 @@ def drive(args) -> None:
         ("roofline", me + ["--part", "roofline"], env),
         *((f"step{r}", me + ["--part", "step", "--rows", str(r)], env) for r in s["rows"]),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
-        ("extract", [sys.executable, os.path.join(HERE, "bench_embed.py"), "--shapes", s["shape"], "--job-only",
-                     "--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2"], env)]
+        (
+            "extract",
+            [
+                sys.executable,
+                os.path.join(HERE, "bench_embed.py"),
+                "--shapes",
+                s["shape"],
+                "--job-only",
+                "--job-file",
+                job,
+                "--job-precisions",
+                "bfloat16",
+                "--job-repeats",
+                "2",
+            ],
+            env,
+        ),
+    ]
     if args.baseline:
         # The previous commit's elmo_jax under this tree's benchmark code (the script's folder
         # comes first on sys.path, PYTHONPATH next).
@@ -247,8 +337,10 @@ def drive(args) -> None:
         cmd = " && ".join(" ".join(me + ["--part", "step", "--rows", str(r), "--tag", "baseline"]) for r in s["rows"])
         parts.append(("baseline", ["bash", "-c", cmd], base_env))
     start = time.perf_counter()
-    summary = [f"gpu_measure.py{' --rehearse' if args.rehearse else ''}: budget {args.budget:.0f} s; "
-               f"job {os.path.basename(job)}: {job_tokens:,} tokens"]
+    summary = [
+        f"gpu_measure.py{' --rehearse' if args.rehearse else ''}: budget {args.budget:.0f} s; "
+        f"job {os.path.basename(job)}: {job_tokens:,} tokens"
+    ]
     for name, cmd, part_env in parts:
         most, least = BUDGETS["step384" if name.startswith("step") and name != "step128" else name]
         if args.rehearse:
@@ -271,8 +363,13 @@ def main() -> None:
     ap.add_argument("--rehearse", action="store_true", help="tiny shapes, for a CPU")
     ap.add_argument("--budget", type=float, default=465.0, help="seconds for all parts together")
     ap.add_argument("--baseline", help="the previous commit's tree: its train step is measured too")
-    ap.add_argument("--cli-flag", dest="cli_flags", action="append", default=[],
-                    help="an extra `elmo-jax train` flag for the cli part (repeatable, e.g. --cli-flag=--prefetch=0)")
+    ap.add_argument(
+        "--cli-flag",
+        dest="cli_flags",
+        action="append",
+        default=[],
+        help="an extra `elmo-jax train` flag for the cli part (repeatable, e.g. --cli-flag=--prefetch=0)",
+    )
     ap.add_argument("--part", choices=["roofline", "step", "cli"], help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)

@@ -35,9 +35,10 @@ import os
 import re
 import tempfile
 
-from harness import encoder_flops, lstm_flops
 from bench_embed import bench_host, sample_sentences
 from bench_train import bench_host_pipeline, zipf_corpus
+from harness import encoder_flops, lstm_flops
+
 from elmo_jax import preset
 from elmo_jax.config import TrainConfig
 
@@ -63,9 +64,11 @@ def measured_steps(path: str) -> tuple[str, dict[str, tuple[float, float]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_job = os.path.join(os.path.dirname(HERE), "experiments", "data", "lm", "heldout.txt")
-    ap.add_argument("--job-file", default=default_job if os.path.exists(default_job) else None,
-                    help="one tokenized sentence per line (default: the experiments' held-out text, "
-                         "else the bundled sample's)")
+    ap.add_argument(
+        "--job-file",
+        default=default_job if os.path.exists(default_job) else None,
+        help="one tokenized sentence per line (default: the experiments' held-out text, else the bundled sample's)",
+    )
     args = ap.parse_args()
     config = preset("original")
 
@@ -76,11 +79,15 @@ def main() -> None:
     for precision, name in {"bfloat16": "gpu", "float32": "f32"}.items():
         ms, gflop = steps[name]
         rates[precision] = (ms, gflop / ms)  # GFLOP per ms = TFLOP/s
-        print(f"  training step '{name}' ({precision}): {ms:.2f} ms, {gflop:,.0f} GFLOP -> "
-              f"{rates[precision][1]:.1f} TFLOP/s achieved")
-    print(f"  (call1_variants.txt, the same card: 'f32' {steps1['f32'][0]:.2f} ms, the same step as 'gpu' "
-          f"{steps1['bf16-c0-u20'][0]:.2f} ms; float32 under the GPU layout was not measured, so float32 "
-          "below is the 'f32' step's rate, under the layout before: a low estimate)")
+        print(
+            f"  training step '{name}' ({precision}): {ms:.2f} ms, {gflop:,.0f} GFLOP -> "
+            f"{rates[precision][1]:.1f} TFLOP/s achieved"
+        )
+    print(
+        f"  (call1_variants.txt, the same card: 'f32' {steps1['f32'][0]:.2f} ms, the same step as 'gpu' "
+        f"{steps1['bf16-c0-u20'][0]:.2f} ms; float32 under the GPU layout was not measured, so float32 "
+        "below is the 'f32' step's rate, under the layout before: a low estimate)"
+    )
 
     # -- extraction ------------------------------------------------------------------------
     sents = sample_sentences(args.job_file)
@@ -91,9 +98,11 @@ def main() -> None:
     distinct = len({w for s in sents for w in s})
     flop = token_steps * lstm_flops(config) + distinct * encoder_flops(config)
     seq = pack.calls * pack.steps
-    print(f"\nthe job: {tokens:,} tokens, {pack.calls} calls of {pack.rows} rows x {pack.steps} steps = {seq} "
-          f"sequential steps, {token_steps:,} padded token-steps, {distinct:,} distinct words: "
-          f"{flop / 1e12:.1f} TFLOP")
+    print(
+        f"\nthe job: {tokens:,} tokens, {pack.calls} calls of {pack.rows} rows x {pack.steps} steps = {seq} "
+        f"sequential steps, {token_steps:,} padded token-steps, {distinct:,} distinct words: "
+        f"{flop / 1e12:.1f} TFLOP"
+    )
     print("projected whole-job tokens/s on that H100 with this host, likely | pessimistic device time:")
     for precision, (ms, tflops) in rates.items():
         device_s = {"likely": flop / (tflops * 1e12), "pessimistic": seq * ms / 1e3 / 20}
@@ -101,18 +110,28 @@ def main() -> None:
         for form, run in host:
             host_s = host[form, run]
             rate = [tokens / (max(d, host_s) + d / pack.calls) for d in device_s.values()]
-            limit = ("host" if host_s > max(device_s.values()) else
-                     "device" if host_s < min(device_s.values()) else "either")
+            limit = (
+                "host" if host_s > max(device_s.values()) else "device" if host_s < min(device_s.values()) else "either"
+            )
             mark = ""
             if precision == "bfloat16":  # the target is a bfloat16 one
-                mark = ("  (target met)" if min(rate) >= TARGET else
-                        "  (target met if likely)" if max(rate) >= TARGET else "  (below the target)")
-            print(f"    {form:6s} {run:5s}: host {host_s:.2f} s -> {rate[0]:9,.0f} | {rate[1]:9,.0f} tokens/s, "
-                  f"{limit} bound{mark}")
+                mark = (
+                    "  (target met)"
+                    if min(rate) >= TARGET
+                    else "  (target met if likely)"
+                    if max(rate) >= TARGET
+                    else "  (below the target)"
+                )
+            print(
+                f"    {form:6s} {run:5s}: host {host_s:.2f} s -> {rate[0]:9,.0f} | {rate[1]:9,.0f} tokens/s, "
+                f"{limit} bound{mark}"
+            )
 
     # -- the training CLI -------------------------------------------------------------------
-    print("\nthe training CLI, `original`, 128 rows x 20 (2,560 tokens a step): host pipeline measured here "
-          "(prefetch 2, V = 28,000, batches as fast as they come), device step measured on the H100:")
+    print(
+        "\nthe training CLI, `original`, 128 rows x 20 (2,560 tokens a step): host pipeline measured here "
+        "(prefetch 2, V = 28,000, batches as fast as they come), device step measured on the H100:"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, 100_000, 600_000)
         tc = TrainConfig(n_tokens_vocab=28_000, batch_size=128, unroll_steps=20, n_negative_samples_batch=8192)
@@ -120,10 +139,14 @@ def main() -> None:
     print(f"  host per batch, 3 runs: {', '.join(f'{h:.1f}' for h in host_ms)} ms")
     for precision, (ms, _) in rates.items():
         rate = sorted({round(2560 / max(ms, h) * 1e3) for h in host_ms})
-        print(f"  {precision}: device {ms:.2f} ms a step -> {' to '.join(f'{r:,}' for r in rate)} tokens/s "
-              f"({'device' if ms > max(host_ms) else 'host'} bound)")
-    print(f"  the bfloat16 CLI stays device bound on a host up to {rates['bfloat16'][0] / max(host_ms):.1f}x slower "
-          "per batch than this one")
+        print(
+            f"  {precision}: device {ms:.2f} ms a step -> {' to '.join(f'{r:,}' for r in rate)} tokens/s "
+            f"({'device' if ms > max(host_ms) else 'host'} bound)"
+        )
+    print(
+        f"  the bfloat16 CLI stays device bound on a host up to {rates['bfloat16'][0] / max(host_ms):.1f}x slower "
+        "per batch than this one"
+    )
 
 
 if __name__ == "__main__":

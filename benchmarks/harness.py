@@ -31,7 +31,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 20, dtype=jnp.float32) -> float:
     f = jax.jit(lambda a: a @ a)
     f(a).block_until_ready()
     best = min(_time(lambda: f(a).block_until_ready()) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n**3 / best / 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +46,22 @@ class MatmulRate:
 
     def line(self) -> str:
         (a, b), (ta, tb) = self.counts, self.seconds
-        return (f"{self.dtype} {self.n}^3 matmul, slope of {a} and {b} dependent matmuls in one fori_loop "
-                f"({ta * 1e3:.1f} and {tb * 1e3:.1f} ms): {self.tflops:.4g} TFLOP/s")
+        return (
+            f"{self.dtype} {self.n}^3 matmul, slope of {a} and {b} dependent matmuls in one fori_loop "
+            f"({ta * 1e3:.1f} and {tb * 1e3:.1f} ms): {self.tflops:.4g} TFLOP/s"
+        )
 
 
-_DTYPES = {"float32": (jnp.float32, "highest"), "bfloat16": (jnp.bfloat16, "default"),
-           "tf32": (jnp.float32, jax.lax.DotAlgorithmPreset.TF32_TF32_F32)}
+_DTYPES = {
+    "float32": (jnp.float32, "highest"),
+    "bfloat16": (jnp.bfloat16, "default"),
+    "tf32": (jnp.float32, jax.lax.DotAlgorithmPreset.TF32_TF32_F32),
+}
 
 
-def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 40), repeats: int = 5,
-                 dependent: bool = True) -> MatmulRate:
+def matmul_slope(
+    n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 40), repeats: int = 5, dependent: bool = True
+) -> MatmulRate:
     """The ``dtype`` matmul rate of the default device at ``n``^3, by the slope method (module doc).
 
     Each chain is one compiled program; its times are medians of ``repeats`` runs after one warm-up,
@@ -84,12 +90,16 @@ def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 4
             times[i].append(_time(lambda run=run: run(a).block_until_ready()))
     t = (float(np.median(times[0])), float(np.median(times[1])))
     per_matmul = (t[1] - t[0]) / (counts[1] - counts[0]) if counts[1] != counts[0] else 0.0
-    rate = 2 * n ** 3 / per_matmul / 1e12 if per_matmul > 0 else float("nan")
+    rate = 2 * n**3 / per_matmul / 1e12 if per_matmul > 0 else float("nan")
     return MatmulRate(dtype, n, counts, t, rate)
 
 
-def roofline(size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None,
-             failed: dict[str, str] | None = None) -> dict[str, MatmulRate]:
+def roofline(
+    size: int | None = None,
+    repeats: int = 5,
+    dtypes: tuple[str, ...] | None = None,
+    failed: dict[str, str] | None = None,
+) -> dict[str, MatmulRate]:
     """The device's matmul rates by the slope method: bfloat16 and tf32 at 8192^3 on a GPU,
     bfloat16 at 8192^3 on a TPU, float32 at 1024^3 on a CPU (seconds there); ``size`` and
     ``dtypes`` override. A dtype the backend refuses is left out, its error in ``failed``."""
@@ -130,11 +140,18 @@ def mfu(tflops: float, dtype: str, device_name: str, measured: dict[str, MatmulR
     """``tflops`` executed as a share of the card's datasheet dense ``dtype`` peak and of the
     ``dtype`` matmul rate measured by ``roofline`` (each "n/a" where unknown)."""
     peak = dense_peak(device_name)
-    sheet = (f"{100 * tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} peak "
-             f"({peak[1][dtype]:,.0f} TFLOP/s)" if peak and dtype in peak[1] else f"datasheet {dtype} peak n/a")
+    sheet = (
+        f"{100 * tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} peak "
+        f"({peak[1][dtype]:,.0f} TFLOP/s)"
+        if peak and dtype in peak[1]
+        else f"datasheet {dtype} peak n/a"
+    )
     rate = measured.get(dtype)
-    ours = (f"{100 * tflops / rate.tflops:.1f}% of the measured {dtype} {rate.n}^3 matmul ({rate.tflops:.4g} TFLOP/s)"
-            if rate and rate.tflops > 0 else f"measured {dtype} matmul n/a")
+    ours = (
+        f"{100 * tflops / rate.tflops:.1f}% of the measured {dtype} {rate.n}^3 matmul ({rate.tflops:.4g} TFLOP/s)"
+        if rate and rate.tflops > 0
+        else f"measured {dtype} matmul n/a"
+    )
     return f"{sheet}; {ours}"
 
 
@@ -149,8 +166,9 @@ def gpu_clocks() -> str | None:
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
 
-def roofline_report(size: int | None = None, repeats: int = 5,
-                    dtypes: tuple[str, ...] | None = None) -> tuple[list[str], dict[str, MatmulRate]]:
+def roofline_report(
+    size: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None
+) -> tuple[list[str], dict[str, MatmulRate]]:
     """The lines ``python benchmarks/harness.py`` prints: device, clocks, each measured rate beside
     the datasheet peak; and the rates (for ``mfu``)."""
     device = jax.devices()[0]
@@ -165,8 +183,10 @@ def roofline_report(size: int | None = None, repeats: int = 5,
         lines.append(rate.line())
         peak = dense_peak(device.device_kind)
         if peak and dtype in peak[1]:
-            lines.append(f"  = {100 * rate.tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} "
-                         f"peak, {peak[1][dtype]:,.0f} TFLOP/s")
+            lines.append(
+                f"  = {100 * rate.tflops / peak[1][dtype]:.1f}% of the {peak[0]} datasheet dense {dtype} "
+                f"peak, {peak[1][dtype]:,.0f} TFLOP/s"
+            )
     return lines, rates
 
 

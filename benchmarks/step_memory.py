@@ -24,16 +24,16 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_train import abstract_step_inputs
 from jax.sharding import Mesh
 
-from bench_train import abstract_step_inputs
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset
-from elmo_jax.model.layout import for_backend
 from elmo_jax.model.compute import Compute
+from elmo_jax.model.layout import for_backend
 from elmo_jax.training.step import AXIS, make_train_step
 
 VARIANTS = {"cpu": ("highest", jnp.float32, "cpu"), "gpu": ("default", jnp.bfloat16, "gpu")}
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def step_memory(model, tc: TrainConfig, variant: str, words: int) -> dict[str, float]:
@@ -58,28 +58,37 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[128, 256, 384, 512], help="rows per device")
     ap.add_argument("--vocab", type=int, default=793_471, help="softmax rows (the released models': 793,471)")
     ap.add_argument("--negatives", type=int, default=8192)
-    ap.add_argument("--words-per-row", type=int, default=16,
-                    help="distinct words a batch encodes, per row (16: 2,048 at 128 rows, as bench_train.py)")
+    ap.add_argument(
+        "--words-per-row",
+        type=int,
+        default=16,
+        help="distinct words a batch encodes, per row (16: 2,048 at 128 rows, as bench_train.py)",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", help="also write the table here")
     args = ap.parse_args()
     model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
     device = jax.devices()[0]
-    lines = [f"# python benchmarks/{os.path.basename(__file__)} {' '.join(sys.argv[1:])}".rstrip(),
-             f"# {device.device_kind} ({device.platform}), jax {jax.__version__}; compiled, not run",
-             f"# {args.shape}, V = {args.vocab:,}, {args.negatives:,} negatives, 20 steps, "
-             f"{args.words_per_row} distinct words per row; MiB",
-             f"{'variant':<8} {'rows':>5} {'arguments':>10} {'outputs':>9} {'aliased':>9} {'temps':>9} "
-             f"{'total':>9} {'compile s':>9}"]
+    lines = [
+        f"# python benchmarks/{os.path.basename(__file__)} {' '.join(sys.argv[1:])}".rstrip(),
+        f"# {device.device_kind} ({device.platform}), jax {jax.__version__}; compiled, not run",
+        f"# {args.shape}, V = {args.vocab:,}, {args.negatives:,} negatives, 20 steps, "
+        f"{args.words_per_row} distinct words per row; MiB",
+        f"{'variant':<8} {'rows':>5} {'arguments':>10} {'outputs':>9} {'aliased':>9} {'temps':>9} "
+        f"{'total':>9} {'compile s':>9}",
+    ]
     print("\n".join(lines), flush=True)
     for variant in args.variants:
         for rows in args.rows:
-            tc = TrainConfig(n_tokens_vocab=args.vocab, batch_size=rows, unroll_steps=20,
-                             n_negative_samples_batch=args.negatives)
+            tc = TrainConfig(
+                n_tokens_vocab=args.vocab, batch_size=rows, unroll_steps=20, n_negative_samples_batch=args.negatives
+            )
             m = step_memory(model, tc, variant, rows * args.words_per_row)
-            line = (f"{variant:<8} {rows:>5} {m['argument'] / MIB:>10,.0f} {m['output'] / MIB:>9,.0f} "
-                    f"{m['alias'] / MIB:>9,.0f} {m['temp'] / MIB:>9,.0f} {m['total'] / MIB:>9,.0f} "
-                    f"{m['compile_s']:>9.0f}")
+            line = (
+                f"{variant:<8} {rows:>5} {m['argument'] / MIB:>10,.0f} {m['output'] / MIB:>9,.0f} "
+                f"{m['alias'] / MIB:>9,.0f} {m['temp'] / MIB:>9,.0f} {m['total'] / MIB:>9,.0f} "
+                f"{m['compile_s']:>9.0f}"
+            )
             print(line, flush=True)
             lines.append(line)
     if args.out:

@@ -1,10 +1,10 @@
 """elmo_jax: ELMo in pure JAX, compatible with bilm-tf and AllenNLP weights."""
 
 from elmo_jax.compat.hdf5 import WeightsError, load_hdf5, save_hdf5
-from elmo_jax.config import (PRESETS, CharCNNConfig, ConfigError, LSTMConfig, ModelConfig, Options,
-                             TrainConfig, preset)
-from elmo_jax.model.bilm import add_sentence_markers, bilm_apply, init as init_bilm
-from elmo_jax.model.vocabulary import Vocabulary, VocabError, batch_to_ids, token_to_ids
+from elmo_jax.config import PRESETS, CharCNNConfig, ConfigError, LSTMConfig, ModelConfig, Options, TrainConfig, preset
+from elmo_jax.model.bilm import add_sentence_markers, bilm_apply
+from elmo_jax.model.bilm import init as init_bilm
+from elmo_jax.model.vocabulary import VocabError, Vocabulary, batch_to_ids, token_to_ids
 
 __version__ = "0.1.0"
 
@@ -22,9 +22,25 @@ _LAZY = {
 }
 
 __all__ = [  # noqa: PLE0604 - *_LAZY unpacks its keys, all str
-    "PRESETS", "CharCNNConfig", "ConfigError", "LSTMConfig", "ModelConfig", "Options", "TrainConfig",
-    "Vocabulary", "VocabError", "WeightsError", "add_sentence_markers", "batch_to_ids", "bilm_apply",
-    "init_bilm", "load_hdf5", "preset", "save_hdf5", "token_to_ids", *_LAZY,
+    "PRESETS",
+    "CharCNNConfig",
+    "ConfigError",
+    "LSTMConfig",
+    "ModelConfig",
+    "Options",
+    "TrainConfig",
+    "Vocabulary",
+    "VocabError",
+    "WeightsError",
+    "add_sentence_markers",
+    "batch_to_ids",
+    "bilm_apply",
+    "init_bilm",
+    "load_hdf5",
+    "preset",
+    "save_hdf5",
+    "token_to_ids",
+    *_LAZY,
 ]
 
 

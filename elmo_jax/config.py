@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from elmo_jax._util.atomic import open_binary, write_text_atomic
 
@@ -69,7 +69,9 @@ class CharCNNConfig:
         if self.activation not in ACTIVATIONS:
             _fail(where, f"'activation' must be one of {ACTIVATIONS}, found {self.activation!r}")
         if self.n_characters not in (261, 262):
-            _fail(where, f"'n_characters' must be 261 (bilm-tf training) or 262 (inference), found {self.n_characters!r}")
+            _fail(
+                where, f"'n_characters' must be 261 (bilm-tf training) or 262 (inference), found {self.n_characters!r}"
+            )
         _check_int(where, "max_characters_per_token", self.max_characters_per_token, minimum=3)
         widest = max(w for w, _ in self.filters)
         if widest > self.max_characters_per_token:
@@ -118,8 +120,11 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.char_cnn.n_filters < self.lstm.projection_dim:
-            _fail("model", f"the char CNN has {self.char_cnn.n_filters} filters, fewer than "
-                  f"lstm.projection_dim {self.lstm.projection_dim} (bilm-tf requires n_filters >= projection_dim)")
+            _fail(
+                "model",
+                f"the char CNN has {self.char_cnn.n_filters} filters, fewer than "
+                f"lstm.projection_dim {self.lstm.projection_dim} (bilm-tf requires n_filters >= projection_dim)",
+            )
 
     @property
     def output_dim(self) -> int:
@@ -169,8 +174,14 @@ class TrainConfig:
 
     def __post_init__(self):
         where = "training options"
-        for name in ("n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch",
-                     "n_epochs", "n_train_tokens"):
+        for name in (
+            "n_tokens_vocab",
+            "batch_size",
+            "unroll_steps",
+            "n_negative_samples_batch",
+            "n_epochs",
+            "n_train_tokens",
+        ):
             _check_int(where, name, getattr(self, name))
         if not 0.0 <= self.reset_state_prob <= 1.0:
             _fail(where, f"'reset_state_prob' must be in [0, 1], found {self.reset_state_prob!r}")
@@ -185,8 +196,11 @@ class TrainConfig:
         if self.share_embedding_softmax:
             _fail(where, "'share_embedding_softmax' needs word inputs; elmo_jax models are character models")
         if self.n_negative_samples_batch >= self.n_tokens_vocab:
-            _fail(where, f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
-                  f"'n_tokens_vocab' ({self.n_tokens_vocab})")
+            _fail(
+                where,
+                f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
+                f"'n_tokens_vocab' ({self.n_tokens_vocab})",
+            )
 
 
 def saved_reset_state_prob(saved: Mapping) -> float:
@@ -225,8 +239,10 @@ class Options:
         """The training keys, for code that trains: a ``ConfigError`` when the file has none (a
         released model's options.json describes the model alone)."""
         if self.train is None:
-            raise ConfigError("these options have no training keys (batch_size, n_tokens_vocab, ...): they "
-                              "describe a model to run, not a run to train")
+            raise ConfigError(
+                "these options have no training keys (batch_size, n_tokens_vocab, ...): they "
+                "describe a model to run, not a run to train"
+            )
         return self.train
 
     @classmethod
@@ -284,8 +300,11 @@ class Options:
         c, l = self.model.char_cnn, self.model.lstm
         d: dict = {
             "lstm": {
-                "dim": l.dim, "projection_dim": l.projection_dim, "n_layers": l.n_layers,
-                "cell_clip": l.cell_clip, "proj_clip": l.proj_clip,
+                "dim": l.dim,
+                "projection_dim": l.projection_dim,
+                "n_layers": l.n_layers,
+                "cell_clip": l.cell_clip,
+                "proj_clip": l.proj_clip,
                 "use_skip_connections": l.use_skip_connections,
             },
             "char_cnn": {
@@ -327,8 +346,9 @@ _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7
 def _released(dim: int, projection_dim: int, n_highway: int) -> ModelConfig:
     return ModelConfig(
         char_cnn=CharCNNConfig(embedding_dim=16, filters=_RELEASED_FILTERS, n_highway=n_highway),
-        lstm=LSTMConfig(dim=dim, projection_dim=projection_dim, n_layers=2, cell_clip=3.0,
-                        proj_clip=3.0, use_skip_connections=True),
+        lstm=LSTMConfig(
+            dim=dim, projection_dim=projection_dim, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     )
 
 
@@ -339,8 +359,9 @@ PRESETS: dict[str, ModelConfig] = {
     # Trains in minutes on a 2-core CPU; for tests, demos and the bundled sample.
     "tiny": ModelConfig(
         char_cnn=CharCNNConfig(embedding_dim=8, filters=((1, 16), (2, 16), (3, 32), (4, 64)), n_highway=1),
-        lstm=LSTMConfig(dim=256, projection_dim=64, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                        use_skip_connections=True),
+        lstm=LSTMConfig(
+            dim=256, projection_dim=64, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True
+        ),
     ),
 }
 

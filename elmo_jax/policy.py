@@ -32,8 +32,9 @@ def check(policy: str, backend: str | None = None) -> str:
     if policy == "tf32":
         backend = backend or jax.default_backend()
         if backend != "gpu":
-            raise ValueError(f"precision 'tf32' is a GPU matmul mode; this backend is {backend}: use "
-                             f"'float32' or 'bfloat16'")
+            raise ValueError(
+                f"precision 'tf32' is a GPU matmul mode; this backend is {backend}: use 'float32' or 'bfloat16'"
+            )
     return policy
 
 
@@ -84,8 +85,10 @@ def training_default(device=None) -> tuple[str, str]:
     if platform in ("gpu", "cuda", "rocm"):
         cap, source = compute_capability(device)
         if cap is None:
-            return "float32", (f"{kind}, compute capability unknown: float32, as bfloat16 is native only from "
-                               "compute capability 8.0 on")
+            return "float32", (
+                f"{kind}, compute capability unknown: float32, as bfloat16 is native only from "
+                "compute capability 8.0 on"
+            )
         where = f"{kind}, compute capability {cap}" + (" (from its name)" if source == "from its name" else "")
         if int(cap.split(".")[0]) >= 8:
             return "bfloat16", f"{where}: native bfloat16"

@@ -83,8 +83,9 @@ def training_state(run_dir: str, step: int, options, rows: int) -> dict:
     from elmo_jax.training.run_dir import abstract_rows, abstract_shared
 
     ckpt = Checkpointer(run_dir, read_only=True)
-    _, saved, _, _ = ckpt.restore(step, lambda m: (abstract_shared(options, m),
-                                                   abstract_rows(options.model, m["global_rows"])))
+    _, saved, _, _ = ckpt.restore(
+        step, lambda m: (abstract_shared(options, m), abstract_rows(options.model, m["global_rows"]))
+    )
     ckpt.close()
     take = np.arange(rows) % saved["c"].shape[2]
     return {k: jnp.asarray(np.asarray(x)[:, :, take]) for k, x in saved.items()}
@@ -104,7 +105,7 @@ def diagnose(run_dir: str, step: int, options, vocab, chunks, seed: int = 0) -> 
     for k, (batch, targets, mask) in enumerate(chunks):
         he = np.asarray(top_outputs(bilm, model, batch, mask, 0.0, seed))
         ht = np.asarray(top_outputs(bilm, model, batch, mask, t.dropout, seed + k + 1))
-        rows = {k: x[:, :, :mask.shape[0]] for k, x in carried.items()}  # restored once per checkpoint
+        rows = {k: x[:, :, : mask.shape[0]] for k, x in carried.items()}  # restored once per checkpoint
         hw = np.asarray(top_outputs(bilm, model, batch, mask, 0.0, seed, rows))
         for d in range(2):
             h_eval[d].append(he[d][mask])
@@ -123,18 +124,31 @@ def diagnose(run_dir: str, step: int, options, vocab, chunks, seed: int = 0) -> 
         hw = np.concatenate(h_warm[d])
         full_warm = _full_ce(hw, y, w, b)
         cands, tries = sample_log_uniform_unique(rng, t.n_negative_samples_batch, v)
-        sampled = np.asarray(sampled_softmax_loss(jnp.asarray(he), jnp.asarray(y), jnp.asarray(w[y]), jnp.asarray(b[y]),
-                                                  jnp.asarray(cands), jnp.asarray(w[cands]), jnp.asarray(b[cands]),
-                                                  tries, v))
+        sampled = np.asarray(
+            sampled_softmax_loss(
+                jnp.asarray(he),
+                jnp.asarray(y),
+                jnp.asarray(w[y]),
+                jnp.asarray(b[y]),
+                jnp.asarray(cands),
+                jnp.asarray(w[cands]),
+                jnp.asarray(b[cands]),
+                tries,
+                v,
+            )
+        )
         logits = he @ w.T + b
         true = logits[np.arange(len(y)), y]
         best_untouched = logits[:, ~trained].max(axis=1) if (~trained).any() else np.full(len(y), np.nan)
         mean_h = he.mean(axis=0)
         result[direction] = {
-            "full_mean": float(full.mean()), "full_median": float(np.median(full)),
+            "full_mean": float(full.mean()),
+            "full_median": float(np.median(full)),
             "full_over_20": float((full > 20).mean()),
-            "sampled_mean": float(sampled.mean()), "full_drop_mean": float(full_drop.mean()),
-            "full_warm_mean": float(full_warm.mean()), "h_norm_warm": float(np.linalg.norm(hw, axis=1).mean()),
+            "sampled_mean": float(sampled.mean()),
+            "full_drop_mean": float(full_drop.mean()),
+            "full_warm_mean": float(full_warm.mean()),
+            "h_norm_warm": float(np.linalg.norm(hw, axis=1).mean()),
             "h_norm_eval": float(np.linalg.norm(he, axis=1).mean()),
             "h_norm_train": float(np.linalg.norm(ht, axis=1).mean()),
             "cos_mean_h_eval_train": _cos(mean_h, ht.mean(axis=0)),
@@ -158,7 +172,7 @@ def start_gap(run_dir: str, step: int, options, chunks) -> dict:
     carried = training_state(run_dir, step, options, max(mask.shape[0] for _, _, mask in chunks))
     ce = {(d, s): [] for d in ("fwd", "bwd") for s in ("zero", "carried")}
     for batch, targets, mask in chunks:
-        rows = {k: x[:, :, :mask.shape[0]] for k, x in carried.items()}
+        rows = {k: x[:, :, : mask.shape[0]] for k, x in carried.items()}
         for start, state in (("zero", None), ("carried", rows)):
             h = np.asarray(top_outputs(bilm, options.model, batch, mask, 0.0, 0, state))
             for d, direction in enumerate(("fwd", "bwd")):
@@ -183,8 +197,15 @@ def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) ->
     options, vocab, shared, _ = read_run(run_dir, step)
     model, t = options.model, dataclasses.replace(options.train, dropout=0.0)
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
-    batcher = LMBatcher(TextFiles(heldout), vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
-                        max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+    batcher = LMBatcher(
+        TextFiles(heldout),
+        vocab,
+        rows_per_device=t.batch_size,
+        unroll_steps=t.unroll_steps,
+        max_chars=model.char_cnn.max_characters_per_token,
+        max_epochs=1,
+        shuffle=False,
+    )
     host, _ = prepare_batch(batcher.next(), step=step, seed=seed, train=t, n_devices=1)
     stored = softmax_in_slot_order(shared, layout)
     state = TrainState(**jax.device_put(stored), lstm=lstm.zero_state(model, t.batch_size))
@@ -192,8 +213,12 @@ def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) ->
     got = np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]]) / float(m["count"])
 
     batch = {"chars": host["chars"][0], "inputs": host["inputs"][0]}
-    top = np.asarray(top_outputs(jax.device_put(shared["params"]["bilm"]), model, batch,
-                                 np.ones(host["targets"].shape[2:], bool), 0.0, seed), np.float64)
+    top = np.asarray(
+        top_outputs(
+            jax.device_put(shared["params"]["bilm"]), model, batch, np.ones(host["targets"].shape[2:], bool), 0.0, seed
+        ),
+        np.float64,
+    )
     w = np.asarray(shared["params"]["softmax"]["w"], np.float64)
     b = np.asarray(shared["params"]["softmax"]["b"], np.float64)
     want = []
@@ -235,18 +260,24 @@ def main() -> None:
     options, vocab, chunks = positions(args.run_dir, args.heldout, args.sentences)
     steps = args.steps or Checkpointer(args.run_dir, read_only=True).steps()
     lines = []
-    print("nats per held-out token, each sentence from zero state; warm: from states the training carried (the checkpoint's rows)")
+    print(
+        "nats per held-out token, each sentence from zero state; warm: from states the training carried (the checkpoint's rows)"
+    )
     for step in steps:
         r = diagnose(args.run_dir, step, options, vocab, chunks)
         lines.append(json.dumps(r))
         f, bw = r["fwd"], r["bwd"]
-        print(f"step {step:>5}: full fwd {f['full_mean']:5.2f} bwd {bw['full_mean']:5.2f} | sampled fwd "
-              f"{f['sampled_mean']:5.2f} bwd {bw['sampled_mean']:5.2f} | dropout on fwd {f['full_drop_mean']:5.2f} "
-              f"bwd {bw['full_drop_mean']:5.2f} | warm fwd {f['full_warm_mean']:5.2f} bwd {bw['full_warm_mean']:5.2f} "
-              f"| |h| fwd {f['h_norm_eval']:4.1f} bwd {bw['h_norm_eval']:4.1f}, warm fwd {f['h_norm_warm']:4.1f} "
-              f"bwd {bw['h_norm_warm']:4.1f}", flush=True)
+        print(
+            f"step {step:>5}: full fwd {f['full_mean']:5.2f} bwd {bw['full_mean']:5.2f} | sampled fwd "
+            f"{f['sampled_mean']:5.2f} bwd {bw['sampled_mean']:5.2f} | dropout on fwd {f['full_drop_mean']:5.2f} "
+            f"bwd {bw['full_drop_mean']:5.2f} | warm fwd {f['full_warm_mean']:5.2f} bwd {bw['full_warm_mean']:5.2f} "
+            f"| |h| fwd {f['h_norm_eval']:4.1f} bwd {bw['h_norm_eval']:4.1f}, warm fwd {f['h_norm_warm']:4.1f} "
+            f"bwd {bw['h_norm_warm']:4.1f}",
+            flush=True,
+        )
     if args.out:
         from elmo_jax._util.atomic import write_text_atomic
+
         write_text_atomic(args.out, "\n".join(lines) + "\n")
 
 

@@ -95,9 +95,18 @@ def perplexities(runs: dict[str, str]) -> list[dict]:
             scored = np.array([vocab.words[i] in common for i in range(len(vocab))])
             start = time.perf_counter()
             r = evaluate(params, options.model, vocab, TextFiles(path), reset_state_per_sentence=True, scored=scored)
-            lines.append({"what": "perplexity", "model": name, "text": text_name, "step": step, "vocab": len(vocab),
-                          "common_vocab": len(common), **{k: round(v, 4) for k, v in r.items()},
-                          "seconds": round(time.perf_counter() - start, 1)})
+            lines.append(
+                {
+                    "what": "perplexity",
+                    "model": name,
+                    "text": text_name,
+                    "step": step,
+                    "vocab": len(vocab),
+                    "common_vocab": len(common),
+                    **{k: round(v, 4) for k, v in r.items()},
+                    "seconds": round(time.perf_counter() - start, 1),
+                }
+            )
             print(json.dumps(lines[-1]), flush=True)
     return lines
 
@@ -105,17 +114,21 @@ def perplexities(runs: dict[str, str]) -> list[dict]:
 def probe(runs: dict[str, str], pool_sentences: int, per_word: int, k: int = 10) -> list[dict]:
     from elmo_jax.extract.embedder import Embedder
 
-    texts = {src: [line.split() for line in open(path, encoding="utf-8") if line.strip()]
-             for src, path in (("pydoc", f"{DOMAIN}/heldout.txt"), ("original", f"{LM}/heldout.txt"))}
+    texts = {
+        src: [line.split() for line in open(path, encoding="utf-8") if line.strip()]
+        for src, path in (("pydoc", f"{DOMAIN}/heldout.txt"), ("original", f"{LM}/heldout.txt"))
+    }
     rng = np.random.default_rng(0)
     pool = [(src, i) for src in texts for i in rng.permutation(len(texts[src]))[:pool_sentences]]
     # Occurrences: alternate between the two texts, so both senses (where a word has two) appear.
     occurrences = {}
     for word in PROBE:
-        found = {src: [(src, i, j) for i, s in enumerate(texts[src]) for j, w in enumerate(s) if w.lower() == word]
-                 for src in texts}
+        found = {
+            src: [(src, i, j) for i, s in enumerate(texts[src]) for j, w in enumerate(s) if w.lower() == word]
+            for src in texts
+        }
         mixed = [x for pair in zip(found["pydoc"], found["original"]) for x in pair]
-        rest = found["pydoc"][len(mixed) // 2:] + found["original"][len(mixed) // 2:]
+        rest = found["pydoc"][len(mixed) // 2 :] + found["original"][len(mixed) // 2 :]
         occurrences[word] = (mixed + rest)[:per_word]
     wanted = sorted({(src, i) for occ in occurrences.values() for src, i, _ in occ} | set(pool))
     lines = []
@@ -136,10 +149,16 @@ def probe(runs: dict[str, str], pool_sentences: int, per_word: int, k: int = 10)
                 sim[pool_sent == pool_key.get((src, i), -1)] = -np.inf  # not its own sentence
                 top = np.argpartition(-sim, k)[:k]
                 shares[src].append(pool_src[top].mean())
-            lines.append({"what": "probe", "model": name, "word": word, "k": k,
-                          **{f"n_{src}": len(v) for src, v in shares.items()},
-                          **{f"pydoc_share_{src}": round(float(np.mean(v)), 3) if v else None
-                             for src, v in shares.items()}})
+            lines.append(
+                {
+                    "what": "probe",
+                    "model": name,
+                    "word": word,
+                    "k": k,
+                    **{f"n_{src}": len(v) for src, v in shares.items()},
+                    **{f"pydoc_share_{src}": round(float(np.mean(v)), 3) if v else None for src, v in shares.items()},
+                }
+            )
             print(json.dumps(lines[-1]), flush=True)
     return lines
 
@@ -147,8 +166,11 @@ def probe(runs: dict[str, str], pool_sentences: int, per_word: int, k: int = 10)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", required=True, help="the stand-in general model (a run dir)")
-    p.add_argument("--tf-checkpoint", help="the same model as a bilm-tf TF checkpoint dir, for b and mix "
-                                            "(default: the --source run dir, the same arrays)")
+    p.add_argument(
+        "--tf-checkpoint",
+        help="the same model as a bilm-tf TF checkpoint dir, for b and mix "
+        "(default: the --source run dir, the same arrays)",
+    )
     p.add_argument("--export", help="the same model's hdf5 export (elmo-jax export), for c")
     p.add_argument("--arms", nargs="+", choices=["a", "b", "c", "d", "mix"], default=["a", "b", "c", "d"])
     p.add_argument("--steps", type=int, default=400)
@@ -163,8 +185,14 @@ def main() -> None:
     seconds = train_runs(args)
     runs = {n: args.source if n == "a" else os.path.join(args.work_dir, n) for n in args.arms}
     machine = f"{platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()})"
-    lines = [{"what": "runs", "steps": args.steps, "train_seconds": {k: round(v) for k, v in seconds.items()},
-              "machine": machine}]
+    lines = [
+        {
+            "what": "runs",
+            "steps": args.steps,
+            "train_seconds": {k: round(v) for k, v in seconds.items()},
+            "machine": machine,
+        }
+    ]
     print(json.dumps(lines[0]), flush=True)
     lines += perplexities(runs)
     lines += probe(runs, args.pool_sentences, args.per_word)

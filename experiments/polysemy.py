@@ -58,7 +58,7 @@ def word_vectors(embedder: Embedder, sentences: list[list[str]], word: str, laye
 def window(tokens: list[str], word: str, size: int = 8) -> str:
     i = tokens.index(word)
     lo, hi = max(0, i - size), min(len(tokens), i + size + 1)
-    text = " ".join(tokens[lo:i] + [f"**{word}**"] + tokens[i + 1:hi])
+    text = " ".join(tokens[lo:i] + [f"**{word}**"] + tokens[i + 1 : hi])
     return ("... " if lo else "") + text + (" ..." if hi < len(tokens) else "")
 
 
@@ -88,23 +88,32 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     heldout_path, train_paths = args.data_dir / "heldout.txt", sorted(glob.glob(str(args.data_dir / "train" / "*.txt")))
     if not heldout_path.exists() or not train_paths:
-        sys.exit(f"polysemy: no {heldout_path} or {args.data_dir}/train/*.txt; run `python experiments/prep_corpus.py` first")
+        sys.exit(
+            f"polysemy: no {heldout_path} or {args.data_dir}/train/*.txt; run `python experiments/prep_corpus.py` first"
+        )
     t0 = time.time()
     if bool(args.options) != bool(args.weights):
         sys.exit("polysemy: --options and --weights go together")
     model = args.weights or args.run_dir
-    embedder = Embedder.from_hdf5(args.options, args.weights) if args.options else Embedder.from_checkpoint(args.run_dir)
+    embedder = (
+        Embedder.from_hdf5(args.options, args.weights) if args.options else Embedder.from_checkpoint(args.run_dir)
+    )
     heldout = heldout_path.read_text(encoding="utf-8").splitlines()
     train = [line for path in train_paths for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines()]
     vocab = Vocabulary.load(args.data_dir / "vocab.txt")
-    vocab_words = vocab.words[3:3 + args.vocab_words]  # after <S>, </S>, <UNK>; most frequent first
+    vocab_words = vocab.words[3 : 3 + args.vocab_words]  # after <S>, </S>, <UNK>; most frequent first
     neighbours = nearest_words(embedder, vocab_words, WORDS, 6)
 
-    lines = [f"# Polysemy: nearest neighbours in context ({model})", "",
-             "Made by `python experiments/polysemy.py`. Query: a held-out sentence; neighbour: the "
-             f"pretraining sentence whose layer-{CONTEXTUAL_LAYER} vector of the same word is nearest (cosine). "
-             "Layer 0 (the char-CNN token vector) is context-free: its row lists the nearest vocabulary words.", "",
-             "| word | source | sentence | cosine |", "|---|---|---|---:|"]
+    lines = [
+        f"# Polysemy: nearest neighbours in context ({model})",
+        "",
+        "Made by `python experiments/polysemy.py`. Query: a held-out sentence; neighbour: the "
+        f"pretraining sentence whose layer-{CONTEXTUAL_LAYER} vector of the same word is nearest (cosine). "
+        "Layer 0 (the char-CNN token vector) is context-free: its row lists the nearest vocabulary words.",
+        "",
+        "| word | source | sentence | cosine |",
+        "|---|---|---|---:|",
+    ]
     for word in WORDS:
         queries = sentences_with(heldout, word, args.queries)
         pool = sentences_with(train, word, args.pool)
@@ -118,8 +127,9 @@ def main(argv=None) -> int:
         for i, s in enumerate(queries):
             j = int(np.argmax(sims[i]))
             lines.append(f"| | held-out | {window(s, word)} | |")
-            lines.append(f"| | nearest (layer {CONTEXTUAL_LAYER}, of {len(pool)}) | {window(pool[j], word)} | "
-                         f"{sims[i, j]:.3f} |")
+            lines.append(
+                f"| | nearest (layer {CONTEXTUAL_LAYER}, of {len(pool)}) | {window(pool[j], word)} | {sims[i, j]:.3f} |"
+            )
     lines += ["", f"{time.time() - t0:.0f} s on this machine, including loading the checkpoint."]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out, "\n".join(lines) + "\n")

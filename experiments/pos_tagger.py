@@ -168,8 +168,8 @@ def embed_split(embedder, sentences: list[list[str]], path: str, chunk: int) -> 
         with tqdm(total=shape[0], unit="tok", unit_scale=True, desc=os.path.basename(path)) as bar:
             # A chunk at a time: the embedder holds one chunk's float32 layers, never the whole split.
             for lo in range(0, len(sentences), chunk):
-                for i, layers in enumerate(embedder.embed(sentences[lo:lo + chunk]), lo):
-                    out[offsets[i]:offsets[i + 1]] = layers.transpose(1, 0, 2)
+                for i, layers in enumerate(embedder.embed(sentences[lo : lo + chunk]), lo):
+                    out[offsets[i] : offsets[i + 1]] = layers.transpose(1, 0, 2)
                 bar.update(int(offsets[min(lo + chunk, len(sentences))] - offsets[lo]))
         out.flush()
         del out  # closes the memmap before the rename
@@ -187,19 +187,32 @@ def cmd_features(args) -> None:
     meta_path = os.path.join(args.out, "meta.json")
     if os.path.exists(meta_path):
         os.remove(meta_path)  # until every split is rewritten, the old meta would vouch for mixed files
-    meta = {**source, "data_dir": os.path.abspath(args.data_dir), "dtype": "float16",
-            "token_cache": words is not None, "splits": {}}
+    meta = {
+        **source,
+        "data_dir": os.path.abspath(args.data_dir),
+        "dtype": "float16",
+        "token_cache": words is not None,
+        "splits": {},
+    }
     for split, sentences in data.items():
         shape, seconds = embed_split(embedder, sentences, os.path.join(args.out, f"{split}.npy"), args.chunk)
-        print(f"{split}: {len(sentences)} sentences, {shape[0]} tokens -> {shape} in {seconds:.1f} s "
-              f"({shape[0] / seconds:,.0f} tokens/s)")
-        meta["splits"][split] = {"file_sha256": file_sha256(paths[split]), "sentences": len(sentences),
-                                 "shape": list(shape), "seconds": round(seconds, 2)}
+        print(
+            f"{split}: {len(sentences)} sentences, {shape[0]} tokens -> {shape} in {seconds:.1f} s "
+            f"({shape[0] / seconds:,.0f} tokens/s)"
+        )
+        meta["splits"][split] = {
+            "file_sha256": file_sha256(paths[split]),
+            "sentences": len(sentences),
+            "shape": list(shape),
+            "seconds": round(seconds, 2),
+        }
     write_json_atomic(meta_path, meta)
     seconds = time.perf_counter() - start
     total = sum(m["shape"][0] for m in meta["splits"].values())
-    print(f"all splits: {total} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s, biLM loading and token "
-          f"cache included); wrote {args.out}/{{train,dev,test}}.npy, .offsets.npy and meta.json")
+    print(
+        f"all splits: {total} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s, biLM loading and token "
+        f"cache included); wrote {args.out}/{{train,dev,test}}.npy, .offsets.npy and meta.json"
+    )
 
 
 # ------------------------------------------------------------------------------------------ grid
@@ -238,12 +251,15 @@ def load_features(feature_dir: str, data_dir: str, max_sentences: int | None) ->
             raise Fail(f"{feature_path}: unreadable ({e}); {FEATURES_HINT}") from None
         if list(features.shape) != recorded["shape"] or len(offsets) != recorded["sentences"] + 1:
             raise Fail(f"{feature_path}: shape {features.shape} does not match {meta_path}; {FEATURES_HINT}")
-        offsets = offsets[:len(words) + 1]
+        offsets = offsets[: len(words) + 1]
         if not np.array_equal(offsets, offsets_of(words)):
             raise Fail(f"{feature_path}: sentence lengths differ from {path}; {FEATURES_HINT}")
-        splits[split] = {"words": [w.lower() for s in words for w in s],
-                         "tags": np.array([t for s in tags for t in s], np.int32),
-                         "offsets": offsets, "features": features}
+        splits[split] = {
+            "words": [w.lower() for s in words for w in s],
+            "tags": np.array([t for s in tags for t in s], np.int32),
+            "offsets": offsets,
+            "features": features,
+        }
     return splits, meta, config
 
 
@@ -265,8 +281,9 @@ def length_bucket(n: int, buckets=BUCKETS) -> int:
     return next((b for b in buckets if n <= b), -(-n // 64) * 64)
 
 
-def plan_batches(lengths: np.ndarray, ids: np.ndarray, budget: int, rng=None,
-                 buckets=BUCKETS) -> list[tuple[int, int, np.ndarray]]:
+def plan_batches(
+    lengths: np.ndarray, ids: np.ndarray, budget: int, rng=None, buckets=BUCKETS
+) -> list[tuple[int, int, np.ndarray]]:
     """``(time, rows, sentence ids)`` batches of about ``budget`` padded tokens, similar lengths together.
 
     ``lengths`` ``[n_sentences]``, ``ids`` the sentences to batch. With ``rng``: sentences of equal
@@ -279,7 +296,7 @@ def plan_batches(lengths: np.ndarray, ids: np.ndarray, budget: int, rng=None,
     for t in np.unique(widths):
         group = order[widths == t]
         rows = max(1, budget // t)
-        batches += [(int(t), rows, group[lo:lo + rows]) for lo in range(0, len(group), rows)]
+        batches += [(int(t), rows, group[lo : lo + rows]) for lo in range(0, len(group), rows)]
     if rng is not None:
         rng.shuffle(batches)
     return batches
@@ -293,8 +310,11 @@ def gather(split: dict, word_ids: np.ndarray, batch: tuple, layers) -> dict:
     r = np.repeat(np.arange(len(ids)), lengths)
     c = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     tok = np.repeat(split["offsets"][ids], lengths) + c
-    out = {"words": np.zeros((rows, time_), np.int32), "tags": np.zeros((rows, time_), np.int32),
-           "mask": np.zeros((rows, time_), bool)}
+    out = {
+        "words": np.zeros((rows, time_), np.int32),
+        "tags": np.zeros((rows, time_), np.int32),
+        "mask": np.zeros((rows, time_), bool),
+    }
     out["words"][r, c] = word_ids[tok]
     out["tags"][r, c] = split["tags"][tok]
     out["mask"][r, c] = True
@@ -393,8 +413,14 @@ def make_functions(model, lr: float):
     @jax.jit
     def train_step(params, opt_state, batch, key):
         def loss_fn(p):
-            logits = model.apply({"params": p}, batch["words"], batch.get("layers"), batch["mask"],
-                                 deterministic=False, rngs={"dropout": key})
+            logits = model.apply(
+                {"params": p},
+                batch["words"],
+                batch.get("layers"),
+                batch["mask"],
+                deterministic=False,
+                rngs={"dropout": key},
+            )
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tags"])
             return jnp.sum(ce * batch["mask"]) / jnp.maximum(batch["mask"].sum(), 1)
 
@@ -433,8 +459,8 @@ def train_run(variant: str, fraction: float, seed: int, splits: dict, fns, n_lay
     lengths = sentence_lengths(train)
     n = len(lengths)
     rng = np.random.default_rng(seed)
-    ids = np.sort(rng.permutation(n)[:max(1, round(fraction * n))])  # a prefix of one permutation: nested subsets
-    vocab = build_vocab([w for i in ids for w in train["words"][train["offsets"][i]:train["offsets"][i + 1]]])
+    ids = np.sort(rng.permutation(n)[: max(1, round(fraction * n))])  # a prefix of one permutation: nested subsets
+    vocab = build_vocab([w for i in ids for w in train["words"][train["offsets"][i] : train["offsets"][i + 1]]])
     word_ids = {s: np.array([vocab.get(w, UNK) for w in d["words"]], np.int32) for s, d in splits.items()}
     layers = None if variant == "words" else list(range(n_layers)) if variant == "elmo" else [int(variant[5:])]
     per_epoch = len(plan_batches(lengths, ids, args.batch_tokens, buckets=args.buckets))
@@ -453,8 +479,9 @@ def train_run(variant: str, fraction: float, seed: int, splits: dict, fns, n_lay
     with tqdm(total=steps, desc=f"{variant} {fraction:g} s{seed}", leave=False, unit="step") as bar:
         while step < steps:
             for batch in plan_batches(lengths, ids, args.batch_tokens, rng, args.buckets):
-                params, opt_state, loss = train_step(params, opt_state, gather(train, word_ids["train"], batch, layers),
-                                                     jax.random.fold_in(key, step))
+                params, opt_state, loss = train_step(
+                    params, opt_state, gather(train, word_ids["train"], batch, layers), jax.random.fold_in(key, step)
+                )
                 step += 1
                 bar.update()
                 if step in eval_at:
@@ -467,10 +494,21 @@ def train_run(variant: str, fraction: float, seed: int, splits: dict, fns, n_lay
                     break
     dev, best_step, params = best
     test = accuracy(count_correct, params, splits["test"], word_ids["test"], layers, args)
-    run = {"variant": variant, "fraction": fraction, "seed": seed, "train_sentences": len(ids),
-           "train_tokens": int(lengths[ids].sum()), "vocab": len(vocab) + 2, "steps": steps,
-           "epochs": round(steps / per_epoch, 2), "best_step": best_step, "dev_acc": dev, "test_acc": test,
-           "seconds": round(time.perf_counter() - start, 1), "dev_curve": curve}
+    run = {
+        "variant": variant,
+        "fraction": fraction,
+        "seed": seed,
+        "train_sentences": len(ids),
+        "train_tokens": int(lengths[ids].sum()),
+        "vocab": len(vocab) + 2,
+        "steps": steps,
+        "epochs": round(steps / per_epoch, 2),
+        "best_step": best_step,
+        "dev_acc": dev,
+        "test_acc": test,
+        "seconds": round(time.perf_counter() - start, 1),
+        "dev_curve": curve,
+    }
     if variant == "elmo":
         mix = params["Elmo_0"]["scalar_mix_0"]
         run["mix_weights"] = [round(float(w), 4) for w in jax.nn.softmax(mix["weights"])]
@@ -495,16 +533,21 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict], settings: dict, source: str) -> str:
-    lines = [f"POS tagging, Brown corpus, 12 universal tags, ELMo features from {source}. Accuracy (%) over all "
-             f"tokens, punctuation included; mean ± sample sd over {len(settings['seeds'])} seed(s); dev-best "
-             f"params scored on test. Tagger: word emb. 100 + ELMo part -> biLSTM {settings['hidden']}/direction; "
-             f"{settings['epochs']} epoch(s) at 100 %, smaller fractions >= {settings['min_share']:g}x as many steps.",
-             "", "| variant | % train | sentences | dev acc | test acc | seconds/run | seeds |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"POS tagging, Brown corpus, 12 universal tags, ELMo features from {source}. Accuracy (%) over all "
+        f"tokens, punctuation included; mean ± sample sd over {len(settings['seeds'])} seed(s); dev-best "
+        f"params scored on test. Tagger: word emb. 100 + ELMo part -> biLSTM {settings['hidden']}/direction; "
+        f"{settings['epochs']} epoch(s) at 100 %, smaller fractions >= {settings['min_share']:g}x as many steps.",
+        "",
+        "| variant | % train | sentences | dev acc | test acc | seconds/run | seeds |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in summary:
-        lines.append(f"| {r['variant']} | {100 * r['fraction']:g} | {r['sentences']} | "
-                     f"{100 * r['dev_acc']:.2f} ± {100 * r['dev_acc_std']:.2f} | "
-                     f"{100 * r['test_acc']:.2f} ± {100 * r['test_acc_std']:.2f} | {r['seconds']:.0f} | {r['seeds']} |")
+        lines.append(
+            f"| {r['variant']} | {100 * r['fraction']:g} | {r['sentences']} | "
+            f"{100 * r['dev_acc']:.2f} ± {100 * r['dev_acc_std']:.2f} | "
+            f"{100 * r['test_acc']:.2f} ± {100 * r['test_acc_std']:.2f} | {r['seconds']:.0f} | {r['seeds']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -522,8 +565,14 @@ def plot(summary: list[dict], path: str) -> None:
     for variant, label in (("words", "word embeddings only"), ("elmo", "word emb. + ELMo (learned mix)")):
         rs = sorted((r for r in summary if r["variant"] == variant), key=lambda r: r["fraction"])
         if rs:
-            ax.errorbar([100 * r["fraction"] for r in rs], [100 * r["test_acc"] for r in rs],
-                        yerr=[100 * r["test_acc_std"] for r in rs], marker="o", capsize=3, label=label)
+            ax.errorbar(
+                [100 * r["fraction"] for r in rs],
+                [100 * r["test_acc"] for r in rs],
+                yerr=[100 * r["test_acc_std"] for r in rs],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
     ax.set_xscale("log")
     ax.set_xticks(sorted({100 * r["fraction"] for r in summary}))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
@@ -570,8 +619,21 @@ def cmd_grid(args) -> None:
     if set(variants) - set(known):
         raise Fail(f"unknown variant(s) {sorted(set(variants) - set(known))}: use {' '.join(known)}")
     n_words = len(build_vocab(splits["train"]["words"])) + 2  # every subset's vocabulary fits in the full one's
-    settings = {k: getattr(args, k) for k in ("seeds", "fractions", "epochs", "min_share", "hidden", "dropout", "lr",
-                                               "batch_tokens", "evals", "max_sentences")}
+    settings = {
+        k: getattr(args, k)
+        for k in (
+            "seeds",
+            "fractions",
+            "epochs",
+            "min_share",
+            "hidden",
+            "dropout",
+            "lr",
+            "batch_tokens",
+            "evals",
+            "max_sentences",
+        )
+    }
     settings.update(word_dim=100, vocab_rows=n_words, lowercase=True, min_count=2)
     features = {k: v for k, v in meta.items() if k != "model"}
     source = f"{meta['run_dir']} step {meta['step']}" if "run_dir" in meta else meta.get("weights", "?")
@@ -590,11 +652,22 @@ def cmd_grid(args) -> None:
             for seed in args.seeds:
                 run = train_run(variant, fraction, seed, splits, fns, n_layers, args)
                 runs.append(run)
-                print(f"{variant:7s} {100 * fraction:5g}% seed {seed}: dev {100 * run['dev_acc']:.2f}  "
-                      f"test {100 * run['test_acc']:.2f}  (best step {run['best_step']}/{run['steps']}, "
-                      f"{run['epochs']:g} epochs, {run['seconds']:.0f} s)", flush=True)
-                write_json_atomic(args.out, {"settings": settings, "features": features, "summary": summarize(runs),
-                                             "runs": runs, "total_seconds": round(time.perf_counter() - start, 1)})
+                print(
+                    f"{variant:7s} {100 * fraction:5g}% seed {seed}: dev {100 * run['dev_acc']:.2f}  "
+                    f"test {100 * run['test_acc']:.2f}  (best step {run['best_step']}/{run['steps']}, "
+                    f"{run['epochs']:g} epochs, {run['seconds']:.0f} s)",
+                    flush=True,
+                )
+                write_json_atomic(
+                    args.out,
+                    {
+                        "settings": settings,
+                        "features": features,
+                        "summary": summarize(runs),
+                        "runs": runs,
+                        "total_seconds": round(time.perf_counter() - start, 1),
+                    },
+                )
     summary = summarize(runs)
     table = markdown(summary, settings, source)
     base = os.path.splitext(args.out)[0]

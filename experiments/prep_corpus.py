@@ -99,6 +99,7 @@ def need(path: pathlib.Path) -> pathlib.Path:
 
 # -- sources: each yields (split, lines) per document --------------------------------------------
 
+
 def sotu_documents(cache: pathlib.Path):
     for doc in read_addresses(need(cache / SOTU_TARBALL)):
         if doc["year"] >= SOTU_MIN_YEAR:
@@ -135,8 +136,9 @@ def brown_files(cache: pathlib.Path, mapping: dict[str, str]):
     """``(split, [[(word, universal_tag), ...] per sentence])`` per Brown file, in file order."""
     splits = {**{str(d): "train" for d in range(8)}, "8": "dev", "9": "test"}
     with tarfile.open(need(cache / BROWN_TARBALL), "r:gz") as tar:
-        members = sorted((m for m in tar.getmembers() if re.fullmatch(r"package/c[a-r]\d\d", m.name)),
-                         key=lambda m: m.name)
+        members = sorted(
+            (m for m in tar.getmembers() if re.fullmatch(r"package/c[a-r]\d\d", m.name)), key=lambda m: m.name
+        )
         if not members:
             fail(f"{BROWN_TARBALL}: no package/c[a-r]NN files")
         for m in members:
@@ -188,13 +190,13 @@ def bible_documents(raw: pathlib.Path):
             if b not in cache:
                 start, length, _ = blocks[b]
                 cache.clear()  # blocks are read in order; keep one
-                cache[b] = zlib.decompress(bzz[start:start + length])
-            verse = cache[b][offset:offset + size].decode("utf-8")  # offsets count bytes, not characters
+                cache[b] = zlib.decompress(bzz[start : start + length])
+            verse = cache[b][offset : offset + size].decode("utf-8")  # offsets count bytes, not characters
             if 'type="book"' in verse or "<chapter " in verse:
                 if chapter:
                     yield ("heldout" if book % 10 == 5 else "train"), tokenized(" ".join(chapter))
                     chapter = []
-                book += 'type="book"' in verse and 'sID=' in verse
+                book += 'type="book"' in verse and "sID=" in verse
             text = _TAG.sub(" ", _NOTE.sub(" ", verse)).strip()
             if text:
                 chapter.append(text)
@@ -204,16 +206,22 @@ def bible_documents(raw: pathlib.Path):
 
 # -- assembly --------------------------------------------------------------------------------------
 
-def assemble(sources: dict[str, list[tuple[str, list[str]]]], brown_train: list[str],
-             brown_excluded: set[str]) -> tuple[list[str], list[str], dict]:
+
+def assemble(
+    sources: dict[str, list[tuple[str, list[str]]]], brown_train: list[str], brown_excluded: set[str]
+) -> tuple[list[str], list[str], dict]:
     """(train lines in file order, held-out lines, per-source counts). Train: deduplicated over all
     sources, without any Brown dev/test sentence. Held-out: deduplicated, without train sentences."""
     train, heldout, counts = [], [], {}
     for name, docs in sources.items():
         t = [line for split, lines in docs if split == "train" for line in lines]
         h = [line for split, lines in docs if split == "heldout" for line in lines]
-        counts[name] = {"train_sentences": len(t), "train_tokens": tokens(t),
-                        "heldout_sentences": len(h), "heldout_tokens": tokens(h)}
+        counts[name] = {
+            "train_sentences": len(t),
+            "train_tokens": tokens(t),
+            "heldout_sentences": len(h),
+            "heldout_tokens": tokens(h),
+        }
         train.extend(t)
         heldout.extend(h)
     train.extend(brown_train)
@@ -238,8 +246,11 @@ def main(argv=None) -> int:
     for split, sentences in brown_files(args.cache_dir, mapping):
         brown[split].extend(sentences)
     brown_lines = {k: [format_sentence([w for w, _ in s]) for s in v] for k, v in brown.items()}
-    sources = {"sotu": list(sotu_documents(args.cache_dir)), "nlp-corpus": list(nlp_documents(args.cache_dir)),
-               "bible": list(bible_documents(args.web_dir))}
+    sources = {
+        "sotu": list(sotu_documents(args.cache_dir)),
+        "nlp-corpus": list(nlp_documents(args.cache_dir)),
+        "bible": list(bible_documents(args.web_dir)),
+    }
     excluded = set(brown_lines["dev"]) | set(brown_lines["test"])
     train, heldout, counts = assemble(sources, brown_lines["train"], excluded)
     assert not set(train) & set(heldout) and not set(train) & excluded
@@ -251,8 +262,9 @@ def main(argv=None) -> int:
     shuffled = list(train)
     random.Random(SEED).shuffle(shuffled)
     for i in range(0, len(shuffled), SHARD_LINES):
-        write_text_atomic(lm / "train" / f"shard-{i // SHARD_LINES:02d}.txt",
-                          "\n".join(shuffled[i:i + SHARD_LINES]) + "\n")
+        write_text_atomic(
+            lm / "train" / f"shard-{i // SHARD_LINES:02d}.txt", "\n".join(shuffled[i : i + SHARD_LINES]) + "\n"
+        )
     write_text_atomic(lm / "heldout.txt", "\n".join(heldout) + "\n")
     word_counts = collections.Counter(w for line in train for w in line.split())
     vocab = build_vocab(word_counts, min_count=MIN_COUNT)
@@ -265,23 +277,38 @@ def main(argv=None) -> int:
     brown_dir = args.out / "brown"
     brown_dir.mkdir(parents=True, exist_ok=True)
     for split, sentences in brown.items():
-        write_text_atomic(brown_dir / f"{split}.txt",
-                          "\n".join(" ".join(f"{w}/{t}" for w, t in s) for s in sentences) + "\n")
+        write_text_atomic(
+            brown_dir / f"{split}.txt", "\n".join(" ".join(f"{w}/{t}" for w, t in s) for s in sentences) + "\n"
+        )
 
-    stats = {"pretraining": {"sentences": len(train), "tokens": n_train, "vocab": len(vocab),
-                             "shards": -(-len(train) // SHARD_LINES)},
-             "heldout": {"sentences": len(heldout), "tokens": tokens(heldout),
-                         "oov_rate": sum(w not in vocab for line in heldout for w in line.split())
-                         / max(1, tokens(heldout))},
-             "sources": counts,
-             "brown": {k: {"sentences": len(v), "tokens": sum(map(len, v))} for k, v in brown.items()}}
-    stats["sources"]["brown"] = {"train_sentences": len(brown_lines["train"]),
-                                 "train_tokens": tokens(brown_lines["train"])}
+    stats = {
+        "pretraining": {
+            "sentences": len(train),
+            "tokens": n_train,
+            "vocab": len(vocab),
+            "shards": -(-len(train) // SHARD_LINES),
+        },
+        "heldout": {
+            "sentences": len(heldout),
+            "tokens": tokens(heldout),
+            "oov_rate": sum(w not in vocab for line in heldout for w in line.split()) / max(1, tokens(heldout)),
+        },
+        "sources": counts,
+        "brown": {k: {"sentences": len(v), "tokens": sum(map(len, v))} for k, v in brown.items()},
+    }
+    stats["sources"]["brown"] = {
+        "train_sentences": len(brown_lines["train"]),
+        "train_tokens": tokens(brown_lines["train"]),
+    }
     write_text_atomic(args.out / "stats.json", json.dumps(stats, indent=2) + "\n")
-    print(f"pretraining text: {len(train):,} sentences, {n_train:,} tokens in {stats['pretraining']['shards']} "
-          f"shards; vocabulary {len(vocab):,} words (count >= {MIN_COUNT})")
-    print(f"held-out: {len(heldout):,} sentences, {stats['heldout']['tokens']:,} tokens "
-          f"(OOV {100 * stats['heldout']['oov_rate']:.2f} %)")
+    print(
+        f"pretraining text: {len(train):,} sentences, {n_train:,} tokens in {stats['pretraining']['shards']} "
+        f"shards; vocabulary {len(vocab):,} words (count >= {MIN_COUNT})"
+    )
+    print(
+        f"held-out: {len(heldout):,} sentences, {stats['heldout']['tokens']:,} tokens "
+        f"(OOV {100 * stats['heldout']['oov_rate']:.2f} %)"
+    )
     for name, c in stats["sources"].items():
         print(f"  {name} (before deduplication): " + ", ".join(f"{k} {v:,}" for k, v in c.items()))
     for split, c in stats["brown"].items():

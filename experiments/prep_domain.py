@@ -27,16 +27,64 @@ HERE = pathlib.Path(__file__).resolve().parent
 SOURCES = "usr/share/doc/python3.11/html/_sources"
 HELDOUT_LAST_DIGIT = 5
 # Directives whose body is prose (kept, unindented); any other directive's body is dropped.
-PROSE_DIRECTIVES = {"note", "seealso", "warning", "versionadded", "versionchanged", "deprecated",
-                    "deprecated-removed", "impl-detail", "important", "tip", "caution", "attention",
-                    "hint", "admonition", "topic", "sidebar", "rubric", "centered"}
+PROSE_DIRECTIVES = {
+    "note",
+    "seealso",
+    "warning",
+    "versionadded",
+    "versionchanged",
+    "deprecated",
+    "deprecated-removed",
+    "impl-detail",
+    "important",
+    "tip",
+    "caution",
+    "attention",
+    "hint",
+    "admonition",
+    "topic",
+    "sidebar",
+    "rubric",
+    "centered",
+}
 # Directives of API entries: their argument (a signature) goes, their body (the description) stays.
-ENTRY_DIRECTIVES = {"function", "method", "class", "exception", "attribute", "data", "decorator",
-                    "decoratormethod", "classmethod", "staticmethod", "module", "currentmodule",
-                    "opcode", "describe", "envvar", "cmdoption", "option", "pdbcommand", "2to3fixer",
-                    "c:function", "c:type", "c:member", "c:macro", "c:var", "c:struct", "c:enum",
-                    "c:enumerator", "index", "audit-event", "program", "abstractmethod",
-                    "coroutinefunction", "coroutinemethod", "awaitablefunction", "awaitablemethod"}
+ENTRY_DIRECTIVES = {
+    "function",
+    "method",
+    "class",
+    "exception",
+    "attribute",
+    "data",
+    "decorator",
+    "decoratormethod",
+    "classmethod",
+    "staticmethod",
+    "module",
+    "currentmodule",
+    "opcode",
+    "describe",
+    "envvar",
+    "cmdoption",
+    "option",
+    "pdbcommand",
+    "2to3fixer",
+    "c:function",
+    "c:type",
+    "c:member",
+    "c:macro",
+    "c:var",
+    "c:struct",
+    "c:enum",
+    "c:enumerator",
+    "index",
+    "audit-event",
+    "program",
+    "abstractmethod",
+    "coroutinefunction",
+    "coroutinemethod",
+    "awaitablefunction",
+    "awaitablemethod",
+}
 
 _DIRECTIVE = re.compile(r"^(\s*)\.\.\s+([\w:-]+)::(.*)$")
 _COMMENT = re.compile(r"^(\s*)\.\.(\s|$)")
@@ -123,7 +171,7 @@ def prose(rst: str) -> list[str]:
         bullet = _BULLET.match(stripped)
         if bullet:  # a list item is a paragraph of its own
             flush()
-            stripped = stripped[bullet.end():]
+            stripped = stripped[bullet.end() :]
         current.append(stripped)
     flush()
     return [p for p in paragraphs if p]
@@ -149,16 +197,22 @@ def main(argv=None) -> int:
     train, heldout = [], []
     for i, path in enumerate(files):
         (heldout if i % 10 == HELDOUT_LAST_DIGIT else train).extend(
-            document_sentences(path.read_text(encoding="utf-8", errors="replace")))
+            document_sentences(path.read_text(encoding="utf-8", errors="replace"))
+        )
     heldout = dedupe(heldout)
     train = dedupe(train, exclude=frozenset(heldout))  # no held-out sentence in the training text
     out = pathlib.Path(args.out)
     (out / "train").mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "train" / "pydoc.txt", "\n".join(train) + "\n")
     write_text_atomic(out / "heldout.txt", "\n".join(heldout) + "\n")
-    stats = {"documents": len(files), "heldout_documents": sum(i % 10 == HELDOUT_LAST_DIGIT for i in range(len(files))),
-             "train_sentences": len(train), "train_tokens": sum(len(s.split()) for s in train),
-             "heldout_sentences": len(heldout), "heldout_tokens": sum(len(s.split()) for s in heldout)}
+    stats = {
+        "documents": len(files),
+        "heldout_documents": sum(i % 10 == HELDOUT_LAST_DIGIT for i in range(len(files))),
+        "train_sentences": len(train),
+        "train_tokens": sum(len(s.split()) for s in train),
+        "heldout_sentences": len(heldout),
+        "heldout_tokens": sum(len(s.split()) for s in heldout),
+    }
     write_text_atomic(out / "stats.json", json.dumps(stats, indent=1) + "\n")
     print(json.dumps(stats))
     return 0

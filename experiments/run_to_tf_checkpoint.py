@@ -34,7 +34,7 @@ def tf_name(hdf5_name: str) -> str:
     if "/RNN/MultiRNNCell/" in hdf5_name:
         direction, _, _, cell, _, leaf = hdf5_name.split("/")
         leaf = {"W_0": "kernel", "B": "bias", "W_P_0": "projection/kernel"}[leaf]
-        return f"lm/{direction}/rnn/multi_rnn_cell/cell_{cell[len('Cell'):]}/lstm_cell/{leaf}"
+        return f"lm/{direction}/rnn/multi_rnn_cell/cell_{cell[len('Cell') :]}/lstm_cell/{leaf}"
     return "lm/" + hdf5_name
 
 
@@ -88,16 +88,21 @@ def check(run_dir: str, out: str) -> None:
 
     options, vocab, shared, step = read_run(run_dir)
     warm = read_warmstart(out)
-    pairs = [(warm.bilm, shared["params"]["bilm"]), (warm.bilm_acc, dense_accumulators(shared["opt"]["bilm"])),
-             (warm.softmax, shared["params"]["softmax"]), (warm.softmax_acc, shared["opt"]["softmax"])]
+    pairs = [
+        (warm.bilm, shared["params"]["bilm"]),
+        (warm.bilm_acc, dense_accumulators(shared["opt"]["bilm"])),
+        (warm.softmax, shared["params"]["softmax"]),
+        (warm.softmax_acc, shared["opt"]["softmax"]),
+    ]
     n = 0
     for got, want in pairs:
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
             n += 1
     assert warm.model == options.model and warm.vocab.words == vocab.words and warm.step == step
-    print(f"{out}: the TF checkpoint holds the run's step-{step} weights, softmax and accumulators exactly "
-          f"({n} arrays)")
+    print(
+        f"{out}: the TF checkpoint holds the run's step-{step} weights, softmax and accumulators exactly ({n} arrays)"
+    )
 
 
 def main() -> None:
@@ -108,8 +113,11 @@ def main() -> None:
     args = p.parse_args()
     if args.what != "write" and not args.run_dir:
         sys.exit(f"{args.what} needs --run-dir")
-    {"dump": lambda: dump(args.run_dir, args.out), "write": lambda: write(args.out),
-     "check": lambda: check(args.run_dir, args.out)}[args.what]()
+    {
+        "dump": lambda: dump(args.run_dir, args.out),
+        "write": lambda: write(args.out),
+        "check": lambda: check(args.run_dir, args.out),
+    }[args.what]()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ from elmo_jax.pretrained import MODELS, PretrainedModel
 
 def fixture_files() -> dict[str, pathlib.Path]:
     """The bundled test biLM: role -> file (options, weights)."""
-    data = pathlib.Path(pretrained.__file__).parents[1] / "data"  # (no importlib.resources: see test_pretrained's CHILD)
+    data = (
+        pathlib.Path(pretrained.__file__).parents[1] / "data"
+    )  # (no importlib.resources: see test_pretrained's CHILD)
     return {"options": data / "fixture_options.json", "weights": data / "fixture_weights.hdf5"}
 
 
@@ -40,8 +42,10 @@ def fixture_model(name: str = "original") -> PretrainedModel:
     the registry (``monkeypatch.setitem(pretrained.MODELS, name, ...)``) or pass it to ``fetch``.
     """
     model = MODELS[name]
-    files = {role: (dataclasses.replace(model.files[role][0], size=path.stat().st_size),)
-             for role, path in fixture_files().items()}
+    files = {
+        role: (dataclasses.replace(model.files[role][0], size=path.stat().st_size),)
+        for role, path in fixture_files().items()
+    }
     return dataclasses.replace(model, files=files)
 
 
@@ -69,9 +73,19 @@ class ModelServer:
     pause_s, pause_path: sleep this long halfway through the body of paths containing ``pause_path``.
     """
 
-    def __init__(self, root: str | os.PathLike, *, cut_after: int | None = None, cut_path: str | None = None,
-                 cut_times: int = 1, ignore_range: bool = False, page: bytes | None = None,
-                 page_type: str = "text/html", pause_s: float = 0.0, pause_path: str | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        cut_after: int | None = None,
+        cut_path: str | None = None,
+        cut_times: int = 1,
+        ignore_range: bool = False,
+        page: bytes | None = None,
+        page_type: str = "text/html",
+        pause_s: float = 0.0,
+        pause_path: str | None = None,
+    ):
         self.root = pathlib.Path(root)
         self.cut_after, self.cut_path, self.cuts_left = cut_after, cut_path, cut_times
         self.ignore_range, self.page, self.page_type = ignore_range, page, page_type
@@ -132,12 +146,16 @@ class ModelServer:
                 if not body:
                     return
                 with server._lock:
-                    cut = (server.cut_after is not None and server.cuts_left > 0 and status in (200, 206)
-                           and (server.cut_path is None or server.cut_path in path))
+                    cut = (
+                        server.cut_after is not None
+                        and server.cuts_left > 0
+                        and status in (200, 206)
+                        and (server.cut_path is None or server.cut_path in path)
+                    )
                     if cut:
                         server.cuts_left -= 1
                 if cut:
-                    self.wfile.write(data[:server.cut_after])
+                    self.wfile.write(data[: server.cut_after])
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)

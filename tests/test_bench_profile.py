@@ -1,10 +1,9 @@
 """benchmarks/bench_variants.py: the parts of a step a GPU profile is summarised into come from
 the compiled module's name stacks (a jax 0.11 GPU trace names only the HLO instruction)."""
 
+import bench_variants
 import jax
 import jax.numpy as jnp
-
-import bench_variants
 
 
 def test_compiled_instructions_map_to_the_named_parts_of_the_step():
@@ -27,8 +26,9 @@ def test_compiled_instructions_map_to_the_named_parts_of_the_step():
     assert {"char_cnn", "lstm", "lstm (backward)", "softmax", "optimizer"} <= parts, parts
     # Nearly every fusion the compiler made has a name stack, its own or that of the ops it calls
     # (broadcasts of constants have none).
-    fusions = [line.split("=")[0].split()[-1].lstrip("%") for line in text.splitlines()
-               if " fusion(" in line and "=" in line]
+    fusions = [
+        line.split("=")[0].split()[-1].lstrip("%") for line in text.splitlines() if " fusion(" in line and "=" in line
+    ]
     assert len(fusions) > 10 and sum(f in scopes for f in fusions) >= 0.8 * len(fusions)
     assert bench_variants.part_of("jit(step)/transpose(jvp(lstm))/while/body/dot_general") == "lstm (backward)"
     assert bench_variants.part_of("jit(step)/jvp(softmax_rows)/gather") == "softmax_rows"

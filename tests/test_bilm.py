@@ -5,14 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import FIXTURES, model_files, reference_batches
 
-from elmo_jax import bilm_apply, batch_to_ids, load_hdf5
+from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
 from elmo_jax.model import char_cnn
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout
 from elmo_jax.model.vocabulary import Vocabulary
-
-from helpers import FIXTURES, model_files, reference_batches
 
 ATOL = 1e-5
 
@@ -46,7 +45,7 @@ def test_without_state_only_the_first_batch_matches(allennlp_model):
     batches = list(reference_batches("allennlp"))
     for i, (batch, expected) in enumerate(batches[:2]):
         layers, _, _ = bilm_apply(params, config, batch_to_ids(batch))
-        got = np.asarray(layers[-1, 0, :len(batch[0])])
+        got = np.asarray(layers[-1, 0, : len(batch[0])])
         assert np.allclose(got, expected[0], atol=ATOL) == (i == 0)
 
 
@@ -64,8 +63,12 @@ def test_stateless_vectors_do_not_depend_on_batch_or_padding(allennlp_model):
     config, params = allennlp_model
     sentence = "The apple fell far from the tree .".split()
     alone, _, _ = bilm_apply(params, config, batch_to_ids([sentence]))
-    batch = [["a", "much", "longer", "sentence", "with", "more", "words", "than", "the", "other", "one"],
-             sentence, [], ["short"]]
+    batch = [
+        ["a", "much", "longer", "sentence", "with", "more", "words", "than", "the", "other", "one"],
+        sentence,
+        [],
+        ["short"],
+    ]
     padded, mask, _ = bilm_apply(params, config, batch_to_ids(batch))
     wide, _, _ = bilm_apply(params, config, batch_to_ids([sentence], min_length=25))
     n = len(sentence)
@@ -141,7 +144,7 @@ def test_bfloat16_compute_is_close_and_float32_out(allennlp_model):
     batch, expected = next(reference_batches("allennlp"))
     layers, _, _ = bilm_apply(params, config, batch_to_ids(batch), compute=Compute(dtype=jnp.bfloat16))
     assert layers.dtype == jnp.float32
-    got = np.asarray(layers[-1, 0, :len(batch[0])])
+    got = np.asarray(layers[-1, 0, : len(batch[0])])
     assert np.all(np.abs(got - expected[0]) <= 2e-2 + 1e-2 * np.abs(expected[0]))
 
 
@@ -211,16 +214,18 @@ def test_lstm_layouts_agree_with_masks_state_and_gradients():
 
     def loss(fn, params, xs):
         ys, c, h = fn(params, config, xs, mask, c0, h0)
-        return (ys ** 2).sum() + (c * h.sum()).sum(), (ys, c, h)
+        return (ys**2).sum() + (c * h.sum()).sum(), (ys, c, h)
 
     # Jitted: run eagerly, every op of the backward pass compiled a program of its own.
     grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2), has_aux=True), static_argnums=0)
     unrolled = lambda n: Compute(layout=Layout("rows", unroll=n))  # noqa: E731
     (l_cols, out_cols), g_cols = grad(functools.partial(lstm._layer_columns, compute=unrolled(1)), params, xs)
     # Rows as the GPU runs them (unrolled: 3 does not divide 7 steps, so a remainder runs too).
-    for fn in (functools.partial(lstm._layer_rows, compute=unrolled(1)),
-               functools.partial(lstm._layer_rows, compute=unrolled(3)),
-               functools.partial(lstm._layer_rows, compute=unrolled(20))):
+    for fn in (
+        functools.partial(lstm._layer_rows, compute=unrolled(1)),
+        functools.partial(lstm._layer_rows, compute=unrolled(3)),
+        functools.partial(lstm._layer_rows, compute=unrolled(20)),
+    ):
         (l_rows, out_rows), g_rows = grad(fn, params, xs)
         for a, b in zip(jax.tree_util.tree_leaves((out_rows, g_rows)), jax.tree_util.tree_leaves((out_cols, g_cols))):
             # Weight gradients sum over every step and row: float32 rounding differs in the last digits.

@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
-
-from elmo_jax.model.vocabulary import Vocabulary, VocabError, batch_to_ids, token_to_ids, words_to_ids
-
 from helpers import FIXTURES
+
+from elmo_jax.model.vocabulary import VocabError, Vocabulary, batch_to_ids, token_to_ids, words_to_ids
 
 
 def padded(prefix, width=50, pad=261):

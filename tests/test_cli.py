@@ -10,15 +10,14 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from helpers import embed_sentences, model_files
+from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 from elmo_jax import cli
 from elmo_jax._util.arguments import about
 from elmo_jax.cli import commands
 from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
-
-from helpers import embed_sentences, model_files
-from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -41,8 +40,12 @@ def test_an_error_about_arguments_names_the_flags_and_only_those():
     assert commands.error_line(ConfigError("window and ahead"), flags) == "window and ahead"
     train = commands.build_parser().parse_args(["train"]).flags
     assert train["source"] == "--init-from" and train["eval_every"] == "--eval-every"
-    assert commands.error_line(about(ConfigError("eval_every 3 is not a multiple of log_every 2"), "eval_every",
-                                     "log_every"), train) == "--eval-every 3 is not a multiple of --log-every 2"
+    assert (
+        commands.error_line(
+            about(ConfigError("eval_every 3 is not a multiple of log_every 2"), "eval_every", "log_every"), train
+        )
+        == "--eval-every 3 is not a multiple of --log-every 2"
+    )
 
 
 # -- embed (from test_embed.py) ------------------------------------------------------------------
@@ -60,14 +63,40 @@ def test_cli_bad_input(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["bad.txt", "e.hdf5", "empty.txt"]  # no temporary file left
     assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "missing/o.hdf5")) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert cli.main(["embed", "--run-dir", str(tmp_path), "--input", str(tmp_path / "empty.txt"),
-                     "--output", str(tmp_path / "x.hdf5")]) == 2
+    assert (
+        cli.main(
+            [
+                "embed",
+                "--run-dir",
+                str(tmp_path),
+                "--input",
+                str(tmp_path / "empty.txt"),
+                "--output",
+                str(tmp_path / "x.hdf5"),
+            ]
+        )
+        == 2
+    )
     assert "not a run directory" in capsys.readouterr().err
     opts = json.loads(open(OPTIONS).read())
     opts["lstm"]["dim"] = 32
     (tmp_path / "o.json").write_text(json.dumps(opts))
-    assert cli.main(["embed", "--options", str(tmp_path / "o.json"), "--weights", WEIGHTS, "--input",
-                     str(tmp_path / "empty.txt"), "--output", str(tmp_path / "x.hdf5")]) == 2
+    assert (
+        cli.main(
+            [
+                "embed",
+                "--options",
+                str(tmp_path / "o.json"),
+                "--weights",
+                WEIGHTS,
+                "--input",
+                str(tmp_path / "empty.txt"),
+                "--output",
+                str(tmp_path / "x.hdf5"),
+            ]
+        )
+        == 2
+    )
     assert "has shape (32, 256), expected (32, 128)" in capsys.readouterr().err
 
 
@@ -77,6 +106,7 @@ def test_ctrl_c_leaves_no_file_under_the_final_name(tmp_path, monkeypatch, sente
     def interrupted(self, lines, window=2048, **options):
         yield 0, np.zeros((3, 1, 32), np.float32)
         raise KeyboardInterrupt
+
     monkeypatch.setattr(Embedder, "embed_stream", interrupted)
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5")) == 130
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
@@ -92,12 +122,29 @@ def test_ctrl_c_in_a_real_run_exits_130_and_leaves_no_file(tmp_path, sentences):
     (tmp_path / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(20000)) + "\n")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     # The compile cache off: Ctrl-C lands while programs compile, which could crash the exit.
-    cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", "none", "embed", "--options", OPTIONS, "--weights",
-           WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.hdf5"), "--no-progress",
-           "--window", "200"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmo_jax",
+        "--compile-cache",
+        "none",
+        "embed",
+        "--options",
+        OPTIONS,
+        "--weights",
+        WEIGHTS,
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(tmp_path / "o.hdf5"),
+        "--no-progress",
+        "--window",
+        "200",
+    ]
     # SIGINT's default handler is restored: a process started in the background may inherit it ignored.
-    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        cmd, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
     deadline = time.time() + 120
     while not any(f.endswith(".tmp.hdf5") for f in os.listdir(tmp_path)) and time.time() < deadline:
         time.sleep(0.05)
@@ -116,10 +163,23 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
     assert "--layers: expected 3 weights" in capsys.readouterr().err
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--shard-index", "0") == 2
     assert "--shard-index needs --num-shards" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--num-shards", "2",
-                   "--shard-index", "2") == 2
+    assert (
+        run_cli(
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / "x.hdf5"),
+            "--num-shards",
+            "2",
+            "--shard-index",
+            "2",
+        )
+        == 2
+    )
     assert "needs --shard-index in 0..1" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
+    assert (
+        run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
+    )
     assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--ahead", "-1") == 2
     assert "--window must be 1 or more and --ahead 0 or more; got 2048 and -1" in capsys.readouterr().err
@@ -129,13 +189,30 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
 def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
     # jax's compiler logs each persistent-cache miss and hit at debug level.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "JAX_DEBUG_LOG_MODULES": "jax._src.compiler"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_DEBUG_LOG_MODULES": "jax._src.compiler",
+    }
 
     def run(out):
-        cmd = [sys.executable, "-m", "elmo_jax", "--compile-cache", str(tmp_path / "xla"), "embed", "--options",
-               OPTIONS, "--weights", WEIGHTS, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / out),
-               "--no-progress"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "elmo_jax",
+            "--compile-cache",
+            str(tmp_path / "xla"),
+            "embed",
+            "--options",
+            OPTIONS,
+            "--weights",
+            WEIGHTS,
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / out),
+            "--no-progress",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stderr
         return r.stderr.count("PERSISTENT COMPILATION CACHE MISS"), r.stderr.count("Persistent compilation cache hit")
@@ -153,8 +230,19 @@ def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
 def test_cli_refuses_tf32_on_cpu(tmp_path, capsys):
     text = tmp_path / "in.txt"
     text.write_text("a b c\n")
-    args = ["--compile-cache", "none", "embed", "--options", "x.json", "--weights", "x.hdf5", "--input", str(text),
-            "--output", str(tmp_path / "out.hdf5")]
+    args = [
+        "--compile-cache",
+        "none",
+        "embed",
+        "--options",
+        "x.json",
+        "--weights",
+        "x.hdf5",
+        "--input",
+        str(text),
+        "--output",
+        str(tmp_path / "out.hdf5"),
+    ]
     assert cli.main(args + ["--precision", "tf32"]) == 2
     err = capsys.readouterr().err
     assert "--precision: precision 'tf32' is a GPU matmul mode" in err and "Traceback" not in err
@@ -165,7 +253,9 @@ def test_the_cli_warns_for_commands_that_compute_only(monkeypatch, tmp_path, cap
     monkeypatch.setattr(commands, "warn_if_accelerator_unused", lambda: calls.append(1))
     assert commands.main(["eval", "--run-dir", str(tmp_path / "missing"), "--files", str(tmp_path / "x.txt")]) != 0
     assert calls == [1]
-    assert commands.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
+    assert (
+        commands.main(["vocab", "--train-files", str(tmp_path / "none-*.txt"), "--out", str(tmp_path / "v.txt")]) != 0
+    )
     assert calls == [1]
 
 
@@ -184,8 +274,17 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
         (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
         (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
         (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(no_unk)], "must contain ['<UNK>']"),
-        (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt"), "--config",
-          str(tmp_path / "misfit.json")], "the options say n_tokens_vocab 99 but"),
+        (
+            [
+                "--train-files",
+                str(TRAIN / "data.txt"),
+                "--vocab",
+                str(TRAIN / "vocab.txt"),
+                "--config",
+                str(tmp_path / "misfit.json"),
+            ],
+            "the options say n_tokens_vocab 99 but",
+        ),
         (["--config", "huge"], "neither a preset"),
     ]
     for args, message in cases:
@@ -197,8 +296,9 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
 
 
 # -- a full disk (issue 29) ---------------------------------------------------------------------
-def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(tmp_path, monkeypatch, capsys,
-                                                                              sentences):
+def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
+    tmp_path, monkeypatch, capsys, sentences
+):
     import errno
 
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
@@ -209,6 +309,7 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(t
         if len(calls) == 5:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, *args, **kwargs)
+
     monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
     out = tmp_path / "o.hdf5"
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 1

@@ -10,9 +10,9 @@ training (the default since issue 27), a zero start must score like a carried on
 import json
 import pathlib
 
+import collapse
 import pytest
 
-import collapse
 from elmo_jax import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -31,8 +31,25 @@ MAX_GAP = 0.1
 def test_the_default_recipe_scores_a_zero_start_like_a_carried_state(tmp_path):
     """The README's own command, with no flag: the default recipe (0.1 since issue 27)."""
     run = str(tmp_path / "run")
-    assert cli.main(["train", "--run-dir", run, "--steps", str(STEPS), "--save-every", str(STEPS),
-                     "--log-every", "50", "--devices", "1", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--run-dir",
+                run,
+                "--steps",
+                str(STEPS),
+                "--save-every",
+                str(STEPS),
+                "--log-every",
+                "50",
+                "--devices",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "run" / "options.json").read_text())["reset_state_prob"] == 0.1
     options, _, chunks = collapse.positions(run, str(HELDOUT), 64)
     ce = collapse.start_gap(run, STEPS, options, chunks)

@@ -5,21 +5,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from elmo_jax.compat.hdf5 import expected_datasets
 from elmo_jax.config import PRESETS, ConfigError, ModelConfig, Options, TrainConfig, preset
 from elmo_jax.model import bilm
 
-from helpers import FIXTURES
-
 # bilm-tf's own training test options (tests/test_training.py): no clip or skip keys.
 BILM_TF_TRAIN_OPTIONS = {
-    "n_tokens_vocab": 32, "n_negative_samples_batch": 16, "n_train_tokens": 134, "batch_size": 2,
-    "unroll_steps": 10, "n_epochs": 50, "all_clip_norm_val": 1.0, "dropout": 0.1,
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2}, "bidirectional": True,
-    "char_cnn": {"n_characters": 261, "max_characters_per_token": 10,
-                 "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
-                 "embedding": {"dim": 4}, "n_highway": 1},
+    "n_tokens_vocab": 32,
+    "n_negative_samples_batch": 16,
+    "n_train_tokens": 134,
+    "batch_size": 2,
+    "unroll_steps": 10,
+    "n_epochs": 50,
+    "all_clip_norm_val": 1.0,
+    "dropout": 0.1,
+    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 2},
+    "bidirectional": True,
+    "char_cnn": {
+        "n_characters": 261,
+        "max_characters_per_token": 10,
+        "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]],
+        "activation": "tanh",
+        "embedding": {"dim": 4},
+        "n_highway": 1,
+    },
 }
 
 
@@ -79,23 +90,35 @@ def test_defaults_missing_optional_keys():
     assert o.model.lstm.n_layers == 1 and o.model.char_cnn.n_highway == 0
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d.update(learning_rte=0.1), "unknown keys ['learning_rte']"),
-    (lambda d: d["lstm"].update(projection=3), "lstm: unknown keys ['projection']"),
-    (lambda d: d["char_cnn"].pop("activation"), "char_cnn: missing required key 'activation'"),
-    (lambda d: d.pop("lstm"), "missing required key 'lstm'"),
-    (lambda d: d["char_cnn"].update(activation="gelu"), "'activation' must be one of ('relu', 'tanh'), found 'gelu'"),
-    (lambda d: d["char_cnn"].update(n_characters=300), "'n_characters' must be 261"),
-    (lambda d: d["lstm"].update(dim=0), "'dim' must be an integer >= 1, found 0"),
-    (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a number >= 0"),
-    (lambda d: d["char_cnn"].update(filters=[[1, 8], [0, 8]]), "each filter must be [width >= 1, count >= 1], found [0, 8]"),
-    (lambda d: d["char_cnn"].update(max_characters_per_token=4), "filter width 5 exceeds max_characters_per_token 4"),
-    (lambda d: d.update(dropout=1.5), "'dropout' must be in [0, 1), found 1.5"),
-    (lambda d: d.update(bidirectional=False), "bidirectional biLMs only"),
-    (lambda d: d.update(n_negative_samples_batch=64), "must be smaller than 'n_tokens_vocab' (32)"),
-    (lambda d: d["lstm"].update(projection_dim=1000), "fewer than lstm.projection_dim 1000"),
-    (lambda d: d["char_cnn"].update(embedding={"size": 4}), "'embedding' must be {\"dim\": N}"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d.update(learning_rte=0.1), "unknown keys ['learning_rte']"),
+        (lambda d: d["lstm"].update(projection=3), "lstm: unknown keys ['projection']"),
+        (lambda d: d["char_cnn"].pop("activation"), "char_cnn: missing required key 'activation'"),
+        (lambda d: d.pop("lstm"), "missing required key 'lstm'"),
+        (
+            lambda d: d["char_cnn"].update(activation="gelu"),
+            "'activation' must be one of ('relu', 'tanh'), found 'gelu'",
+        ),
+        (lambda d: d["char_cnn"].update(n_characters=300), "'n_characters' must be 261"),
+        (lambda d: d["lstm"].update(dim=0), "'dim' must be an integer >= 1, found 0"),
+        (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a number >= 0"),
+        (
+            lambda d: d["char_cnn"].update(filters=[[1, 8], [0, 8]]),
+            "each filter must be [width >= 1, count >= 1], found [0, 8]",
+        ),
+        (
+            lambda d: d["char_cnn"].update(max_characters_per_token=4),
+            "filter width 5 exceeds max_characters_per_token 4",
+        ),
+        (lambda d: d.update(dropout=1.5), "'dropout' must be in [0, 1), found 1.5"),
+        (lambda d: d.update(bidirectional=False), "bidirectional biLMs only"),
+        (lambda d: d.update(n_negative_samples_batch=64), "must be smaller than 'n_tokens_vocab' (32)"),
+        (lambda d: d["lstm"].update(projection_dim=1000), "fewer than lstm.projection_dim 1000"),
+        (lambda d: d["char_cnn"].update(embedding={"size": 4}), "'embedding' must be {\"dim\": N}"),
+    ],
+)
 def test_bad_options_give_one_clear_error(tmp_path, mutate, message):
     d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
     mutate(d)
@@ -129,16 +152,27 @@ def test_train_config_validation():
         TrainConfig(batch_size=0)
     assert dataclasses.replace(TrainConfig(), batch_size=4).batch_size == 4
     with pytest.raises(ConfigError):
-        ModelConfig(char_cnn=PRESETS["tiny"].char_cnn, lstm=dataclasses.replace(PRESETS["tiny"].lstm, projection_dim=512))
+        ModelConfig(
+            char_cnn=PRESETS["tiny"].char_cnn, lstm=dataclasses.replace(PRESETS["tiny"].lstm, projection_dim=512)
+        )
 
 
 # -- reset_state_prob: the default recipe, and the files the references read ----------------------
 
+
 def _bilm_tf_reads(d: dict) -> None:
     """The keys bilm-tf's LanguageModel and train() read from options.json, as they read them
     (``options[...]`` or ``.get``): a model of its reader; it never looks at any other key."""
-    for k in ("n_tokens_vocab", "batch_size", "unroll_steps", "dropout", "n_negative_samples_batch",
-              "all_clip_norm_val", "n_epochs", "n_train_tokens"):
+    for k in (
+        "n_tokens_vocab",
+        "batch_size",
+        "unroll_steps",
+        "dropout",
+        "n_negative_samples_batch",
+        "all_clip_norm_val",
+        "n_epochs",
+        "n_train_tokens",
+    ):
         assert isinstance(d[k], (int, float)) and not isinstance(d[k], bool), k
     d.get("bidirectional"), d.get("share_embedding_softmax"), d.get("sample_softmax"), d.get("learning_rate")
     lstm, cnn = d["lstm"], d["char_cnn"]
@@ -193,14 +227,28 @@ def test_written_training_options_are_read_by_bilm_tf_and_allennlp(tmp_path):
     _bilm_tf_reads(written)
     _allennlp_reads(written)
     # What bilm-tf has no key for: the one top-level key of ours.
-    bilm_tf_keys = {"lstm", "char_cnn", "n_tokens_vocab", "batch_size", "unroll_steps", "n_negative_samples_batch",
-                    "dropout", "all_clip_norm_val", "n_epochs", "n_train_tokens", "bidirectional", "learning_rate",
-                    "sample_softmax", "share_embedding_softmax"}
+    bilm_tf_keys = {
+        "lstm",
+        "char_cnn",
+        "n_tokens_vocab",
+        "batch_size",
+        "unroll_steps",
+        "n_negative_samples_batch",
+        "dropout",
+        "all_clip_norm_val",
+        "n_epochs",
+        "n_train_tokens",
+        "bidirectional",
+        "learning_rate",
+        "sample_softmax",
+        "share_embedding_softmax",
+    }
     assert set(written) - bilm_tf_keys == {"reset_state_prob"}
     # Negative controls: the reader models do fail on a file they could not read.
-    for reads, broken in ((_bilm_tf_reads, {k: v for k, v in written.items() if k != "unroll_steps"}),
-                          (_allennlp_reads, {**written, "lstm": {k: v for k, v in written["lstm"].items()
-                                                                 if k != "proj_clip"}})):
+    for reads, broken in (
+        (_bilm_tf_reads, {k: v for k, v in written.items() if k != "unroll_steps"}),
+        (_allennlp_reads, {**written, "lstm": {k: v for k, v in written["lstm"].items() if k != "proj_clip"}}),
+    ):
         with pytest.raises(KeyError):
             reads(broken)
     _allennlp_reads(json.loads((FIXTURES / "allennlp_elmo" / "options.json").read_text()))  # the model fits

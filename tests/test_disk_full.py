@@ -5,22 +5,24 @@ import os
 
 import h5py
 import pytest
+from helpers import model_files
 
 from elmo_jax import load_hdf5, save_hdf5
 from elmo_jax._util.disk_full import OutOfSpaceError, is_out_of_space, reported
 
-from helpers import model_files
 
-
-@pytest.mark.parametrize("exc, full", [
-    (OSError(errno.ENOSPC, "No space left on device"), True),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
-    (OSError(errno.EROFS, "Read-only file system"), True),
-    (OSError("Can't write data (file write failed: time = x, errno = 28, error message = 'No space')"), True),
-    (OSError(errno.ENOENT, "No such file"), False),  # negative controls
-    (OSError("errno = 2"), False),
-    (ValueError("errno = 28"), False),
-])
+@pytest.mark.parametrize(
+    "exc, full",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (OSError(errno.EROFS, "Read-only file system"), True),
+        (OSError("Can't write data (file write failed: time = x, errno = 28, error message = 'No space')"), True),
+        (OSError(errno.ENOENT, "No such file"), False),  # negative controls
+        (OSError("errno = 2"), False),
+        (ValueError("errno = 28"), False),
+    ],
+)
 def test_is_out_of_space(exc, full):
     assert is_out_of_space(exc) is full
 
@@ -45,6 +47,7 @@ def test_save_hdf5_on_a_full_disk_leaves_no_weights_file(tmp_path, monkeypatch):
 
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(h5py.Group, "create_dataset", full)
     with pytest.raises(OutOfSpaceError, match="weights.hdf5: not written: the disk is full"):
         save_hdf5(config, params, tmp_path / "options.json", tmp_path / "weights.hdf5")

@@ -38,7 +38,9 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from helpers import FIXTURES
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.hlo import collectives
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
@@ -54,15 +56,13 @@ from elmo_jax.training.run_dir import abstract_rows, abstract_shared, load_run, 
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import AXIS, init_state, make_train_step, put_global, state_shardings
 
-from helpers import FIXTURES
-
 TOL = 1e-5
 
 TINY = ModelConfig(
-    char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, 4), (2, 4), (3, 8)), n_highway=1,
-                           n_characters=262, max_characters_per_token=10),
-    lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                    use_skip_connections=True),
+    char_cnn=CharCNNConfig(
+        embedding_dim=4, filters=((1, 4), (2, 4), (3, 8)), n_highway=1, n_characters=262, max_characters_per_token=10
+    ),
+    lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True),
 )
 
 TEXT = """the cat sat on the mat .
@@ -79,8 +79,9 @@ OOV = {"zebra", "quagga", "okapi", "mill"}  # inputs keep their characters, targ
 
 
 def _two_local_devices() -> None:
-    assert jax.process_count() == 1 and jax.local_device_count() == 2, \
+    assert jax.process_count() == 1 and jax.local_device_count() == 2, (
         "tests/conftest.py should give this process 2 CPU devices (XLA_FLAGS) before jax is imported"
+    )
 
 
 def _max_diff(a, b) -> float:
@@ -108,8 +109,15 @@ def _setup(tmp_path):
     (tmp_path / "train.txt").write_text(TEXT)
     words = sorted({w for line in TEXT.split("\n") for w in line.split()} - OOV)
     vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + words)
-    t = TrainConfig(n_tokens_vocab=len(vocab), batch_size=2, unroll_steps=5, n_negative_samples_batch=8,
-                    dropout=0.1, n_epochs=1, n_train_tokens=100)
+    t = TrainConfig(
+        n_tokens_vocab=len(vocab),
+        batch_size=2,
+        unroll_steps=5,
+        n_negative_samples_batch=8,
+        dropout=0.1,
+        n_epochs=1,
+        n_train_tokens=100,
+    )
     return vocab, t, TextFiles(str(tmp_path / "train.txt"))
 
 
@@ -118,6 +126,7 @@ def _mesh(n: int) -> Mesh:
 
 
 # -- 1. one process, one device vs two devices ----------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
@@ -130,15 +139,19 @@ def test_mesh_two_devices_equals_one(tmp_path, layout):
     b, steps = t.batch_size, t.unroll_steps
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     common = dict(unroll_steps=steps, max_chars=TINY.char_cnn.max_characters_per_token, seed=3)
-    batchers = {1: LMBatcher(source, vocab, rows_per_device=2 * b, n_devices=1, **common),
-                2: LMBatcher(source, vocab, rows_per_device=b, n_devices=2, **common)}
+    batchers = {
+        1: LMBatcher(source, vocab, rows_per_device=2 * b, n_devices=1, **common),
+        2: LMBatcher(source, vocab, rows_per_device=b, n_devices=2, **common),
+    }
     configs = {1: TrainConfig(**{**t.__dict__, "batch_size": 2 * b}), 2: t}
 
     fresh = jax.device_get(init_state(jax.random.PRNGKey(7), TINY, t, rows=2 * b))
     # A non-zero carried state: the rows' state must follow the rows to their device.
     rng = np.random.default_rng(0)
-    rows = {"c": rng.normal(size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)).astype(np.float32),
-            "h": rng.uniform(-1, 1, size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.projection_dim)).astype(np.float32)}
+    rows = {
+        "c": rng.normal(size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.dim)).astype(np.float32),
+        "h": rng.uniform(-1, 1, size=(2, TINY.lstm.n_layers, 2 * b, TINY.lstm.projection_dim)).astype(np.float32),
+    }
     host_state = fresh.replace(lstm=rows)
     states, fns = {}, {}
     for n in (1, 2):
@@ -152,15 +165,13 @@ def test_mesh_two_devices_equals_one(tmp_path, layout):
     assert [s.data.shape[2] for s in states[2].lstm["c"].addressable_shards] == [b, b]
 
     prev = fresh.params
-    feeders = {n: GlobalBatches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True)
-               for n in (1, 2)}
+    feeders = {n: GlobalBatches(batchers[n], configs[n], _mesh(n), seed=11, first_device=0, fixed=True) for n in (1, 2)}
     for step_number in range(2):
         batch = {n: feeders[n].next(step_number) for n in (1, 2)}
         host = {n: jax.device_get(batch[n]) for n in (1, 2)}
         # The same global batch: device k's rows are rows k*B..(k+1)*B-1 of the one-device batch.
         np.testing.assert_array_equal(_words(host[2]), _words(host[1])[0].reshape(2, 2, b, steps, -1).swapaxes(0, 1))
-        np.testing.assert_array_equal(host[2]["targets"],
-                                      host[1]["targets"][0].reshape(2, 2, b, steps).swapaxes(0, 1))
+        np.testing.assert_array_equal(host[2]["targets"], host[1]["targets"][0].reshape(2, 2, b, steps).swapaxes(0, 1))
         np.testing.assert_array_equal(host[2]["rows"], np.arange(2 * b).reshape(2, b))
         np.testing.assert_array_equal(host[2]["candidates"][0], host[2]["candidates"][1])
         np.testing.assert_array_equal(host[2]["candidates"][0], host[1]["candidates"][0])
@@ -199,8 +210,15 @@ def test_the_collective_check_can_fail():
     """``hlo.collectives`` sees a gathered softmax shard (the control for the check above)."""
     _two_local_devices()
     mesh = _mesh(2)
-    gather = jax.jit(jax.shard_map(lambda w: jax.lax.all_gather(w, AXIS, tiled=True), mesh=mesh,
-                                   in_specs=P(AXIS), out_specs=P(), check_vma=False))
+    gather = jax.jit(
+        jax.shard_map(
+            lambda w: jax.lax.all_gather(w, AXIS, tiled=True),
+            mesh=mesh,
+            in_specs=P(AXIS),
+            out_specs=P(),
+            check_vma=False,
+        )
+    )
     w = jax.device_put(np.zeros((3072, 8), np.float32), NamedSharding(mesh, P(AXIS)))
     ops = collectives(gather.lower(w).compile().as_text())
     assert any(c.op == "all-gather" and max(c.sizes) >= 1536 * 8 for c in ops), ops
@@ -208,16 +226,28 @@ def test_the_collective_check_can_fail():
 
 # -- 2. restarts on another mesh --------------------------------------------------------------------
 
+
 def _settings(run_dir, steps, devices, **kw) -> RunSettings:
-    return RunSettings(run_dir=str(run_dir), steps=steps, devices=devices, save_every=3, log_every=1, seed=5,
-                       progress=False, async_save=False, **kw)
+    return RunSettings(
+        run_dir=str(run_dir),
+        steps=steps,
+        devices=devices,
+        save_every=3,
+        log_every=1,
+        seed=5,
+        progress=False,
+        async_save=False,
+        **kw,
+    )
 
 
 def _rows_and_position(run_dir, step):
     model = Options.load(run_dir / "options.json").model
     ckpt = Checkpointer(str(run_dir), async_save=False)
     options = Options.load(run_dir / "options.json")
-    _, rows, host, _ = ckpt.restore(step, lambda m: (abstract_shared(options, m), abstract_rows(model, m["global_rows"])))
+    _, rows, host, _ = ckpt.restore(
+        step, lambda m: (abstract_shared(options, m), abstract_rows(model, m["global_rows"]))
+    )
     ckpt.close()
     return jax.device_get(rows), host["data"]
 
@@ -242,8 +272,10 @@ def test_restart_on_one_device_with_twice_the_rows_continues_exactly(tmp_path):
     for d in ("dir0", "dir1"):
         for k in ("position", "buffer_lengths", "buffer_targets"):
             np.testing.assert_array_equal(data_b[d][k], data_a[d][k], err_msg=f"{d}/{k}")
-    losses = [[json.loads(l)["loss"] for l in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
-              for r in ("straight", "moved")]
+    losses = [
+        [json.loads(l)["loss"] for l in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+        for r in ("straight", "moved")
+    ]
     np.testing.assert_allclose(losses[1], losses[0], rtol=TOL)
 
 
@@ -261,15 +293,23 @@ def test_restart_with_another_row_count_keeps_state_and_position_with_one_warnin
     mesh = _mesh(1)
     global_rows = t.batch_size
     shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), TINY, t)), mesh)
-    batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
-                        max_chars=TINY.char_cnn.max_characters_per_token, seed=5)
+    batcher = LMBatcher(
+        source,
+        vocab,
+        rows_per_device=t.batch_size,
+        unroll_steps=t.unroll_steps,
+        max_chars=TINY.char_cnn.max_characters_per_token,
+        seed=5,
+    )
     ckpt = Checkpointer(str(run_dir), async_save=False)
     with pytest.warns(UserWarning) as caught:
-        start, state = _restore_or_init(ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1),
-                                                     shardings, global_rows, batcher, None)
+        start, state = _restore_or_init(
+            ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1), shardings, global_rows, batcher, None
+        )
     ckpt.close()
-    assert len(caught) == 1 and "with 4 rows, resumed by 1 with 2" in str(caught[0].message), \
-        [str(w.message) for w in caught]
+    assert len(caught) == 1 and "with 4 rows, resumed by 1 with 2" in str(caught[0].message), [
+        str(w.message) for w in caught
+    ]
     assert "the data position (epoch" in str(caught[0].message)
     assert start == 3
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
@@ -295,8 +335,12 @@ def test_a_run_dir_of_the_previous_format_resumes(tmp_path):
     assert Checkpointer(str(run_dir), async_save=False).latest_meta()["format"] == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same layout: its data position and LSTM rows restore
-        pretrain(options, vocab, TextFiles(str(FIXTURES / "bilm_tf_train" / "data.txt")),
-                 RunSettings(run_dir=str(run_dir), steps=3, seed=4, progress=False, devices=1, async_save=False))
+        pretrain(
+            options,
+            vocab,
+            TextFiles(str(FIXTURES / "bilm_tf_train" / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=3, seed=4, progress=False, devices=1, async_save=False),
+        )
     _, _, params, step = load_run(str(run_dir))
     assert step == 3
     with np.load(FIXTURES / "format1_run_step3_params.npz") as f:
@@ -324,17 +368,24 @@ def _global_batches(source, vocab, seed, n_steps, per_process: bool) -> list[dic
     with 1 device in each of 2 processes (each reading ``shard_for_process`` shards)."""
     common = dict(rows_per_device=1, unroll_steps=MH_T, max_chars=TINY.char_cnn.max_characters_per_token, seed=seed)
     if per_process:
-        batchers = [LMBatcher(source, vocab, n_devices=1, shards=shard_for_process(source, p, 2), first_row=p, **common)
-                    for p in range(2)]
+        batchers = [
+            LMBatcher(source, vocab, n_devices=1, shards=shard_for_process(source, p, 2), first_row=p, **common)
+            for p in range(2)
+        ]
     else:
-        batchers = [LMBatcher(source, vocab, n_devices=2, shards=shard_for_process(source, 0, 1), first_row=0,
-                              **common)]
+        batchers = [
+            LMBatcher(source, vocab, n_devices=2, shards=shard_for_process(source, 0, 1), first_row=0, **common)
+        ]
     out = []
     for _ in range(n_steps):
         parts = [bt.next() for bt in batchers]
-        out.append({"words": np.concatenate([_words(p) for p in parts]),
-                    "targets": np.concatenate([p["targets"] for p in parts]),
-                    "rows": np.concatenate([p["rows"] for p in parts])})
+        out.append(
+            {
+                "words": np.concatenate([_words(p) for p in parts]),
+                "targets": np.concatenate([p["targets"] for p in parts]),
+                "rows": np.concatenate([p["rows"] for p in parts]),
+            }
+        )
     return out
 
 
@@ -354,9 +405,24 @@ def _matching_seed(source, vocab) -> int:
 
 
 def _train_args(tmp_path, run_dir, seed) -> list[str]:
-    return ["train", "--config", str(tmp_path / "options.json"), "--train-files", str(tmp_path / "shard-*.txt"),
-            "--vocab", str(tmp_path / "vocab.txt"), "--run-dir", str(run_dir), "--steps", str(MH_STEPS),
-            "--seed", str(seed), "--log-every", "1", "--no-progress"]
+    return [
+        "train",
+        "--config",
+        str(tmp_path / "options.json"),
+        "--train-files",
+        str(tmp_path / "shard-*.txt"),
+        "--vocab",
+        str(tmp_path / "vocab.txt"),
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(MH_STEPS),
+        "--seed",
+        str(seed),
+        "--log-every",
+        "1",
+        "--no-progress",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -397,14 +463,24 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _start_workers(tmp_path, seed, args: list[str] | None = None, cache: str = "none",
-                   process_1: list[str] | None = None, both: list[str] | None = None) -> tuple[list, list]:
+def _start_workers(
+    tmp_path,
+    seed,
+    args: list[str] | None = None,
+    cache: str = "none",
+    process_1: list[str] | None = None,
+    both: list[str] | None = None,
+) -> tuple[list, list]:
     """Two CLI processes with one CPU device each (``args``: the train command, default
     ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
     ``-m elmo_jax``; ``both``: how both do)."""
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
-               ELMO_JAX_COMPILE_CACHE=cache)
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_PLATFORMS="cpu",
+        ELMO_JAX_COMPILE_CACHE=cache,
+    )
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs, logs = [], []
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
@@ -412,8 +488,11 @@ def _start_workers(tmp_path, seed, args: list[str] | None = None, cache: str = "
         log = open(tmp_path / f"worker{i}.log", "w+")
         args = base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]
         runner = both or (process_1 if i == 1 and process_1 else ["-m", "elmo_jax"])
-        procs.append(subprocess.Popen([sys.executable, *runner, *args], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, cwd=tmp_path))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *runner, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+            )
+        )
         logs.append(log)
     return procs, logs
 
@@ -452,8 +531,15 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     vocab_words = ["<S>", "</S>", "<UNK>", *words, "extra", "words"]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
     vocab = Vocabulary(vocab_words)
-    train_cfg = TrainConfig(n_tokens_vocab=len(vocab), batch_size=1, unroll_steps=MH_T, n_negative_samples_batch=6,
-                            dropout=0.1, n_epochs=1, n_train_tokens=100)
+    train_cfg = TrainConfig(
+        n_tokens_vocab=len(vocab),
+        batch_size=1,
+        unroll_steps=MH_T,
+        n_negative_samples_batch=6,
+        dropout=0.1,
+        n_epochs=1,
+        n_train_tokens=100,
+    )
     Options(model=TINY, train=train_cfg).save(tmp_path / "options.json")
 
     source = TextFiles(str(tmp_path / "shard-*.txt"))
@@ -483,6 +569,7 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     def losses(run):
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         return np.array([[json.loads(x)[k] for k in ("step", "loss_fwd", "loss_bwd", "grad_norm")] for x in lines])
+
     np.testing.assert_allclose(losses("run_mh"), losses("run_1p"), rtol=1e-5, atol=1e-5)
     assert len(losses("run_1p")) == MH_STEPS
 
@@ -501,13 +588,19 @@ def _scenario(tmp_path, shards, n_train_tokens: int = 100, stop: list[str] = ("-
         (tmp_path / f"shard-{i}.txt").write_text(line + "\n")
     vocab_words = ["<S>", "</S>", "<UNK>", *sorted({w for line in shards for w in line.split()})]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
-    train_cfg = TrainConfig(n_tokens_vocab=len(vocab_words), batch_size=1, unroll_steps=MH_T,
-                            n_negative_samples_batch=6, n_epochs=1, n_train_tokens=n_train_tokens)
+    train_cfg = TrainConfig(
+        n_tokens_vocab=len(vocab_words),
+        batch_size=1,
+        unroll_steps=MH_T,
+        n_negative_samples_batch=6,
+        n_epochs=1,
+        n_train_tokens=n_train_tokens,
+    )
     Options(model=TINY, train=train_cfg).save(tmp_path / "options.json")
     run_dir = tmp_path / "run"
     args = _train_args(tmp_path, run_dir, 0)
     at = args.index("--steps")
-    return run_dir, args[:at] + list(stop) + args[at + 2:] + ["--save-every", "100000"]
+    return run_dir, args[:at] + list(stop) + args[at + 2 :] + ["--save-every", "100000"]
 
 
 def _wait_for_metrics(run_dir, procs, lines: int) -> None:
@@ -543,7 +636,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
     assert load_run(str(run_dir))[3] == step
     assert all((run_dir / "host_state" / f"{step}.p{p}.npz").exists() for p in range(2))
     # A restart (here one process with both devices) resumes from that step.
-    assert cli.main(args[:args.index("--steps")] + ["--steps", str(step + 1)] + args[args.index("--steps") + 2:]) == 0
+    assert cli.main(args[: args.index("--steps")] + ["--steps", str(step + 1)] + args[args.index("--steps") + 2 :]) == 0
     assert f"from step {step}" in capsys.readouterr().out
     assert load_run(str(run_dir))[3] == step + 1
 
@@ -553,8 +646,9 @@ def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, wor
     """--epochs 1 and each process reads its own shards: process 1's ends after 2 windows,
     process 0's after 8. Both save step 2 and exit 0."""
     long_shard = "\n".join(SHARDS * 4)  # 8 sentences, one window each
-    run_dir, args = _scenario(tmp_path, [long_shard, SHARDS[1] + "\n" + SHARDS[0]], n_train_tokens=10_000,
-                              stop=["--epochs", "1"])
+    run_dir, args = _scenario(
+        tmp_path, [long_shard, SHARDS[1] + "\n" + SHARDS[0]], n_train_tokens=10_000, stop=["--epochs", "1"]
+    )
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
     texts = _wait_workers(procs, logs, timeout=240)
     assert "end of data at step 2" in texts[0], texts[0]
@@ -592,8 +686,12 @@ def test_a_divergence_stops_both_processes_at_the_same_step_with_the_same_line(t
     assert [p.returncode for p in procs] == [1, 1], texts
     lines = [[l for l in t.splitlines() if "error:" in l] for t in texts]
     assert lines[0] == lines[1] and len(lines[0]) == 1, lines
-    assert "the training loss diverged at step 4: loss nan, not finite; step(s) 3, saved after the last healthy " \
-           "step 2, were moved to" in lines[0][0] and "the newest checkpoint is step 2" in lines[0][0]
+    assert (
+        "the training loss diverged at step 4: loss nan, not finite; step(s) 3, saved after the last healthy "
+        "step 2, were moved to"
+        in lines[0][0]
+        and "the newest checkpoint is step 2" in lines[0][0]
+    )
     assert load_run(str(run_dir))[3] == 2
     assert (run_dir / "diverged" / "3" / "checkpoint").is_dir()
     assert sorted(p.name for p in (run_dir / "diverged" / "3").glob("*.npz")) == ["3.p0.npz", "3.p1.npz"]

@@ -11,12 +11,11 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES, embed_sentences, model_files, reference_batches
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.extract.embedder import Embedder
 from elmo_jax.model.layout import Layout
-
-from helpers import FIXTURES, embed_sentences, model_files, reference_batches
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -36,12 +35,23 @@ def expected(model, sentences):
     config, params = model
     # One padded width for all (the stateless result does not depend on padding): one compile.
     width = max(len(s) for s in sentences)
-    return [np.asarray(bilm_apply(params, config, batch_to_ids([s], min_length=width))[0])[:, 0, :len(s)]
-            for s in sentences]
+    return [
+        np.asarray(bilm_apply(params, config, batch_to_ids([s], min_length=width))[0])[:, 0, : len(s)]
+        for s in sentences
+    ]
 
 
-@pytest.mark.parametrize("kw", [{}, {"dedup": False}, {"devices": 1}, {"batch_tokens": 40}, {"batch_tokens": 100000},
-                                {"layout": Layout("rows", 3, 0, extract_steps=5, extract_tokens=10)}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"dedup": False},
+        {"devices": 1},
+        {"batch_tokens": 40},
+        {"batch_tokens": 100000},
+        {"layout": Layout("rows", 3, 0, extract_steps=5, extract_tokens=10)},
+    ],
+)
 def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences, expected, kw):
     config, params = model
     embedder = Embedder(config, params, **kw)
@@ -70,7 +80,7 @@ def test_two_devices_give_the_vectors_of_one(model):
     sentences, lo = [], 0
     while lo < len(words):
         n = rng.choice([1, 2, 5, 9, 13, 30])
-        sentences.append(words[lo:lo + n])
+        sentences.append(words[lo : lo + n])
         lo += n
     layout = Layout("columns", 1, 32, extract_steps=32)
     one = Embedder(config, params, devices=1, batch_tokens=64, layout=layout)
@@ -86,7 +96,9 @@ def test_two_devices_give_the_vectors_of_one(model):
             assert [s.data.shape[axis] for s in args[0].addressable_shards] == [1 if axis == 0 else 2] * 2
             calls.append(fn)
             return fn(p, *args, **kw)
+
         return call
+
     two._encode_multi, two._packed_multi = spy(two._encode_multi, 0), spy(two._packed_multi, 1)
     got, want = two.embed(sentences), one.embed(sentences)
     assert len(calls) == 2 + pack.calls
@@ -108,13 +120,13 @@ def test_packing_places_every_sentence_once_without_overlap_within_the_budget(mo
     used = np.zeros((pack.rows, pack.calls * pack.steps), np.int64)
     for n, r, s in zip(lengths, pack.row, pack.start):
         if n:
-            used[r, s:s + n + 2] += 1  # raises if past the last call
+            used[r, s : s + n + 2] += 1  # raises if past the last call
             assert s + n + 2 <= used.shape[1]
     assert used.max() == 1 and used.sum() == sum(n + 2 for n in lengths if n)
     # Each row is filled from its start (padding only at the end), and no row is longer than the
     # mean plus the longest sentence (LPT), so the last call is the only one with much padding.
     loads = used.sum(axis=1)
-    assert all(used[r, :loads[r]].all() for r in range(pack.rows))
+    assert all(used[r, : loads[r]].all() for r in range(pack.rows))
     assert loads.max() <= loads.mean() + max(lengths) + 2
     assert (pack.calls - 1) * pack.steps < loads.max()
 
@@ -123,19 +135,24 @@ def test_a_small_call_runs_one_short_call_and_jobs_share_one_bilstm_program(mode
     from elmo_jax.extract.embedder import _length_bucket
 
     config, params = model
-    embedder = Embedder(config, params, devices=1, layout=Layout("columns", 1, 32, extract_steps=16, extract_tokens=128))
+    embedder = Embedder(
+        config, params, devices=1, layout=Layout("columns", 1, 32, extract_steps=16, extract_tokens=128)
+    )
     pack = embedder._packing([3, 5, 4])  # in 4 rows, 7 steps: one call of a length bucket, not of 16 steps
     assert (pack.rows, pack.steps, pack.calls) == (4, _length_bucket(5) + 2, 1) and pack.steps < 16
     rng = random.Random(0)
     # Each job has its own vocabulary size, so its token table is a bucket of its own; its words
     # are all 5 chars, so their char-CNN blocks all have one shape.
-    jobs = [[[f"w{rng.randrange(v):04d}" for _ in range(rng.randint(1, 25))] for _ in range(n)]
-            for n, v in ((200, 150), (90, 600), (300, 3000))]
+    jobs = [
+        [[f"w{rng.randrange(v):04d}" for _ in range(rng.randint(1, 25))] for _ in range(n)]
+        for n, v in ((200, 150), (90, 600), (300, 3000))
+    ]
     compiles = []
 
     def listen(event, seconds, fun_name="", **_):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(fun_name)
+
     jax.monitoring.register_event_duration_secs_listener(listen)
     # Off, so that a program another test left in the persistent cache still counts as one.
     jax.config.update("jax_enable_compilation_cache", False)
@@ -196,14 +213,25 @@ def test_embed_tokens_is_the_same_function_inside_jit(model, sentences, expected
     slot = {w: i for i, w in enumerate(cached + fresh)}
     index = np.zeros((4, max(len(s) for s in batch)), np.int32)
     for r, s in enumerate(batch):
-        index[r, :len(s)] = [slot[w] for w in s]
+        index[r, : len(s)] = [slot[w] for w in s]
     chars = np.stack([token_to_ids(w, 50) for w in fresh])
-    fn = jax.jit(lambda p, chars, index, lengths, cache, cache_index: embed_tokens(
-        p, config, chars, index, lengths, cache=cache, cache_index=cache_index)[0])
-    layers = np.asarray(fn(params, chars, index, np.array([len(s) for s in batch], np.int32), cache,
-                           np.arange(len(cached), dtype=np.int32)))
+    fn = jax.jit(
+        lambda p, chars, index, lengths, cache, cache_index: embed_tokens(
+            p, config, chars, index, lengths, cache=cache, cache_index=cache_index
+        )[0]
+    )
+    layers = np.asarray(
+        fn(
+            params,
+            chars,
+            index,
+            np.array([len(s) for s in batch], np.int32),
+            cache,
+            np.arange(len(cached), dtype=np.int32),
+        )
+    )
     for r, s in enumerate(batch):
-        np.testing.assert_allclose(layers[:, r, :len(s)], expected[r], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(layers[:, r, : len(s)], expected[r], atol=1e-5, rtol=0)
 
 
 def test_bfloat16_is_close_to_float32(model, sentences, expected):
@@ -220,8 +248,11 @@ def embedder(model):
 
 
 def test_a_str_where_tokens_are_expected_is_rejected(embedder):
-    with pytest.raises(TypeError, match=r"^sentence 1 is a str \('The cat sat'\); expected a list of tokens: use "
-                                        r"embed_texts\(\) for raw text"):
+    with pytest.raises(
+        TypeError,
+        match=r"^sentence 1 is a str \('The cat sat'\); expected a list of tokens: use "
+        r"embed_texts\(\) for raw text",
+    ):
         embedder.embed([["ok"], "The cat sat"])
     with pytest.raises(TypeError, match="^sentences is one str"):
         embedder.embed("The cat sat")
@@ -253,8 +284,12 @@ def test_layer_choice(embedder, sentences, expected):
     some = sentences[:5] + [[]]
     want = expected[:5] + [expected[sentences.index([])]]
     weights = [0.5, -1.0, 2.0]  # used as given: not normalised
-    for layers, pick in (("top", lambda e: e[-1]), ("average", lambda e: e.mean(axis=0)),
-                         (weights, lambda e: 0.5 * e[0] - e[1] + 2 * e[2]), ("all", lambda e: e)):
+    for layers, pick in (
+        ("top", lambda e: e[-1]),
+        ("average", lambda e: e.mean(axis=0)),
+        (weights, lambda e: 0.5 * e[0] - e[1] + 2 * e[2]),
+        ("all", lambda e: e),
+    ):
         for got, e in zip(embedder.embed(some, layers=layers), want):
             assert got.dtype == np.float32 and got.shape == pick(e).shape
             np.testing.assert_allclose(got, pick(e), atol=1e-5, rtol=0)
@@ -272,8 +307,11 @@ def test_a_layer_mix_is_computed_before_the_host_and_equals_the_mix_of_all_layer
     assert embedder._packing([len(s) for s in sentences]).calls > 20
     full = embedder.embed(sentences)
     weights = np.float32([0.5, -1.0, 2.0])
-    for layers, pick, tol in (("top", lambda e: e[-1], 0.0), ("average", lambda e: e.mean(axis=0), 1e-6),
-                              (weights, lambda e: np.tensordot(weights, e, axes=1), 1e-6)):
+    for layers, pick, tol in (
+        ("top", lambda e: e[-1], 0.0),
+        ("average", lambda e: e.mean(axis=0), 1e-6),
+        (weights, lambda e: np.tensordot(weights, e, axes=1), 1e-6),
+    ):
         for got, e in zip(embedder.embed(sentences, layers=layers), full):
             assert got.shape == e.shape[1:] and got.flags.c_contiguous
             assert got.base is None or got.base.nbytes == got.nbytes  # no hidden copy of every layer
@@ -303,14 +341,16 @@ def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, senten
     from elmo_jax.extract.embedder import Packing, pool_tokens, select_layers
 
     config, params = model
-    embedder = Embedder(config, params, devices=devices, layout=Layout("columns", 1, 32, extract_steps=5,
-                                                                       extract_tokens=10))
+    embedder = Embedder(
+        config, params, devices=devices, layout=Layout("columns", 1, 32, extract_steps=5, extract_tokens=10)
+    )
     assert embedder.n_devices == devices
     some = sentences
     full = embedder.embed(some)
 
     def no_scatter(*_):
         raise AssertionError("pooled output went through the per-token copy")
+
     monkeypatch.setattr(Packing, "scatter", no_scatter)
     cases = [("all", "mean", 1e-6), ("all", "max", 0.0), ([0.5, -1.0, 2.0], "max", 1e-6)]
     with pytest.warns(UserWarning, match=r"^1 empty"):
@@ -340,8 +380,11 @@ def test_pieces_name_each_sentences_tokens_in_every_call(devices):
             seen[r, t] = True
     assert (segment[~seen] == -1).all()
     assert sorted(owner[owner >= 0].tolist()) == sorted(  # each (sentence, call) pair once
-        i for i, (n, st) in enumerate(zip(lengths, pack.start)) if n
-        for _ in range((st + n) // pack.steps - (st + 1) // pack.steps + 1))
+        i
+        for i, (n, st) in enumerate(zip(lengths, pack.start))
+        if n
+        for _ in range((st + n) // pack.steps - (st + 1) // pack.steps + 1)
+    )
 
 
 def test_hub_outputs_have_tf_hubs_names_shapes_and_values(embedder):
@@ -349,8 +392,13 @@ def test_hub_outputs_have_tf_hubs_names_shapes_and_values(embedder):
     with pytest.warns(UserWarning, match="^1 empty sentence"):
         hub = embedder.hub_outputs(texts)  # split on spaces, as the hub's default signature
     assert {k: v.shape for k, v in hub.items()} == {
-        "word_emb": (3, 6, 16), "lstm_outputs1": (3, 6, 32), "lstm_outputs2": (3, 6, 32), "elmo": (3, 6, 32),
-        "default": (3, 32), "sequence_len": (3,)}
+        "word_emb": (3, 6, 16),
+        "lstm_outputs1": (3, 6, 32),
+        "lstm_outputs2": (3, 6, 32),
+        "elmo": (3, 6, 32),
+        "default": (3, 32),
+        "sequence_len": (3,),
+    }
     assert hub["sequence_len"].tolist() == [6, 5, 0] and hub["sequence_len"].dtype == np.int32
     assert all(v.dtype == np.float32 for k, v in hub.items() if k != "sequence_len")
     for b, layers in enumerate(embedder.embed([t.split() for t in texts])):
@@ -376,19 +424,36 @@ def run_cli(*args):
 def test_cli_writes_bilm_tf_dump_format(tmp_path, model, expected, sentences):
     lines = [" ".join(s) for s in sentences]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "all.hdf5"),
-                   "--sentence-to-index", "--batch-tokens", "64", "--window", "7") == 0
+    assert (
+        run_cli(
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / "all.hdf5"),
+            "--sentence-to-index",
+            "--batch-tokens",
+            "64",
+            "--window",
+            "7",
+        )
+        == 0
+    )
     with h5py.File(tmp_path / "all.hdf5", "r") as f:
-        assert sorted(f.keys(), key=lambda k: (k != "sentence_to_index", k.zfill(5))) == \
-            ["sentence_to_index"] + [str(i) for i in range(len(lines))]
+        assert sorted(f.keys(), key=lambda k: (k != "sentence_to_index", k.zfill(5))) == ["sentence_to_index"] + [
+            str(i) for i in range(len(lines))
+        ]
         for i, exp in enumerate(expected):
             assert f[str(i)].dtype == np.float32 and f[str(i)].shape == (3, len(sentences[i]), 32)
             np.testing.assert_allclose(f[str(i)][...], exp, atol=1e-5, rtol=0)
         index = json.loads(f["sentence_to_index"][()])
         assert index[lines[3]] == "3"
     for layers, pick in (("top", lambda e: e[-1]), ("average", lambda e: e.mean(axis=0))):
-        assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / f"{layers}.hdf5"),
-                       "--layers", layers) == 0
+        assert (
+            run_cli(
+                "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / f"{layers}.hdf5"), "--layers", layers
+            )
+            == 0
+        )
         with h5py.File(tmp_path / f"{layers}.hdf5", "r") as f:
             for i, exp in enumerate(expected):
                 assert f[str(i)].shape == (len(sentences[i]), 32)
@@ -411,11 +476,33 @@ def test_cli_long_line_runs_whole(tmp_path, model):
 def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
     empty = sentences.index([])
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "mean.hdf5"), "--pool", "mean",
-                   "--window", "7") == 0
+    assert (
+        run_cli(
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / "mean.hdf5"),
+            "--pool",
+            "mean",
+            "--window",
+            "7",
+        )
+        == 0
+    )
     assert "1 empty line(s) pooled to zero vectors" in capsys.readouterr().err
-    assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "max.hdf5"), "--pool", "max",
-                   "--layers", "0.5,-1,2") == 0
+    assert (
+        run_cli(
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / "max.hdf5"),
+            "--pool",
+            "max",
+            "--layers",
+            "0.5,-1,2",
+        )
+        == 0
+    )
     with h5py.File(tmp_path / "mean.hdf5", "r") as f, h5py.File(tmp_path / "max.hdf5", "r") as g:
         assert list(f) == ["embeddings"] and f["embeddings"].shape == (len(sentences), 3, 32)
         assert g["embeddings"].shape == (len(sentences), 32) and g["embeddings"].dtype == np.float32
@@ -438,18 +525,48 @@ def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
     def command(output, *extra):
-        return [sys.executable, "-m", "elmo_jax", "embed", "--options", options, "--weights", weights, "--input",
-                str(tmp_path / "in.txt"), "--output", str(tmp_path / output), "--no-progress", "--window", "5", *extra]
-    shards = [subprocess.Popen(command("sharded.hdf5", "--num-shards", "2", "--shard-index", str(i)), env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        return [
+            sys.executable,
+            "-m",
+            "elmo_jax",
+            "embed",
+            "--options",
+            options,
+            "--weights",
+            weights,
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(tmp_path / output),
+            "--no-progress",
+            "--window",
+            "5",
+            *extra,
+        ]
+
+    shards = [
+        subprocess.Popen(
+            command("sharded.hdf5", "--num-shards", "2", "--shard-index", str(i)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     single = subprocess.run(command("single.hdf5"), env=env, capture_output=True, text=True, timeout=600)
     for p in shards:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
     assert single.returncode == 0, single.stderr
-    assert sorted(os.listdir(tmp_path)) == ["in.txt", "sharded-00000-of-00002.hdf5", "sharded-00000-of-00002.hdf5.json",
-                                            "sharded-00001-of-00002.hdf5", "sharded-00001-of-00002.hdf5.json",
-                                            "single.hdf5"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "in.txt",
+        "sharded-00000-of-00002.hdf5",
+        "sharded-00000-of-00002.hdf5.json",
+        "sharded-00001-of-00002.hdf5",
+        "sharded-00001-of-00002.hdf5.json",
+        "single.hdf5",
+    ]
     manifest = json.loads((tmp_path / "sharded-00001-of-00002.hdf5.json").read_text())
     assert manifest["lines"] == {"start": 1, "stop": len(sentences), "step": 2}
     with h5py.File(tmp_path / "sharded-00001-of-00002.hdf5", "r") as f:
@@ -471,8 +588,23 @@ def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
 
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:7]) + "\n", encoding="utf-8")
     for i in range(3):  # in turn, in one process: the files are what counts here
-        assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.hdf5"), "--pool", "mean",
-                       "--layers", "top", "--num-shards", "3", "--shard-index", str(i)) == 0
+        assert (
+            run_cli(
+                "--input",
+                str(tmp_path / "in.txt"),
+                "--output",
+                str(tmp_path / "p.hdf5"),
+                "--pool",
+                "mean",
+                "--layers",
+                "top",
+                "--num-shards",
+                "3",
+                "--shard-index",
+                str(i),
+            )
+            == 0
+        )
     view = ShardedEmbeddings(tmp_path / "p.hdf5")
     assert len(view) == 7
     for got, e in zip(view, expected[:7]):
@@ -488,8 +620,10 @@ def wide_model(tmp_path_factory):
     from elmo_jax import init_bilm, save_hdf5
     from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig
 
-    config = ModelConfig(CharCNNConfig(embedding_dim=4, filters=((1, 256), (2, 256)), n_highway=1),
-                         LSTMConfig(dim=32, projection_dim=512, n_layers=2))
+    config = ModelConfig(
+        CharCNNConfig(embedding_dim=4, filters=((1, 256), (2, 256)), n_highway=1),
+        LSTMConfig(dim=32, projection_dim=512, n_layers=2),
+    )
     d = tmp_path_factory.mktemp("wide")
     save_hdf5(config, init_bilm(jax.random.PRNGKey(0), config), d / "options.json", d / "weights.hdf5")
     return str(d / "options.json"), str(d / "weights.hdf5")
@@ -506,11 +640,13 @@ def _peak_rss_kb(tmp_path, n_lines, options, weights):
         for _ in range(n_lines):
             f.write(" ".join(rng.choice(words) for _ in range(MEMORY_TOKENS)) + "\n")
     # The same --window for both runs: the window's outputs are the one thing held at a time.
-    code = ("import resource, sys; from elmo_jax.cli import main; "
-            f"rc = main(['embed', '--options', {options!r}, '--weights', {weights!r}, '--input', {str(path)!r}, "
-            f"'--output', {str(tmp_path / 'o.hdf5')!r}, '--layers', 'top', '--window', '{MEMORY_WINDOW}', "
-            "'--no-progress']); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    code = (
+        "import resource, sys; from elmo_jax.cli import main; "
+        f"rc = main(['embed', '--options', {options!r}, '--weights', {weights!r}, '--input', {str(path)!r}, "
+        f"'--output', {str(tmp_path / 'o.hdf5')!r}, '--layers', 'top', '--window', '{MEMORY_WINDOW}', "
+        "'--no-progress']); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+    )
     # glibc: arrays above 16 KB get their own mmap, returned to the OS when freed, so the peak RSS
     # follows live memory (by default the heap's fragmentation grows it ~70 MB over 10k lines, then stops).
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "MALLOC_MMAP_THRESHOLD_": "16384"}
@@ -526,5 +662,3 @@ def test_cli_memory_does_not_grow_with_the_input(tmp_path, wide_model):
     leak_kb = (large_n - small_n) * MEMORY_TOKENS * 1024 * 4 // 1024
     small, large = _peak_rss_kb(tmp_path, small_n, *wide_model), _peak_rss_kb(tmp_path, large_n, *wide_model)
     assert large - small < leak_kb / 4, (small, large, leak_kb)
-
-

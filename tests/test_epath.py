@@ -21,6 +21,7 @@ import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
+from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
 
 from elmo_jax._util.atomic import is_local
 from elmo_jax.model.vocabulary import Vocabulary
@@ -29,14 +30,13 @@ from elmo_jax.training.hooks import MetricsFile
 from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
 from elmo_jax.training.run_dir import export_run, load_run
 
-from test_pretrain import TRAIN, assert_export_holds, bilm_tf_options
-
 RUN = "gs://bucket/run"
 
 
 def _no_gcs(what):
     def refuse(*args, **kwargs):
         raise OSError(f"{what}: GCS has no such operation ({args[1:]})")
+
     return refuse
 
 
@@ -67,6 +67,7 @@ def gcs_like(monkeypatch, tmp_path):
             if on_gcs(src) or on_gcs(dst):
                 raise OSError(f"rename {src} -> {dst} on a gs: path")
             return real(src, dst, *args, **kwargs)
+
         return move
 
     monkeypatch.setattr(builtins, "open", os_open)
@@ -74,7 +75,9 @@ def gcs_like(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "rename", os_move(real_rename))
     # Orbax's GCS specifics outside epath (see the module docstring).
     monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False)
-    monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": os.path.abspath(path)})
+    monkeypatch.setattr(
+        gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": os.path.abspath(path)}
+    )
     with epath_testing.mock_epath(open=open_, rename=_no_gcs("rename"), replace=_no_gcs("replace")):
         yield opened
 
@@ -93,16 +96,24 @@ def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
     source = TextFiles(str(TRAIN.resolve() / "data.txt"))
     local = tmp_path / "gs:" / "bucket"
     with gcs_like(monkeypatch, tmp_path) as opened:
-        pretrain(options, vocab, source, RunSettings(run_dir=RUN, steps=4, save_every=2, log_every=1, keep=2,
-                                                     progress=False, devices=1))
+        pretrain(
+            options,
+            vocab,
+            source,
+            RunSettings(run_dir=RUN, steps=4, save_every=2, log_every=1, keep=2, progress=False, devices=1),
+        )
         metrics = epath.Path(RUN) / "metrics.jsonl"
         first = [json.loads(line) for line in metrics.read_text().splitlines()]
         assert [m["step"] for m in first] == [1, 2, 3, 4]
         # As if steps 5 and 6 had been logged before a crash that lost their checkpoint: resumed
         # from step 4 they run again and are logged once, anew.
         metrics.write_text(metrics.read_text() + '{"step": 5, "loss": -1}\n{"step": 6, "loss": -1}\n')
-        last = pretrain(options, vocab, source, RunSettings(run_dir=RUN, steps=6, save_every=2, log_every=1, keep=2,
-                                                            progress=False, devices=1))
+        last = pretrain(
+            options,
+            vocab,
+            source,
+            RunSettings(run_dir=RUN, steps=6, save_every=2, log_every=1, keep=2, progress=False, devices=1),
+        )
         assert "resuming gs://bucket/run from step 4" in capsys.readouterr().out
         again = [json.loads(line) for line in metrics.read_text().splitlines()]
         assert again[:4] == first and [m["step"] for m in again] == [1, 2, 3, 4, 5, 6]

@@ -11,23 +11,38 @@ import pathlib
 import shutil
 
 import pytest
+from helpers import FIXTURES
+from test_pretrain import _write_tiny_options
 
 from elmo_jax import cli
 from elmo_jax.training import hooks
 from elmo_jax.training.checkpoint import Checkpointer
 from elmo_jax.training.hooks import Diverged, DivergenceGuard
 
-from helpers import FIXTURES
-from test_pretrain import _write_tiny_options
-
 TRAIN = FIXTURES / "bilm_tf_train"
 
 
 def _train_args(tmp_path: pathlib.Path, files: str, *extra: str) -> list[str]:
     options = _write_tiny_options(tmp_path / "options.json")
-    return ["train", "--config", str(options), "--train-files", files, "--vocab", str(TRAIN / "vocab.txt"),
-            "--run-dir", str(tmp_path / "run"), "--devices", "1", "--log-every", "10", "--save-every", "10",
-            "--no-progress", *extra]
+    return [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        files,
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--devices",
+        "1",
+        "--log-every",
+        "10",
+        "--save-every",
+        "10",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _steps(run: pathlib.Path) -> list[int]:
@@ -51,12 +66,14 @@ def _force_loss(monkeypatch, from_step: int, value: float) -> None:
         if step >= from_step:
             record.update(loss=value, loss_fwd=value, loss_bwd=value)
         return record
+
     monkeypatch.setattr(hooks, "summarise", forced)
 
 
 @pytest.mark.parametrize("value, decided_at", [(float("nan"), 50), (1e6, 70)], ids=["non-finite", "above-threshold"])
-def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path, monkeypatch, capsys, value,
-                                                                        decided_at):
+def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(
+    tmp_path, monkeypatch, capsys, value, decided_at
+):
     run = tmp_path / "run"
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "100")
     _force_loss(monkeypatch, 50, value)
@@ -68,8 +85,10 @@ def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path
     # The record at 40 is the last healthy one: it proves the parameters of step 39, not those
     # saved at 40 (first used by step 41, inside the first bad window).
     assert f"step(s) 40, saved after the last healthy step 39, were moved to {run / 'diverged'}" in line
-    assert "the newest checkpoint is step 30: rerun with a lower --learning-rate to resume from it (or " \
-           "--on-divergence 'warn'" in line
+    assert (
+        "the newest checkpoint is step 30: rerun with a lower --learning-rate to resume from it (or "
+        "--on-divergence 'warn'" in line
+    )
     assert _steps(run) == [20, 30]  # keep 3: 10 went when 40 was saved; none saved while the loss was bad
     assert (run / "diverged" / "40" / "checkpoint").is_dir()  # set aside, not deleted
     assert sorted(p.name for p in (run / "host_state").iterdir()) == ["20.p0.npz", "30.p0.npz"]
@@ -80,8 +99,10 @@ def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(tmp_path
     # loss), which resumes from step 30; a later plain resume keeps the lowered rate.
     monkeypatch.undo()
     assert cli.main([*args[:-1], "90", "--learning-rate", "0.1"]) == 0
-    assert "from step 30 (epoch 2, shard 1 of 1) to step 90 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob " \
-           "0.1, learning rate 0.2 -> 0.1)" in capsys.readouterr().out
+    assert (
+        "from step 30 (epoch 2, shard 1 of 1) to step 90 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob "
+        "0.1, learning rate 0.2 -> 0.1)" in capsys.readouterr().out
+    )
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert f"resuming {run} from step 90" in out and "learning rate" not in out
@@ -117,6 +138,7 @@ def test_the_guard_needs_patience_for_a_finite_loss_and_none_for_a_nan():
 
     def record(step, loss):
         return {"step": step, "loss": loss, "loss_fwd": loss, "loss_bwd": loss, "grad_norm": 1.0}
+
     assert guard.check(record(10, threshold - 0.01)) is None and guard.last_good == 9
     assert guard.check(record(20, threshold + 5)) is None and guard.suspect
     assert guard.check(record(30, threshold - 1)) is None and not guard.suspect  # one noisy window: recovered

@@ -11,16 +11,23 @@ import optax
 import pytest
 from flax import nnx
 from flax.traverse_util import flatten_dict
+from helpers import model_files
 
 import elmo_jax.modules.elmo as fm
 from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
 from elmo_jax._util.hlo import constant_sizes
 from elmo_jax.config import Options
 from elmo_jax.model.compute import Compute
-from elmo_jax.modules.elmo import (FROZEN_COLLECTION, Elmo, ElmoNNX, FrozenBiLM, l2_penalty,
-                                   remove_sentence_markers, scalar_mix, with_bilm)
-
-from helpers import model_files
+from elmo_jax.modules.elmo import (
+    FROZEN_COLLECTION,
+    Elmo,
+    ElmoNNX,
+    FrozenBiLM,
+    l2_penalty,
+    remove_sentence_markers,
+    scalar_mix,
+    with_bilm,
+)
 
 SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"], [], ["A", "b", "c", "d"]]
 TAGS = np.array([[1, 2, 3, 1, 2, 3, 4], [0, 4, 0, 0, 0, 0, 0], [0] * 7, [3, 3, 2, 1, 0, 0, 0]])
@@ -28,6 +35,7 @@ N_TAGS = 5
 
 
 # ------------------------------------------------------------------------------- numpy reference
+
 
 def numpy_mix(layers, mask, weights, gamma, layer_norm, convention):
     """Direct float64 computation; for "allennlp" the markers are cut row by row afterwards."""
@@ -53,7 +61,7 @@ def numpy_mix(layers, mask, weights, gamma, layer_norm, convention):
     res, new_mask = np.zeros((batch, time - 2, dim)), np.zeros((batch, time - 2), bool)
     for b in range(batch):
         n = int(mask[b].sum()) - 2  # <S> at 0, tokens 1..n, </S> at n+1
-        res[b, :n] = out[b, 1:n + 1]
+        res[b, :n] = out[b, 1 : n + 1]
         new_mask[b, :n] = True
     return res, new_mask
 
@@ -110,6 +118,7 @@ def test_l2_penalty_and_bad_arguments():
 
 # ------------------------------------------------------------------------------- fixture model
 
+
 @pytest.fixture(scope="module")
 def model():
     config, params = load_hdf5(*model_files("allennlp"))
@@ -118,8 +127,14 @@ def model():
 
 def bilm_layers(params, config, char_ids, convention="bilm_tf"):
     """``bilm_apply`` called exactly as the modules call it (same jit cache entry)."""
-    return bilm_apply(params, config, jnp.asarray(char_ids), None, keep_sentence_markers=convention == "allennlp",
-                      compute=Compute.from_policy("float32"))
+    return bilm_apply(
+        params,
+        config,
+        jnp.asarray(char_ids),
+        None,
+        keep_sentence_markers=convention == "allennlp",
+        compute=Compute.from_policy("float32"),
+    )
 
 
 def bilm_leaves(tree):
@@ -137,7 +152,7 @@ class Tagger(nn.Module):
 
 
 def masked_ce(logits, mask):
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(TAGS[:, :logits.shape[1]]))
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(TAGS[:, : logits.shape[1]]))
     return jnp.sum(ce * mask) / jnp.maximum(mask.sum(), 1)
 
 
@@ -145,13 +160,14 @@ def make_train_step(module, tx):
     @jax.jit
     def step(params, opt_state, others, char_ids, key):
         def loss_fn(p, o):
-            logits, mask = module.apply({"params": p, **o}, char_ids, deterministic=False,
-                                        rngs={"dropout": key})
+            logits, mask = module.apply({"params": p, **o}, char_ids, deterministic=False, rngs={"dropout": key})
             return masked_ce(logits, mask)
+
         # The gradient w.r.t. the other collections too: a frozen biLM must get exactly zero.
         loss, (grads, other_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, others)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, grads, other_grads
+
     return step
 
 
@@ -160,14 +176,18 @@ def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
     tagger = Tagger(Elmo(config, dropout=0.1))
     variables = with_bilm(tagger.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     assert set(flatten_dict(variables["params"])) == {
-        ("elmo", "scalar_mix_0", "weights"), ("elmo", "scalar_mix_0", "gamma"),
-        ("Dense_0", "kernel"), ("Dense_0", "bias")}
+        ("elmo", "scalar_mix_0", "weights"),
+        ("elmo", "scalar_mix_0", "gamma"),
+        ("Dense_0", "kernel"),
+        ("Dense_0", "bias"),
+    }
     frozen = {FROZEN_COLLECTION: variables[FROZEN_COLLECTION]}
     before = bilm_leaves(params)
     tx = optax.adamw(1e-2, weight_decay=0.5)
     step = make_train_step(tagger, tx)
-    new_params, _, loss, grads, frozen_grads = step(variables["params"], tx.init(variables["params"]), frozen, char_ids,
-                                      jax.random.PRNGKey(1))
+    new_params, _, loss, grads, frozen_grads = step(
+        variables["params"], tx.init(variables["params"]), frozen, char_ids, jax.random.PRNGKey(1)
+    )
     assert np.isfinite(float(loss))
     assert set(flatten_dict(grads)) == set(flatten_dict(variables["params"]))
     assert not np.allclose(new_params["elmo"]["scalar_mix_0"]["weights"], 0.0)
@@ -192,7 +212,8 @@ def test_trainable_bilm_is_in_params_and_moves(model):
         np.testing.assert_array_equal(a, b)
     tx = optax.adamw(1e-2, weight_decay=0.5)
     new_params, _, _, grads, _ = make_train_step(tagger, tx)(
-        variables["params"], tx.init(variables["params"]), {}, char_ids, jax.random.PRNGKey(1))
+        variables["params"], tx.init(variables["params"]), {}, char_ids, jax.random.PRNGKey(1)
+    )
     assert any(np.any(g) for g in bilm_leaves(grads["elmo"]["bilm"]["lstm"]))
     moved = [not np.array_equal(a, b) for a, b in zip(bilm_leaves(new_params["elmo"]["bilm"]), bilm_leaves(params))]
     assert all(moved)
@@ -215,15 +236,17 @@ def test_several_representations_are_independent_and_dropout_only_when_asked(mod
     out = elmo.apply(v, char_ids, deterministic=True)
     assert len(out["elmo_representations"]) == 2
     for k in range(2):
-        want, want_mask = direct_mix(params, config, char_ids, p[f"scalar_mix_{k}"]["weights"],
-                                     p[f"scalar_mix_{k}"]["gamma"], True, "allennlp")
+        want, want_mask = direct_mix(
+            params, config, char_ids, p[f"scalar_mix_{k}"]["weights"], p[f"scalar_mix_{k}"]["gamma"], True, "allennlp"
+        )
         np.testing.assert_array_equal(np.asarray(out["elmo_representations"][k]), np.asarray(want))
         np.testing.assert_array_equal(np.asarray(out["mask"]), np.asarray(want_mask))
     assert out["elmo_representations"][0].shape == (4, 7, 32)
     np.testing.assert_array_equal(np.asarray(out["mask"]).sum(1), [len(s) for s in SENTENCES])
     # A loss on representation 0 gives no gradient to mix 1.
-    grads = jax.grad(lambda q: jnp.sum(elmo.apply({**v, "params": q}, char_ids, deterministic=True)
-                                       ["elmo_representations"][0] ** 2))(p)
+    grads = jax.grad(
+        lambda q: jnp.sum(elmo.apply({**v, "params": q}, char_ids, deterministic=True)["elmo_representations"][0] ** 2)
+    )(p)
     assert np.any(grads["scalar_mix_0"]["weights"]) and not np.any(grads["scalar_mix_1"]["weights"])
     # Dropout: each representation its own mask, scaled by 1 / (1 - rate).
     noisy = elmo.apply(v, char_ids, deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)})
@@ -232,8 +255,9 @@ def test_several_representations_are_independent_and_dropout_only_when_asked(mod
         kept = drop != 0
         assert 0.3 < kept[clean != 0].mean() < 0.7
         np.testing.assert_allclose(drop[kept], 2.0 * clean[kept], rtol=1e-6)
-    assert not np.array_equal(np.asarray(noisy["elmo_representations"][0]) != 0,
-                              np.asarray(noisy["elmo_representations"][1]) != 0)
+    assert not np.array_equal(
+        np.asarray(noisy["elmo_representations"][0]) != 0, np.asarray(noisy["elmo_representations"][1]) != 0
+    )
 
 
 @pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
@@ -249,8 +273,9 @@ def test_precomputed_layers_give_the_char_ids_output(model, convention):
     assert set(on_layers) == {"params"} and set(on_layers["params"]) == {"scalar_mix_0"}
     c = elmo.apply({"params": variables["params"]}, layers=layers, mask=mask, deterministic=True)
     for other in (b, c):
-        np.testing.assert_allclose(np.asarray(a["elmo_representations"][0]),
-                                   np.asarray(other["elmo_representations"][0]), atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(a["elmo_representations"][0]), np.asarray(other["elmo_representations"][0]), atol=1e-6
+        )
         np.testing.assert_array_equal(np.asarray(a["mask"]), np.asarray(other["mask"]))
     with pytest.raises(ValueError, match="either char_ids"):
         elmo.apply(variables, char_ids, layers=layers, mask=mask, deterministic=True)
@@ -300,8 +325,9 @@ def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
         for a, b in zip(bilm_leaves(tree), bilm_leaves(params)):
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(np.asarray(variables["params"]["bilm"]), np.ones(3))
-    assert not np.array_equal(bilm_leaves(init[FROZEN_COLLECTION]["frozen"]["bilm"])[0],
-                              bilm_leaves(params)[0])  # init drew a random biLM; with_bilm made new dicts
+    assert not np.array_equal(
+        bilm_leaves(init[FROZEN_COLLECTION]["frozen"]["bilm"])[0], bilm_leaves(params)[0]
+    )  # init drew a random biLM; with_bilm made new dicts
     # The same numbers as the biLM run directly.
     want, _ = direct_mix(params, config, char_ids, jnp.zeros(3), 1.0, False, "allennlp")
     np.testing.assert_allclose(np.asarray(two.apply(variables, char_ids)), 2 * np.asarray(want) + 3, atol=1e-5)
@@ -346,6 +372,7 @@ def test_jit_of_apply_takes_the_frozen_bilm_as_arguments_not_constants(model):
 
 # ------------------------------------------------------------------------------- NNX
 
+
 class TaggerNNX(nnx.Module):
     def __init__(self, elmo, rngs):
         self.elmo = elmo
@@ -366,8 +393,7 @@ def nnx_train_step(model, optimizer, char_ids):
 def test_nnx_elmo_frozen_and_trainable(model):
     config, params, char_ids = model
     for trainable in (True, False):
-        elmo = ElmoNNX(config, params, dropout=0.1, trainable_bilm=trainable, do_layer_norm=True,
-                       rngs=nnx.Rngs(0))
+        elmo = ElmoNNX(config, params, dropout=0.1, trainable_bilm=trainable, do_layer_norm=True, rngs=nnx.Rngs(0))
         param_paths = {path for path, _ in nnx.to_flat_state(nnx.state(elmo, nnx.Param))}
         mix = {("scalar_mix_0", "weights"), ("scalar_mix_0", "gamma")}
         assert {p for p in param_paths if p[0] != "bilm"} == mix
@@ -389,26 +415,28 @@ def test_nnx_matches_linen(model):
     config, params, char_ids = model
     linen = Elmo(config, num_output_representations=2, do_layer_norm=True, convention="bilm_tf")
     variables = with_bilm(linen.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
-    elmo = ElmoNNX(config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf",
-                   rngs=nnx.Rngs(0))
+    elmo = ElmoNNX(
+        config, params, num_output_representations=2, do_layer_norm=True, convention="bilm_tf", rngs=nnx.Rngs(0)
+    )
     elmo.scalar_mix_1.weights[...] = jnp.array([1.0, 0.0, -1.0])
     p = jax.tree.map(np.array, variables["params"])
     p["scalar_mix_1"]["weights"][:] = [1.0, 0.0, -1.0]
     a = linen.apply({**variables, "params": p}, char_ids, deterministic=True)
     b = elmo(char_ids, deterministic=True)
     for k in range(2):
-        np.testing.assert_array_equal(np.asarray(a["elmo_representations"][k]),
-                                      np.asarray(b["elmo_representations"][k]))
+        np.testing.assert_array_equal(
+            np.asarray(a["elmo_representations"][k]), np.asarray(b["elmo_representations"][k])
+        )
     np.testing.assert_array_equal(np.asarray(a["mask"]), np.asarray(b["mask"]))
     noisy = elmo(char_ids, deterministic=False)["elmo_representations"][0]
     assert not np.array_equal(np.asarray(noisy), np.asarray(b["elmo_representations"][0]))
     layers, mask, _ = bilm_layers(params, config, char_ids)
-    c = ElmoNNX(config, None, num_output_representations=2, do_layer_norm=True, convention="bilm_tf",
-                rngs=nnx.Rngs(0))
+    c = ElmoNNX(config, None, num_output_representations=2, do_layer_norm=True, convention="bilm_tf", rngs=nnx.Rngs(0))
     c.scalar_mix_1.weights[...] = jnp.array([1.0, 0.0, -1.0])
     c = c(layers=layers, mask=mask, deterministic=True)
-    np.testing.assert_allclose(np.asarray(c["elmo_representations"][1]), np.asarray(b["elmo_representations"][1]),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(c["elmo_representations"][1]), np.asarray(b["elmo_representations"][1]), atol=1e-6
+    )
 
 
 def test_docstring_examples_run(model):

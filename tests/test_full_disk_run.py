@@ -14,12 +14,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from test_faults import TRAIN, _error_lines, _steps, _train_args
 
 from elmo_jax import cli
 from elmo_jax._util.disk_full import out_of_space_errno
 from elmo_jax.training.run_dir import load_run
-
-from test_faults import TRAIN, _error_lines, _steps, _train_args
 
 STEPS = "60"
 
@@ -133,8 +132,10 @@ def test_a_save_refused_for_space_by_a_write_hook_stops_alike(reference, tmp_pat
 
 def test_orbax_s_full_disk_is_told_from_other_failures_through_the_chain():
     """tensorstore's words, wrapped as Orbax raises them, under another exception."""
-    wrapped = ValueError("RESOURCE_EXHAUSTED: Error writing ... Failed to write 1044480 bytes to file 4: No space "
-                         "left on device [os_error_code='28']")
+    wrapped = ValueError(
+        "RESOURCE_EXHAUSTED: Error writing ... Failed to write 1044480 bytes to file 4: No space "
+        "left on device [os_error_code='28']"
+    )
     try:
         try:
             raise wrapped
@@ -164,8 +165,9 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(reference,
     monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
     assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"elmo-jax export: error: {out / 'weights.hdf5'}: not written: "
-                                               f"the disk is full ("), err
+    assert len(err) == 1 and err[0].startswith(
+        f"elmo-jax export: error: {out / 'weights.hdf5'}: not written: the disk is full ("
+    ), err
     assert "weights.hdf5" not in os.listdir(out) and not [n for n in os.listdir(out) if "tmp" in n]
     monkeypatch.undo()  # space again: the same command writes every file
     assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 0

@@ -8,8 +8,10 @@ import gpu_projection
 
 def test_the_h100_steps_are_read_from_the_results_files():
     read = {}
-    for name, variants in (("call1_variants.txt", {"f32", "bf16", "tf32", "bf16-c0-u20"}),
-                           ("call2_variants.txt", {"f32", "gpu"})):
+    for name, variants in (
+        ("call1_variants.txt", {"f32", "bf16", "tf32", "bf16-c0-u20"}),
+        ("call2_variants.txt", {"f32", "gpu"}),
+    ):
         path = pathlib.Path(gpu_projection.H100) / name
         device, steps = read[name] = gpu_projection.measured_steps(str(path))
         assert "H100" in device

@@ -24,8 +24,10 @@ def test_a_loop_invariant_matmul_is_hoisted_and_measures_nothing():
 def test_mfu_names_both_denominators():
     measured = {"bfloat16": harness.MatmulRate("bfloat16", 8192, (8, 40), (0.1, 0.3), 650.0)}
     line = harness.mfu(98.94, "bfloat16", "NVIDIA H100 80GB HBM3", measured)
-    assert line == ("10.0% of the H100 SXM datasheet dense bfloat16 peak (989 TFLOP/s); "
-                    "15.2% of the measured bfloat16 8192^3 matmul (650 TFLOP/s)")
+    assert line == (
+        "10.0% of the H100 SXM datasheet dense bfloat16 peak (989 TFLOP/s); "
+        "15.2% of the measured bfloat16 8192^3 matmul (650 TFLOP/s)"
+    )
     assert harness.dense_peak("NVIDIA H100 PCIe")[0] == "H100 PCIe"
     assert harness.dense_peak("NVIDIA H200")[0] == "H200 SXM"
     assert harness.dense_peak("NVIDIA A100-SXM4-80GB")[1]["tf32"] == 156.0

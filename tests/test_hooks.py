@@ -15,8 +15,12 @@ from elmo_jax.training.hooks import MetricsWindow, Progress, SignalStop, summari
 
 
 def _metrics(fwd: float, bwd: float, count: float = 4.0, grad_norm: float = 1.0) -> dict:
-    return {"loss_sum_fwd": jnp.float32(fwd * count), "loss_sum_bwd": jnp.float32(bwd * count),
-            "count": jnp.float32(count), "grad_norm": jnp.float32(grad_norm)}
+    return {
+        "loss_sum_fwd": jnp.float32(fwd * count),
+        "loss_sum_bwd": jnp.float32(bwd * count),
+        "count": jnp.float32(count),
+        "grad_norm": jnp.float32(grad_norm),
+    }
 
 
 def test_the_window_reads_each_step_one_step_late_and_averages_over_tokens():

@@ -65,7 +65,7 @@ def imports_of(module: str, path: pathlib.Path, modules: dict[str, pathlib.Path]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from the module's own package upwards
                 anchor = module.split(".") if is_package else module.split(".")[:-1]
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 base = node.module
@@ -80,10 +80,12 @@ def unit_of(module: str, package: str) -> str | None:
         return "__init__"
     if not module.startswith(package + "."):
         return None
-    return module[len(package) + 1:].split(".")[0]
+    return module[len(package) + 1 :].split(".")[0]
 
 
-def check(package_dir: pathlib.Path, outside_scripts: set[str] = frozenset()) -> tuple[set[str], set[tuple[str, str]], list[str]]:
+def check(
+    package_dir: pathlib.Path, outside_scripts: set[str] = frozenset()
+) -> tuple[set[str], set[tuple[str, str]], list[str]]:
     """(units, dependencies between units, violations) of the package in ``package_dir``.
     ``outside_scripts``: module names of the repository's benchmark and experiment scripts."""
     package = package_dir.name
@@ -101,8 +103,10 @@ def check(package_dir: pathlib.Path, outside_scripts: set[str] = frozenset()) ->
                 continue
             edges.add((unit, target))
             if unit in ALLOWED and target not in ALLOWED[unit]:
-                violations.append(f"{module} imports {imported}: {unit} may import only "
-                                  f"{', '.join(sorted(ALLOWED[unit])) or 'nothing of the package'}")
+                violations.append(
+                    f"{module} imports {imported}: {unit} may import only "
+                    f"{', '.join(sorted(ALLOWED[unit])) or 'nothing of the package'}"
+                )
             if target == "cli" and unit not in CLI_IMPORTERS:
                 violations.append(f"{module} imports {imported}: only the command line's own modules import cli")
     violations += [f"import cycle between units: {' -> '.join(c)}" for c in cycles(units, edges)]
@@ -147,8 +151,12 @@ def outside_scripts() -> set[str]:
 
 def report() -> str:
     units, edges, violations = check(PACKAGE, outside_scripts())
-    return "\n".join([f"elmo_jax: {len(units)} units, {len(edges)} dependencies between them, "
-                      f"{len(violations)} violations", *violations])
+    return "\n".join(
+        [
+            f"elmo_jax: {len(units)} units, {len(edges)} dependencies between them, {len(violations)} violations",
+            *violations,
+        ]
+    )
 
 
 def test_the_package_keeps_its_import_rules():
@@ -168,24 +176,27 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
 
 def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
     """The negative control: a small package that breaks each rule once, written to tmp_path."""
-    pkg = _write(tmp_path / "fakepkg", {
-        "__init__.py": "",
-        "config.py": "",
-        "model/__init__.py": "",
-        "model/lstm.py": "import numpy\nfrom fakepkg import config\n",
-        "model/bilm.py": "def f():\n    from fakepkg.training import step  # inside a function\n",
-        "compat/__init__.py": "",
-        "compat/hdf5.py": "from ..extract import embedder\n",  # relative
-        "text/__init__.py": "",
-        "text/vocab.py": "import fakepkg.training.step\n",
-        "training/__init__.py": "",
-        "training/step.py": "from fakepkg.text import vocab\nimport harness\n",
-        "extract/__init__.py": "",
-        "extract/embedder.py": "from fakepkg.cli import main\n",
-        "cli/__init__.py": "from fakepkg.cli.commands import main\n",
-        "cli/commands.py": "from fakepkg.extract import embedder\n",
-        "__main__.py": "from fakepkg.cli import main\n",
-    })
+    pkg = _write(
+        tmp_path / "fakepkg",
+        {
+            "__init__.py": "",
+            "config.py": "",
+            "model/__init__.py": "",
+            "model/lstm.py": "import numpy\nfrom fakepkg import config\n",
+            "model/bilm.py": "def f():\n    from fakepkg.training import step  # inside a function\n",
+            "compat/__init__.py": "",
+            "compat/hdf5.py": "from ..extract import embedder\n",  # relative
+            "text/__init__.py": "",
+            "text/vocab.py": "import fakepkg.training.step\n",
+            "training/__init__.py": "",
+            "training/step.py": "from fakepkg.text import vocab\nimport harness\n",
+            "extract/__init__.py": "",
+            "extract/embedder.py": "from fakepkg.cli import main\n",
+            "cli/__init__.py": "from fakepkg.cli.commands import main\n",
+            "cli/commands.py": "from fakepkg.extract import embedder\n",
+            "__main__.py": "from fakepkg.cli import main\n",
+        },
+    )
     units, edges, violations = check(pkg, {"harness"})
     assert units == {"__init__", "__main__", "config", "model", "compat", "text", "training", "extract", "cli"}
     assert ("model", "config") in edges and ("compat", "extract") in edges and ("__main__", "cli") in edges
@@ -201,21 +212,50 @@ def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
 
 
 def test_a_clean_package_has_no_violations(tmp_path):
-    pkg = _write(tmp_path / "cleanpkg", {
-        "__init__.py": "from cleanpkg.model.lstm import run\n",
-        "model/__init__.py": "", "model/lstm.py": "from . import bilm\nfrom .. import config\n", "model/bilm.py": "",
-        "config.py": "",
-    })
+    pkg = _write(
+        tmp_path / "cleanpkg",
+        {
+            "__init__.py": "from cleanpkg.model.lstm import run\n",
+            "model/__init__.py": "",
+            "model/lstm.py": "from . import bilm\nfrom .. import config\n",
+            "model/bilm.py": "",
+            "config.py": "",
+        },
+    )
     units, edges, violations = check(pkg)
     assert units == {"__init__", "model", "config"} and edges == {("__init__", "model"), ("model", "config")}
     assert violations == []
 
 
 # What ``import elmo_jax`` offers, exactly (the names of ``__all__`` before the package had subpackages).
-PUBLIC = ["CharCNNConfig", "ConfigError", "Elmo", "ElmoNNX", "Embedder", "LSTMConfig", "ModelConfig", "Options",
-          "PRESETS", "ScalarMix", "TrainConfig", "VocabError", "Vocabulary", "WeightsError", "add_sentence_markers",
-          "batch_to_ids", "bilm_apply", "enable_compile_cache", "init_bilm", "load_hdf5", "load_pretrained",
-          "preset", "save_hdf5", "scalar_mix", "token_to_ids", "with_bilm"]
+PUBLIC = [
+    "CharCNNConfig",
+    "ConfigError",
+    "Elmo",
+    "ElmoNNX",
+    "Embedder",
+    "LSTMConfig",
+    "ModelConfig",
+    "Options",
+    "PRESETS",
+    "ScalarMix",
+    "TrainConfig",
+    "VocabError",
+    "Vocabulary",
+    "WeightsError",
+    "add_sentence_markers",
+    "batch_to_ids",
+    "bilm_apply",
+    "enable_compile_cache",
+    "init_bilm",
+    "load_hdf5",
+    "load_pretrained",
+    "preset",
+    "save_hdf5",
+    "scalar_mix",
+    "token_to_ids",
+    "with_bilm",
+]
 
 
 def test_import_elmo_jax_exposes_exactly_the_public_names():
@@ -223,7 +263,9 @@ def test_import_elmo_jax_exposes_exactly_the_public_names():
     for name in PUBLIC:
         assert getattr(elmo_jax, name) is not None, name
     # Besides its subpackages and modules, dir() shows no other public name.
-    shown = {n for n in dir(elmo_jax) if not n.startswith("_") and not isinstance(getattr(elmo_jax, n), types.ModuleType)}
+    shown = {
+        n for n in dir(elmo_jax) if not n.startswith("_") and not isinstance(getattr(elmo_jax, n), types.ModuleType)
+    }
     assert shown == set(PUBLIC)
 
 
@@ -236,14 +278,21 @@ def _long_functions(source: str, limit: int = 60) -> list[str]:
     """Functions of ``source`` over ``limit`` lines whose docstring gives no "Long because" reason."""
     import ast
 
-    return [n.name for n in ast.walk(ast.parse(source))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit
-            and "Long because" not in (ast.get_docstring(n) or "")]
+    return [
+        n.name
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > limit
+        and "Long because" not in (ast.get_docstring(n) or "")
+    ]
 
 
 def test_no_library_function_is_over_60_lines_without_a_reason():
-    long = {str(p.relative_to(PACKAGE.parent)): names for p in sorted(PACKAGE.rglob("*.py"))
-            if (names := _long_functions(p.read_text()))}
+    long = {
+        str(p.relative_to(PACKAGE.parent)): names
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (names := _long_functions(p.read_text()))
+    }
     assert long == {}
     # Negative control: a long function is seen, and a stated reason lets it pass.
     body = "".join(f"    x{i} = {i}\n" for i in range(70))

@@ -25,25 +25,38 @@ LENGTHS = [7, 5, 2, 0]  # padding, and an empty row
 
 def _config(n_layers: int, clip: bool):
     # Small clips so that, with the inputs below, some cells and some projections do clip.
-    l = LSTMConfig(dim=DIM, projection_dim=P, n_layers=n_layers, cell_clip=1.0 if clip else None,
-                   proj_clip=0.3 if clip else 0, use_skip_connections=True)
+    l = LSTMConfig(
+        dim=DIM,
+        projection_dim=P,
+        n_layers=n_layers,
+        cell_clip=1.0 if clip else None,
+        proj_clip=0.3 if clip else 0,
+        use_skip_connections=True,
+    )
     return dataclasses.replace(preset("tiny"), lstm=l)
 
 
 def _setup(n_layers: int, clip: bool):
     config = _config(n_layers, clip)
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 16))
-    params = [{**layer, "w_h": 2.0 * layer["w_h"], "b": jax.random.normal(next(keys), layer["b"].shape)}
-              for layer in lstm.init(next(keys), config)]
+    params = [
+        {**layer, "w_h": 2.0 * layer["w_h"], "b": jax.random.normal(next(keys), layer["b"].shape)}
+        for layer in lstm.init(next(keys), config)
+    ]
     xs = 2.0 * jax.random.normal(next(keys), (2, B, T, P))
-    state = {"c": jax.random.normal(next(keys), (2, n_layers, B, DIM)),
-             "h": jax.random.uniform(next(keys), (2, n_layers, B, P), minval=-0.3, maxval=0.3)}
+    state = {
+        "c": jax.random.normal(next(keys), (2, n_layers, B, DIM)),
+        "h": jax.random.uniform(next(keys), (2, n_layers, B, P), minval=-0.3, maxval=0.3),
+    }
     mask = jnp.arange(T)[None, :] < jnp.array(LENGTHS)[:, None]
     resets = jax.random.bernoulli(next(keys), 0.2, (2, B, T))
     run_kw = {"dropout_rate": 0.25, "dropout_keys": jax.random.split(next(keys), B), "resets": resets}
     # Random cotangents for the outputs and both parts of the final state.
-    weights = (jax.random.normal(next(keys), (n_layers, 2, B, T, P)),
-               jax.random.normal(next(keys), state["c"].shape), jax.random.normal(next(keys), state["h"].shape))
+    weights = (
+        jax.random.normal(next(keys), (n_layers, 2, B, T, P)),
+        jax.random.normal(next(keys), state["c"].shape),
+        jax.random.normal(next(keys), state["h"].shape),
+    )
     return config, params, xs, state, mask, run_kw, weights
 
 
@@ -74,13 +87,26 @@ def _clipped(config, params, xs, mask, run_kw) -> tuple[int, int]:
     gx = jnp.einsum("dbti,dig->tdbg", inp, params[0]["w_x"]) + params[0]["b"][None, :, None, :]
     r = run_kw["resets"].transpose(2, 0, 1)[..., None]
     c0, h0 = jnp.zeros((2, B, DIM)), jnp.zeros((2, B, P))
-    _, (z, c, _, p), _, _ = lstm._rows_scan(params[0]["w_h"], params[0]["w_proj"], gx, mask.T[:, :, None], r, c0, h0,
-                                            config=config, compute=Compute(), unroll=1, save=True)
+    _, (z, c, _, p), _, _ = lstm._rows_scan(
+        params[0]["w_h"],
+        params[0]["w_proj"],
+        gx,
+        mask.T[:, :, None],
+        r,
+        c0,
+        h0,
+        config=config,
+        compute=Compute(),
+        unroll=1,
+        save=True,
+    )
     i, j, f, _ = jnp.split(z, 4, axis=-1)
     c_raw = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j)
     m = np.asarray(mask.T[:, None, :, None])
-    return (int((np.abs(np.asarray(c_raw)) > l.cell_clip).__and__(m).sum()),
-            int((np.abs(np.asarray(p)) > l.proj_clip).__and__(m).sum()))
+    return (
+        int((np.abs(np.asarray(c_raw)) > l.cell_clip).__and__(m).sum()),
+        int((np.abs(np.asarray(p)) > l.proj_clip).__and__(m).sum()),
+    )
 
 
 @pytest.mark.parametrize("n_layers", [1, 2])
@@ -127,14 +153,29 @@ def _loss_fn(compute, config, xs, state, mask, run_kw, weights):
     def loss(params):
         out, final = lstm.run(params, config, xs, mask, state, compute=compute, **run_kw)
         return (out * weights[0]).sum() + (final["c"] * weights[1]).sum()
+
     return loss
 
 
 def test_custom_vjp_in_bfloat16_matches_autodiff_up_to_rounding():
     """bfloat16 matmul inputs: float32 gradients, as autodiff's up to bfloat16 rounding."""
     config, params, xs, state, mask, run_kw, weights = _setup(2, True)
-    grads = {vjp: jax.jit(jax.grad(_loss_fn(Compute.from_policy("bfloat16", Layout("rows", lstm_vjp=vjp)), config, xs,
-                                            state, mask, run_kw, weights)))(params) for vjp in (True, False)}
+    grads = {
+        vjp: jax.jit(
+            jax.grad(
+                _loss_fn(
+                    Compute.from_policy("bfloat16", Layout("rows", lstm_vjp=vjp)),
+                    config,
+                    xs,
+                    state,
+                    mask,
+                    run_kw,
+                    weights,
+                )
+            )
+        )(params)
+        for vjp in (True, False)
+    }
     for a, b in zip(jax.tree_util.tree_leaves(grads[True]), jax.tree_util.tree_leaves(grads[False])):
         a, b = np.asarray(a), np.asarray(b)
         assert a.dtype == np.float32 and np.abs(a - b).max() <= 0.05 * np.abs(b).max()

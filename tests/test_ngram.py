@@ -9,11 +9,11 @@ import random
 import subprocess
 import sys
 
-import pytest
-
 import ngram
-from elmo_jax.model.vocabulary import Vocabulary
+import pytest
 from ngram import KneserNey, encode_sentence, estimate_discounts
+
+from elmo_jax.model.vocabulary import Vocabulary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -58,8 +58,13 @@ def test_estimate_discounts():
 #   Discounted mass m1 = 1/7 (U) + 3 * 1 (a, b, c) + 1.5 (E); P1(w) = (c - D(c) + m1 / 5) / 11.
 D1_UNI = 1 / 7
 M1 = 1 / 7 + 3 * 1.0 + 1.5
-P1 = {A: (2 - 1 + M1 / 5) / 11, B: (2 - 1 + M1 / 5) / 11, C: (2 - 1 + M1 / 5) / 11,
-      E: (4 - 1.5 + M1 / 5) / 11, U: (1 - D1_UNI + M1 / 5) / 11}
+P1 = {
+    A: (2 - 1 + M1 / 5) / 11,
+    B: (2 - 1 + M1 / 5) / 11,
+    C: (2 - 1 + M1 / 5) / 11,
+    E: (4 - 1.5 + M1 / 5) / 11,
+    U: (1 - D1_UNI + M1 / 5) / 11,
+}
 
 
 def test_hand_worked_order2():
@@ -100,11 +105,13 @@ def test_hand_worked_order3():
     assert all(map(close, m.discounts[1], (5 / 6, 1.0, 1.5)))
     assert all(map(close, m.discounts[2], (9 / 13, 1.0, 1.5)))
     d2, d3 = 5 / 6, 9 / 13
-    p2 = {("a", B): (1 - d2 + 2 * d2 * P1[B]) / 2,
-          ("a", A): (0 + 2 * d2 * P1[A]) / 2,
-          ("b", E): (1 - d2 + 3 * d2 * P1[E]) / 3,
-          ("b", U): (0 + 3 * d2 * P1[U]) / 3,
-          ("S", A): (2 - 1 + (1 + 2 * d2) * P1[A]) / 4}
+    p2 = {
+        ("a", B): (1 - d2 + 2 * d2 * P1[B]) / 2,
+        ("a", A): (0 + 2 * d2 * P1[A]) / 2,
+        ("b", E): (1 - d2 + 3 * d2 * P1[E]) / 3,
+        ("b", U): (0 + 3 * d2 * P1[U]) / 3,
+        ("S", A): (2 - 1 + (1 + 2 * d2) * P1[A]) / 4,
+    }
     # S a -> b: count 2 (D2 = 1), the context's only word: m = 1.
     assert close(m.prob(B, [S, A]), (2 - 1 + 1.0 * p2["a", B]) / 2)
     assert m.prob(B, [A]) == m.prob(B, [S, A])  # left-padded: a starts the sentence
@@ -132,8 +139,10 @@ def test_fixed_discounts():
 def random_corpus(seed, n=40):
     rng = random.Random(seed)
     words = "a b c d e f g".split()  # f, g out of vocabulary
-    return [encode_sentence([rng.choice(words[:rng.randint(2, 7)]) for _ in range(rng.randint(1, 6))], VOCAB8)
-            for _ in range(n)]
+    return [
+        encode_sentence([rng.choice(words[: rng.randint(2, 7)]) for _ in range(rng.randint(1, 6))], VOCAB8)
+        for _ in range(n)
+    ]
 
 
 VOCAB8 = Vocabulary(["a", "</S>", "b", "<S>", "c", "<UNK>", "d", "e"])
@@ -167,7 +176,7 @@ def manual_nll(m, sentences, pad, end):
         words = s[::-1] if m.backward else s
         seq = [pad] * (m.order - 1) + words
         for i, w in enumerate(words + [end]):
-            total -= math.log(m.prob(w, seq[i:i + m.order - 1]))
+            total -= math.log(m.prob(w, seq[i : i + m.order - 1]))
             n += 1
     return total, n
 
@@ -209,6 +218,7 @@ def test_backward_is_forward_on_reversed_sentences(order):
 
 # -- command line ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def files(tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join(WORDS) + "\n", encoding="utf-8")
@@ -219,8 +229,19 @@ def files(tmp_path):
 
 
 def run_main(d, *extra, train="train*.txt", vocab="vocab.txt"):
-    return ngram.main(["--vocab", str(d / vocab), "--train", str(d / train), "--heldout", str(d / "heldout.txt"),
-                       "--out", str(d / "results" / "ngram.json"), *extra])
+    return ngram.main(
+        [
+            "--vocab",
+            str(d / vocab),
+            "--train",
+            str(d / train),
+            "--heldout",
+            str(d / "heldout.txt"),
+            "--out",
+            str(d / "results" / "ngram.json"),
+            *extra,
+        ]
+    )
 
 
 def test_cli_writes_json_and_table(files, capsys):
@@ -250,8 +271,22 @@ def test_cli_bad_input(files, capsys):
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
     # The real script: a glob that matches nothing exits 2 with one line, no traceback.
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "ngram.py"), "--vocab", str(files / "vocab.txt"),
-                        "--train", str(files / "nothing*.txt"), "--heldout", str(files / "heldout.txt"),
-                        "--out", str(files / "o.json")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "ngram.py"),
+            "--vocab",
+            str(files / "vocab.txt"),
+            "--train",
+            str(files / "nothing*.txt"),
+            "--heldout",
+            str(files / "heldout.txt"),
+            "--out",
+            str(files / "o.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "nothing*.txt" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not (files / "o.json").exists()

@@ -48,8 +48,11 @@ def _this_interpreter_kernelspec(root: pathlib.Path) -> pathlib.Path:
     """A JUPYTER_PATH dir with a "python3" kernelspec that runs ``sys.executable``."""
     spec_dir = root / "kernels" / "python3"
     spec_dir.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (test)", "language": "python"}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (test)",
+        "language": "python",
+    }
     (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
     return root
 
@@ -72,8 +75,9 @@ def test_notebook_runs(tmp_path, monkeypatch):
     from nbclient.exceptions import CellExecutionError
 
     jupyter_dir = _this_interpreter_kernelspec(tmp_path / "jupyter")
-    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter_dir),
-                                                                     os.environ.get("JUPYTER_PATH")])))
+    monkeypatch.setenv(
+        "JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter_dir), os.environ.get("JUPYTER_PATH")]))
+    )
     assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
     run_dir = tmp_path / "run"
     monkeypatch.setenv("ELMO_NOTEBOOK_STEPS", "40")
@@ -118,6 +122,11 @@ def test_notebook_runs(tmp_path, monkeypatch):
     assert m and float(m.group(2)) < 0.75 * float(m.group(1)), m and m.group(0)
     assert "held-out token accuracy" in text
     # Plots were produced (two figures and the loss curve).
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    images = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "display_data" and "image/png" in o.get("data", {})
+    ]
     assert len(images) >= 2

@@ -21,10 +21,10 @@ import re
 import sys
 
 import pytest
-
-from elmo_jax import pretrained
 from model_server import serve_fixture
 from test_notebook import _text, _this_interpreter_kernelspec, read_notebook, stored_code_cells
+
+from elmo_jax import pretrained
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "colab_pretrained.ipynb"
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -56,8 +56,9 @@ def test_notebook_runs_against_a_local_mirror(tmp_path, monkeypatch):
     from nbclient.exceptions import CellExecutionError
 
     jupyter_dir = _this_interpreter_kernelspec(tmp_path / "jupyter")
-    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter_dir),
-                                                                     os.environ.get("JUPYTER_PATH")])))
+    monkeypatch.setenv(
+        "JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter_dir), os.environ.get("JUPYTER_PATH")]))
+    )
     assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
     cache = tmp_path / "models"
     monkeypatch.setenv("ELMO_JAX_HOME", str(cache))
@@ -71,8 +72,7 @@ def test_notebook_runs_against_a_local_mirror(tmp_path, monkeypatch):
     nb.cells.insert(0, nbformat.v4.new_code_cell(SETUP_CELL))
     with serve_fixture(tmp_path, "original") as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
-        client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": str(work)}})
+        client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}})
         try:
             client.execute()
         except CellExecutionError as e:  # the failing cell's traceback, not only nbclient's summary
@@ -99,8 +99,12 @@ def test_notebook_runs_against_a_local_mirror(tmp_path, monkeypatch):
     for word in ("bank", "play", "Apple"):
         assert f"'{word}': A = " in text, word
     assert len(re.findall(r"^\s+top-layer cosine\s+A0\s+A1\s+B0\s+B1$", text, re.M)) == 3
-    summary = re.findall(r"^\s+(layer \d[^\n]*?|layers averaged)\s+within-sense (-?[0-9.]+)\s+across-sense "
-                         r"(-?[0-9.]+)\s+gap [+-][0-9.]+", text, re.M)
+    summary = re.findall(
+        r"^\s+(layer \d[^\n]*?|layers averaged)\s+within-sense (-?[0-9.]+)\s+across-sense "
+        r"(-?[0-9.]+)\s+gap [+-][0-9.]+",
+        text,
+        re.M,
+    )
     assert len(summary) == 3 * 4, summary
     # Layer 0 is context-free and the word is spelled alike in all four sentences: every similarity is 1.
     for name, within, across in summary:

@@ -43,7 +43,9 @@ def test_every_pin_installs_on_every_python_the_project_allows():
     problems = []
     for name, pinned in _pins().items():
         # The metadata read must be the pinned release's, not another one's.
-        assert importlib.metadata.version(name) == pinned, f"{name}: installed {importlib.metadata.version(name)}, pinned {pinned}"
+        assert importlib.metadata.version(name) == pinned, (
+            f"{name}: installed {importlib.metadata.version(name)}, pinned {pinned}"
+        )
         needs = importlib.metadata.metadata(name).get("Requires-Python")
         refused = [str(v) for v in pythons if needs and v not in SpecifierSet(needs)]
         if refused:

@@ -6,10 +6,11 @@ step's temporary memory (``memory_analysis``, compile only: nothing is allocated
 ``[positions, V]`` logits, needs gigabytes more.
 """
 
-from elmo_jax import PRESETS
 from eval_memory import dense_temp, eval_step_temp
 
-MiB = 2 ** 20
+from elmo_jax import PRESETS
+
+MiB = 2**20
 
 
 def test_evaluation_memory_does_not_grow_with_the_vocabulary():

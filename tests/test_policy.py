@@ -4,12 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from elmo_jax import policy
-from elmo_jax.model.compute import Compute
-from elmo_jax import load_hdf5
-from elmo_jax.cli import main as cli_main
 from helpers import model_files
+
+from elmo_jax import load_hdf5, policy
+from elmo_jax.cli import main as cli_main
+from elmo_jax.model.compute import Compute
 
 
 def tiny_model():
@@ -33,9 +32,13 @@ def test_compute_is_validated_and_hashable():
     assert hash(Compute(dtype="float32")) == hash(Compute())
     assert len({Compute(), Compute.from_policy("float32"), Compute(layout=layout)}) == 2
     assert Compute(layout=layout).resolved_layout() is layout and Compute().resolved_layout() is not None
-    for bad, match in (({"precision": "fast"}, "unknown matmul precision"), ({"precision": 3}, "Precision"),
-                       ({"dtype": jnp.int32}, "floating"), ({"dtype": "nope"}, "not a dtype"),
-                       ({"layout": "rows"}, "Layout or None")):
+    for bad, match in (
+        ({"precision": "fast"}, "unknown matmul precision"),
+        ({"precision": 3}, "Precision"),
+        ({"dtype": jnp.int32}, "floating"),
+        ({"dtype": "nope"}, "not a dtype"),
+        ({"layout": "rows"}, "Layout or None"),
+    ):
         with pytest.raises(ValueError, match=match):
             Compute(**bad)
 
@@ -77,8 +80,21 @@ def test_precision_is_the_one_name(capsys):
     with pytest.raises(ValueError, match="one of float32, tf32, bfloat16; got 'highest'"):
         Embedder(config, params, precision="highest")
     with pytest.raises(SystemExit):
-        cli_main(["embed", "--options", "x.json", "--weights", "x.hdf5", "--input", "x", "--output", "y",
-                  "--dtype", "bfloat16"])
+        cli_main(
+            [
+                "embed",
+                "--options",
+                "x.json",
+                "--weights",
+                "x.hdf5",
+                "--input",
+                "x",
+                "--output",
+                "y",
+                "--dtype",
+                "bfloat16",
+            ]
+        )
     assert "unrecognized arguments: --dtype bfloat16" in capsys.readouterr().err
 
 
@@ -108,25 +124,43 @@ class FakeDevice:
             self.compute_capability = compute_capability
 
 
-@pytest.mark.parametrize("kind, cap", [("NVIDIA A100-SXM4-80GB", "8.0"), ("NVIDIA H100 80GB HBM3", "9.0"),
-                                       ("NVIDIA H200", "9.0"), ("NVIDIA L4", "8.9"), ("NVIDIA A10G", "8.6")])
+@pytest.mark.parametrize(
+    "kind, cap",
+    [
+        ("NVIDIA A100-SXM4-80GB", "8.0"),
+        ("NVIDIA H100 80GB HBM3", "9.0"),
+        ("NVIDIA H200", "9.0"),
+        ("NVIDIA L4", "8.9"),
+        ("NVIDIA A10G", "8.6"),
+    ],
+)
 def test_training_takes_bfloat16_from_compute_capability_8(kind, cap):
     assert policy.training_default(FakeDevice("gpu", kind, cap)) == (
-        "bfloat16", f"{kind}, compute capability {cap}: native bfloat16")
+        "bfloat16",
+        f"{kind}, compute capability {cap}: native bfloat16",
+    )
 
 
-@pytest.mark.parametrize("kind, cap", [("Tesla T4", "7.5"), ("Tesla V100-SXM2-16GB", "7.0"),
-                                       ("Tesla P100-PCIE-16GB", "6.0")])
+@pytest.mark.parametrize(
+    "kind, cap", [("Tesla T4", "7.5"), ("Tesla V100-SXM2-16GB", "7.0"), ("Tesla P100-PCIE-16GB", "6.0")]
+)
 def test_training_takes_float32_on_gpus_without_bfloat16(kind, cap):
     assert policy.training_default(FakeDevice("gpu", kind, cap)) == (
-        "float32", f"{kind}, compute capability {cap}: no native bfloat16, float32 is faster")
+        "float32",
+        f"{kind}, compute capability {cap}: no native bfloat16, float32 is faster",
+    )
 
 
-@pytest.mark.parametrize("kind, policy_name, cap", [("NVIDIA H100 PCIe", "bfloat16", "9.0"),
-                                                    ("NVIDIA A100-PCIE-40GB", "bfloat16", "8.0"),
-                                                    ("Tesla T4", "float32", "7.5"),
-                                                    ("Tesla V100-PCIE-32GB", "float32", "7.0"),
-                                                    ("Tesla P100-PCIE-16GB", "float32", "6.0")])
+@pytest.mark.parametrize(
+    "kind, policy_name, cap",
+    [
+        ("NVIDIA H100 PCIe", "bfloat16", "9.0"),
+        ("NVIDIA A100-PCIE-40GB", "bfloat16", "8.0"),
+        ("Tesla T4", "float32", "7.5"),
+        ("Tesla V100-PCIE-32GB", "float32", "7.0"),
+        ("Tesla P100-PCIE-16GB", "float32", "6.0"),
+    ],
+)
 def test_a_gpu_without_the_attribute_is_told_by_its_name(kind, policy_name, cap):
     name, reason = policy.training_default(FakeDevice("gpu", kind))
     assert name == policy_name
@@ -136,8 +170,10 @@ def test_a_gpu_without_the_attribute_is_told_by_its_name(kind, policy_name, cap)
 def test_an_unknown_gpu_gets_float32_and_says_why():
     name, reason = policy.training_default(FakeDevice("gpu", "Some Future Card"))
     assert name == "float32"
-    assert reason == ("Some Future Card, compute capability unknown: float32, as bfloat16 is native only "
-                      "from compute capability 8.0 on")
+    assert reason == (
+        "Some Future Card, compute capability unknown: float32, as bfloat16 is native only "
+        "from compute capability 8.0 on"
+    )
 
 
 def test_tpus_and_cpus():
@@ -154,4 +190,6 @@ def test_the_capability_decides_not_the_name():
     assert policy.training_default(FakeDevice("gpu", "Tesla T4", "8.0"))[0] == "bfloat16"
     assert policy.training_default(FakeDevice("gpu", "NVIDIA H100 80GB HBM3", "7.5"))[0] == "float32"
     assert policy.training_default(FakeDevice("gpu", "NVIDIA H100 80GB HBM3", "7.5")) != (
-        "bfloat16", "NVIDIA H100 80GB HBM3, compute capability 7.5: native bfloat16")
+        "bfloat16",
+        "NVIDIA H100 80GB HBM3, compute capability 7.5: native bfloat16",
+    )

@@ -5,16 +5,31 @@ import os
 import pathlib
 
 import numpy as np
-import pytest
-
 import pos_tagger
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OPTIONS = ROOT / "elmo_jax" / "data" / "fixture_options.json"
 WEIGHTS = ROOT / "elmo_jax" / "data" / "fixture_weights.hdf5"
-LEXICON = {"the": "DET", "a": "DET", "dog": "NOUN", "cat": "NOUN", "A/B": "NOUN", "runs": "VERB", "sees": "VERB",
-           "big": "ADJ", "red": "ADJ", "on": "ADP", "and": "CONJ", "it": "PRON", "up": "PRT", "3": "NUM",
-           "very": "ADV", "xyz": "X", ".": "."}
+LEXICON = {
+    "the": "DET",
+    "a": "DET",
+    "dog": "NOUN",
+    "cat": "NOUN",
+    "A/B": "NOUN",
+    "runs": "VERB",
+    "sees": "VERB",
+    "big": "ADJ",
+    "red": "ADJ",
+    "on": "ADP",
+    "and": "CONJ",
+    "it": "PRON",
+    "up": "PRT",
+    "3": "NUM",
+    "very": "ADV",
+    "xyz": "X",
+    ".": ".",
+}
 
 
 def write_brown(directory: pathlib.Path, seed: int = 0) -> None:
@@ -43,8 +58,9 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 def test_features_then_quick_grid(tmp_path, capsys):
     data, feats, out = tmp_path / "brown", tmp_path / "feats", tmp_path / "res" / "pos.json"
     write_brown(data)
-    code, _, err = run(capsys, "features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", data,
-                       "--out", feats)
+    code, _, err = run(
+        capsys, "features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", data, "--out", feats
+    )
     assert code == 0, err
     meta = json.loads((feats / "meta.json").read_text())
     train = np.load(feats / "train.npy")
@@ -52,20 +68,49 @@ def test_features_then_quick_grid(tmp_path, capsys):
     sentences, _ = pos_tagger.read_split(str(data / "train.txt"))
     assert train.dtype == np.float16 and train.shape == (sum(map(len, sentences)), 3, 32)
     assert meta["splits"]["train"]["shape"] == list(train.shape) and offsets[-1] == len(train)
-    assert sorted(os.listdir(feats)) == ["dev.npy", "dev.offsets.npy", "meta.json", "test.npy", "test.offsets.npy",
-                                         "train.npy", "train.offsets.npy"]  # no temporary file left
+    assert sorted(os.listdir(feats)) == [
+        "dev.npy",
+        "dev.offsets.npy",
+        "meta.json",
+        "test.npy",
+        "test.offsets.npy",
+        "train.npy",
+        "train.offsets.npy",
+    ]  # no temporary file left
     from elmo_jax.extract.embedder import Embedder
 
     expected = Embedder.from_hdf5(OPTIONS, WEIGHTS).embed(sentences[3:4])[0]  # [L+1, n, 2P]
-    np.testing.assert_allclose(train[offsets[3]:offsets[4]].transpose(1, 0, 2), expected, atol=2e-3, rtol=2e-3)
+    np.testing.assert_allclose(train[offsets[3] : offsets[4]].transpose(1, 0, 2), expected, atol=2e-3, rtol=2e-3)
 
-    code, stdout, err = run(capsys, "grid", "--quick", "--seeds", 0, "--fractions", 0.5, 1.0,
-                            "--variants", "words", "elmo", "layer1", "--data-dir", data, "--features", feats,
-                            "--out", out)
+    code, stdout, err = run(
+        capsys,
+        "grid",
+        "--quick",
+        "--seeds",
+        0,
+        "--fractions",
+        0.5,
+        1.0,
+        "--variants",
+        "words",
+        "elmo",
+        "layer1",
+        "--data-dir",
+        data,
+        "--features",
+        feats,
+        "--out",
+        out,
+    )
     assert code == 0, err
     result = json.loads(out.read_text())
     assert [(r["variant"], r["fraction"]) for r in result["runs"]] == [
-        ("words", 0.5), ("words", 1.0), ("elmo", 0.5), ("elmo", 1.0), ("layer1", 1.0)]
+        ("words", 0.5),
+        ("words", 1.0),
+        ("elmo", 0.5),
+        ("elmo", 1.0),
+        ("layer1", 1.0),
+    ]
     for r in result["runs"]:
         assert 0 <= r["test_acc"] <= 1 and r["steps"] >= 1 and r["best_step"] >= 1
     assert result["runs"][2]["train_sentences"] == 12 and len(result["runs"][3]["mix_weights"]) == 3
@@ -74,16 +119,58 @@ def test_features_then_quick_grid(tmp_path, capsys):
 
     # A new biLM's grid takes the word-only runs (which never read its features) from the last grid.
     again = tmp_path / "again" / "pos.json"
-    code, stdout, err = run(capsys, "grid", "--quick", "--seeds", 0, "--fractions", 0.5, 1.0, "--variants", "words",
-                            "layer1", "--reuse", out, "--reuse-variants", "words", "--data-dir", data,
-                            "--features", feats, "--out", again)
+    code, stdout, err = run(
+        capsys,
+        "grid",
+        "--quick",
+        "--seeds",
+        0,
+        "--fractions",
+        0.5,
+        1.0,
+        "--variants",
+        "words",
+        "layer1",
+        "--reuse",
+        out,
+        "--reuse-variants",
+        "words",
+        "--data-dir",
+        data,
+        "--features",
+        feats,
+        "--out",
+        again,
+    )
     assert code == 0 and "reused 2 run(s) of words" in stdout, err
     second = json.loads(again.read_text())
     assert second["runs"][:2] == result["runs"][:2] and [r["variant"] for r in second["runs"]] == [
-        "words", "words", "layer1"]
-    code, _, err = run(capsys, "grid", "--quick", "--seeds", 1, "--fractions", 0.5, 1.0, "--variants", "words",
-                       "--reuse", out, "--reuse-variants", "words", "--data-dir", data, "--features", feats,
-                       "--out", again)  # other seeds: other settings, nothing to reuse
+        "words",
+        "words",
+        "layer1",
+    ]
+    code, _, err = run(
+        capsys,
+        "grid",
+        "--quick",
+        "--seeds",
+        1,
+        "--fractions",
+        0.5,
+        1.0,
+        "--variants",
+        "words",
+        "--reuse",
+        out,
+        "--reuse-variants",
+        "words",
+        "--data-dir",
+        data,
+        "--features",
+        feats,
+        "--out",
+        again,
+    )  # other seeds: other settings, nothing to reuse
     assert code == 2 and "grid settings differ" in err and len(err.strip().splitlines()) == 1, err
 
     # Features that no longer match the data are refused.
@@ -93,15 +180,24 @@ def test_features_then_quick_grid(tmp_path, capsys):
     assert code == 2 and "features were made from another" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["grid", "--features", "{tmp}/nowhere"], "pos_tagger.py features"),
-    (["features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", "{tmp}/nowhere", "--out", "{tmp}/f"],
-     "prep_corpus.py"),
-    (["features", "--run-dir", "{tmp}/no_run", "--data-dir", "{tmp}/brown", "--out", "{tmp}/f"],
-     "cannot load the biLM"),
-    (["features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", "{tmp}/bad", "--out", "{tmp}/f"],
-     "bad token"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["grid", "--features", "{tmp}/nowhere"], "pos_tagger.py features"),
+        (
+            ["features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", "{tmp}/nowhere", "--out", "{tmp}/f"],
+            "prep_corpus.py",
+        ),
+        (
+            ["features", "--run-dir", "{tmp}/no_run", "--data-dir", "{tmp}/brown", "--out", "{tmp}/f"],
+            "cannot load the biLM",
+        ),
+        (
+            ["features", "--options", OPTIONS, "--weights", WEIGHTS, "--data-dir", "{tmp}/bad", "--out", "{tmp}/f"],
+            "bad token",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     write_brown(tmp_path / "brown")
     write_brown(tmp_path / "bad")

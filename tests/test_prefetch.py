@@ -44,8 +44,16 @@ def corpus(tmp_path_factory):
 
 def _feed(corpus, prefetch: int, workers: int = 0, epochs: int = 1) -> GlobalBatches:
     vocab, files = corpus
-    batcher = LMBatcher(TextFiles(files), vocab, rows_per_device=ROWS, unroll_steps=STEPS, max_chars=20, n_devices=2,
-                        seed=5, max_epochs=epochs)
+    batcher = LMBatcher(
+        TextFiles(files),
+        vocab,
+        rows_per_device=ROWS,
+        unroll_steps=STEPS,
+        max_chars=20,
+        n_devices=2,
+        seed=5,
+        max_epochs=epochs,
+    )
     cfg = TrainConfig(n_tokens_vocab=len(vocab), batch_size=ROWS, unroll_steps=STEPS, n_negative_samples_batch=16)
     mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
     return GlobalBatches(batcher, cfg, mesh, seed=3, first_device=0, fixed=False, prefetch=prefetch, workers=workers)

@@ -8,9 +8,9 @@ import tarfile
 import zipfile
 import zlib
 
+import prep_corpus
 import pytest
 
-import prep_corpus
 from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import Vocabulary
 
@@ -30,7 +30,7 @@ def _zText(module: pathlib.Path, testament: str, verses: list[str], per_block: i
     bzs, bzv, bzz = b"", b"", b""
     for b in range(0, len(verses), per_block):
         raw, offsets = b"", []
-        for v in verses[b:b + per_block]:
+        for v in verses[b : b + per_block]:
             data = v.encode("utf-8")
             offsets.append((len(raw), len(data)))
             raw += data
@@ -55,15 +55,24 @@ TAG_MAP = "AT\tDET\nNP\tNOUN\nNP-TL\tNOUN\nNN\tNOUN\nVBD\tVERB\n``\t.\n''\t.\n.\
 def fake_packages(tmp_path):
     cache, web = tmp_path / "cache", tmp_path / "web"
     cache.mkdir()
-    sotu = {f"package/data/{year}_someone_party.json": json.dumps(
-        {"year": year, "name": "x", "party": "y",
-         "text": f"Address of {year}. We met the Congress. (Applause.) The year was good."})
-        for year in (1944, 1950, 1955)}
+    sotu = {
+        f"package/data/{year}_someone_party.json": json.dumps(
+            {
+                "year": year,
+                "name": "x",
+                "party": "y",
+                "text": f"Address of {year}. We met the Congress. (Applause.) The year was good.",
+            }
+        )
+        for year in (1944, 1950, 1955)
+    }
     _tar(cache / prep_corpus.SOTU_TARBALL, sotu)
     _tar(cache / prep_corpus.BROWN_TARBALL, BROWN)
     nlp = [f"Sentence number {i} is here." for i in range(40)] + ["We met the Congress."]
-    _tar(cache / prep_corpus.NLP_TARBALL, {"package/builds/doc-0.json": json.dumps(nlp[:20]),
-                                           "package/builds/doc-1.json": json.dumps(nlp[20:])})
+    _tar(
+        cache / prep_corpus.NLP_TARBALL,
+        {"package/builds/doc-0.json": json.dumps(nlp[:20]), "package/builds/doc-1.json": json.dumps(nlp[20:])},
+    )
     with zipfile.ZipFile(cache / prep_corpus.SELKIE_WHEEL, "w") as z:
         z.writestr(prep_corpus.TAG_MAP_MEMBER, TAG_MAP)
     books = []

@@ -14,6 +14,8 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES
+from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
 from elmo_jax.compat.hdf5 import load_hdf5
@@ -22,15 +24,12 @@ from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training import loop
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
 from elmo_jax.training.evaluate import evaluate
 from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, export_run, load_run, read_run
 from elmo_jax.training.step import init_state, make_train_step
 from elmo_jax.training.warmstart import finetune_state
-
-from helpers import FIXTURES
-from test_config import BILM_TF_TRAIN_OPTIONS
 
 TRAIN = FIXTURES / "bilm_tf_train"
 
@@ -52,6 +51,7 @@ def step_programs():
     def listen(event, seconds, fun_name="", **_):
         if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and fun_name == "jit(per_device)":
             names.append(fun_name)
+
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         yield names
@@ -64,8 +64,15 @@ def test_bilm_tf_training_check_reaches_perplexity_below_20(tmp_path):
     """bilm-tf's test_training: 50 epochs on its 5-line fixture, then full-softmax perplexity < 20."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(), vocab, None)
-    settings = RunSettings(run_dir=str(tmp_path / "run"), seed=0, save_every=10**6, log_every=50,
-                           progress=False, devices=1, async_save=False)
+    settings = RunSettings(
+        run_dir=str(tmp_path / "run"),
+        seed=0,
+        save_every=10**6,
+        log_every=50,
+        progress=False,
+        devices=1,
+        async_save=False,
+    )
     with step_programs() as programs:
         pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
     _, _, params, step = load_run(settings.run_dir)
@@ -85,8 +92,13 @@ def _write_tiny_options(path: pathlib.Path) -> pathlib.Path:
 
 
 def _cli(*args, check=True):
-    r = subprocess.run([sys.executable, "-m", "elmo_jax", *args], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONWARNINGS": "default"})
+    r = subprocess.run(
+        [sys.executable, "-m", "elmo_jax", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "default"},
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"exit {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
@@ -98,8 +110,14 @@ def _host_state(run_dir, step):
         out = {k: f[k] for k in f.files}
     model = Options.load(pathlib.Path(run_dir) / "options.json").model
     ckpt = Checkpointer(str(run_dir), async_save=False)
-    _, rows, _, _ = ckpt.restore(step, lambda m: (abstract_shared(Options.load(pathlib.Path(run_dir) / "options.json"), m),
-                                                  abstract_rows(model, m["global_rows"])), with_host=False)
+    _, rows, _, _ = ckpt.restore(
+        step,
+        lambda m: (
+            abstract_shared(Options.load(pathlib.Path(run_dir) / "options.json"), m),
+            abstract_rows(model, m["global_rows"]),
+        ),
+        with_host=False,
+    )
     ckpt.close()
     return {**out, **{f"lstm/{k}": np.asarray(v) for k, v in rows.items()}}
 
@@ -107,8 +125,20 @@ def _host_state(run_dir, step):
 @pytest.mark.slow
 def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
     options = _write_tiny_options(tmp_path / "options.json")
-    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
-              str(TRAIN / "vocab.txt"), "--log-every", "1", "--save-every", "3", "--no-progress"]
+    common = [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        str(TRAIN / "data.txt"),
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+        "--log-every",
+        "1",
+        "--save-every",
+        "3",
+        "--no-progress",
+    ]
     assert cli.main([*common, "--run-dir", str(tmp_path / "straight"), "--steps", "6"]) == 0
     assert cli.main([*common, "--run-dir", str(tmp_path / "resumed"), "--steps", "3"]) == 0
     _cli(*common, "--run-dir", str(tmp_path / "resumed"), "--steps", "6")  # the restart: a new process
@@ -119,8 +149,14 @@ def test_resume_in_a_new_process_sees_exactly_the_same_run(tmp_path):
         np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
     ha, hb = _host_state(tmp_path / "straight", 6), _host_state(tmp_path / "resumed", 6)
     # (Buffered input ids of out-of-vocabulary words are process-local; their targets are not.)
-    for k in ("lstm/c", "lstm/h", "data/dir0/position", "data/dir1/position", "data/dir0/buffer_targets",
-              "data/dir1/buffer_lengths"):
+    for k in (
+        "lstm/c",
+        "lstm/h",
+        "data/dir0/position",
+        "data/dir1/position",
+        "data/dir0/buffer_targets",
+        "data/dir1/buffer_lengths",
+    ):
         np.testing.assert_allclose(ha[k], hb[k], atol=1e-6, rtol=0)
     ma = [json.loads(l) for l in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()]
     mb = [json.loads(l) for l in (tmp_path / "resumed/metrics.jsonl").read_text().splitlines()]
@@ -136,9 +172,20 @@ def test_a_run_on_two_devices_compiles_its_step_once(tmp_path):
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     with step_programs() as programs:
-        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-                 RunSettings(run_dir=str(tmp_path / "run"), steps=40, log_every=10, save_every=10**6, progress=False,
-                             devices=2, async_save=False))
+        pretrain(
+            options,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(
+                run_dir=str(tmp_path / "run"),
+                steps=40,
+                log_every=10,
+                save_every=10**6,
+                progress=False,
+                devices=2,
+                async_save=False,
+            ),
+        )
     assert len(programs) == 1
 
 
@@ -147,8 +194,12 @@ def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "r"
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
-    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-             RunSettings(run_dir=str(run_dir), steps=4, save_every=2, progress=False, devices=1, async_save=False))
+    pretrain(
+        options,
+        vocab,
+        TextFiles(str(TRAIN / "data.txt")),
+        RunSettings(run_dir=str(run_dir), steps=4, save_every=2, progress=False, devices=1, async_save=False),
+    )
     return run_dir, options, vocab
 
 
@@ -194,9 +245,13 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
             assert (state["opt"]["softmax"]["w"][i] == 1.0).all() and state["params"]["softmax"]["b"][i] == 0.0
     assert int(state["step"]) == 0
     # It trains from there.
-    pretrain(new_options, new_vocab, TextFiles(str(TRAIN / "data.txt")),
-             RunSettings(run_dir=str(tmp_path / "ft"), steps=2, progress=False, devices=1, async_save=False),
-             init_state=state)
+    pretrain(
+        new_options,
+        new_vocab,
+        TextFiles(str(TRAIN / "data.txt")),
+        RunSettings(run_dir=str(tmp_path / "ft"), steps=2, progress=False, devices=1, async_save=False),
+        init_state=state,
+    )
     assert load_run(str(tmp_path / "ft"))[3] == 2
 
 
@@ -204,9 +259,31 @@ def test_finetune_with_a_new_vocab_keeps_shared_rows_and_accumulators(trained_ru
 def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     options.save(tmp_path / "options.json")
-    assert cli.main(["train", "--config", str(tmp_path / "options.json"), "--train-files", str(TRAIN / "data.txt"),
-                     "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(tmp_path / "ft"), "--steps", "1",
-                     "--devices", "1", "--seed", "1", "--no-progress", "--init-from", str(run_dir)]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--config",
+                str(tmp_path / "options.json"),
+                "--train-files",
+                str(TRAIN / "data.txt"),
+                "--vocab",
+                str(TRAIN / "vocab.txt"),
+                "--run-dir",
+                str(tmp_path / "ft"),
+                "--steps",
+                "1",
+                "--devices",
+                "1",
+                "--seed",
+                "1",
+                "--no-progress",
+                "--init-from",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     _, _, source, _ = load_run(str(run_dir))
     _, _, new, step = load_run(str(tmp_path / "ft"))
     assert step == 1
@@ -216,8 +293,13 @@ def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
         assert np.max(np.abs(np.asarray(x) - np.asarray(y))) < lr
     # ...while a fresh seed-1 init is far from the source: the run really started from it.
     init = init_state(jax.random.PRNGKey(1), options.model, options.train).params["bilm"]
-    assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
-               zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(source["bilm"]))) > 2 * lr
+    assert (
+        max(
+            float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+            for x, y in zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(source["bilm"]))
+        )
+        > 2 * lr
+    )
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path):
@@ -234,8 +316,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
         _, _, _, step = load_run(str(copy))
     assert step == 2
     with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
-        last = pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-                        RunSettings(run_dir=str(copy), steps=3, progress=False, devices=1, async_save=False))
+        last = pretrain(
+            options,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(copy), steps=3, progress=False, devices=1, async_save=False),
+        )
     assert last["step"] == 3
 
 
@@ -243,16 +329,28 @@ def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     other = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5, dropout=0.2), vocab, None)
     with pytest.raises(CheckpointError, match=r"holds a run with different options \(dropout: saved 0.1, now 0.2\)"):
-        pretrain(other, vocab, TextFiles(str(TRAIN / "data.txt")),
-                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+        pretrain(
+            other,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1),
+        )
     bigger = Vocabulary(vocab.words + ["extra"], source="bigger")
     with pytest.raises(CheckpointError, match=r"different options \(n_tokens_vocab: saved 32, now 33\)"):
-        pretrain(options_for_vocab(options, bigger, None, strict=False), bigger, TextFiles(str(TRAIN / "data.txt")),
-                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+        pretrain(
+            options_for_vocab(options, bigger, None, strict=False),
+            bigger,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1),
+        )
     reordered = Vocabulary(vocab.words[:3] + vocab.words[3:][::-1], source="reordered")  # same size, other ids
     with pytest.raises(CheckpointError, match="different vocabulary"):
-        pretrain(options, reordered, TextFiles(str(TRAIN / "data.txt")),
-                 RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1))
+        pretrain(
+            options,
+            reordered,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=8, progress=False, devices=1),
+        )
 
 
 def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path):
@@ -262,8 +360,9 @@ def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path)
         lines = TextFiles(str(f)).read(0)
     assert len(lines) == 2
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "word"])
-    batcher = LMBatcher(TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=50, max_chars=10, max_epochs=1,
-                        shuffle=False)
+    batcher = LMBatcher(
+        TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=50, max_chars=10, max_epochs=1, shuffle=False
+    )
     with pytest.warns(UserWarning):
         batches = list(batcher)
     assert len(batches) == (10_000 + 1 + 3 + 1) // 50
@@ -274,12 +373,16 @@ def test_stream_windows_follow_bilm_tf(tmp_path):
     f = tmp_path / "data.txt"
     f.write_text("a b\nc\n")
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b"])
-    batcher = LMBatcher(TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=5, max_chars=10,
-                        max_epochs=1, shuffle=False)
+    batcher = LMBatcher(
+        TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=5, max_chars=10, max_epochs=1, shuffle=False
+    )
     batch = batcher.next()
     words = np.array(batcher.table.words)
     chars_words = batch["chars"][0]
-    inputs = [words[np.flatnonzero((batcher.table.chars[:, :10] == c).all(1))[0]] for c in chars_words[batch["inputs"][0, 0, 0]]]
+    inputs = [
+        words[np.flatnonzero((batcher.table.chars[:, :10] == c).all(1))[0]]
+        for c in chars_words[batch["inputs"][0, 0, 0]]
+    ]
     assert inputs == ["<S>", "a", "b", "<S>", "c"]
     assert batch["targets"][0, 0, 0].tolist() == [3, 4, 1, 2, 1]  # a b </S> <UNK>(c) </S>
     assert batch["targets"][0, 1, 0].tolist() == [4, 3, 0, 2, 0]  # reversed, markers swapped: b a <S> c <S>
@@ -335,9 +438,31 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     options = _write_tiny_options(tmp_path / "options.json")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "elmo_jax", "train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"),
-         "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(run_dir), "--steps", "100000", "--save-every",
-         "100000", "--log-every", "1", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "elmo_jax",
+            "train",
+            "--config",
+            str(options),
+            "--train-files",
+            str(TRAIN / "data.txt"),
+            "--vocab",
+            str(TRAIN / "vocab.txt"),
+            "--run-dir",
+            str(run_dir),
+            "--steps",
+            "100000",
+            "--save-every",
+            "100000",
+            "--log-every",
+            "1",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         metrics = run_dir / "metrics.jsonl"
@@ -360,16 +485,36 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
 def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")
     run = tmp_path / "run"
-    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
-              str(TRAIN / "vocab.txt"), "--run-dir", str(run), "--devices", "1", "--log-every", "1", "--no-progress"]
+    common = [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        str(TRAIN / "data.txt"),
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+        "--run-dir",
+        str(run),
+        "--devices",
+        "1",
+        "--log-every",
+        "1",
+        "--no-progress",
+    ]
     outputs = []
     for steps in ("2", "3", "3"):
         assert cli.main([*common, "--steps", steps]) == 0
         outputs.append(capsys.readouterr())
     said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
-    assert said == [[f"starting {run} from scratch to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"],
-                    [f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"],
-                    [f"{run}: already trained to step 3 (asked for 3); nothing to do"]]
+    assert said == [
+        [
+            f"starting {run} from scratch to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"
+        ],
+        [
+            f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 3 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"
+        ],
+        [f"{run}: already trained to step 3 (asked for 3); nothing to do"],
+    ]
     # Each session's first metrics line times its start-up (compile) apart from the steps.
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -402,33 +547,59 @@ def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
 def test_a_fresh_run_resets_by_default_and_a_resumed_run_keeps_its_recipe(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")  # bilm-tf's keys: no reset_state_prob
     new, old = tmp_path / "new", tmp_path / "old"
-    common = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"), "--vocab",
-              str(TRAIN / "vocab.txt"), "--devices", "1", "--log-every", "1", "--save-every", "1", "--no-progress"]
+    common = [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        str(TRAIN / "data.txt"),
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+        "--devices",
+        "1",
+        "--log-every",
+        "1",
+        "--save-every",
+        "1",
+        "--no-progress",
+    ]
 
     def saved_prob(run_dir, step):
-        return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())[
-            "options"].get("reset_state_prob")
+        return json.loads((run_dir / "checkpoints" / str(step) / "meta" / "metadata").read_text())["options"].get(
+            "reset_state_prob"
+        )
 
     assert cli.main([*common, "--run-dir", str(new), "--steps", "1"]) == 0
-    assert f"starting {new} from scratch to step 1 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)" in capsys.readouterr().out
+    assert (
+        f"starting {new} from scratch to step 1 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"
+        in capsys.readouterr().out
+    )
     assert json.loads((new / "options.json").read_text())["reset_state_prob"] == 0.1
     assert read_run(str(new))[0].train.reset_state_prob == 0.1
     # bilm-tf's recipe exactly, on request; the written options say so too.
     assert cli.main([*common, "--run-dir", str(old), "--steps", "1", "--reset-state-prob", "0"]) == 0
-    assert "(float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, bilm-tf's recipe)" in capsys.readouterr().out
+    assert (
+        "(float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, bilm-tf's recipe)"
+        in capsys.readouterr().out
+    )
     assert json.loads((old / "options.json").read_text())["reset_state_prob"] == 0.0
 
     # A run dir from before the default resumes on its own recipe, says so, and keeps it.
     _as_written_before_the_reset_default(old)
     assert read_run(str(old))[0].train.reset_state_prob == 0.0  # what export would write
     assert cli.main([*common, "--run-dir", str(old), "--steps", "2"]) == 0
-    assert (f"resuming {old} from step 1 (epoch 0, shard 1 of 1) to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, "
-            f"bilm-tf's recipe: this run dir predates the 0.1 default, and a run keeps its recipe)"
-            in capsys.readouterr().out)
+    assert (
+        f"resuming {old} from step 1 (epoch 0, shard 1 of 1) to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0, "
+        f"bilm-tf's recipe: this run dir predates the 0.1 default, and a run keeps its recipe)"
+        in capsys.readouterr().out
+    )
     assert saved_prob(old, 2) == 0.0
     # A run started at the default resumes at it without the flag.
     assert cli.main([*common, "--run-dir", str(new), "--steps", "2"]) == 0
-    assert "to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)" in capsys.readouterr().out
+    assert (
+        "to step 2 (float32 matmuls [CPU: bfloat16 matmuls are slower here], reset_state_prob 0.1)"
+        in capsys.readouterr().out
+    )
     assert saved_prob(new, 2) == 0.1
     # Changing the recipe midway is refused in one line, either way.
     for run_dir, prob, saved in ((old, "0.1", "0.0"), (new, "0", "0.1")):
@@ -451,15 +622,21 @@ def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
                 time.sleep(slow)
             calls.append(1)
             return step_fn(state, batch)
+
         return step
 
     monkeypatch.setattr(loop, "make_train_step", slow_first_call)  # the name the loop calls
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     run = tmp_path / "run"
-    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-             RunSettings(run_dir=str(run), steps=4, log_every=2, save_every=10**6, progress=False, devices=1,
-                         async_save=False))
+    pretrain(
+        options,
+        vocab,
+        TextFiles(str(TRAIN / "data.txt")),
+        RunSettings(
+            run_dir=str(run), steps=4, log_every=2, save_every=10**6, progress=False, devices=1, async_save=False
+        ),
+    )
     first, second = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     # Counting the start-up, the first window's 2 steps would take over `slow` seconds, so each
     # step over slow / 2; measured over step time only (step 2), much less.
@@ -475,11 +652,38 @@ def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_p
         port = s.getsockname()[1]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "elmo_jax", "train", "--config", str(options), "--train-files", str(TRAIN / "data.txt"),
-         "--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress",
-         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "elmo_jax",
+                "train",
+                "--config",
+                str(options),
+                "--train-files",
+                str(TRAIN / "data.txt"),
+                "--vocab",
+                str(TRAIN / "vocab.txt"),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--steps",
+                "1",
+                "--no-progress",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     try:
         errs = [p.communicate(timeout=120)[1] for p in procs]
     finally:
@@ -491,8 +695,14 @@ def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_p
         assert p.returncode == 2, err
         assert "Traceback" not in err and "Check failure" not in err, err
     lines = [[l for l in err.splitlines() if "error" in l.lower()] for err in errs]
-    assert lines[0] == lines[1] == ["elmo-jax train: error: 1 shard(s) for 2 processes: each process needs at least "
-                                    "one; use at least as many shards as processes"], errs
+    assert (
+        lines[0]
+        == lines[1]
+        == [
+            "elmo-jax train: error: 1 shard(s) for 2 processes: each process needs at least "
+            "one; use at least as many shards as processes"
+        ]
+    ), errs
 
 
 def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
@@ -503,14 +713,41 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
     bare_vocab.write_text((TRAIN / "vocab.txt").read_text())
     common = ["train", "--train-files", str(TRAIN / "data.txt"), "--no-progress", "--devices", "1"]
     cases = [
-        (["--config", str(options), "--vocab", str(TRAIN / "vocab.txt"), "--steps", "2", "--heldout-files",
-          str(tiny_heldout), "--eval-every", "1", "--log-every", "1"],
-         "is smaller than one evaluation batch (2 rows x 5 tokens)"),
-        (["--config", str(options), "--vocab", str(TRAIN / "vocab.txt"), "--steps", "2", "--heldout-files",
-          str(TRAIN / "data.txt"), "--eval-every", "3", "--log-every", "2"],
-         "--eval-every 3 is not a multiple of --log-every 2"),
-        (["--config", "tiny", "--vocab", str(bare_vocab), "--epochs", "1"],
-         "has no token-count sidecar"),
+        (
+            [
+                "--config",
+                str(options),
+                "--vocab",
+                str(TRAIN / "vocab.txt"),
+                "--steps",
+                "2",
+                "--heldout-files",
+                str(tiny_heldout),
+                "--eval-every",
+                "1",
+                "--log-every",
+                "1",
+            ],
+            "is smaller than one evaluation batch (2 rows x 5 tokens)",
+        ),
+        (
+            [
+                "--config",
+                str(options),
+                "--vocab",
+                str(TRAIN / "vocab.txt"),
+                "--steps",
+                "2",
+                "--heldout-files",
+                str(TRAIN / "data.txt"),
+                "--eval-every",
+                "3",
+                "--log-every",
+                "2",
+            ],
+            "--eval-every 3 is not a multiple of --log-every 2",
+        ),
+        (["--config", "tiny", "--vocab", str(bare_vocab), "--epochs", "1"], "has no token-count sidecar"),
     ]
     for i, (args, message) in enumerate(cases):
         run_dir = tmp_path / f"run{i}"
@@ -520,8 +757,24 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
         assert len(lines) == 1 and message in lines[0], (args, err)
         assert not (run_dir / "checkpoints").exists()  # refused before anything was trained or saved
     # A count given by hand is enough (0 epochs: it gets past the check and stops there, untrained).
-    assert cli.main([*common, "--run-dir", str(tmp_path / "ok"), "--config", "tiny", "--vocab", str(bare_vocab),
-                     "--epochs", "0", "--n-train-tokens", "1000"]) == 0
+    assert (
+        cli.main(
+            [
+                *common,
+                "--run-dir",
+                str(tmp_path / "ok"),
+                "--config",
+                "tiny",
+                "--vocab",
+                str(bare_vocab),
+                "--epochs",
+                "0",
+                "--n-train-tokens",
+                "1000",
+            ]
+        )
+        == 0
+    )
     assert "nothing to do" in capsys.readouterr().out
 
 
@@ -535,13 +788,24 @@ def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_r
 
     run_dir = tmp_path / "run"
     with pytest.raises(MemoryError, match="simulated"):
-        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-                 RunSettings(run_dir=str(run_dir), steps=10, save_every=100, log_every=1, progress=False, devices=1),
-                 on_metrics=fail_at_3)
+        pretrain(
+            options,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=10, save_every=100, log_every=1, progress=False, devices=1),
+            on_metrics=fail_at_3,
+        )
     assert load_run(str(run_dir))[3] == 3  # the step that completed before the failure, readable
     # Resumes from there.
-    assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")),
-                    RunSettings(run_dir=str(run_dir), steps=4, progress=False, devices=1))["step"] == 4
+    assert (
+        pretrain(
+            options,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run_dir), steps=4, progress=False, devices=1),
+        )["step"]
+        == 4
+    )
 
 
 def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir):

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+from model_server import HTML_PAGE, ModelServer, fixture_files, fixture_model, fixture_tree, serve_fixture
 
 from elmo_jax import cli
 from elmo_jax.pretrained import registry
 from elmo_jax.pretrained.registry import PretrainedError
-from model_server import HTML_PAGE, ModelServer, fixture_files, fixture_model, fixture_tree, serve_fixture
 
 OPTIONS = registry.MODELS["original"].files["options"][0].local
 WEIGHTS = registry.MODELS["original"].files["weights"][0].local
@@ -54,8 +54,9 @@ def test_registry_entries_are_complete():
         assert all(not f.path.startswith(("/", "http")) for files in model.files.values() for f in files)
     original = RELEASED["original"].files
     assert (original["options"][0].size, original["weights"][0].size) == (336, 374_434_792)
-    assert original["weights"][0].path == ("2x4096_512_2048cnn_2xhighway/"
-                                           "elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5")
+    assert original["weights"][0].path == (
+        "2x4096_512_2048cnn_2xhighway/elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5"
+    )
 
 
 def test_fresh_download_loads_the_fixture(tmp_path, monkeypatch):
@@ -66,8 +67,9 @@ def test_fresh_download_loads_the_fixture(tmp_path, monkeypatch):
     with serve_fixture(tmp_path) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         config, params = registry.load_pretrained("original", progress=False)
-        assert [r["path"] for r in server.gets()] == ["/" + registry.MODELS["original"].files[r][0].path
-                                                       for r in ("options", "weights")]
+        assert [r["path"] for r in server.gets()] == [
+            "/" + registry.MODELS["original"].files[r][0].path for r in ("options", "weights")
+        ]
     want_config, want_params = load_hdf5(FIXTURE["options"], FIXTURE["weights"])
     assert config == want_config
     assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(want_params)
@@ -205,10 +207,16 @@ print(json.dumps({k: str(v) for k, v in paths.items()}))
 def test_two_processes_download_once(tmp_path, monkeypatch):
     with serve_fixture(tmp_path, pause_s=1.0, pause_path="weights") as server:
         env = {**os.environ, "ELMO_JAX_MIRROR": server.url}
-        args = [sys.executable, "-c", CHILD, str(pathlib.Path(registry.__file__).parents[1]),
-                str(pathlib.Path(__file__).parent)]
-        procs = [subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+        args = [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(pathlib.Path(registry.__file__).parents[1]),
+            str(pathlib.Path(__file__).parent),
+        ]
+        procs = [
+            subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)
+        ]
         for p in procs:  # both imported: start them together, so one waits on the other's lock
             assert p.stdout.readline().strip() == "ready"
         for p in procs:
@@ -222,8 +230,9 @@ def test_two_processes_download_once(tmp_path, monkeypatch):
 
 
 def test_unknown_model_lists_the_known_ones():
-    with pytest.raises(PretrainedError, match="unknown model 'large'; known models: small, medium, original, "
-                                              "original_5.5b, pubmed"):
+    with pytest.raises(
+        PretrainedError, match="unknown model 'large'; known models: small, medium, original, original_5.5b, pubmed"
+    ):
         registry.fetch("large")
     with pytest.raises(PretrainedError, match="pubmed: no 'softmax' file was released; it has options, weights"):
         registry.fetch("pubmed", ("softmax",))
@@ -311,8 +320,23 @@ def test_every_entry_point_loads_a_released_model_by_name(tmp_path, monkeypatch)
     text = tmp_path / "in.txt"
     text.write_text("\n".join(" ".join(s) for s in sentences) + "\n")
     out = tmp_path / "out.hdf5"
-    assert cli.main(["--compile-cache", "none", "embed", "--model", "original", "--input", str(text),
-                     "--output", str(out), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "--compile-cache",
+                "none",
+                "embed",
+                "--model",
+                "original",
+                "--input",
+                str(text),
+                "--output",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     with h5py.File(out, "r") as f:
         for i, b in enumerate(want):
             np.testing.assert_array_equal(f[str(i)][()], b)

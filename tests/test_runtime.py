@@ -9,8 +9,11 @@ from elmo_jax.cli import commands
 
 @pytest.fixture
 def restore_jax_cache_config():
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
     before = {n: getattr(jax.config, n) for n in names}
     yield
     for n, v in before.items():

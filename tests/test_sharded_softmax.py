@@ -3,10 +3,20 @@
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from elmo_jax.training.sharded_softmax import (ROW_MULTIPLE, LayoutError, RowLayout, SparseAdagrad, capacity_bucket,
-                                      capacity_headroom, fetch_rows, plan_fetch, return_grads)
+from elmo_jax.training.sharded_softmax import (
+    ROW_MULTIPLE,
+    LayoutError,
+    RowLayout,
+    SparseAdagrad,
+    capacity_bucket,
+    capacity_headroom,
+    fetch_rows,
+    plan_fetch,
+    return_grads,
+)
 from elmo_jax.training.softmax import sample_log_uniform_unique
 
 
@@ -79,8 +89,10 @@ def test_plan_fetch_asks_each_owner_for_each_row_once_and_finds_every_row():
         fetched = fetched.reshape(-1)
         np.testing.assert_array_equal(fetched[plan["cand_index"][d]], layout.slots(cands[d]))
         np.testing.assert_array_equal(fetched[plan["target_index"][d]], layout.slots(targets[d]))
-    need = max(np.bincount(layout.slots(np.union1d(cands[d].ravel(), targets[d].ravel())) // per_owner,
-                           minlength=n).max() for d in range(cands.shape[0]))
+    need = max(
+        np.bincount(layout.slots(np.union1d(cands[d].ravel(), targets[d].ravel())) // per_owner, minlength=n).max()
+        for d in range(cands.shape[0])
+    )
     assert cap == capacity_bucket(need + capacity_headroom(need))
     # A capacity that fits is kept, even one far larger (another process needed it), and the plan
     # stays right; one that does not fit grows as from nothing.
@@ -96,21 +108,28 @@ def test_exchange_on_two_devices_equals_numpy():
     layout, cands, targets, plan, cap = _plan(v=3000, n=n, d_local=n, seed=3)
     per_owner = layout.padded // n
     rng = np.random.default_rng(1)
-    table = {"w": rng.normal(size=(layout.padded, p)).astype(np.float32),
-             "b": rng.normal(size=layout.padded).astype(np.float32)}
+    table = {
+        "w": rng.normal(size=(layout.padded, p)).astype(np.float32),
+        "b": rng.normal(size=layout.padded).astype(np.float32),
+    }
     acc = {k: (1.0 + rng.random(x.shape)).astype(np.float32) for k, x in table.items()}
     # Each device's gradient w.r.t. each of its fetched rows; zero on unused entries, as in a step.
     used = plan["fetch"] < per_owner  # [D, n, C]
-    grads = {"w": rng.normal(size=(n, n * cap, p)).astype(np.float32) * used.reshape(n, -1, 1),
-             "b": rng.normal(size=(n, n * cap)).astype(np.float32) * used.reshape(n, -1)}
+    grads = {
+        "w": rng.normal(size=(n, n * cap, p)).astype(np.float32) * used.reshape(n, -1, 1),
+        "b": rng.normal(size=(n, n * cap)).astype(np.float32) * used.reshape(n, -1),
+    }
     opt = SparseAdagrad(learning_rate=0.3)
 
     def per_device(table, acc, fetch, grads):
         rows, received = fetch_rows(table, fetch[0], "data")
         ids, sums = return_grads({k: g[0] for k, g in grads.items()}, received, per_owner, "data")
         new = {k: opt.apply(table[k], acc[k], ids, sums[k]) for k in table}
-        return {k: r[None] for k, r in rows.items()}, {k: t for k, (t, _) in new.items()}, \
-            {k: a for k, (_, a) in new.items()}
+        return (
+            {k: r[None] for k, r in rows.items()},
+            {k: t for k, (t, _) in new.items()},
+            {k: a for k, (_, a) in new.items()},
+        )
 
     spec = P("data")
     fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec))
@@ -121,8 +140,9 @@ def test_exchange_on_two_devices_equals_numpy():
     total = {k: np.zeros_like(x, np.float64) for k, x in table.items()}
     for d in range(n):
         for k in table:
-            expect = np.where(used[d].reshape(n, cap, *([1] * (table[k].ndim - 1))),
-                              table[k][slots_of(d)], 0).reshape((n * cap,) + table[k].shape[1:])
+            expect = np.where(used[d].reshape(n, cap, *([1] * (table[k].ndim - 1))), table[k][slots_of(d)], 0).reshape(
+                (n * cap,) + table[k].shape[1:]
+            )
             np.testing.assert_array_equal(rows[k][d], expect)  # the owners' rows, in plan order
             np.add.at(total[k], slots_of(d)[used[d]], grads[k][d][used[d].reshape(-1)])
     for k in table:

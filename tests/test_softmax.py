@@ -144,8 +144,9 @@ def make_problem(seed=0, n=12, p=16, v=40, s=10):
 
 
 def call_sampled(h, targets, w, b, cand_ids, tries, v, **kw):
-    return softmax.sampled_softmax_loss(h, targets, w[targets], b[targets], cand_ids, w[cand_ids],
-                                        b[cand_ids], tries, v, **kw)
+    return softmax.sampled_softmax_loss(
+        h, targets, w[targets], b[targets], cand_ids, w[cand_ids], b[cand_ids], tries, v, **kw
+    )
 
 
 def test_sampled_softmax_loss_matches_numpy_and_masks_hits():
@@ -162,9 +163,17 @@ def test_sampled_softmax_loss_matches_numpy_and_masks_hits():
     # Dropping the hit candidate by hand for one position gives the same loss.
     row = 0
     drop = cand_ids != targets[row]
-    one = softmax.sampled_softmax_loss(h[row:row + 1], targets[row:row + 1], w[targets[row:row + 1]],
-                                       b[targets[row:row + 1]], cand_ids[drop], w[cand_ids[drop]],
-                                       b[cand_ids[drop]], tries, v)
+    one = softmax.sampled_softmax_loss(
+        h[row : row + 1],
+        targets[row : row + 1],
+        w[targets[row : row + 1]],
+        b[targets[row : row + 1]],
+        cand_ids[drop],
+        w[cand_ids[drop]],
+        b[cand_ids[drop]],
+        tries,
+        v,
+    )
     np.testing.assert_allclose(loss[row], one[0], atol=1e-6, rtol=1e-6)
 
 
@@ -193,12 +202,19 @@ def test_full_softmax_loss_padding_rows_take_no_probability_even_a_whole_block()
 
 
 def test_full_softmax_loss_with_rows_split_over_two_devices():
-    from jax.sharding import Mesh, PartitionSpec as P
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
 
     h, targets, w, b, *_ = make_problem(seed=4)
     mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
-    fn = jax.jit(jax.shard_map(lambda h, t, w, b: softmax.full_softmax_loss(h, t, w, b, block=4, axis_name="x"),
-                               mesh=mesh, in_specs=(P(), P(), P("x"), P("x")), out_specs=P()))
+    fn = jax.jit(
+        jax.shard_map(
+            lambda h, t, w, b: softmax.full_softmax_loss(h, t, w, b, block=4, axis_name="x"),
+            mesh=mesh,
+            in_specs=(P(), P(), P("x"), P("x")),
+            out_specs=P(),
+        )
+    )
     np.testing.assert_allclose(fn(h, targets, w, b), np_full_loss(h, targets, w, b), atol=1e-5, rtol=1e-5)
 
 
@@ -214,8 +230,10 @@ def test_grad_under_jit_is_finite():
     @jax.jit
     def grads(true_w, cand_w, num_tries):
         def f(true_w, cand_w):
-            return softmax.sampled_softmax_loss(h, targets, true_w, b[targets], cand_ids, cand_w,
-                                                b[cand_ids], num_tries, v).mean()
+            return softmax.sampled_softmax_loss(
+                h, targets, true_w, b[targets], cand_ids, cand_w, b[cand_ids], num_tries, v
+            ).mean()
+
         return jax.grad(f, argnums=(0, 1))(true_w, cand_w)
 
     g_true, g_cand = grads(w[targets], w[cand_ids], jnp.int32(tries))

@@ -11,28 +11,35 @@ SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "elmo_jax" / "data" / "sa
 
 # --- split_sentences ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("", []),
-    ("   \n\n \t ", []),
-    ("One. Two! Three? Four", ["One.", "Two!", "Three?", "Four"]),
-    ("Really?! Yes... OK.", ["Really?!", "Yes...", "OK."]),
-    ("It was 5 p.m. and late. we stayed.", ["It was 5 p.m. and late. we stayed."]),  # lowercase: no split
-    ("It cost $1,000.50 in 2020. It rose.", ["It cost $1,000.50 in 2020.", "It rose."]),
-    ("It rose in 1999. 2000 was worse.", ["It rose in 1999.", "2000 was worse."]),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", []),
+        ("   \n\n \t ", []),
+        ("One. Two! Three? Four", ["One.", "Two!", "Three?", "Four"]),
+        ("Really?! Yes... OK.", ["Really?!", "Yes...", "OK."]),
+        ("It was 5 p.m. and late. we stayed.", ["It was 5 p.m. and late. we stayed."]),  # lowercase: no split
+        ("It cost $1,000.50 in 2020. It rose.", ["It cost $1,000.50 in 2020.", "It rose."]),
+        ("It rose in 1999. 2000 was worse.", ["It rose in 1999.", "2000 was worse."]),
+    ],
+)
 def test_split_basic(text, expected):
     assert split_sentences(text) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "Mr. Smith met Mrs. Jones and Dr. Brown.",
-    "Ms. Lee walked down St. James Street with Gen. Grant.",
-    "Sen. Byrd and Gov. Brown and Lt. Dan agreed.",
-    "The U.S. Senate and the U.N. Charter, e.g. Article 51.",
-    "J. Edgar Hoover and John F. Kennedy spoke.",
-    "See No. 5 and Vol. 3 on Jan. 20 this year.",
-    "(Mr. Smith agreed.)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Mr. Smith met Mrs. Jones and Dr. Brown.",
+        "Ms. Lee walked down St. James Street with Gen. Grant.",
+        "Sen. Byrd and Gov. Brown and Lt. Dan agreed.",
+        "The U.S. Senate and the U.N. Charter, e.g. Article 51.",
+        "J. Edgar Hoover and John F. Kennedy spoke.",
+        "See No. 5 and Vol. 3 on Jan. 20 this year.",
+        "(Mr. Smith agreed.)",
+    ],
+)
 def test_split_abbreviations(text):
     assert split_sentences(text) == [text]
 
@@ -47,8 +54,13 @@ def test_split_number_abbreviation_needs_a_digit():
 
 def test_split_quotes_and_brackets():
     text = 'He said, "Stop." Then he left. "Why?" she asked. (Applause.) Thank you.'
-    assert split_sentences(text) == ['He said, "Stop."', "Then he left.", '"Why?" she asked.',
-                                     "(Applause.)", "Thank you."]
+    assert split_sentences(text) == [
+        'He said, "Stop."',
+        "Then he left.",
+        '"Why?" she asked.',
+        "(Applause.)",
+        "Thank you.",
+    ]
     curly = "He said, \u201cStop.\u201d \u201cWhy?\u201d \u2018Fine.\u2019 Done."
     assert split_sentences(curly) == ["He said, \u201cStop.\u201d", "\u201cWhy?\u201d", "\u2018Fine.\u2019", "Done."]
 
@@ -64,95 +76,152 @@ def test_split_unicode_capitals():
 
 # --- tokenize ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sentence, expected", [
-    ("", []),
-    ("   ", []),
-    ("Hello world.", ["Hello", "world", "."]),
-    ("Yes, no; maybe: (sure) [ok] {fine}!", ["Yes", ",", "no", ";", "maybe", ":", "(", "sure", ")",
-                                              "[", "ok", "]", "{", "fine", "}", "!"]),
-    ("Why?", ["Why", "?"]),
-])
+
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        ("", []),
+        ("   ", []),
+        ("Hello world.", ["Hello", "world", "."]),
+        (
+            "Yes, no; maybe: (sure) [ok] {fine}!",
+            ["Yes", ",", "no", ";", "maybe", ":", "(", "sure", ")", "[", "ok", "]", "{", "fine", "}", "!"],
+        ),
+        ("Why?", ["Why", "?"]),
+    ],
+)
 def test_tokenize_punctuation(sentence, expected):
     assert tokenize(sentence) == expected
 
 
-@pytest.mark.parametrize("sentence, expected", [
-    ("I don't know.", ["I", "do", "n't", "know", "."]),
-    ("We can't, won't, shouldn't.", ["We", "ca", "n't", ",", "wo", "n't", ",", "should", "n't", "."]),
-    ("It's what we're, they've, you'll, I'd, I'm.",
-     ["It", "'s", "what", "we", "'re", ",", "they", "'ve", ",", "you", "'ll", ",", "I", "'d", ",", "I", "'m", "."]),
-    ("DON'T He'd've", ["DO", "N'T", "He", "'d", "'ve"]),
-    ("The nation's and the U.S.'s role", ["The", "nation", "'s", "and", "the", "U.S.", "'s", "role"]),
-    ("the states' rights", ["the", "states", "'", "rights"]),
-    ("at o'clock O'Neill said", ["at", "o'clock", "O'Neill", "said"]),
-    ("in the '90s 'tis 'em", ["in", "the", "'90s", "'tis", "'em"]),
-])
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        ("I don't know.", ["I", "do", "n't", "know", "."]),
+        ("We can't, won't, shouldn't.", ["We", "ca", "n't", ",", "wo", "n't", ",", "should", "n't", "."]),
+        (
+            "It's what we're, they've, you'll, I'd, I'm.",
+            [
+                "It",
+                "'s",
+                "what",
+                "we",
+                "'re",
+                ",",
+                "they",
+                "'ve",
+                ",",
+                "you",
+                "'ll",
+                ",",
+                "I",
+                "'d",
+                ",",
+                "I",
+                "'m",
+                ".",
+            ],
+        ),
+        ("DON'T He'd've", ["DO", "N'T", "He", "'d", "'ve"]),
+        ("The nation's and the U.S.'s role", ["The", "nation", "'s", "and", "the", "U.S.", "'s", "role"]),
+        ("the states' rights", ["the", "states", "'", "rights"]),
+        ("at o'clock O'Neill said", ["at", "o'clock", "O'Neill", "said"]),
+        ("in the '90s 'tis 'em", ["in", "the", "'90s", "'tis", "'em"]),
+    ],
+)
 def test_tokenize_clitics(sentence, expected):
     assert tokenize(sentence) == expected
 
 
-@pytest.mark.parametrize("sentence, expected", [
-    ("It cost $1,000.50 or 3.5% more, 10:30 a.m.", ["It", "cost", "$", "1,000.50", "or", "3.5", "%", "more", ",",
-                                                    "10:30", "a.m.", "."]),
-    ("Count: 1,2,3 and 2,000,000 people", ["Count", ":", "1,2,3", "and", "2,000,000", "people"]),
-    ("yes,no and ratio 3:1", ["yes", ",", "no", "and", "ratio", "3:1"]),
-    ("In 1999.", ["In", "1999", "."]),
-])
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        (
+            "It cost $1,000.50 or 3.5% more, 10:30 a.m.",
+            ["It", "cost", "$", "1,000.50", "or", "3.5", "%", "more", ",", "10:30", "a.m.", "."],
+        ),
+        ("Count: 1,2,3 and 2,000,000 people", ["Count", ":", "1,2,3", "and", "2,000,000", "people"]),
+        ("yes,no and ratio 3:1", ["yes", ",", "no", "and", "ratio", "3:1"]),
+        ("In 1999.", ["In", "1999", "."]),
+    ],
+)
 def test_tokenize_numbers(sentence, expected):
     assert tokenize(sentence) == expected
 
 
-@pytest.mark.parametrize("sentence, expected", [
-    ("Mr. Smith of the U.S. Senate met Dr. Jones.", ["Mr.", "Smith", "of", "the", "U.S.", "Senate", "met", "Dr.",
-                                                      "Jones", "."]),
-    ("He lives in the U.S.", ["He", "lives", "in", "the", "U.S.", "."]),
-    ("Apples, pears, etc.", ["Apples", ",", "pears", ",", "etc.", "."]),
-    ("He works for Acme Inc. now", ["He", "works", "for", "Acme", "Inc.", "now"]),
-    ("We chose plan B.", ["We", "chose", "plan", "B", "."]),
-    ("Wait... what?", ["Wait", "...", "what", "?"]),
-    ("Wait\u2026", ["Wait", "..."]),
-])
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        (
+            "Mr. Smith of the U.S. Senate met Dr. Jones.",
+            ["Mr.", "Smith", "of", "the", "U.S.", "Senate", "met", "Dr.", "Jones", "."],
+        ),
+        ("He lives in the U.S.", ["He", "lives", "in", "the", "U.S.", "."]),
+        ("Apples, pears, etc.", ["Apples", ",", "pears", ",", "etc.", "."]),
+        ("He works for Acme Inc. now", ["He", "works", "for", "Acme", "Inc.", "now"]),
+        ("We chose plan B.", ["We", "chose", "plan", "B", "."]),
+        ("Wait... what?", ["Wait", "...", "what", "?"]),
+        ("Wait\u2026", ["Wait", "..."]),
+    ],
+)
 def test_tokenize_abbreviations_and_periods(sentence, expected):
     assert tokenize(sentence) == expected
 
 
-@pytest.mark.parametrize("sentence, expected", [
-    ('He said "Stop."', ["He", "said", '"', "Stop", ".", '"']),
-    ("He said \u201cStop.\u201d", ["He", "said", '"', "Stop", ".", '"']),
-    ("\u2018Hello,\u2019 he said.", ["'", "Hello", ",", "'", "he", "said", "."]),
-    ("We can\u2019t \u201cwin\u201d", ["We", "ca", "n't", '"', "win", '"']),
-    ("(It ended.)", ["(", "It", "ended", ".", ")"]),
-])
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        ('He said "Stop."', ["He", "said", '"', "Stop", ".", '"']),
+        ("He said \u201cStop.\u201d", ["He", "said", '"', "Stop", ".", '"']),
+        ("\u2018Hello,\u2019 he said.", ["'", "Hello", ",", "'", "he", "said", "."]),
+        ("We can\u2019t \u201cwin\u201d", ["We", "ca", "n't", '"', "win", '"']),
+        ("(It ended.)", ["(", "It", "ended", ".", ")"]),
+    ],
+)
 def test_tokenize_quotes(sentence, expected):
     assert tokenize(sentence) == expected
 
 
-@pytest.mark.parametrize("sentence, expected", [
-    ("peace--and war", ["peace", "--", "and", "war"]),
-    ("peace -- and war", ["peace", "--", "and", "war"]),
-    ("peace\u2014and war", ["peace", "--", "and", "war"]),
-    ("peace \u2013 and war", ["peace", "--", "and", "war"]),
-    ("peace\u2014\u2014and -\u2013 war", ["peace", "--", "and", "--", "war"]),
-    ("from 1943\u20131948", ["from", "1943-1948"]),
-    ("a well-known, long-term U.S.-Soviet 10-year plan", ["a", "well-known", ",", "long-term", "U.S.-Soviet",
-                                                           "10-year", "plan"]),
-    ("Al\u2011Baghdadi x - y", ["Al-Baghdadi", "x", "-", "y"]),
-])
+@pytest.mark.parametrize(
+    "sentence, expected",
+    [
+        ("peace--and war", ["peace", "--", "and", "war"]),
+        ("peace -- and war", ["peace", "--", "and", "war"]),
+        ("peace\u2014and war", ["peace", "--", "and", "war"]),
+        ("peace \u2013 and war", ["peace", "--", "and", "war"]),
+        ("peace\u2014\u2014and -\u2013 war", ["peace", "--", "and", "--", "war"]),
+        ("from 1943\u20131948", ["from", "1943-1948"]),
+        (
+            "a well-known, long-term U.S.-Soviet 10-year plan",
+            ["a", "well-known", ",", "long-term", "U.S.-Soviet", "10-year", "plan"],
+        ),
+        ("Al\u2011Baghdadi x - y", ["Al-Baghdadi", "x", "-", "y"]),
+    ],
+)
 def test_tokenize_dashes_and_hyphens(sentence, expected):
     assert tokenize(sentence) == expected
 
 
 def test_tokenize_unicode():
     assert tokenize("Nicol\u00e1s Maduro and na\u00efve Z\u00fcrich caf\u00e9s.") == [
-        "Nicol\u00e1s", "Maduro", "and", "na\u00efve", "Z\u00fcrich", "caf\u00e9s", "."]
+        "Nicol\u00e1s",
+        "Maduro",
+        "and",
+        "na\u00efve",
+        "Z\u00fcrich",
+        "caf\u00e9s",
+        ".",
+    ]
     # Decomposed accents are composed (NFC); soft hyphens and zero-width spaces are removed.
     assert tokenize("cafe\u0301 co\u00adoperate a\u200bb") == ["caf\u00e9", "cooperate", "ab"]
     assert tokenize("\u00a0Hi\u3000there\u00a0") == ["Hi", "there"]
 
 
 def test_tokens_are_clean_and_deterministic():
-    text = ("\u201cWe can\u2019t stop,\u201d said Mr. Smith of the U.S. Senate\u2014again. It's 1,000.50! "
-            "(Applause.) Why? 'Tis the '90s' rock... \u2026")
+    text = (
+        "\u201cWe can\u2019t stop,\u201d said Mr. Smith of the U.S. Senate\u2014again. It's 1,000.50! "
+        "(Applause.) Why? 'Tis the '90s' rock... \u2026"
+    )
     first = tokenize_text(text)
     assert first == tokenize_text(text)
     assert all(t and not any(c.isspace() for c in t) for s in first for t in s)
@@ -161,6 +230,7 @@ def test_tokens_are_clean_and_deterministic():
 
 
 # --- the bundled sample ------------------------------------------------------------------------
+
 
 def _lines(name):
     path = SAMPLE / name

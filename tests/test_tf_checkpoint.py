@@ -15,13 +15,12 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from elmo_jax import load_hdf5
 from elmo_jax.compat import tf_checkpoint as tfc
 from elmo_jax.compat.tf_checkpoint import TFCheckpoint, TFCheckpointError, bilm_tf_hdf5_name, read_bilm_tf
 from elmo_jax.config import Options
-
-from helpers import FIXTURES
 
 TF_FIXTURES = FIXTURES / "tf_checkpoint"
 BILM = ("single", "sharded", "one_layer")
@@ -48,6 +47,7 @@ def one_line(excinfo):
 
 # --------------------------------------------------------------------------------------------
 # The raw reader.
+
 
 @pytest.mark.parametrize("name", [*BILM, "dtypes"])
 def test_every_tensor_equals_what_tensorflow_saved(name):
@@ -120,6 +120,7 @@ def test_prefix_directory_and_checkpoint_file_resolution(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # Damaged checkpoints.
+
 
 def test_truncated_data_file_is_refused_naming_it(tmp_path):
     d = copy_fixture("single", tmp_path)
@@ -198,7 +199,7 @@ def write_table(entries, per_block=1000):
 
     index = []
     for i in range(0, len(entries), per_block):
-        chunk = entries[i:i + per_block]
+        chunk = entries[i : i + per_block]
         index.append((chunk[-1][0], emit(block(chunk))))
     handles = emit(block([])) + emit(block(index))
     return bytes(out) + handles.ljust(40, b"\0") + struct.pack("<Q", 0xDB4775248B80FB57)
@@ -268,13 +269,20 @@ def test_bad_index_is_refused(tmp_path):
 # --------------------------------------------------------------------------------------------
 # bilm-tf.
 
+
 def test_tf_names_map_to_bilm_tf_hdf5_names():
-    assert bilm_tf_hdf5_name("lm/RNN_1/rnn/multi_rnn_cell/cell_1/lstm_cell/projection/kernel") == \
-        "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0"
-    assert bilm_tf_hdf5_name("lm/RNN_0/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel") == \
-        "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    assert (
+        bilm_tf_hdf5_name("lm/RNN_1/rnn/multi_rnn_cell/cell_1/lstm_cell/projection/kernel")
+        == "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0"
+    )
+    assert (
+        bilm_tf_hdf5_name("lm/RNN_0/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel")
+        == "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    )
     assert bilm_tf_hdf5_name("lm/RNN_0/rnn/lstm_cell/bias") == "RNN_0/RNN/LSTMCell/B"
-    assert bilm_tf_hdf5_name("lm/RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0") == "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    assert (
+        bilm_tf_hdf5_name("lm/RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0") == "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    )
     assert bilm_tf_hdf5_name("lm/CNN_high_0/W_carry") == "CNN_high_0/W_carry"
     assert bilm_tf_hdf5_name("lm/char_embed") == "char_embed"
     assert bilm_tf_hdf5_name("lm/softmax/W") == "softmax/W"
@@ -292,7 +300,7 @@ def expected_trees(name, tmp_path):
             for key, value in vals.items():
                 if not key.startswith("lm/") or "softmax" in key or key.endswith("/Adagrad") != bool(suffix):
                     continue
-                h5 = bilm_tf_hdf5_name(key[:len(key) - len(suffix)])
+                h5 = bilm_tf_hdf5_name(key[: len(key) - len(suffix)])
                 f[h5.replace("/RNN/LSTMCell/", "/RNN/MultiRNNCell/Cell0/LSTMCell/")] = value
         config, tree = load_hdf5(TF_FIXTURES / name / "options.json", path)
         trees.append(tree)
@@ -327,12 +335,20 @@ def test_read_bilm_tf_gives_load_hdf5_trees_softmax_accumulators_and_step(name, 
     assert out["params"]["softmax"]["w"].shape == (v, config.lstm.projection_dim)
     # The dense trees by the documented mapping, for two leaves:
     p = config.lstm.projection_dim
-    kernel = vals[("lm/RNN_1/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel" if config.lstm.n_layers > 1
-                   else "lm/RNN_1/rnn/lstm_cell/kernel") + "/Adagrad"]
+    kernel = vals[
+        (
+            "lm/RNN_1/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel"
+            if config.lstm.n_layers > 1
+            else "lm/RNN_1/rnn/lstm_cell/kernel"
+        )
+        + "/Adagrad"
+    ]
     np.testing.assert_array_equal(out["accumulators"]["bilm"]["lstm"][0]["w_h"][1], kernel[p:])
     if config.char_cnn.n_highway:
-        np.testing.assert_array_equal(out["params"]["bilm"]["char_cnn"]["highway"][0]["b"],
-                                      np.concatenate([vals["lm/CNN_high_0/b_carry"], vals["lm/CNN_high_0/b_transform"]]))
+        np.testing.assert_array_equal(
+            out["params"]["bilm"]["char_cnn"]["highway"][0]["b"],
+            np.concatenate([vals["lm/CNN_high_0/b_carry"], vals["lm/CNN_high_0/b_transform"]]),
+        )
 
 
 def test_read_bilm_tf_without_options_infers_the_shapes(tmp_path):
@@ -346,11 +362,19 @@ def test_read_bilm_tf_without_options_infers_the_shapes(tmp_path):
     assert read_bilm_tf(d, options=TF_FIXTURES / "sharded" / "options.json")["config"] == config
 
 
-@pytest.mark.parametrize("change, tensor, got, want", [
-    (lambda o: o["lstm"].update(projection_dim=7), "lm/CNN_proj/W_proj", (16, 8), (16, 7)),
-    (lambda o: o["lstm"].update(dim=32), "lm/RNN_0/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel", (16, 64), (16, 128)),
-    (lambda o: o.update(n_tokens_vocab=51), "lm/softmax/W", (50, 8), (51, 8)),
-])
+@pytest.mark.parametrize(
+    "change, tensor, got, want",
+    [
+        (lambda o: o["lstm"].update(projection_dim=7), "lm/CNN_proj/W_proj", (16, 8), (16, 7)),
+        (
+            lambda o: o["lstm"].update(dim=32),
+            "lm/RNN_0/rnn/multi_rnn_cell/cell_0/lstm_cell/kernel",
+            (16, 64),
+            (16, 128),
+        ),
+        (lambda o: o.update(n_tokens_vocab=51), "lm/softmax/W", (50, 8), (51, 8)),
+    ],
+)
 def test_mismatched_options_are_refused_in_one_line(tmp_path, change, tensor, got, want):
     options = json.loads((TF_FIXTURES / "single" / "options.json").read_text())
     change(options)
@@ -358,8 +382,9 @@ def test_mismatched_options_are_refused_in_one_line(tmp_path, change, tensor, go
     path.write_text(json.dumps(options))
     with pytest.raises(TFCheckpointError) as e:
         read_bilm_tf(TF_FIXTURES / "single", options=path)
-    assert one_line(e) == (f"{TF_FIXTURES / 'single' / 'model.ckpt-2'}: tensor '{tensor}' has shape {got}, "
-                           f"expected {want} (per {path})")
+    assert one_line(e) == (
+        f"{TF_FIXTURES / 'single' / 'model.ckpt-2'}: tensor '{tensor}' has shape {got}, expected {want} (per {path})"
+    )
 
 
 def test_missing_and_unexpected_tensors_are_refused(tmp_path):
@@ -374,13 +399,16 @@ def test_missing_and_unexpected_tensors_are_refused(tmp_path):
     (tmp_path / "more.json").write_text(json.dumps(more))
     with pytest.raises(TFCheckpointError) as e:
         read_bilm_tf(TF_FIXTURES / "single", options=tmp_path / "more.json")
-    assert "missing tensor 'lm/RNN_0/rnn/multi_rnn_cell/cell_2/lstm_cell/kernel' (expected shape (16, 64) float32" \
+    assert (
+        "missing tensor 'lm/RNN_0/rnn/multi_rnn_cell/cell_2/lstm_cell/kernel' (expected shape (16, 64) float32"
         in one_line(e)
+    )
     assert read_bilm_tf(TF_FIXTURES / "single", options=options)["config"].lstm.n_layers == 2
 
 
 # --------------------------------------------------------------------------------------------
 # crc32c.
+
 
 def test_crc32c_known_values_and_mask():
     for fn in (tfc.crc32c, tfc.crc32c_numpy):

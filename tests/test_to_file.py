@@ -6,6 +6,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from helpers import embed_sentences, model_files
 
 from elmo_jax import cli
 from elmo_jax._util.arguments import arguments_of
@@ -13,8 +14,6 @@ from elmo_jax.config import ConfigError
 from elmo_jax.extract import EmbedFileOptions, embed_file
 from elmo_jax.extract.embedder import Embedder
 from elmo_jax.text.sources import DataError
-
-from helpers import embed_sentences, model_files
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -36,19 +35,44 @@ def _contents(path):
         return {k: (f[k].dtype, f[k].shape, f[k][()]) for k in f}
 
 
-@pytest.mark.parametrize("flags, options", [
-    ([], EmbedFileOptions(progress=False)),
-    (["--sentence-to-index", "--window", "4", "--layers", "top"],
-     EmbedFileOptions(sentence_to_index=True, window=4, layers="top", progress=False)),
-    (["--pool", "max", "--layers", "0.5,-1,2"], EmbedFileOptions(pool="max", layers=[0.5, -1, 2], progress=False)),
-    (["--num-shards", "2", "--shard-index", "1", "--pool", "mean"],
-     EmbedFileOptions(num_shards=2, shard_index=1, pool="mean", progress=False)),
-])
+@pytest.mark.parametrize(
+    "flags, options",
+    [
+        ([], EmbedFileOptions(progress=False)),
+        (
+            ["--sentence-to-index", "--window", "4", "--layers", "top"],
+            EmbedFileOptions(sentence_to_index=True, window=4, layers="top", progress=False),
+        ),
+        (["--pool", "max", "--layers", "0.5,-1,2"], EmbedFileOptions(pool="max", layers=[0.5, -1, 2], progress=False)),
+        (
+            ["--num-shards", "2", "--shard-index", "1", "--pool", "mean"],
+            EmbedFileOptions(num_shards=2, shard_index=1, pool="mean", progress=False),
+        ),
+    ],
+)
 def test_from_python_writes_what_the_cli_writes(tmp_path, text, embedder, flags, options):
     (tmp_path / "cli").mkdir()
     (tmp_path / "py").mkdir()
-    assert cli.main(["embed", "--options", OPTIONS, "--weights", WEIGHTS, "--no-progress", "--batch-tokens", "64",
-                     "--input", str(text), "--output", str(tmp_path / "cli" / "e.hdf5"), *flags]) == 0
+    assert (
+        cli.main(
+            [
+                "embed",
+                "--options",
+                OPTIONS,
+                "--weights",
+                WEIGHTS,
+                "--no-progress",
+                "--batch-tokens",
+                "64",
+                "--input",
+                str(text),
+                "--output",
+                str(tmp_path / "cli" / "e.hdf5"),
+                *flags,
+            ]
+        )
+        == 0
+    )
     done = embed_file(embedder, text, tmp_path / "py" / "e.hdf5", options)
     assert done.lines == 10 and done.empty_pooled == (1 if options.pool else 0)
     assert sorted(os.listdir(tmp_path / "cli")) == sorted(os.listdir(tmp_path / "py"))
@@ -62,20 +86,24 @@ def test_from_python_writes_what_the_cli_writes(tmp_path, text, embedder, flags,
             np.testing.assert_array_equal(got[k][2], want[k][2])
     if done.manifest:
         assert done.written == 5
-        manifests = [json.loads(open(p).read()) for p in (done.manifest, str(tmp_path / "cli" / os.path.basename(
-            done.manifest)))]
+        manifests = [
+            json.loads(open(p).read()) for p in (done.manifest, str(tmp_path / "cli" / os.path.basename(done.manifest)))
+        ]
         assert manifests[0] == manifests[1] and manifests[0]["lines"] == {"start": 1, "stop": 10, "step": 2}
 
 
-@pytest.mark.parametrize("kwargs, message, fields", [
-    (dict(window=0), "window must be 1 or more and ahead 0 or more; got 0 and 1", ("window", "ahead")),
-    (dict(ahead=-1), "window must be 1 or more and ahead 0 or more; got 2048 and -1", ("window", "ahead")),
-    (dict(shard_index=0), "shard_index needs num_shards", ("shard_index", "num_shards")),
-    (dict(num_shards=2, shard_index=2), "num_shards 2 needs shard_index in 0..1", ("num_shards", "shard_index")),
-    (dict(layers="bottom"), "layers 'bottom': expected all, top, average", ("layers",)),
-    (dict(layers=["x"]), "layers \\['x'\\]: expected all, top, average", ("layers",)),
-    (dict(pool="sum"), "pool 'sum': expected None, mean or max", ("pool",)),
-])
+@pytest.mark.parametrize(
+    "kwargs, message, fields",
+    [
+        (dict(window=0), "window must be 1 or more and ahead 0 or more; got 0 and 1", ("window", "ahead")),
+        (dict(ahead=-1), "window must be 1 or more and ahead 0 or more; got 2048 and -1", ("window", "ahead")),
+        (dict(shard_index=0), "shard_index needs num_shards", ("shard_index", "num_shards")),
+        (dict(num_shards=2, shard_index=2), "num_shards 2 needs shard_index in 0..1", ("num_shards", "shard_index")),
+        (dict(layers="bottom"), "layers 'bottom': expected all, top, average", ("layers",)),
+        (dict(layers=["x"]), "layers \\['x'\\]: expected all, top, average", ("layers",)),
+        (dict(pool="sum"), "pool 'sum': expected None, mean or max", ("pool",)),
+    ],
+)
 def test_options_errors_name_the_field_not_a_flag(kwargs, message, fields):
     with pytest.raises(ConfigError, match=f"^{message}") as e:
         EmbedFileOptions(**kwargs)

@@ -10,8 +10,16 @@ import pytest
 import elmo_jax
 
 HEAVY = ("flax", "elmo_jax.extract.embedder", "elmo_jax.modules.elmo", "elmo_jax.pretrained")
-LAZY = ("Embedder", "Elmo", "ElmoNNX", "ScalarMix", "scalar_mix", "with_bilm", "load_pretrained",
-        "enable_compile_cache")
+LAZY = (
+    "Embedder",
+    "Elmo",
+    "ElmoNNX",
+    "ScalarMix",
+    "scalar_mix",
+    "with_bilm",
+    "load_pretrained",
+    "enable_compile_cache",
+)
 HAS_PRETRAINED = (pathlib.Path(elmo_jax.__file__).parent / "pretrained" / "registry.py").exists()
 
 
@@ -26,8 +34,11 @@ def test_every_lazy_name_resolves_and_is_listed(name):
     if name == "load_pretrained" and not HAS_PRETRAINED:
         pytest.skip("elmo_jax/pretrained/registry.py is not written yet")
     value = getattr(elmo_jax, name)
-    module = {"Embedder": "elmo_jax.extract.embedder", "load_pretrained": "elmo_jax.pretrained",
-              "enable_compile_cache": "elmo_jax._util.runtime"}.get(name, "elmo_jax.modules.elmo")
+    module = {
+        "Embedder": "elmo_jax.extract.embedder",
+        "load_pretrained": "elmo_jax.pretrained",
+        "enable_compile_cache": "elmo_jax._util.runtime",
+    }.get(name, "elmo_jax.modules.elmo")
     assert value is getattr(sys.modules[module], name)
     assert name in elmo_jax.__all__ and name in dir(elmo_jax)
     assert len(set(elmo_jax.__all__)) == len(elmo_jax.__all__)

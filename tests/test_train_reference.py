@@ -30,10 +30,8 @@ from elmo_jax.training.softmax import sampled_softmax_loss
 from elmo_jax.training.step import BATCH_KEYS, TrainState, init_state, prepare_batch, train_step
 
 MODEL = ModelConfig(
-    char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, 4), (2, 4), (3, 8)), n_highway=1,
-                           max_characters_per_token=10),
-    lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0,
-                    use_skip_connections=True),
+    char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, 4), (2, 4), (3, 8)), n_highway=1, max_characters_per_token=10),
+    lstm=LSTMConfig(dim=16, projection_dim=8, n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True),
 )
 
 # One vocabulary size for the eval and the train tests: a single (slow, op-by-op) init_state.
@@ -57,6 +55,7 @@ on a mat a cat sat
 
 
 # -- the numpy reference ------------------------------------------------------------------------
+
 
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
@@ -85,7 +84,7 @@ class NumpyBiLM:
                 positions = len(ids) - width + 1
                 y = np.zeros((positions, n))
                 for k in range(width):  # VALID convolution: y[t] = sum_k x[t + k] @ w[k]
-                    y += x[k:k + positions] @ layer["w"][k]
+                    y += x[k : k + positions] @ layer["w"][k]
                 feats.append((y + layer["b"]).max(axis=0))
             h = np.concatenate(feats)
             h = np.maximum(h, 0.0) if c.activation == "relu" else np.tanh(h)
@@ -162,6 +161,7 @@ def word_ids(vocab_words: list[str]):
 
 # -- 1. perplexity ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def fresh_state():
     """``init_state`` for MODEL and V words, 2 rows (host arrays, the softmax in id order)."""
@@ -176,8 +176,7 @@ def _perturbed_params(state, seed: int = 0):
     chaotic: float32 round-off then grows to 1e-3 over 40 steps, a test artefact, not a bug.)"""
     params = state["params"]
     rng = np.random.default_rng(seed)
-    params = jax.tree_util.tree_map(lambda x: np.asarray(x + 0.3 * rng.standard_normal(x.shape), np.float32),
-                                    params)
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x + 0.3 * rng.standard_normal(x.shape), np.float32), params)
     for layer in params["bilm"]["lstm"]:
         layer["w_proj"] = layer["w_proj"] * np.float32(3.0)
     return params
@@ -224,8 +223,9 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
     # so that only the mask keeps them out), gives the same numbers.
     sm = params["softmax"]
     stored = {"w": LAYOUT.to_stored(sm["w"], fill=1.0), "b": LAYOUT.to_stored(sm["b"], fill=5.0)}
-    slot_order = evaluate({**params, "softmax": stored}, MODEL, vocab, source, batch_size=rows,
-                                   unroll_steps=steps, layout=LAYOUT)
+    slot_order = evaluate(
+        {**params, "softmax": stored}, MODEL, vocab, source, batch_size=rows, unroll_steps=steps, layout=LAYOUT
+    )
     for k in ("perplexity_fwd", "perplexity_bwd"):
         assert slot_order[k] == pytest.approx(got[k], rel=1e-6)
 
@@ -302,8 +302,14 @@ w3 w3 w47
 def _train_batch(tmp_path, tc: TrainConfig, step: int = 0):
     (tmp_path / "train.txt").write_text(TRAIN_TEXT, encoding="utf-8")
     vocab = Vocabulary(TRAIN_WORDS)
-    batcher = LMBatcher(TextFiles(str(tmp_path / "train.txt")), vocab, rows_per_device=tc.batch_size,
-                        unroll_steps=tc.unroll_steps, max_chars=MODEL.char_cnn.max_characters_per_token, seed=3)
+    batcher = LMBatcher(
+        TextFiles(str(tmp_path / "train.txt")),
+        vocab,
+        rows_per_device=tc.batch_size,
+        unroll_steps=tc.unroll_steps,
+        max_chars=MODEL.char_cnn.max_characters_per_token,
+        seed=3,
+    )
     batch, _ = prepare_batch(batcher.next(), step=step, seed=5, train=tc, n_devices=1, fixed=True)
     return {k: jnp.asarray(v[0]) for k, v in batch.items()}  # device 0
 
@@ -317,14 +323,23 @@ def _reference_step(state, batch, tc: TrainConfig):
     def loss_fn(params):
         sm = params["softmax"]
         x = char_cnn.apply(params["bilm"]["char_cnn"], MODEL, batch["chars"])[batch["inputs"]]
-        outs, new_lstm = lstm.run(params["bilm"]["lstm"], MODEL, x, jnp.ones(targets.shape[1:], bool),
-                                  state["lstm"])
+        outs, new_lstm = lstm.run(params["bilm"]["lstm"], MODEL, x, jnp.ones(targets.shape[1:], bool), state["lstm"])
         per_dir = []
         for d in range(2):
             t = targets[d].reshape(n_pos)
-            per_dir.append(sampled_softmax_loss(outs[-1, d].reshape(n_pos, p), t, sm["w"][t], sm["b"][t], cands[d],
-                                                sm["w"][cands[d]], sm["b"][cands[d]], batch["num_tries"][d],
-                                                tc.n_tokens_vocab).mean())
+            per_dir.append(
+                sampled_softmax_loss(
+                    outs[-1, d].reshape(n_pos, p),
+                    t,
+                    sm["w"][t],
+                    sm["b"][t],
+                    cands[d],
+                    sm["w"][cands[d]],
+                    sm["b"][cands[d]],
+                    batch["num_tries"][d],
+                    tc.n_tokens_vocab,
+                ).mean()
+            )
         return 0.5 * (per_dir[0] + per_dir[1]) * tc.unroll_steps, (jnp.stack(per_dir), new_lstm)
 
     params = state["params"]
@@ -336,15 +351,23 @@ def _reference_step(state, batch, tc: TrainConfig):
     return optax.apply_updates(params, updates), opt_state[0].sum_of_squares, norm, per_dir * n_pos, new_lstm
 
 
-@pytest.mark.parametrize("layout", [None, pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow)],
-                         ids=["backend", "gpu-layout"])
+@pytest.mark.parametrize(
+    "layout", [None, pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow)], ids=["backend", "gpu-layout"]
+)
 def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
     """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), run here."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
     # both target and candidate once, with its summed gradient) scales every update.
-    tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8,
-                     dropout=0.0, all_clip_norm_val=0.5, learning_rate=0.2,
-                     reset_state_prob=0.0)  # bilm-tf's recipe: the reference carries the state
+    tc = TrainConfig(
+        n_tokens_vocab=V,
+        batch_size=2,
+        unroll_steps=5,
+        n_negative_samples_batch=8,
+        dropout=0.0,
+        all_clip_norm_val=0.5,
+        learning_rate=0.2,
+        reset_state_prob=0.0,
+    )  # bilm-tf's recipe: the reference carries the state
     batch = _train_batch(tmp_path, tc)
     targets, cands = np.asarray(batch["targets"]), np.asarray(batch["candidates"])
     for d in range(2):
@@ -358,14 +381,16 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
     assert state["lstm"]["c"].shape[2] == tc.batch_size
     # A non-zero carried state, as after an earlier window.
     rng = np.random.default_rng(0)
-    state["lstm"] = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32),
-                                           state["lstm"])
+    state["lstm"] = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32), state["lstm"]
+    )
     # Accumulators are 1.0 at init; keep them so, but make the softmax bias non-zero.
     state["params"]["softmax"]["b"] = jnp.asarray(rng.normal(0, 0.5, V), jnp.float32)
     old = jax.device_get(state)
 
-    ref_params, ref_acc, ref_norm, ref_loss_sums, ref_lstm = jax.jit(
-        functools.partial(_reference_step, tc=tc))(state, batch)
+    ref_params, ref_acc, ref_norm, ref_loss_sums, ref_lstm = jax.jit(functools.partial(_reference_step, tc=tc))(
+        state, batch
+    )
     # The step works on the softmax in slot order (padding slots included); the reference in id order.
     stored = softmax_in_slot_order(jax.device_get({k: v for k, v in state.items() if k != "lstm"}), LAYOUT)
     step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None, compute=Compute(layout=layout)))
@@ -404,22 +429,31 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
 
 # -- 3. no dense [V, P] temporary ------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_compiled_step_has_no_dense_softmax_temporary():
     v, p = 200_000, 16
     # The smallest model with P = 16: the question is the softmax, and compiles cost seconds here.
-    model = ModelConfig(char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, p),), n_highway=0,
-                                               max_characters_per_token=10),
-                        lstm=LSTMConfig(dim=16, projection_dim=p, n_layers=1, cell_clip=3.0, proj_clip=3.0))
+    model = ModelConfig(
+        char_cnn=CharCNNConfig(embedding_dim=4, filters=((1, p),), n_highway=0, max_characters_per_token=10),
+        lstm=LSTMConfig(dim=16, projection_dim=p, n_layers=1, cell_clip=3.0, proj_clip=3.0),
+    )
     tc = TrainConfig(n_tokens_vocab=v, batch_size=2, unroll_steps=4, n_negative_samples_batch=64, dropout=0.1)
     state = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc))
     b, t, s, c = tc.batch_size, tc.unroll_steps, tc.n_negative_samples_batch, model.char_cnn.max_characters_per_token
     i32 = jnp.int32
-    batch = {"chars": jax.ShapeDtypeStruct((64, c), i32), "inputs": jax.ShapeDtypeStruct((2, b, t), i32),
-             "targets": jax.ShapeDtypeStruct((2, b, t), i32), "rows": jax.ShapeDtypeStruct((b,), i32),
-             "starts": jax.ShapeDtypeStruct((2, b, t), bool), "candidates": jax.ShapeDtypeStruct((2, s), i32), "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
-             "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
-             "cand_index": jax.ShapeDtypeStruct((2, s), i32), "target_index": jax.ShapeDtypeStruct((2, b, t), i32)}
+    batch = {
+        "chars": jax.ShapeDtypeStruct((64, c), i32),
+        "inputs": jax.ShapeDtypeStruct((2, b, t), i32),
+        "targets": jax.ShapeDtypeStruct((2, b, t), i32),
+        "rows": jax.ShapeDtypeStruct((b,), i32),
+        "starts": jax.ShapeDtypeStruct((2, b, t), bool),
+        "candidates": jax.ShapeDtypeStruct((2, s), i32),
+        "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
+        "cand_index": jax.ShapeDtypeStruct((2, s), i32),
+        "target_index": jax.ShapeDtypeStruct((2, b, t), i32),
+    }
     step = jax.jit(functools.partial(train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
     compiled = step.lower(state, batch).compile()
     dense = v * p * 4
@@ -439,8 +473,9 @@ def test_compiled_step_has_no_dense_softmax_temporary():
             total = 0.0
             for d in range(2):
                 tg, cd = batch["targets"][d].reshape(n), batch["candidates"][d]
-                total += sampled_softmax_loss(h, tg, sm["w"][tg], sm["b"][tg], cd, sm["w"][cd], sm["b"][cd],
-                                              batch["num_tries"][d], v).mean()
+                total += sampled_softmax_loss(
+                    h, tg, sm["w"][tg], sm["b"][tg], cd, sm["w"][cd], sm["b"][cd], batch["num_tries"][d], v
+                ).mean()
             return total
 
         sm = state.params["softmax"]
@@ -455,6 +490,7 @@ def test_compiled_step_has_no_dense_softmax_temporary():
 
 # -- 5. zero-state starts in training ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("prob", [pytest.param(0.0, marks=pytest.mark.slow), 1.0])
 def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
     """With ``reset_state_prob`` 1 every sentence start zeroes the carried state, so a window
@@ -463,10 +499,17 @@ def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
     (tmp_path / "vocab.txt").write_text("\n".join(EVAL_VOCAB) + "\n", encoding="utf-8")
     (tmp_path / "text.txt").write_text(EVAL_TEXT, encoding="utf-8")
     vocab = Vocabulary.load(tmp_path / "vocab.txt")
-    tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8, dropout=0.1,
-                     reset_state_prob=prob)
-    batcher = LMBatcher(TextFiles(str(tmp_path / "text.txt")), vocab, rows_per_device=2, unroll_steps=5,
-                        max_chars=MODEL.char_cnn.max_characters_per_token, seed=0)
+    tc = TrainConfig(
+        n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8, dropout=0.1, reset_state_prob=prob
+    )
+    batcher = LMBatcher(
+        TextFiles(str(tmp_path / "text.txt")),
+        vocab,
+        rows_per_device=2,
+        unroll_steps=5,
+        max_chars=MODEL.char_cnn.max_characters_per_token,
+        seed=0,
+    )
     host, _ = prepare_batch(batcher.next(), step=0, seed=0, train=tc, n_devices=1)
     batch = {k: host[k][0] for k in BATCH_KEYS}
     assert batch["starts"][:, :, 0].all()  # a fresh batcher's rows open with <S> (backward: </S>)
@@ -474,8 +517,10 @@ def test_reset_state_prob_starts_sentences_from_zero_state(tmp_path, prob):
     rng = np.random.default_rng(0)
     carried = {k: jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32) for k, x in state.lstm.items()}
     step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None))
-    losses = [np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]])
-              for m in (step(state, batch)[1], step(state.replace(lstm=carried), batch)[1])]
+    losses = [
+        np.asarray([m["loss_sum_fwd"], m["loss_sum_bwd"]])
+        for m in (step(state, batch)[1], step(state.replace(lstm=carried), batch)[1])
+    ]
     if prob == 1.0:
         np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
     else:

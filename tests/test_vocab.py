@@ -30,8 +30,7 @@ EXPECTED = SPECIALS + ["the", "cat", "dog", "Zebra", "a", "apple", "sat", "zebra
 
 def test_count_tokens(corpus):
     counts, n_tokens, n_sentences = count_tokens(TextFiles(str(corpus / "*.txt")))
-    assert counts == collections.Counter(the=3, cat=2, dog=2, sat=1, a=1, zebra=1, apple=1, Zebra=1,
-                                         **{"<S>": 1})
+    assert counts == collections.Counter(the=3, cat=2, dog=2, sat=1, a=1, zebra=1, apple=1, Zebra=1, **{"<S>": 1})
     assert n_tokens == 3 + 2 + 4 + 4 == 13
     assert n_sentences == 4
 
@@ -67,14 +66,17 @@ def test_max_size_counts_the_specials(corpus):
     assert build_vocab(counts, min_count=2, max_size=5) == SPECIALS + ["the", "cat"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"min_count": 0}, "min_count must be an integer >= 1"),
-    ({"min_count": -3}, "min_count"),
-    ({"min_count": 1.5}, "min_count"),
-    ({"max_size": 3}, "max_size must be an integer >= 4"),
-    ({"max_size": 0}, "max_size"),
-    ({"max_size": 10.0}, "max_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"min_count": 0}, "min_count must be an integer >= 1"),
+        ({"min_count": -3}, "min_count"),
+        ({"min_count": 1.5}, "min_count"),
+        ({"max_size": 3}, "max_size must be an integer >= 4"),
+        ({"max_size": 0}, "max_size"),
+        ({"max_size": 10.0}, "max_size"),
+    ],
+)
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(VocabError, match=match):
         build_vocab({"a": 1}, **kwargs)
@@ -129,13 +131,16 @@ def test_write_accepts_file_names_and_overwrites(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["vocab.txt", "vocab.txt.json"]
 
 
-@pytest.mark.parametrize("words, match", [
-    (SPECIALS + ["a", "a"], "duplicate"),
-    (["<S>", "</S>", "a"], "must contain"),
-    (SPECIALS + ["two words"], "single whitespace-free token"),
-    (SPECIALS + [""], "single whitespace-free token"),
-    (SPECIALS + ["tab\t"], "single whitespace-free token"),
-])
+@pytest.mark.parametrize(
+    "words, match",
+    [
+        (SPECIALS + ["a", "a"], "duplicate"),
+        (["<S>", "</S>", "a"], "must contain"),
+        (SPECIALS + ["two words"], "single whitespace-free token"),
+        (SPECIALS + [""], "single whitespace-free token"),
+        (SPECIALS + ["tab\t"], "single whitespace-free token"),
+    ],
+)
 def test_write_rejects_unloadable_words(tmp_path, words, match):
     with pytest.raises(VocabError, match=match):
         write_vocab(words, tmp_path / "vocab.txt", 1, 1, [])

@@ -9,6 +9,8 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES
+from test_pretrain import TRAIN, trained_run  # noqa: F401  (a fixture: test_pretrain's short run)
 
 from elmo_jax import cli
 from elmo_jax.compat.hdf5 import WeightsError
@@ -18,9 +20,6 @@ from elmo_jax.text.vocab import build_vocab
 from elmo_jax.training.checkpoint import CheckpointError
 from elmo_jax.training.run_dir import export_names, export_run, load_run, read_run
 from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE, finetune_state, read_warmstart
-
-from helpers import FIXTURES
-from test_pretrain import TRAIN, trained_run  # noqa: F401  (a fixture: test_pretrain's short run)
 
 TRAIN_WORDS = Vocabulary.load(TRAIN / "vocab.txt").words[3:]
 
@@ -65,7 +64,16 @@ def test_build_vocab_extend_keeps_old_words_sorted_by_the_new_counts():
     counts = {"new": 9, "shared": 5, "rare": 1, "tie": 5}
     old = ["<S>", "</S>", "<UNK>", "gone2", "shared", "rare", "gone1"]
     assert build_vocab(counts, min_count=2, extend=old) == [
-        "<S>", "</S>", "<UNK>", "new", "shared", "tie", "rare", "gone2", "gone1"]
+        "<S>",
+        "</S>",
+        "<UNK>",
+        "new",
+        "shared",
+        "tie",
+        "rare",
+        "gone2",
+        "gone1",
+    ]
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "new", "shared", "tie"]
 
 
@@ -76,8 +84,27 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
     text = tmp_path / "new.txt"
     text.write_text("the zebra said hello .\nhello zebra .\n" * 5)
     out = tmp_path / "ft"
-    assert cli.main(["train", "--init-from", str(released), "--train-files", str(text), "--run-dir", str(out),
-                     "--steps", "1", "--batch-size", "2", "--devices", "1", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--init-from",
+                str(released),
+                "--train-files",
+                str(text),
+                "--run-dir",
+                str(out),
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--devices",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     new_vocab = Vocabulary.load(out / "vocab.txt")
     assert set(vocab.words) <= set(new_vocab.words) and {"zebra", "hello"} <= set(new_vocab.words)
     counts = dict.fromkeys(new_vocab.words, 0)
@@ -95,14 +122,17 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
 
 def test_released_model_by_name(trained_run, released, tmp_path, monkeypatch):
     """A registry name fetches the files (here: a local mirror directory standing in for AllenNLP's)."""
-    from elmo_jax import pretrained
     from model_server import fixture_model
+
+    from elmo_jax import pretrained
 
     run_dir, options, vocab = trained_run
     entry = fixture_model("pubmed")
     names = export_names(options.model, "released")
-    files = {role: (pretrained.RemoteFile(f"m/{name}", (released / name).stat().st_size),)
-             for role, name in zip(("options", "weights", "softmax", "vocab"), names)}
+    files = {
+        role: (pretrained.RemoteFile(f"m/{name}", (released / name).stat().st_size),)
+        for role, name in zip(("options", "weights", "softmax", "vocab"), names)
+    }
     monkeypatch.setitem(pretrained.MODELS, "pubmed", dataclasses.replace(entry, files=files))
     mirror = tmp_path / "mirror"
     shutil.copytree(released, mirror / "m")
@@ -147,9 +177,26 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
     other = json.loads((released / names[0]).read_text())
     other["lstm"]["projection_dim"] *= 2
     (tmp_path / "other.json").write_text(json.dumps(other))
-    code = cli.main(["train", "--init-from", str(released), "--config", str(tmp_path / "other.json"),
-                     "--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt"),
-                     "--run-dir", str(tmp_path / "x"), "--steps", "1", "--devices", "1", "--no-progress"])
+    code = cli.main(
+        [
+            "train",
+            "--init-from",
+            str(released),
+            "--config",
+            str(tmp_path / "other.json"),
+            "--train-files",
+            str(TRAIN / "data.txt"),
+            "--vocab",
+            str(TRAIN / "vocab.txt"),
+            "--run-dir",
+            str(tmp_path / "x"),
+            "--steps",
+            "1",
+            "--devices",
+            "1",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
 
@@ -167,8 +214,27 @@ def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabular
     ref = read_bilm_tf(str(ckpt))
     assert warm.kind == "tf_checkpoint" and warm.step == ref["global_step"] and warm.vocab.words == old_words
     out = tmp_path / "ft"
-    assert cli.main(["train", "--init-from", str(ckpt), "--train-files", str(TRAIN / "data.txt"), "--run-dir",
-                     str(out), "--steps", "1", "--batch-size", "2", "--devices", "1", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--init-from",
+                str(ckpt),
+                "--train-files",
+                str(TRAIN / "data.txt"),
+                "--run-dir",
+                str(out),
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--devices",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     new_vocab = Vocabulary.load(out / "vocab.txt")
     assert set(old_words) <= set(new_vocab.words) and len(new_vocab) > len(old_words)
     # Step 0 of the continued run is the checkpoint, row by row.
@@ -184,6 +250,7 @@ def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabular
         else:
             assert (state["opt"]["softmax"]["w"][i] == 1.0).all()
     from elmo_jax.training.warmstart import dense_accumulators
+
     _same(dense_accumulators(state["opt"]["bilm"]), ref["accumulators"]["bilm"])
     assert load_run(str(out))[3] == 1
     # Without the vocabulary the softmax rows mean nothing: refused in one line.

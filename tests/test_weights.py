@@ -6,12 +6,11 @@ import h5py
 import jax
 import numpy as np
 import pytest
+from helpers import FIXTURES, model_files
 
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, load_hdf5, preset, save_hdf5
 from elmo_jax.compat.hdf5 import WeightsError, expected_datasets
 from elmo_jax.config import ConfigError, Options
-
-from helpers import FIXTURES, model_files
 
 AL_WEIGHTS = FIXTURES / "allennlp_elmo/lm_weights.hdf5"
 AL_OPTIONS = FIXTURES / "allennlp_elmo/options.json"
@@ -20,7 +19,9 @@ AL_OPTIONS = FIXTURES / "allennlp_elmo/options.json"
 def layout(path):
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, (obj.shape, obj.dtype)) if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: out.__setitem__(name, (obj.shape, obj.dtype)) if isinstance(obj, h5py.Dataset) else None
+        )
     return out
 
 
@@ -93,18 +94,35 @@ def _copy_and_edit(tmp_path, edit):
     return w
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda f: f.__delitem__("CNN/W_cnn_3"), "missing dataset 'CNN/W_cnn_3' (expected shape (1, 4, 4, 32) float32)"),
-    (lambda f: f.__delitem__("RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
-     "missing dataset 'RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B'"),
-    (lambda f: (f.__delitem__("CNN_proj/b_proj"), f.create_dataset("CNN_proj/b_proj", data=np.zeros(17, np.float32))),
-     "dataset 'CNN_proj/b_proj' has shape (17,), expected (16,)"),
-    (lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_dataset("CNN/b_cnn_0", data=np.zeros(4, np.float64))),
-     "dataset 'CNN/b_cnn_0' has dtype float64, expected float32"),
-    (lambda f: f.copy("CNN_high_1", "CNN_high_2"), "has 'CNN_high_2' but the options say n_highway 2"),
-    (lambda f: f.copy("RNN_0/RNN/MultiRNNCell/Cell1", "RNN_0/RNN/MultiRNNCell/Cell2"),
-     "has 'RNN_0/RNN/MultiRNNCell/Cell2/LSTMCell' but the options say n_layers 2"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda f: f.__delitem__("CNN/W_cnn_3"),
+            "missing dataset 'CNN/W_cnn_3' (expected shape (1, 4, 4, 32) float32)",
+        ),
+        (
+            lambda f: f.__delitem__("RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
+            "missing dataset 'RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B'",
+        ),
+        (
+            lambda f: (
+                f.__delitem__("CNN_proj/b_proj"),
+                f.create_dataset("CNN_proj/b_proj", data=np.zeros(17, np.float32)),
+            ),
+            "dataset 'CNN_proj/b_proj' has shape (17,), expected (16,)",
+        ),
+        (
+            lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_dataset("CNN/b_cnn_0", data=np.zeros(4, np.float64))),
+            "dataset 'CNN/b_cnn_0' has dtype float64, expected float32",
+        ),
+        (lambda f: f.copy("CNN_high_1", "CNN_high_2"), "has 'CNN_high_2' but the options say n_highway 2"),
+        (
+            lambda f: f.copy("RNN_0/RNN/MultiRNNCell/Cell1", "RNN_0/RNN/MultiRNNCell/Cell2"),
+            "has 'RNN_0/RNN/MultiRNNCell/Cell2/LSTMCell' but the options say n_layers 2",
+        ),
+    ],
+)
 def test_bad_weight_files_name_the_dataset(tmp_path, edit, message):
     w = _copy_and_edit(tmp_path, edit)
     with pytest.raises(WeightsError) as e:
@@ -116,8 +134,11 @@ def test_options_that_disagree_with_the_weights(tmp_path):
     opts = json.loads(AL_OPTIONS.read_text())
     opts["lstm"]["dim"] = 128
     (tmp_path / "o.json").write_text(json.dumps(opts))
-    with pytest.raises(WeightsError, match=r"dataset 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape "
-                                           r"\(32, 256\), expected \(32, 512\) \(per the options in .*o.json\)"):
+    with pytest.raises(
+        WeightsError,
+        match=r"dataset 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape "
+        r"\(32, 256\), expected \(32, 512\) \(per the options in .*o.json\)",
+    ):
         load_hdf5(tmp_path / "o.json", AL_WEIGHTS)
 
 
@@ -143,6 +164,7 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
 
     def fail(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(h5py.File, "create_dataset", fail)
     with pytest.raises(KeyboardInterrupt):
         save_hdf5(config, params, tmp_path / "o.json", tmp_path / "w.hdf5")

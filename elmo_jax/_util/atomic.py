@@ -17,8 +17,8 @@ import os
 import re
 import shutil
 import tempfile
-from typing import IO
 from collections.abc import Iterator
+from typing import IO
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -56,8 +56,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     local = is_local(path)
     # For a URI the writers (h5py, np.savez) still need a local file: it goes in the temp dir and
     # is uploaded as one object write, which the store makes visible all at once (it has no rename).
-    fd, tmp = tempfile.mkstemp(dir=(directory or ".") if local else None, prefix=f".{name}.",
-                               suffix=".tmp" + os.path.splitext(name)[1])
+    fd, tmp = tempfile.mkstemp(
+        dir=(directory or ".") if local else None, prefix=f".{name}.", suffix=".tmp" + os.path.splitext(name)[1]
+    )
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)
     try:
         yield tmp

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import TypeVar
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 _END = object()

@@ -44,8 +44,9 @@ def out_of_space_errno(exc: BaseException | None) -> int | None:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in OUT_OF_SPACE_ERRNOS:
             return exc.errno
-        found = _TENSORSTORE_ERRNO.findall(str(exc)) + (_H5PY_ERRNO.findall(str(exc)) if isinstance(exc, OSError)
-                                                         else [])
+        found = _TENSORSTORE_ERRNO.findall(str(exc)) + (
+            _H5PY_ERRNO.findall(str(exc)) if isinstance(exc, OSError) else []
+        )
         code = next((int(c) for c in found if int(c) in OUT_OF_SPACE_ERRNOS), None)
         if code is not None:
             return code
@@ -55,8 +56,13 @@ def out_of_space_errno(exc: BaseException | None) -> int | None:
 
 def reason(code: int | None) -> str:
     """What ``code`` means, in words for a message."""
-    return "the file system is read-only" if code == errno.EROFS else \
-        "the disk quota is exceeded" if code == errno.EDQUOT else "the disk is full"
+    return (
+        "the file system is read-only"
+        if code == errno.EROFS
+        else "the disk quota is exceeded"
+        if code == errno.EDQUOT
+        else "the disk is full"
+    )
 
 
 def is_out_of_space(exc: BaseException) -> bool:
@@ -83,8 +89,10 @@ def out_of_space_message(path: str | os.PathLike, code: int | None = errno.ENOSP
     path = os.fspath(path)
     free = free_space(path)
     left = f"{size(free)} free" if free is not None else "free space unknown"
-    return (f"{path}: not written: {reason(code)} ({left} in {os.path.dirname(os.path.abspath(path))}); "
-            f"free space or choose another output path and rerun")
+    return (
+        f"{path}: not written: {reason(code)} ({left} in {os.path.dirname(os.path.abspath(path))}); "
+        f"free space or choose another output path and rerun"
+    )
 
 
 @contextlib.contextmanager

@@ -11,8 +11,21 @@ from __future__ import annotations
 import dataclasses
 import re
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-          "s64": 8, "u64": 8, "f64": 8}
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 _OPS = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
 _LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_OPS) + r")(?:-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
@@ -59,8 +72,9 @@ def collectives(hlo_text: str) -> list[Collective]:
     for line in hlo_text.splitlines():
         m = _LINE.search(line)
         if m:
-            arrays = tuple((dtype, tuple(int(d) for d in dims.split(",") if d))
-                           for dtype, dims in _ARRAY.findall(m.group("shape")))
+            arrays = tuple(
+                (dtype, tuple(int(d) for d in dims.split(",") if d)) for dtype, dims in _ARRAY.findall(m.group("shape"))
+            )
             out.append(Collective(m.group("op"), arrays))
     return out
 
@@ -79,5 +93,6 @@ def constant_sizes(stablehlo_text: str) -> list[int]:
     A weight closed over by a jitted function is such a constant, compiled into the program (and
     recompiled with it); one passed as an argument is not.
     """
-    return [_count(tuple(int(d) for d in m.group(1).split("x") if d))
-            for m in _STABLEHLO_CONSTANT.finditer(stablehlo_text)]
+    return [
+        _count(tuple(int(d) for d in m.group(1).split("x") if d)) for m in _STABLEHLO_CONSTANT.finditer(stablehlo_text)
+    ]

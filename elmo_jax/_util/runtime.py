@@ -108,6 +108,9 @@ def warn_if_accelerator_unused() -> bool:
         return False
     _warned = True
     device = "an NVIDIA GPU" if extra == "cuda12" else "a TPU"
-    print(f"elmo-jax: warning: this machine has {device} but JAX will run on the CPU (CPU-only jaxlib); "
-          f'to use it: pip install -U "jax[{extra}]=={version}"', file=sys.stderr)
+    print(
+        f"elmo-jax: warning: this machine has {device} but JAX will run on the CPU (CPU-only jaxlib); "
+        f'to use it: pip install -U "jax[{extra}]=={version}"',
+        file=sys.stderr,
+    )
     return True

@@ -24,8 +24,18 @@ from elmo_jax.text.sources import DataError
 from elmo_jax.training.checkpoint import CheckpointError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
-USER_ERRORS = (ConfigError, WeightsError, VocabError, DataError, CheckpointError, PretrainedError,
-               FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+USER_ERRORS = (
+    ConfigError,
+    WeightsError,
+    VocabError,
+    DataError,
+    CheckpointError,
+    PretrainedError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
 
 DEMO_SENTENCES = [
     "I ate an apple and a pear for lunch .",
@@ -51,8 +61,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
     layers, mask, _ = bilm_apply(params, config, batch_to_ids(sentences))
     layers, mask = np.asarray(layers), np.asarray(mask)
     print(f"model: {weights}")
-    print(f"  {config.lstm.n_layers} LSTM layers, dim {config.lstm.dim}, projection {config.lstm.projection_dim}; "
-          f"ELMo layers: {config.n_output_layers} x {config.output_dim}")
+    print(
+        f"  {config.lstm.n_layers} LSTM layers, dim {config.lstm.dim}, projection {config.lstm.projection_dim}; "
+        f"ELMo layers: {config.n_output_layers} x {config.output_dim}"
+    )
     print(f"batch: {len(sentences)} sentences -> layers {list(layers.shape)}, mask {list(mask.shape)}")
     for i, s in enumerate(sentences):
         n = int(mask[i].sum())
@@ -61,7 +73,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     word = args.word
     found = [(i, s.index(t)) for i, s in enumerate(sentences) for t in s if t.lower() == word][:8]
     if len(found) >= 2:
-        print(f"cosine similarity of '{word}' across sentences (layer 0 is context-free: the same spelling always gives 1.000):")
+        print(
+            f"cosine similarity of '{word}' across sentences (layer 0 is context-free: the same spelling always gives 1.000):"
+        )
         for layer in range(layers.shape[0]):
             v = np.stack([layers[layer, i, t] for i, t in found])
             v = v / np.linalg.norm(v, axis=-1, keepdims=True)
@@ -88,16 +102,22 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     extend = Vocabulary.load(args.extend).words if args.extend else None
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
     write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
-    print(f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
-          f"{n_tokens} tokens in {len(files)} shard(s)")
+    print(
+        f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
+        f"{n_tokens} tokens in {len(files)} shard(s)"
+    )
 
 
 def _maybe_distributed(args: argparse.Namespace) -> None:
     import jax
 
     if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
-                                   process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
+        )
 
 
 def deterministic_gpu_flags() -> None:
@@ -132,17 +152,36 @@ def cmd_train(args: argparse.Namespace) -> None:
         shard_for_process(source, 0, args.num_processes)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     _maybe_distributed(args)
-    spec = TrainSpec(config=args.config, vocab=args.vocab, min_count=args.min_count,
-                     n_train_tokens=args.n_train_tokens, batch_size=args.batch_size,
-                     reset_state_prob=args.reset_state_prob, learning_rate=args.learning_rate,
-                     init_from=args.init_from)
-    settings = RunSettings(run_dir=args.run_dir, steps=args.steps, epochs=args.epochs, seed=args.seed,
-                           save_every=args.save_every, keep=args.keep, eval_every=args.eval_every,
-                           log_every=args.log_every, precision=_policy(args, None), progress=not args.no_progress,
-                           devices=args.devices, prefetch=args.prefetch, host_workers=args.host_workers,
-                           on_divergence=args.on_divergence, new_data=args.new_data)
-    last = train(spec, source, settings, heldout=heldout,
-                 say=lambda text, *names: print(flag_text(text, names, args.flags)))
+    spec = TrainSpec(
+        config=args.config,
+        vocab=args.vocab,
+        min_count=args.min_count,
+        n_train_tokens=args.n_train_tokens,
+        batch_size=args.batch_size,
+        reset_state_prob=args.reset_state_prob,
+        learning_rate=args.learning_rate,
+        init_from=args.init_from,
+    )
+    settings = RunSettings(
+        run_dir=args.run_dir,
+        steps=args.steps,
+        epochs=args.epochs,
+        seed=args.seed,
+        save_every=args.save_every,
+        keep=args.keep,
+        eval_every=args.eval_every,
+        log_every=args.log_every,
+        precision=_policy(args, None),
+        progress=not args.no_progress,
+        devices=args.devices,
+        prefetch=args.prefetch,
+        host_workers=args.host_workers,
+        on_divergence=args.on_divergence,
+        new_data=args.new_data,
+    )
+    last = train(
+        spec, source, settings, heldout=heldout, say=lambda text, *names: print(flag_text(text, names, args.flags))
+    )
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
@@ -154,12 +193,14 @@ def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | 
     files = shlex.quote(heldout_files) if heldout_files else "heldout.txt"
     if heldout_files and heldout_files.startswith("tfds:") and tfds_data_dir:
         files += f" --tfds-data-dir {shlex.quote(tfds_data_dir)}"
-    return "\n".join([
-        "next:",
-        f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
-        f"  elmo-jax eval --run-dir {run} --files {files}   # full-softmax perplexity",
-        f"  elmo-jax export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
-    ])
+    return "\n".join(
+        [
+            "next:",
+            f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
+            f"  elmo-jax eval --run-dir {run} --files {files}   # full-softmax perplexity",
+            f"  elmo-jax export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
+        ]
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -169,8 +210,15 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     source = open_source(args.files, args.tfds_data_dir)
     options, vocab, params, step = load_run(args.run_dir, args.step)
-    result = evaluate(params, options.model, vocab, source, batch_size=args.batch_size,
-                      unroll_steps=args.unroll_steps, reset_state_per_sentence=args.reset_state_per_sentence)
+    result = evaluate(
+        params,
+        options.model,
+        vocab,
+        source,
+        batch_size=args.batch_size,
+        unroll_steps=args.unroll_steps,
+        reset_state_per_sentence=args.reset_state_per_sentence,
+    )
     print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
 
 
@@ -187,9 +235,16 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
     if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
         raise ConfigError("give one of --model, --run-dir, or --options with --weights")
-    options = EmbedFileOptions(layers=args.layers, pool=args.pool, window=args.window, ahead=args.ahead,
-                               num_shards=args.num_shards, shard_index=args.shard_index,
-                               sentence_to_index=args.sentence_to_index, progress=not args.no_progress)
+    options = EmbedFileOptions(
+        layers=args.layers,
+        pool=args.pool,
+        window=args.window,
+        ahead=args.ahead,
+        num_shards=args.num_shards,
+        shard_index=args.shard_index,
+        sentence_to_index=args.sentence_to_index,
+        progress=not args.no_progress,
+    )
     load = functools.partial(_embedder, args, _policy(args, "float32") or "float32")
     done = embed_file(load, args.input, args.output, options)
     if done.empty_pooled:
@@ -197,8 +252,11 @@ def cmd_embed(args: argparse.Namespace) -> None:
     if done.lines == 0:
         print(f"elmo-jax embed: {args.input} is empty; wrote {done.output} with no datasets", file=sys.stderr)
     elif done.manifest:
-        print(f"wrote {done.written} of {done.lines} lines (shard {args.shard_index} of {args.num_shards}) to "
-              f"{done.output} and {done.manifest}", file=sys.stderr)
+        print(
+            f"wrote {done.written} of {done.lines} lines (shard {args.shard_index} of {args.num_shards}) to "
+            f"{done.output} and {done.manifest}",
+            file=sys.stderr,
+        )
     else:
         print(f"wrote {done.lines} sentences to {done.output}", file=sys.stderr)
 
@@ -259,8 +317,10 @@ def cmd_models(args: argparse.Namespace) -> None:
         if bad:
             raise PretrainedError(f"{bad} model(s) failed verification")
     else:
-        print("\nelmo-jax models --fetch NAME downloads a model (--all-files: softmax, vocab, checkpoint too); "
-              "--verify rechecks the cached files' sha256")
+        print(
+            "\nelmo-jax models --fetch NAME downloads a model (--all-files: softmax, vocab, checkpoint too); "
+            "--verify rechecks the cached files' sha256"
+        )
 
 
 # Library errors name arguments by their own names (elmo_jax._util.arguments); a subcommand's flag
@@ -270,9 +330,12 @@ ARGUMENT_DESTS = {"train": {"source": "init_from"}}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
-    p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR",
-                   help="persistent XLA compilation cache ('none': off; default: %(default)s, "
-                        "or $ELMO_JAX_COMPILE_CACHE)")
+    p.add_argument(
+        "--compile-cache",
+        default=default_compile_cache(),
+        metavar="DIR",
+        help="persistent XLA compilation cache ('none': off; default: %(default)s, or $ELMO_JAX_COMPILE_CACHE)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_vocab, _add_train, _add_eval, _add_embed, _add_export, _add_models):
         add(sub)
@@ -305,16 +368,25 @@ def _add_vocab(sub) -> None:
     vocab.add_argument("--min-count", type=int, default=1)
     vocab.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT")
     vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
-    vocab.add_argument("--extend", metavar="VOCAB", help="keep every word of this vocabulary (continued pretraining: "
-                                                         "their softmax rows carry over); all sorted by the new counts")
+    vocab.add_argument(
+        "--extend",
+        metavar="VOCAB",
+        help="keep every word of this vocabulary (continued pretraining: "
+        "their softmax rows carry over); all sorted by the new counts",
+    )
     vocab.set_defaults(func=cmd_vocab)
 
 
 def _add_train(sub) -> None:
     """elmo-jax train: what to train on and how (the run's settings: _add_train_run_args)"""
-    tr = sub.add_parser("train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample")
-    tr.add_argument("--config", help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
-                                      "tiny, or with --init-from the source's biLM and bilm-tf's recipe)")
+    tr = sub.add_parser(
+        "train", help="pretrain (or resume) a biLM; with no data flags, the tiny model on the bundled sample"
+    )
+    tr.add_argument(
+        "--config",
+        help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
+        "tiny, or with --init-from the source's biLM and bilm-tf's recipe)",
+    )
     tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
     tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
     tr.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT (ArrayRecord)")
@@ -324,24 +396,39 @@ def _add_train(sub) -> None:
     stop.add_argument("--steps", type=int, help="train until this global step")
     stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
     tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
-    tr.add_argument("--n-train-tokens", type=int, metavar="N",
-                    help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
-                         "vocab.txt.json sidecar, written by elmo-jax vocab)")
-    tr.add_argument("--reset-state-prob", type=float, metavar="P",
-                    help="chance that a row's LSTM state is zeroed at a sentence start, so the biLM learns the zero "
-                         "state extraction starts from (default: the --config file's reset_state_prob, else 0.1; a "
-                         "resumed run keeps its own). 0 is bilm-tf's recipe exactly; see experiments/README.md")
-    tr.add_argument("--learning-rate", type=float, metavar="LR",
-                    help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
-                         "has no optimizer state)")
+    tr.add_argument(
+        "--n-train-tokens",
+        type=int,
+        metavar="N",
+        help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
+        "vocab.txt.json sidecar, written by elmo-jax vocab)",
+    )
+    tr.add_argument(
+        "--reset-state-prob",
+        type=float,
+        metavar="P",
+        help="chance that a row's LSTM state is zeroed at a sentence start, so the biLM learns the zero "
+        "state extraction starts from (default: the --config file's reset_state_prob, else 0.1; a "
+        "resumed run keeps its own). 0 is bilm-tf's recipe exactly; see experiments/README.md",
+    )
+    tr.add_argument(
+        "--learning-rate",
+        type=float,
+        metavar="LR",
+        help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
+        "has no optimizer state)",
+    )
     tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
-    tr.add_argument("--init-from", metavar="SOURCE",
-                    help="continue pretraining another model: a released model's name (see elmo-jax models), a "
-                         "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
-                         "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
-                         "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
-                         "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
-                         "holds a checkpoint")
+    tr.add_argument(
+        "--init-from",
+        metavar="SOURCE",
+        help="continue pretraining another model: a released model's name (see elmo-jax models), a "
+        "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
+        "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
+        "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
+        "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
+        "holds a checkpoint",
+    )
     _add_train_run_args(tr)
     tr.set_defaults(func=cmd_train)
 
@@ -351,26 +438,49 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    tr.add_argument("--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)")
+    tr.add_argument(
+        "--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)"
+    )
     tr.add_argument("--log-every", type=int, default=10)
     _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
-    tr.add_argument("--prefetch", type=int, default=2, metavar="N", help="host batches built ahead in a thread (0: off)")
-    tr.add_argument("--host-workers", type=int, default=0, metavar="N",
-                    help="processes that draw the sampled candidates ahead (0: drawn with each batch)")
+    tr.add_argument(
+        "--prefetch", type=int, default=2, metavar="N", help="host batches built ahead in a thread (0: off)"
+    )
+    tr.add_argument(
+        "--host-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="processes that draw the sampled candidates ahead (0: drawn with each batch)",
+    )
     tr.add_argument("--no-progress", action="store_true")
-    tr.add_argument("--on-divergence", choices=("stop", "warn"), default="stop",
-                    help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
-                         "checkpoint of the diverged state left as the newest (default), or warn once and go on")
-    tr.add_argument("--new-data", action="store_true",
-                    help="resume on training files other than the run's: keep the weights and optimizer state, start "
-                         "the data position afresh (without it such a resume is refused)")
-    tr.add_argument("--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)")
+    tr.add_argument(
+        "--on-divergence",
+        choices=("stop", "warn"),
+        default="stop",
+        help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
+        "checkpoint of the diverged state left as the newest (default), or warn once and go on",
+    )
+    tr.add_argument(
+        "--new-data",
+        action="store_true",
+        help="resume on training files other than the run's: keep the weights and optimizer state, start "
+        "the data position afresh (without it such a resume is refused)",
+    )
+    tr.add_argument(
+        "--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)"
+    )
     tr.add_argument("--num-processes", type=int)
     tr.add_argument("--process-id", type=int)
-    tr.add_argument("--heartbeat-timeout", type=int, default=100, metavar="SECONDS",
-                    help="multi-host: a process silent this long is taken for dead and every process stops "
-                         "(jax.distributed's heartbeat timeout)")
+    tr.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=100,
+        metavar="SECONDS",
+        help="multi-host: a process silent this long is taken for dead and every process stops "
+        "(jax.distributed's heartbeat timeout)",
+    )
 
 
 def _add_eval(sub) -> None:
@@ -382,8 +492,11 @@ def _add_eval(sub) -> None:
     ev.add_argument("--step", type=int)
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--unroll-steps", type=int, default=20)
-    ev.add_argument("--reset-state-per-sentence", action="store_true",
-                    help="every sentence alone from zero state (to compare with models that cannot carry context)")
+    ev.add_argument(
+        "--reset-state-per-sentence",
+        action="store_true",
+        help="every sentence alone from zero state (to compare with models that cannot carry context)",
+    )
     ev.set_defaults(func=cmd_eval)
 
 
@@ -395,28 +508,51 @@ def _add_embed(sub) -> None:
     em.add_argument("--options", help="bilm-tf options.json (with --weights)")
     em.add_argument("--weights", help="bilm-tf weights hdf5")
     em.add_argument("--input", required=True, help="UTF-8 text, one whitespace-tokenized sentence per line")
-    em.add_argument("--output", required=True,
-                    help="hdf5 to write: dataset 'i' for line i (0-based); with --pool one dataset 'embeddings', "
-                         "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
-                         "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
-                         "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
-                         "elmo_jax.extract.embedder.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order")
-    em.add_argument("--layers", type=_layers_arg, default="all", metavar="{all,top,average,W0,W1,...}",
-                    help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
-                         "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]")
-    em.add_argument("--pool", choices=["mean", "max"],
-                    help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings' "
-                         "[n_lines, 2P], or [n_lines, n_layers+1, 2P] with --layers all")
-    em.add_argument("--num-shards", type=int, metavar="N",
-                    help="split the work over N independent processes: this one embeds the lines i with "
-                         "i %% N == --shard-index into its own file (see --output)")
+    em.add_argument(
+        "--output",
+        required=True,
+        help="hdf5 to write: dataset 'i' for line i (0-based); with --pool one dataset 'embeddings', "
+        "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
+        "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
+        "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
+        "elmo_jax.extract.embedder.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order",
+    )
+    em.add_argument(
+        "--layers",
+        type=_layers_arg,
+        default="all",
+        metavar="{all,top,average,W0,W1,...}",
+        help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
+        "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]",
+    )
+    em.add_argument(
+        "--pool",
+        choices=["mean", "max"],
+        help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings' "
+        "[n_lines, 2P], or [n_lines, n_layers+1, 2P] with --layers all",
+    )
+    em.add_argument(
+        "--num-shards",
+        type=int,
+        metavar="N",
+        help="split the work over N independent processes: this one embeds the lines i with "
+        "i %% N == --shard-index into its own file (see --output)",
+    )
     em.add_argument("--shard-index", type=int, metavar="I", help="this process's shard, 0..N-1 (with --num-shards)")
-    em.add_argument("--batch-tokens", type=int, default=None,
-                    help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)")
+    em.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)",
+    )
     em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
-    em.add_argument("--ahead", type=int, default=1,
-                    help="windows the embedding may run ahead of the writes, which a background thread "
-                         "does (default 1; 0: written in the loop; each costs a window's memory)")
+    em.add_argument(
+        "--ahead",
+        type=int,
+        default=1,
+        help="windows the embedding may run ahead of the writes, which a background thread "
+        "does (default 1; 0: written in the loop; each costs a window's memory)",
+    )
     _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
     em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
     em.add_argument("--no-progress", action="store_true")
@@ -425,20 +561,28 @@ def _add_embed(sub) -> None:
 
 def _add_export(sub) -> None:
     """elmo-jax export"""
-    ex = sub.add_parser("export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt")
+    ex = sub.add_parser(
+        "export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt"
+    )
     ex.add_argument("--run-dir", required=True)
     ex.add_argument("--out-dir", required=True)
     ex.add_argument("--step", type=int)
-    ex.add_argument("--layout", choices=["elmo_jax", "released"], default="elmo_jax",
-                    help="file names: options.json, weights.hdf5, softmax.hdf5, vocab.txt; or AllenNLP's released "
-                         "ones (elmo_<shape>_options.json, elmo_<shape>_weights.hdf5, "
-                         "elmo_<shape>_softmax_weights.hdf5, vocab-<shape>.txt)")
+    ex.add_argument(
+        "--layout",
+        choices=["elmo_jax", "released"],
+        default="elmo_jax",
+        help="file names: options.json, weights.hdf5, softmax.hdf5, vocab.txt; or AllenNLP's released "
+        "ones (elmo_<shape>_options.json, elmo_<shape>_weights.hdf5, "
+        "elmo_<shape>_softmax_weights.hdf5, vocab-<shape>.txt)",
+    )
     ex.set_defaults(func=cmd_export)
 
 
 def _add_models(sub) -> None:
     """elmo-jax models"""
-    mo = sub.add_parser("models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify")
+    mo = sub.add_parser(
+        "models", help="AllenNLP's released models: their files, sizes, what is cached; fetch or verify"
+    )
     mo.add_argument("--fetch", metavar="NAME", help="download a model's options and weights into the cache")
     mo.add_argument("--all-files", action="store_true", help="with --fetch: also softmax, vocab and TF checkpoint")
     mo.add_argument("--verify", action="store_true", help="recompute the sha256 of every cached file")
@@ -449,8 +593,11 @@ def _add_models(sub) -> None:
 
 
 def _add_precision(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--precision", choices=["float32", "tf32", "bfloat16"],
-                        help=f"matmul precision (elmo_jax.policy; tf32: GPUs only); {default}")
+    parser.add_argument(
+        "--precision",
+        choices=["float32", "tf32", "bfloat16"],
+        help=f"matmul precision (elmo_jax.policy; tf32: GPUs only); {default}",
+    )
 
 
 def _policy(args, default: str | None) -> str | None:

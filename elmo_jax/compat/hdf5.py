@@ -122,13 +122,18 @@ def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | 
     else:
         char_embed = char_embed.copy()
         char_embed[0] = pad
-    conv = [{"w": np.array(need(f"CNN/W_cnn_{i}")[0]), "b": np.array(need(f"CNN/b_cnn_{i}"))}
-            for i in range(len(c.filters))]
+    conv = [
+        {"w": np.array(need(f"CNN/W_cnn_{i}")[0]), "b": np.array(need(f"CNN/b_cnn_{i}"))} for i in range(len(c.filters))
+    ]
     highway = []
     for k in range(c.n_highway):
         r = {n: need(f"CNN_high_{k}/{n}") for n in ("W_carry", "W_transform", "b_carry", "b_transform")}
-        highway.append({"w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
-                        "b": np.concatenate([r["b_carry"], r["b_transform"]])})
+        highway.append(
+            {
+                "w": np.concatenate([r["W_carry"], r["W_transform"]], axis=1),
+                "b": np.concatenate([r["b_carry"], r["b_transform"]]),
+            }
+        )
     w_proj = get("CNN_proj/W_proj")
     if w_proj is None:
         eye = np.eye(c.n_filters, dtype=np.float32)
@@ -139,11 +144,15 @@ def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | 
     p = l.projection_dim
     for layer in range(l.n_layers):
         w0 = np.stack([need(f"{_lstm_prefix(d, layer)}/W_0") for d in range(2)])
-        layers.append({"w_x": w0[:, :p], "w_h": w0[:, p:],
-                       "b": np.stack([need(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
-                       "w_proj": np.stack([need(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)])})
-    return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj},
-            "lstm": layers}
+        layers.append(
+            {
+                "w_x": w0[:, :p],
+                "w_h": w0[:, p:],
+                "b": np.stack([need(f"{_lstm_prefix(d, layer)}/B") for d in range(2)]),
+                "w_proj": np.stack([need(f"{_lstm_prefix(d, layer)}/W_P_0") for d in range(2)]),
+            }
+        )
+    return {"char_cnn": {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj}, "lstm": layers}
 
 
 def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
@@ -168,16 +177,21 @@ def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
             out[f"{pre}/W_P_0"] = lp["w_proj"][direction]
     expected = expected_datasets(config)
     if set(out) != set(expected):
-        raise WeightsError(f"params do not fit the config: missing {sorted(set(expected) - set(out))}, "
-                           f"unexpected {sorted(set(out) - set(expected))}")
+        raise WeightsError(
+            f"params do not fit the config: missing {sorted(set(expected) - set(out))}, "
+            f"unexpected {sorted(set(out) - set(expected))}"
+        )
     for name, arr in out.items():
         if arr.shape != expected[name]:
-            raise WeightsError(f"params do not fit the config: '{name}' has shape {arr.shape}, expected {expected[name]}")
+            raise WeightsError(
+                f"params do not fit the config: '{name}' has shape {arr.shape}, expected {expected[name]}"
+            )
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | os.PathLike,
-              weights_path: str | os.PathLike) -> None:
+def save_hdf5(
+    config: ModelConfig | Options, params: dict, options_path: str | os.PathLike, weights_path: str | os.PathLike
+) -> None:
     """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically (a full
     disk: ``disk_full.OutOfSpaceError`` naming the file)."""
     options = config if isinstance(config, Options) else Options(model=config)
@@ -187,4 +201,3 @@ def save_hdf5(config: ModelConfig | Options, params: dict, options_path: str | o
             f.create_dataset(name, data=arr)
     with disk_full.reported(options_path):
         options.save(options_path, n_characters=262)
-

@@ -109,8 +109,8 @@ def _tables() -> _Tables:
     return _Tables()
 
 
-_CHUNKS = 16384   # chunks processed side by side
-_CHUNK_MAX = 64   # bytes per chunk at most: one segment is at most 1 MiB
+_CHUNKS = 16384  # chunks processed side by side
+_CHUNK_MAX = 64  # bytes per chunk at most: one segment is at most 1 MiB
 
 
 def _raw_segment(t: _Tables, data: np.ndarray) -> int:
@@ -123,7 +123,7 @@ def _raw_segment(t: _Tables, data: np.ndarray) -> int:
     if k * length != n:
         # Leading zero bytes keep a zero register at zero: pad in front up to k whole chunks.
         buf = np.zeros(k * length, np.uint8)
-        buf[k * length - n:] = data
+        buf[k * length - n :] = data
         data = buf
     # Row j holds word j of every chunk (a transposed copy: contiguous rows run fastest).
     rows = np.ascontiguousarray(data.view("<u4").reshape(k, length // 4).T)
@@ -158,7 +158,7 @@ def crc32c_numpy(data, crc: int = 0) -> int:
     reg = np.asarray(~crc & 0xFFFFFFFF, np.uint32)
     step = _CHUNKS * _CHUNK_MAX
     for start in range(0, arr.size, step):
-        seg = arr[start:start + step]
+        seg = arr[start : start + step]
         reg = t.shift(reg, seg.size) ^ np.uint32(_raw_segment(t, seg))
     return int(~reg & 0xFFFFFFFF)
 
@@ -192,6 +192,7 @@ def _file_crc32c(path: str, offset: int, size: int, block: int = 8 << 20) -> int
 
 # ---------------------------------------------------------------------------------------------
 # Protobuf wire format and the table file.
+
 
 def _varint(buf: bytes, pos: int, where: str) -> tuple[int, int]:
     result = shift = 0
@@ -228,7 +229,7 @@ def _proto_fields(buf: bytes, where: str) -> Iterator[tuple[int, int, Any]]:
             n, pos = _varint(buf, pos, where)
             if pos + n > len(buf):
                 raise TFCheckpointError(f"{where}: truncated length-delimited field")
-            value, pos = bytes(buf[pos:pos + n]), pos + n
+            value, pos = bytes(buf[pos : pos + n]), pos + n
         elif wire == 5:
             if pos + 4 > len(buf):
                 raise TFCheckpointError(f"{where}: truncated fixed32 field")
@@ -247,16 +248,19 @@ def _read_block(data: bytes, handle: bytes, path: str, what: str) -> bytes:
     size, _ = _varint(handle, pos, f"{path}: {what} handle")
     end = offset + size
     if end + 5 > len(data) - _FOOTER:
-        raise TFCheckpointError(f"{path}: bad index: {what} at bytes [{offset}, {end + 5}) runs past the "
-                                f"table ({len(data) - _FOOTER} bytes before the footer)")
+        raise TFCheckpointError(
+            f"{path}: bad index: {what} at bytes [{offset}, {end + 5}) runs past the "
+            f"table ({len(data) - _FOOTER} bytes before the footer)"
+        )
     stored = struct.unpack_from("<I", data, end + 1)[0]
-    if crc32c(data[offset:end + 1]) != unmask_crc32c(stored):
+    if crc32c(data[offset : end + 1]) != unmask_crc32c(stored):
         raise TFCheckpointError(f"{path}: bad index: crc32c mismatch in the {what} at byte {offset}")
     kind = data[end]
     if kind != 0:
         name = "snappy-compressed" if kind == 1 else f"compression type {kind}"
-        raise TFCheckpointError(f"{path}: {what} is {name}; only uncompressed tables are supported "
-                                "(TF >= 1.2 writes them)")
+        raise TFCheckpointError(
+            f"{path}: {what} is {name}; only uncompressed tables are supported (TF >= 1.2 writes them)"
+        )
     return data[offset:end]
 
 
@@ -275,9 +279,9 @@ def _block_entries(block: bytes, path: str, what: str) -> Iterator[tuple[bytes, 
         value_len, pos = _varint(block, pos, where)
         if shared > len(key) or pos + unshared + value_len > limit:
             raise TFCheckpointError(f"{where}: bad index: corrupt entry at byte {pos}")
-        key = key[:shared] + block[pos:pos + unshared]
+        key = key[:shared] + block[pos : pos + unshared]
         pos += unshared
-        yield key, block[pos:pos + value_len]
+        yield key, block[pos : pos + value_len]
         pos += value_len
 
 
@@ -311,11 +315,34 @@ def _read_table(path: str) -> list[tuple[bytes, bytes]]:
 # Entries and the checkpoint.
 
 # TF DataType enum (types.proto) -> little-endian numpy dtype.
-_DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 9: "<i8", 10: "?",
-           17: "<u2", 19: "<f2", 22: "<u4", 23: "<u8"}
-_DTYPE_NAMES = {0: "DT_INVALID", 7: "DT_STRING", 8: "DT_COMPLEX64", 11: "DT_QINT8", 12: "DT_QUINT8",
-                13: "DT_QINT32", 14: "DT_BFLOAT16", 15: "DT_QINT16", 16: "DT_QUINT16",
-                18: "DT_COMPLEX128", 20: "DT_RESOURCE", 21: "DT_VARIANT"}
+_DTYPES = {
+    1: "<f4",
+    2: "<f8",
+    3: "<i4",
+    4: "u1",
+    5: "<i2",
+    6: "i1",
+    9: "<i8",
+    10: "?",
+    17: "<u2",
+    19: "<f2",
+    22: "<u4",
+    23: "<u8",
+}
+_DTYPE_NAMES = {
+    0: "DT_INVALID",
+    7: "DT_STRING",
+    8: "DT_COMPLEX64",
+    11: "DT_QINT8",
+    12: "DT_QUINT8",
+    13: "DT_QINT32",
+    14: "DT_BFLOAT16",
+    15: "DT_QINT16",
+    16: "DT_QUINT16",
+    18: "DT_COMPLEX128",
+    20: "DT_RESOURCE",
+    21: "DT_VARIANT",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +381,15 @@ def _parse_shape(buf: bytes, where: str) -> tuple[int, ...]:
 
 
 def _parse_entry(name: str, buf: bytes, where: str) -> TensorEntry:
-    values: dict[str, Any] = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0, "sliced": False}
+    values: dict[str, Any] = {
+        "dtype": 0,
+        "shape": (),
+        "shard_id": 0,
+        "offset": 0,
+        "size": 0,
+        "crc32c": 0,
+        "sliced": False,
+    }
     for field, wire, value in _proto_fields(buf, where):
         if field == 1 and wire == 0:
             values["dtype"] = value
@@ -366,8 +401,16 @@ def _parse_entry(name: str, buf: bytes, where: str) -> TensorEntry:
             values["crc32c"] = value
         elif field == 7:
             values["sliced"] = True
-    return TensorEntry(name, values["dtype"], values["shape"], values["shard_id"], values["offset"],
-                       values["size"], values["crc32c"], values["sliced"])
+    return TensorEntry(
+        name,
+        values["dtype"],
+        values["shape"],
+        values["shard_id"],
+        values["offset"],
+        values["size"],
+        values["crc32c"],
+        values["sliced"],
+    )
 
 
 def data_filename(prefix: str, shard: int, num_shards: int) -> str:
@@ -395,20 +438,26 @@ def resolve_prefix(path: str | os.PathLike) -> str:
             for prefix in candidates:
                 if os.path.isfile(prefix + ".index"):
                     return prefix
-            raise TFCheckpointError(f"{state} names checkpoint {named!r}, but neither "
-                                    f"{candidates[0]}.index nor {candidates[1]}.index exists")
+            raise TFCheckpointError(
+                f"{state} names checkpoint {named!r}, but neither "
+                f"{candidates[0]}.index nor {candidates[1]}.index exists"
+            )
         indexes = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
         if len(indexes) == 1:
-            return indexes[0][:-len(".index")]
+            return indexes[0][: -len(".index")]
         if not indexes:
             raise TFCheckpointError(f"{path}: no TF checkpoint here (no 'checkpoint' file, no *.index)")
-        names = ", ".join(os.path.basename(i)[:-len(".index")] for i in indexes)
-        raise TFCheckpointError(f"{path}: {len(indexes)} checkpoints ({names}) and no 'checkpoint' file "
-                                "naming one; pass the prefix, e.g. " + indexes[-1][:-len(".index")])
+        names = ", ".join(os.path.basename(i)[: -len(".index")] for i in indexes)
+        raise TFCheckpointError(
+            f"{path}: {len(indexes)} checkpoints ({names}) and no 'checkpoint' file "
+            "naming one; pass the prefix, e.g. " + indexes[-1][: -len(".index")]
+        )
     path = re.sub(r"\.(index|data-\d{5}-of-\d{5})$", "", path)
     if not os.path.isfile(path + ".index"):
-        raise TFCheckpointError(f"{path}.index: checkpoint index not found (expected a checkpoint prefix "
-                                "such as DIR/model.ckpt-935588, or its directory)")
+        raise TFCheckpointError(
+            f"{path}.index: checkpoint index not found (expected a checkpoint prefix "
+            "such as DIR/model.ckpt-935588, or its directory)"
+        )
     return path
 
 
@@ -452,11 +501,15 @@ class TFCheckpoint:
                     if f2 == 2 and w2 == 0:
                         min_consumer = v2
         if endianness != 0:
-            raise TFCheckpointError(f"{self.index_path}: big-endian checkpoint (header endianness "
-                                    f"{endianness}); only little-endian checkpoints are supported")
+            raise TFCheckpointError(
+                f"{self.index_path}: big-endian checkpoint (header endianness "
+                f"{endianness}); only little-endian checkpoints are supported"
+            )
         if min_consumer > 1:
-            raise TFCheckpointError(f"{self.index_path}: needs a tensor-bundle reader of version "
-                                    f">= {min_consumer} (this one reads version 1)")
+            raise TFCheckpointError(
+                f"{self.index_path}: needs a tensor-bundle reader of version "
+                f">= {min_consumer} (this one reads version 1)"
+            )
         if self.num_shards < 1:
             raise TFCheckpointError(f"{self.index_path}: bad index: header says {self.num_shards} shards")
 
@@ -467,24 +520,31 @@ class TFCheckpoint:
             try:
                 sizes[shard] = os.path.getsize(path)
             except FileNotFoundError:
-                raise TFCheckpointError(f"{path}: missing data shard {shard + 1} of {self.num_shards} "
-                                        f"of checkpoint {self.prefix}") from None
+                raise TFCheckpointError(
+                    f"{path}: missing data shard {shard + 1} of {self.num_shards} of checkpoint {self.prefix}"
+                ) from None
         for entry in self._entries.values():
             if entry.sliced:
                 continue
             if not 0 <= entry.shard_id < self.num_shards:
-                raise TFCheckpointError(f"{self.index_path}: entry {entry.name!r} is in shard {entry.shard_id}, "
-                                        f"but the header says {self.num_shards} shards")
+                raise TFCheckpointError(
+                    f"{self.index_path}: entry {entry.name!r} is in shard {entry.shard_id}, "
+                    f"but the header says {self.num_shards} shards"
+                )
             path = self.data_path(entry.shard_id)
             end = entry.offset + entry.size
             if entry.offset < 0 or entry.size < 0 or end > sizes[entry.shard_id]:
-                raise TFCheckpointError(f"{path}: truncated: entry {entry.name!r} needs bytes [{entry.offset}, "
-                                        f"{end}) but the file has {sizes[entry.shard_id]} bytes")
+                raise TFCheckpointError(
+                    f"{path}: truncated: entry {entry.name!r} needs bytes [{entry.offset}, "
+                    f"{end}) but the file has {sizes[entry.shard_id]} bytes"
+                )
             dtype = entry.dtype
             if dtype is not None and entry.size != math.prod(entry.shape) * dtype.itemsize:
-                raise TFCheckpointError(f"{self.index_path}: bad index: entry {entry.name!r} has {entry.size} "
-                                        f"bytes, expected {math.prod(entry.shape)} x {dtype.itemsize} "
-                                        f"for shape {entry.shape} {dtype}")
+                raise TFCheckpointError(
+                    f"{self.index_path}: bad index: entry {entry.name!r} has {entry.size} "
+                    f"bytes, expected {math.prod(entry.shape)} x {dtype.itemsize} "
+                    f"for shape {entry.shape} {dtype}"
+                )
 
     def data_path(self, shard: int) -> str:
         return data_filename(self.prefix, shard, self.num_shards)
@@ -518,12 +578,15 @@ class TFCheckpoint:
 
     def _supported(self, entry: TensorEntry) -> TensorEntry:
         if entry.sliced:
-            raise TFCheckpointError(f"{self.index_path}: tensor {entry.name!r} is saved in slices "
-                                    "(a partitioned variable); not supported")
+            raise TFCheckpointError(
+                f"{self.index_path}: tensor {entry.name!r} is saved in slices (a partitioned variable); not supported"
+            )
         if entry.dtype is None:
             kind = _DTYPE_NAMES.get(entry.dtype_enum, f"DataType {entry.dtype_enum}")
-            raise TFCheckpointError(f"{self.index_path}: tensor {entry.name!r} has unsupported dtype {kind}; "
-                                    f"expected one of {sorted({str(np.dtype(d)) for d in _DTYPES.values()})}")
+            raise TFCheckpointError(
+                f"{self.index_path}: tensor {entry.name!r} has unsupported dtype {kind}; "
+                f"expected one of {sorted({str(np.dtype(d)) for d in _DTYPES.values()})}"
+            )
         return entry
 
     def verify(self, names=None) -> None:
@@ -538,8 +601,10 @@ class TFCheckpoint:
             path = self.data_path(entry.shard_id)
             actual = _file_crc32c(path, entry.offset, entry.size)
             if actual != unmask_crc32c(entry.crc32c):
-                raise TFCheckpointError(f"corrupted entry {name!r} in {path} (crc32c {actual:#010x}, "
-                                        f"the index says {unmask_crc32c(entry.crc32c):#010x})")
+                raise TFCheckpointError(
+                    f"corrupted entry {name!r} in {path} (crc32c {actual:#010x}, "
+                    f"the index says {unmask_crc32c(entry.crc32c):#010x})"
+                )
             self._verified.add(name)
 
     def _map(self, shard: int) -> np.memmap | None:
@@ -559,7 +624,7 @@ class TFCheckpoint:
             return out
         data, dtype = self._map(entry.shard_id), entry.dtype
         assert data is not None and dtype is not None  # a non-empty tensor, of a supported dtype
-        raw = data[entry.offset:entry.offset + entry.size]
+        raw = data[entry.offset : entry.offset + entry.size]
         return raw.view(dtype).reshape(entry.shape)
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -598,8 +663,7 @@ def bilm_tf_hdf5_name(tf_name: str) -> str | None:
     if not tf_name.startswith("lm/"):
         return None
     name = tf_name[3:]
-    for tf_part, h5_part in (("/rnn/", "/RNN/"), ("/multi_rnn_cell/", "/MultiRNNCell/"),
-                             ("/lstm_cell/", "/LSTMCell/")):
+    for tf_part, h5_part in (("/rnn/", "/RNN/"), ("/multi_rnn_cell/", "/MultiRNNCell/"), ("/lstm_cell/", "/LSTMCell/")):
         name = name.replace(tf_part, h5_part)
     name = re.sub(r"/cell_(\d+)/", r"/Cell\1/", name)
     if "/RNN/" in name:
@@ -660,12 +724,18 @@ def _infer_config(prefix: str, names: dict[str, str], ckpt: TFCheckpoint):
         while shape(f"RNN_0/RNN/MultiRNNCell/Cell{n_layers}/LSTMCell/W_P_0") is not None:
             n_layers += 1
         w_p = shape("RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_P_0")
-        char_cnn = CharCNNConfig(embedding_dim=emb[1], filters=tuple(filters), n_highway=n_highway,
-                                 max_characters_per_token=max(50, max(w for w, _ in filters)))
+        char_cnn = CharCNNConfig(
+            embedding_dim=emb[1],
+            filters=tuple(filters),
+            n_highway=n_highway,
+            max_characters_per_token=max(50, max(w for w, _ in filters)),
+        )
         return ModelConfig(char_cnn=char_cnn, lstm=LSTMConfig(dim=w_p[0], projection_dim=w_p[1], n_layers=n_layers))
     except (TypeError, IndexError, ValueError, ConfigError) as e:
-        raise TFCheckpointError(f"{prefix}: not a bilm-tf character model checkpoint (cannot read its "
-                                f"shapes: {e}); pass options= to say what it should hold") from None
+        raise TFCheckpointError(
+            f"{prefix}: not a bilm-tf character model checkpoint (cannot read its "
+            f"shapes: {e}); pass options= to say what it should hold"
+        ) from None
 
 
 def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) -> dict:
@@ -711,8 +781,13 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
     c = config.char_cnn
     if not inferred and c.n_characters == 261:  # as load_hdf5: inference uses the shifted ids
         config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
-    return {"config": None if inferred else config, "prefix": prefix, "global_step": _global_step(ckpt, verify),
-            "params": params, "accumulators": accumulators}
+    return {
+        "config": None if inferred else config,
+        "prefix": prefix,
+        "global_step": _global_step(ckpt, verify),
+        "params": params,
+        "accumulators": accumulators,
+    }
 
 
 def _tensor_names(ckpt: TFCheckpoint) -> tuple[dict[str, str], dict[str, str]]:
@@ -720,7 +795,7 @@ def _tensor_names(ckpt: TFCheckpoint) -> tuple[dict[str, str], dict[str, str]]:
     weights: dict[str, str] = {}
     slots: dict[str, str] = {}
     for name in ckpt.keys():
-        base = name[:-len(ADAGRAD_SLOT)] if name.endswith(ADAGRAD_SLOT) else name
+        base = name[: -len(ADAGRAD_SLOT)] if name.endswith(ADAGRAD_SLOT) else name
         h5 = bilm_tf_hdf5_name(base)
         if h5 is None:
             continue
@@ -729,8 +804,9 @@ def _tensor_names(ckpt: TFCheckpoint) -> tuple[dict[str, str], dict[str, str]]:
     return weights, slots
 
 
-def _check_tensors(ckpt: TFCheckpoint, weights: dict[str, str], slots: dict[str, str], config,
-                   n_vocab: int | None, per: str) -> None:
+def _check_tensors(
+    ckpt: TFCheckpoint, weights: dict[str, str], slots: dict[str, str], config, n_vocab: int | None, per: str
+) -> None:
     """Raises one line on an unexpected tensor, a missing one, or a shape or dtype other than
     ``config``'s (the softmax: ``n_vocab`` rows, or the checkpoint's when None)."""
     from elmo_jax.compat.hdf5 import expected_datasets
@@ -750,7 +826,9 @@ def _check_tensors(ckpt: TFCheckpoint, weights: dict[str, str], slots: dict[str,
     for name in sorted(set(weights) | set(slots)):
         if name not in expected:
             unexpected = weights.get(name) or slots[name]
-            raise TFCheckpointError(f"{prefix}: unexpected tensor {unexpected!r} with shape {ckpt.shape(unexpected)}{per}")
+            raise TFCheckpointError(
+                f"{prefix}: unexpected tensor {unexpected!r} with shape {ckpt.shape(unexpected)}{per}"
+            )
     for h5, shape in expected.items():
         for table, kind in ((weights, "tensor"), (slots, "Adagrad slot")):
             if table is slots and not slots:

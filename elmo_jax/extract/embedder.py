@@ -49,7 +49,8 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
@@ -77,8 +78,9 @@ def check_layers(layers: Layers, n_output_layers: int) -> str | np.ndarray:
         return layers
     weights = np.asarray(layers, np.float32)
     if weights.shape != (n_output_layers,):
-        raise ValueError(f"layers: expected {n_output_layers} weights (one per ELMo layer), got shape "
-                         f"{list(weights.shape)}")
+        raise ValueError(
+            f"layers: expected {n_output_layers} weights (one per ELMo layer), got shape {list(weights.shape)}"
+        )
     return weights
 
 
@@ -104,8 +106,11 @@ def mix_weights(layers: str | np.ndarray, n_output_layers: int) -> np.ndarray | 
     if isinstance(layers, str):
         if layers == "all":
             return None
-        return np.eye(n_output_layers, dtype=np.float32)[-1] if layers == "top" else \
-            np.full(n_output_layers, 1 / n_output_layers, np.float32)
+        return (
+            np.eye(n_output_layers, dtype=np.float32)[-1]
+            if layers == "top"
+            else np.full(n_output_layers, 1 / n_output_layers, np.float32)
+        )
     return layers
 
 
@@ -145,8 +150,9 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> 
     out = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise TypeError(f"text {i} has type {type(text).__name__}; expected a str "
-                            f"(for tokenized sentences use embed())")
+            raise TypeError(
+                f"text {i} has type {type(text).__name__}; expected a str (for tokenized sentences use embed())"
+            )
         tokens = tokenizer(text)
         if isinstance(tokens, str):
             raise TypeError(f"the tokenizer returned a str for text {i}; it must return a list of tokens")
@@ -154,9 +160,18 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> 
     return out
 
 
-def embed_tokens(params: dict, config: ModelConfig, chars: jax.Array, token_index: jax.Array, lengths: jax.Array, *,
-                 cache: jax.Array | None = None, cache_index: jax.Array | None = None, state: dict | None = None,
-                 compute: Compute = Compute()) -> tuple[jax.Array, dict]:
+def embed_tokens(
+    params: dict,
+    config: ModelConfig,
+    chars: jax.Array,
+    token_index: jax.Array,
+    lengths: jax.Array,
+    *,
+    cache: jax.Array | None = None,
+    cache_index: jax.Array | None = None,
+    state: dict | None = None,
+    compute: Compute = Compute(),
+) -> tuple[jax.Array, dict]:
     """ELMo layers from a batch's distinct words.
 
     Args:
@@ -184,8 +199,16 @@ def _encode(p: dict, chars: jax.Array, *, config: ModelConfig, compute: Compute)
     return char_cnn.apply(p["char_cnn"], config, chars, compute=compute)
 
 
-def _contextualize(p: dict, tokens: jax.Array, lengths: jax.Array, markers: jax.Array, state: dict | None = None,
-                   *, config: ModelConfig, compute: Compute) -> tuple[jax.Array, dict]:
+def _contextualize(
+    p: dict,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    markers: jax.Array,
+    state: dict | None = None,
+    *,
+    config: ModelConfig,
+    compute: Compute,
+) -> tuple[jax.Array, dict]:
     return bilm_from_tokens(p, config, tokens, lengths, state, compute=compute, markers=markers)[0::2]
 
 
@@ -193,9 +216,20 @@ def _gather(table: jax.Array, index: jax.Array) -> jax.Array:
     return table[index]
 
 
-def _contextualize_packed(p: dict, x: jax.Array, mask: jax.Array, starts: jax.Array, state: dict, *,
-                          weights: jax.Array | None = None, segment: jax.Array | None = None, pieces: int = 1,
-                          pool: str = "mean", config: ModelConfig, compute: Compute) -> tuple[jax.Array, dict]:
+def _contextualize_packed(
+    p: dict,
+    x: jax.Array,
+    mask: jax.Array,
+    starts: jax.Array,
+    state: dict,
+    *,
+    weights: jax.Array | None = None,
+    segment: jax.Array | None = None,
+    pieces: int = 1,
+    pool: str = "mean",
+    config: ModelConfig,
+    compute: Compute,
+) -> tuple[jax.Array, dict]:
     """The biLSTM over packed rows (``Packing``): every layer, or their mix by ``weights``; with
     ``segment``, the sum (``pool="mean"``) or max of each of ``pieces`` sentence pieces."""
     # Both streams restart from zero state at each sentence's first step (its <S>, or its
@@ -285,7 +319,9 @@ class Packing:
     start: np.ndarray
     length: np.ndarray
 
-    def streams(self, token_rows: Sequence[np.ndarray], bos: int, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def streams(
+        self, token_rows: Sequence[np.ndarray], bos: int, eos: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``index [2, rows, T]`` int32 (table rows of the forward and backward streams), ``mask``
         and ``starts`` ``[rows, T]`` bool (a step of a sentence; its first step), ``T = calls x steps``."""
         shape = (self.rows, self.calls * self.steps)
@@ -293,9 +329,9 @@ class Packing:
         for ids, r, s in zip(token_rows, self.row, self.start):
             n = len(ids)
             if n:
-                index[0, r, s], index[0, r, s + 1:s + n + 1], index[0, r, s + n + 1] = bos, ids, eos
-                index[1, r, s], index[1, r, s + 1:s + n + 1], index[1, r, s + n + 1] = eos, ids[::-1], bos
-                mask[r, s:s + n + 2] = True
+                index[0, r, s], index[0, r, s + 1 : s + n + 1], index[0, r, s + n + 1] = bos, ids, eos
+                index[1, r, s], index[1, r, s + 1 : s + n + 1], index[1, r, s + n + 1] = eos, ids[::-1], bos
+                mask[r, s : s + n + 2] = True
                 starts[r, s] = True
         return index, mask, starts
 
@@ -310,8 +346,8 @@ class Packing:
             n, r, s = self.length[i], self.row[i], self.start[i]
             a, b = max(s + 1, lo), min(s + n + 1, hi)
             if a < b:
-                out[i][first:, a - s - 1:b - s - 1, :p] = ys[:, 0, r, a - lo:b - lo]
-                out[i][first:, s + n - b + 1:s + n - a + 1, p:] = ys[:, 1, r, a - lo:b - lo][:, ::-1]
+                out[i][first:, a - s - 1 : b - s - 1, :p] = ys[:, 0, r, a - lo : b - lo]
+                out[i][first:, s + n - b + 1 : s + n - a + 1, p:] = ys[:, 1, r, a - lo : b - lo][:, ::-1]
 
     def pieces(self, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
         """For pooling on the device: the part of a sentence's tokens that one call runs is a piece.
@@ -339,7 +375,9 @@ class Packing:
         owner[call, (self.row[i] // per_device) * s + local] = i
         segment = np.full((self.rows, self.calls * k), -1, np.int32)
         for j, c, q in zip(i, call, local):
-            segment[self.row[j], max(self.start[j] + 1, c * k):min(self.start[j] + self.length[j] + 1, (c + 1) * k)] = q
+            segment[
+                self.row[j], max(self.start[j] + 1, c * k) : min(self.start[j] + self.length[j] + 1, (c + 1) * k)
+            ] = q
         return segment, owner
 
 
@@ -404,10 +442,19 @@ class Embedder:
       layout: ``elmo_jax.model.layout.Layout`` (default: the backend's); a speed choice, never a result.
     """
 
-    def __init__(self, config: ModelConfig, params: dict, *, batch_tokens: int | None = None,
-                 precision: str = "float32", token_cache: Sequence[str] | None = None, dedup: bool = True,
-                 devices: int | None = None, stateful: bool = False,
-                 layout: Layout | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        params: dict,
+        *,
+        batch_tokens: int | None = None,
+        precision: str = "float32",
+        token_cache: Sequence[str] | None = None,
+        dedup: bool = True,
+        devices: int | None = None,
+        stateful: bool = False,
+        layout: Layout | None = None,
+    ):
         self.config = config
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
@@ -439,8 +486,9 @@ class Embedder:
         # per shape, so a job compiles the sum of those shape sets, not their product.
         self._encode = jax.jit(functools.partial(_encode, config=config, compute=compute))
         self._contextualize = jax.jit(functools.partial(_contextualize, config=config, compute=compute))
-        self._packed = jax.jit(functools.partial(_contextualize_packed, config=config, compute=compute),
-                               static_argnames=("pieces", "pool"))
+        self._packed = jax.jit(
+            functools.partial(_contextualize_packed, config=config, compute=compute), static_argnames=("pieces", "pool")
+        )
         # A call's token vectors are looked up by a program of their own: the table's size (a
         # bucket of the call's word count) then keys the compiles of that small program only, not
         # the biLSTM's, whose shapes depend on the rows and steps alone.
@@ -448,13 +496,14 @@ class Embedder:
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
         # the char CNN to each of its compiles.
         self._markers = jax.jit(marker_vectors, static_argnums=1, static_argnames="compute")(
-            self.params, self.config, compute=self.compute)
+            self.params, self.config, compute=self.compute
+        )
 
     def _compile_devices(self) -> None:
         """The same functions over a ``Mesh`` of ``n_devices`` local devices (axis ``"data"``)."""
         # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
         # "data" axis, so each device runs the single-device function on its own one.
-        mesh = Mesh(np.array(jax.local_devices()[:self.n_devices]), ("data",))
+        mesh = Mesh(np.array(jax.local_devices()[: self.n_devices]), ("data",))
         replicated = NamedSharding(mesh, P())
         self._group_sharding = NamedSharding(mesh, P("data"))
         # The params go to every device once, here, not on every call.
@@ -468,8 +517,9 @@ class Embedder:
             return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
 
         # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
-        self._encode_multi = per_device(lambda p, c: _encode(p, c[0], config=config, compute=compute)[None],
-                                        (P(), P("data")))
+        self._encode_multi = per_device(
+            lambda p, c: _encode(p, c[0], config=config, compute=compute)[None], (P(), P("data"))
+        )
         # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
         rows, state_rows = P(None, "data"), P(None, None, "data")
         self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
@@ -482,13 +532,27 @@ class Embedder:
             out = P(None, None, "data") if segment is None else P("data")
 
             def fn(p, x, mask, starts, state, weights, *segment):  # shard_map passes positionals only
-                return _contextualize_packed(p, x, mask, starts, state, weights=weights,
-                                             segment=segment[0] if segment else None, pieces=pieces, pool=pool,
-                                             config=config, compute=compute)
+                return _contextualize_packed(
+                    p,
+                    x,
+                    mask,
+                    starts,
+                    state,
+                    weights=weights,
+                    segment=segment[0] if segment else None,
+                    pieces=pieces,
+                    pool=pool,
+                    config=config,
+                    compute=compute,
+                )
 
-            return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, P("data"), P("data"), state_rows, P())
-                                 + (P("data"),) * len(extra), out_specs=(out, state_rows),
-                                 check_vma=False)(p, x, mask, starts, state, weights, *extra)
+            return jax.shard_map(
+                fn,
+                mesh=mesh,
+                in_specs=(P(), rows, P("data"), P("data"), state_rows, P()) + (P("data"),) * len(extra),
+                out_specs=(out, state_rows),
+                check_vma=False,
+            )(p, x, mask, starts, state, weights, *extra)
 
         self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
 
@@ -539,28 +603,30 @@ class Embedder:
         blocks = []
         for lo in range(0, len(words), rows):
             chars = np.zeros((rows, self.max_chars), np.int32)
-            chars[:len(order[lo:lo + rows])] = ids[order[lo:lo + rows]]
+            chars[: len(order[lo : lo + rows])] = ids[order[lo : lo + rows]]
             blocks.append(char_cnn.trim_char_ids(chars, self.config))
         if self.n_devices == 1:
             results = [self._encode(self.params, b) for b in blocks]  # all dispatched before the first wait
         else:
             groups = []
             for lo in range(0, len(blocks), self.n_devices):
-                group = blocks[lo:lo + self.n_devices]
+                group = blocks[lo : lo + self.n_devices]
                 stacked = jax.device_put(_pad_group(group, self.n_devices, PAD_CHAR + 1), self._group_sharding)
                 groups.append((self._encode_multi(self._params_multi, stacked), len(group)))
             # All groups are dispatched before the first wait.
             results = [v for vectors, k in groups for v in np.asarray(vectors)[:k]]
         for lo, vectors in zip(range(0, len(words), rows), results):
-            sel = order[lo:lo + rows]
-            out[sel] = np.asarray(vectors)[:len(sel)]
+            sel = order[lo : lo + rows]
+            out[sel] = np.asarray(vectors)[: len(sel)]
         return out
 
     def _build_cache(self, words: list[str]) -> None:
         words = list(dict.fromkeys(words))
         # In slices, so that the char ids of a large vocabulary never exist all at once.
-        self.cache = np.concatenate([self._encode_words(words[lo:lo + 32768]) for lo in range(0, len(words), 32768)]
-                                    or [np.zeros((0, self.config.lstm.projection_dim), np.float32)])
+        self.cache = np.concatenate(
+            [self._encode_words(words[lo : lo + 32768]) for lo in range(0, len(words), 32768)]
+            or [np.zeros((0, self.config.lstm.projection_dim), np.float32)]
+        )
         self.cache_words = {w: i for i, w in enumerate(words)}
 
     def _token_table(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -600,12 +666,13 @@ class Embedder:
         index = np.zeros((rows, time), np.int64)  # padding looks up row 0; the biLM masks it
         lengths = np.zeros(rows, np.int32)
         for r, ids in enumerate(token_rows):
-            index[r, :len(ids)] = ids
+            index[r, : len(ids)] = ids
             lengths[r] = len(ids)
         return {"tokens": table[index], "lengths": lengths}
 
-    def embed(self, sentences: Sequence[Sequence[str]], *, layers: Layers = "all",
-              pool: str | None = None) -> list[np.ndarray]:
+    def embed(
+        self, sentences: Sequence[Sequence[str]], *, layers: Layers = "all", pool: str | None = None
+    ) -> list[np.ndarray]:
         """One float32 array per tokenized sentence, in input order.
 
         By default ``[n_layers + 1, n_tokens, 2P]``. ``layers`` (``"top"``, ``"average"`` or
@@ -631,14 +698,25 @@ class Embedder:
         _warn_empty(sum(len(s) == 0 for s in sentences))
         return [pool_tokens(x, pool) for x in out] if self.stateful else out
 
-    def embed_texts(self, texts: Sequence[str], *, tokenizer: Tokenizer | None = None, layers: Layers = "all",
-                    pool: str | None = None) -> list[np.ndarray]:
+    def embed_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        tokenizer: Tokenizer | None = None,
+        layers: Layers = "all",
+        pool: str | None = None,
+    ) -> list[np.ndarray]:
         """``embed`` of raw strings, one sentence each, tokenized by ``tokenizer`` (``str -> list[str]``;
         default ``elmo_jax.text.tokenize.tokenize``). Same outputs and options as ``embed``."""
         return self.embed(tokenize_texts(texts, tokenizer), layers=layers, pool=pool)
 
-    def hub_outputs(self, inputs: Sequence[str] | Sequence[Sequence[str]], *, weights: Sequence[float] | None = None,
-                    tokenizer: Tokenizer | None = None) -> dict[str, np.ndarray]:
+    def hub_outputs(
+        self,
+        inputs: Sequence[str] | Sequence[Sequence[str]],
+        *,
+        weights: Sequence[float] | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> dict[str, np.ndarray]:
         """The outputs of TF-Hub's ELMo module (``google/elmo``, ``as_dict=True``), for one batch.
 
         ``inputs``: raw strings, tokenized by ``tokenizer`` (default ``str.split``, as the hub's
@@ -672,7 +750,7 @@ class Embedder:
         p = self.config.lstm.projection_dim
         padded = np.zeros((n_out, len(out), int(lengths.max(initial=0)), 2 * p), np.float32)
         for b, x in enumerate(out):
-            padded[:, b, :x.shape[1]] = x
+            padded[:, b, : x.shape[1]] = x
         elmo = np.tensordot(mix, padded, axes=1)
         _warn_empty(int((lengths == 0).sum()))
         result: dict[str, np.ndarray] = {"word_emb": np.ascontiguousarray(padded[0, :, :, :p])}
@@ -681,8 +759,9 @@ class Embedder:
         result.update(elmo=elmo, default=default, sequence_len=lengths)
         return result
 
-    def _embed_stateless(self, sentences: Sequence[Sequence[str]], weights: np.ndarray | None = None,
-                         pool: str | None = None) -> list[np.ndarray]:
+    def _embed_stateless(
+        self, sentences: Sequence[Sequence[str]], weights: np.ndarray | None = None, pool: str | None = None
+    ) -> list[np.ndarray]:
         """Every layer ``[n_layers + 1, n, 2P]`` per sentence, or with ``weights`` (``mix_weights``)
         their mix ``[n, 2P]``; ``pool`` then drops the token axis. Mixes and pools are computed on
         the device."""
@@ -703,8 +782,15 @@ class Embedder:
         out = outputs[0] if outputs else new_outputs(table, token_rows, layers)
         return out if weights is None else [x[0] for x in out]
 
-    def _pool_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray], layers: int,
-                     weights: np.ndarray | None, pool: str) -> np.ndarray:
+    def _pool_packed(
+        self,
+        pack: Packing,
+        table: np.ndarray,
+        token_rows: list[np.ndarray],
+        layers: int,
+        weights: np.ndarray | None,
+        pool: str,
+    ) -> np.ndarray:
         """``[sentences, layers, 2P]`` float32: each sentence's mean or max over its tokens, from
         the sums (or maxima) of its pieces that each call computes on the device."""
         segment, owner = pack.pieces(self.n_devices)
@@ -725,9 +811,17 @@ class Embedder:
         acc[pack.length == 0] = 0.0
         return acc.reshape(len(token_rows), layers, -1)  # forward and backward side by side: 2P
 
-    def _run_packed(self, pack: Packing, table: np.ndarray, token_rows: list[np.ndarray],
-                    take: Callable[[int, np.ndarray], None], weights: np.ndarray | None = None,
-                    segment: np.ndarray | None = None, pieces: int = 1, pool: str = "mean") -> None:
+    def _run_packed(
+        self,
+        pack: Packing,
+        table: np.ndarray,
+        token_rows: list[np.ndarray],
+        take: Callable[[int, np.ndarray], None],
+        weights: np.ndarray | None = None,
+        segment: np.ndarray | None = None,
+        pieces: int = 1,
+        pool: str = "mean",
+    ) -> None:
         """Runs ``pack``'s calls and hands each call's outputs to ``take(call, array)`` on the host:
         ``[L, 2, rows, steps, P]`` (every biLSTM layer, or the mix of all), or with ``segment``
         (``Packing.pieces``) the sum or max of each piece, ``[n_devices x pieces, L, 2, P]``."""
@@ -739,11 +833,13 @@ class Embedder:
         # indices cross to it per call.
         bos, eos = len(table), len(table) + 1
         device_table = np.zeros((_batch_rows(len(table) + 2), p), np.float32)
-        device_table[:len(table)], device_table[bos:eos + 1] = table, np.asarray(self._markers)
+        device_table[: len(table)], device_table[bos : eos + 1] = table, np.asarray(self._markers)
         index, mask, starts = pack.streams(token_rows, bos, eos)
         l = self.config.lstm
-        state = {"c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
-                 "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32)}
+        state = {
+            "c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
+            "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32),
+        }
         if self.n_devices == 1:
             run, lookup, params, device_table = self._packed, self._gather, self.params, jax.device_put(device_table)
             place = lambda *arrays: arrays  # noqa: E731  (jit moves host arrays itself)
@@ -757,10 +853,19 @@ class Embedder:
         for c in range(pack.calls + IN_FLIGHT):
             if c < pack.calls:  # each call carries the state on
                 at = slice(c * k, (c + 1) * k)
-                ids, *inputs, seg = place(index[:, :, at], mask[:, at], starts[:, at],
-                                          None if segment is None else segment[:, at])
-                ys, state = run(params, lookup(device_table, ids), *inputs, state, weights=weights, segment=seg,
-                                pieces=pieces, pool=pool)
+                ids, *inputs, seg = place(
+                    index[:, :, at], mask[:, at], starts[:, at], None if segment is None else segment[:, at]
+                )
+                ys, state = run(
+                    params,
+                    lookup(device_table, ids),
+                    *inputs,
+                    state,
+                    weights=weights,
+                    segment=seg,
+                    pieces=pieces,
+                    pool=pool,
+                )
                 ys.copy_to_host_async()  # its copy to the host starts when it is done, not when asked for
                 pending.append((c, ys))
             # The host takes a call's outputs while the device runs the next ones, and holds no
@@ -775,8 +880,10 @@ class Embedder:
             return []
         l = self.config.lstm
         if self.state is None or self.state["c"].shape[2] < rows:
-            grown = {"c": np.zeros((2, l.n_layers, rows, l.dim), np.float32),
-                     "h": np.zeros((2, l.n_layers, rows, l.projection_dim), np.float32)}
+            grown = {
+                "c": np.zeros((2, l.n_layers, rows, l.dim), np.float32),
+                "h": np.zeros((2, l.n_layers, rows, l.projection_dim), np.float32),
+            }
             if self.state is not None:
                 n = self.state["c"].shape[2]
                 for k in grown:
@@ -790,14 +897,15 @@ class Embedder:
         for k in self.state:
             self.state[k][:, :, :rows] = np.asarray(new_state[k])
         layers = np.asarray(layers)
-        return [np.ascontiguousarray(layers[:, r, :len(s)]) for r, s in enumerate(sentences)]
+        return [np.ascontiguousarray(layers[:, r, : len(s)]) for r, s in enumerate(sentences)]
 
     def reset(self) -> None:
         """Stateful mode: back to zero state for every row."""
         self.state = None
 
-    def embed_stream(self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all",
-                     pool: str | None = None) -> Iterable[tuple[int, np.ndarray]]:
+    def embed_stream(
+        self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all", pool: str | None = None
+    ) -> Iterable[tuple[int, np.ndarray]]:
         """``(index, array)`` for an iterable of tokenized sentences, ``window`` at a time (bounded
         memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences)."""
         buf: list[Sequence[str]] = []
@@ -826,15 +934,22 @@ def shard_file(output: str | os.PathLike, index: int, num_shards: int) -> str:
     return f"{root}-{index:05d}-of-{num_shards:05d}{ext}"
 
 
-def shard_manifest(output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool,
-                   **extra) -> dict:
+def shard_manifest(
+    output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool, **extra
+) -> dict:
     """The manifest of shard ``index``: it holds lines ``index, index + num_shards, ...`` of the
     input's ``num_lines``, each as dataset ``str(line)``, or, when ``pooled``, as row
     ``(line - index) // num_shards`` of dataset ``embeddings``. ``file`` is relative to the manifest."""
-    return {"format": MANIFEST_FORMAT, "file": os.path.basename(shard_file(output, index, num_shards)),
-            "shard_index": index, "num_shards": num_shards, "num_lines": num_lines,
-            "lines": {"start": index, "stop": num_lines, "step": num_shards},
-            "dataset": "embeddings" if pooled else "{line}", **extra}
+    return {
+        "format": MANIFEST_FORMAT,
+        "file": os.path.basename(shard_file(output, index, num_shards)),
+        "shard_index": index,
+        "num_shards": num_shards,
+        "num_lines": num_lines,
+        "lines": {"start": index, "stop": num_lines, "step": num_shards},
+        "dataset": "embeddings" if pooled else "{line}",
+        **extra,
+    }
 
 
 class ShardedEmbeddings:
@@ -875,15 +990,18 @@ class ShardedEmbeddings:
             raise FileNotFoundError("no shard manifests given")
         runs = {(m["num_shards"], m["num_lines"]) for m in shards}
         if len(runs) > 1:
-            raise ValueError(f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
-                             f"{', '.join(m['manifest'] for m in shards)}")
+            raise ValueError(
+                f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
+                f"{', '.join(m['manifest'] for m in shards)}"
+            )
         n = shards[0]["num_shards"]
         by_index = {m["shard_index"]: m for m in shards}
         missing = [i for i in range(n) if i not in by_index]
         if missing:
             hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
-            raise FileNotFoundError(f"shard(s) {missing} of {n} have no manifest next to {hint} "
-                                    f"(still running, or failed?)")
+            raise FileNotFoundError(
+                f"shard(s) {missing} of {n} have no manifest next to {hint} (still running, or failed?)"
+            )
         return [by_index[i] for i in range(n)]
 
     @staticmethod
@@ -895,8 +1013,12 @@ class ShardedEmbeddings:
         with h5py.File(path, "r") as f:
             pooled = "embeddings" in f
             n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
-        return {"path": path, "num_lines": n, "lines": {"start": 0, "stop": n, "step": 1},
-                "dataset": "embeddings" if pooled else "{line}"}
+        return {
+            "path": path,
+            "num_lines": n,
+            "lines": {"start": 0, "stop": n, "step": 1},
+            "dataset": "embeddings" if pooled else "{line}",
+        }
 
     def __len__(self) -> int:
         return self._shards[0]["num_lines"]

@@ -50,6 +50,7 @@ class EmbedFileOptions:
     sentence_to_index: also write AllenNLP's ``sentence_to_index`` JSON dataset.
     progress: a tqdm bar over the lines.
     """
+
     layers: str | tuple[float, ...] = "all"
     pool: str | None = None
     window: int = 2048
@@ -69,8 +70,10 @@ class EmbedFileOptions:
             else:
                 object.__setattr__(self, "layers", weights)
         if weights is None and self.layers not in ("all", "top", "average"):
-            raise about(ConfigError(f"layers {self.layers!r}: expected all, top, average or one weight per "
-                                    f"ELMo layer"), "layers")
+            raise about(
+                ConfigError(f"layers {self.layers!r}: expected all, top, average or one weight per ELMo layer"),
+                "layers",
+            )
         if self.pool not in (None, "mean", "max"):
             raise about(ConfigError(f"pool {self.pool!r}: expected None, mean or max"), "pool")
         n, i = self.num_shards, self.shard_index
@@ -79,8 +82,11 @@ class EmbedFileOptions:
         if i is not None and n is None:
             raise about(ConfigError("shard_index needs num_shards"), "shard_index", "num_shards")
         if self.window < 1 or self.ahead < 0:
-            raise about(ConfigError(f"window must be 1 or more and ahead 0 or more; got {self.window} and "
-                                    f"{self.ahead}"), "window", "ahead")
+            raise about(
+                ConfigError(f"window must be 1 or more and ahead 0 or more; got {self.window} and {self.ahead}"),
+                "window",
+                "ahead",
+            )
 
     @property
     def sharded(self) -> bool:
@@ -92,6 +98,7 @@ class EmbedFileResult:
     """What ``embed_file`` wrote: ``output`` (the shard's own name when sharded) and its
     ``manifest`` (None unsharded), ``lines`` of the input, ``written`` by this process, and how
     many ``empty_pooled`` lines were pooled to zero vectors."""
+
     output: str
     manifest: str | None
     lines: int
@@ -99,8 +106,12 @@ class EmbedFileResult:
     empty_pooled: int
 
 
-def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.PathLike,
-               options: EmbedFileOptions = EmbedFileOptions()) -> EmbedFileResult:
+def embed_file(
+    embedder,
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    options: EmbedFileOptions = EmbedFileOptions(),
+) -> EmbedFileResult:
     """ELMo layers of every line of ``input_path`` (UTF-8, one whitespace-tokenized sentence a line)
     into the hdf5 ``output_path``: dataset ``str(i)`` for line ``i`` (0-based), or with
     ``options.pool`` one dataset ``embeddings``, row ``i`` for line ``i``. Sharded, the file is
@@ -141,17 +152,32 @@ def embed_file(embedder, input_path: str | os.PathLike, output_path: str | os.Pa
     with disk_full.reported(output):
         empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
     if manifest:
-        extra = dict(layers=layers if isinstance(layers, str) else layers.tolist(), pool=options.pool,
-                     input=os.path.abspath(input_path))
+        extra = dict(
+            layers=layers if isinstance(layers, str) else layers.tolist(),
+            pool=options.pool,
+            input=os.path.abspath(input_path),
+        )
         with disk_full.reported(manifest):
-            write_text_atomic(manifest, json.dumps(shard_manifest(output_path, start, step, total,
-                                                                  bool(options.pool), **extra), indent=1) + "\n")
-    return EmbedFileResult(output=output, manifest=manifest, lines=total, written=mine,
-                           empty_pooled=empty if options.pool else 0)
+            write_text_atomic(
+                manifest,
+                json.dumps(shard_manifest(output_path, start, step, total, bool(options.pool), **extra), indent=1)
+                + "\n",
+            )
+    return EmbedFileResult(
+        output=output, manifest=manifest, lines=total, written=mine, empty_pooled=empty if options.pool else 0
+    )
 
 
-def _write_hdf5(embedder, lines: Iterable[list[str]], output: str, layers, options: EmbedFileOptions,
-                start: int, step: int, mine: int) -> int:
+def _write_hdf5(
+    embedder,
+    lines: Iterable[list[str]],
+    output: str,
+    layers,
+    options: EmbedFileOptions,
+    start: int,
+    step: int,
+    mine: int,
+) -> int:
     """Writes the file (atomically); returns how many of its ``mine`` lines were empty."""
     import h5py
     from tqdm import tqdm
@@ -171,13 +197,17 @@ def _write_hdf5(embedder, lines: Iterable[list[str]], output: str, layers, optio
 
         # A background thread writes (an hdf5 dataset per line is host time: see
         # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
-        with tqdm(total=mine, unit="sent", disable=not options.progress, dynamic_ncols=True) as bar, \
-                warnings.catch_warnings(), background.calls(store, options.ahead * options.window) as submit:
+        with (
+            tqdm(total=mine, unit="sent", disable=not options.progress, dynamic_ncols=True) as bar,
+            warnings.catch_warnings(),
+            background.calls(store, options.ahead * options.window) as submit,
+        ):
             # Pooled by embed (on the device); its empty-sentence warning per window gives way to
             # one count at the end.
             warnings.filterwarnings("ignore", message=r"\d+ empty sentence\(s\) pooled")
-            for k, x in embedder.embed_stream(_count_empty(lines, counts), window=options.window, layers=layers,
-                                              pool=options.pool):
+            for k, x in embedder.embed_stream(
+                _count_empty(lines, counts), window=options.window, layers=layers, pool=options.pool
+            ):
                 submit((k, x))
                 bar.update(1)
         if write:
@@ -204,8 +234,11 @@ def _remember(lines: Iterable[list[str]], table: dict | None, start: int, step: 
 def _pooled_rows(out, n_rows: int, config, layers, window: int) -> Callable[[np.ndarray | None], None]:
     """``write(row)`` appends to dataset ``embeddings`` ``[n_rows, ...]`` float32 of ``out``, buffered
     ``window`` rows at a time (an h5py write per row is slow); ``write(None)`` flushes."""
-    shape = (config.n_output_layers, config.output_dim) if isinstance(layers, str) and layers == "all" \
+    shape = (
+        (config.n_output_layers, config.output_dim)
+        if isinstance(layers, str) and layers == "all"
         else (config.output_dim,)
+    )
     ds = out.create_dataset("embeddings", shape=(n_rows, *shape), dtype=np.float32)
     buf: list[np.ndarray] = []
     done = 0
@@ -215,9 +248,10 @@ def _pooled_rows(out, n_rows: int, config, layers, window: int) -> Callable[[np.
         if row is not None:
             buf.append(row)
         if buf and (row is None or len(buf) >= window):
-            ds[done:done + len(buf)] = np.stack(buf)
+            ds[done : done + len(buf)] = np.stack(buf)
             done += len(buf)
             buf.clear()
+
     return write
 
 

@@ -31,8 +31,15 @@ def marker_vectors(params: dict, config: ModelConfig, *, compute: Compute = Comp
     return char_cnn.apply(params["char_cnn"], config, jnp.stack([bos_ids, eos_ids]), compute=compute)
 
 
-def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, *,
-                         compute: Compute = Compute(), markers: jax.Array | None = None) -> jax.Array:
+def add_sentence_markers(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    *,
+    compute: Compute = Compute(),
+    markers: jax.Array | None = None,
+) -> jax.Array:
     """``[B, T, P]`` token vectors -> ``[B, T+2, P]``: ``<S>`` at 0, ``</S>`` right after each row.
 
     The two marker vectors are encoded once, not once per row; ``markers`` (``marker_vectors``)
@@ -40,16 +47,29 @@ def add_sentence_markers(params: dict, config: ModelConfig, tokens: jax.Array, l
     """
     bos, eos = marker_vectors(params, config, compute=compute) if markers is None else markers
     batch, time = tokens.shape[:2]
-    x = jnp.concatenate([jnp.broadcast_to(bos, (batch, 1, bos.shape[-1])), tokens,
-                         jnp.zeros((batch, 1, tokens.shape[-1]), tokens.dtype)], axis=1)
+    x = jnp.concatenate(
+        [
+            jnp.broadcast_to(bos, (batch, 1, bos.shape[-1])),
+            tokens,
+            jnp.zeros((batch, 1, tokens.shape[-1]), tokens.dtype),
+        ],
+        axis=1,
+    )
     t = jnp.arange(time + 2)[None, :, None]
     x = jnp.where(t == lengths[:, None, None] + 1, eos, x)
     return jnp.where(t <= lengths[:, None, None] + 1, x, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "compute"))
-def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: dict | None = None, *,
-               keep_sentence_markers: bool = False, compute: Compute = Compute()) -> tuple[jax.Array, jax.Array, dict]:
+def bilm_apply(
+    params: dict,
+    config: ModelConfig,
+    char_ids: jax.Array,
+    state: dict | None = None,
+    *,
+    keep_sentence_markers: bool = False,
+    compute: Compute = Compute(),
+) -> tuple[jax.Array, jax.Array, dict]:
     """The ELMo layers of a batch of sentences.
 
     Args:
@@ -73,14 +93,22 @@ def bilm_apply(params: dict, config: ModelConfig, char_ids: jax.Array, state: di
     """
     lengths = jnp.any(char_ids > 0, axis=-1).sum(axis=-1).astype(jnp.int32)
     tokens = char_cnn.apply(params["char_cnn"], config, char_ids, compute=compute)
-    return bilm_from_tokens(params, config, tokens, lengths, state, keep_sentence_markers=keep_sentence_markers,
-                            compute=compute)
+    return bilm_from_tokens(
+        params, config, tokens, lengths, state, keep_sentence_markers=keep_sentence_markers, compute=compute
+    )
 
 
-def bilm_from_tokens(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                     state: dict | None = None, *, keep_sentence_markers: bool = False,
-                     compute: Compute = Compute(), markers: jax.Array | None = None
-                     ) -> tuple[jax.Array, jax.Array, dict]:
+def bilm_from_tokens(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    state: dict | None = None,
+    *,
+    keep_sentence_markers: bool = False,
+    compute: Compute = Compute(),
+    markers: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, dict]:
     """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
 
     For callers that encode tokens their own way: each distinct word once, or from a cache.

@@ -30,15 +30,16 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
         conv_specs = [Normal((width, e, n), np.sqrt(1.0 / (width * e))) for width, n in c.filters]
     # Per highway layer: carry, then transform.
     highway_specs = [Normal((f, f), np.sqrt(1.0 / f)) for _ in range(2 * c.n_highway)]
-    char_embed, *weights = draw(key, [Uniform((c.n_characters, e), -1.0, 1.0), *conv_specs, *highway_specs,
-                                      Normal((f, p), np.sqrt(1.0 / f))])
+    char_embed, *weights = draw(
+        key, [Uniform((c.n_characters, e), -1.0, 1.0), *conv_specs, *highway_specs, Normal((f, p), np.sqrt(1.0 / f))]
+    )
     if c.n_characters == 262:
         char_embed = char_embed.at[0].set(0.0)
     conv = [{"w": w, "b": jnp.zeros((n,))} for w, (_, n) in zip(weights, c.filters)]
-    highway_w = weights[len(c.filters):-1]
+    highway_w = weights[len(c.filters) : -1]
     # b_carry = -2: the gate starts mostly closed, so the highway starts near the identity.
     b = jnp.concatenate([jnp.full((f,), -2.0), jnp.zeros((f,))])
-    highway = [{"w": jnp.concatenate(highway_w[2 * i:2 * i + 2], axis=1), "b": b} for i in range(c.n_highway)]
+    highway = [{"w": jnp.concatenate(highway_w[2 * i : 2 * i + 2], axis=1), "b": b} for i in range(c.n_highway)]
     proj = {"w": weights[-1], "b": jnp.zeros((p,))}
     return {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj}
 
@@ -59,11 +60,14 @@ def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Comp
     n_chars, e = x.shape[1], c.embedding_dim
     wmax = max(w for w, _ in c.filters)
     xp = jnp.pad(x, ((0, 0), (0, wmax - 1), (0, 0)))
-    cols = jnp.concatenate([xp[:, k:k + n_chars] for k in range(wmax)], axis=-1)  # [N, chars, wmax*E]
+    cols = jnp.concatenate([xp[:, k : k + n_chars] for k in range(wmax)], axis=-1)  # [N, chars, wmax*E]
     outs = []
     for layer, (width, n) in zip(conv, c.filters):
-        y = jnp.dot(cols[:, :n_chars - width + 1, :width * e], layer["w"].reshape(width * e, n).astype(x.dtype),
-                    precision=compute.precision)
+        y = jnp.dot(
+            cols[:, : n_chars - width + 1, : width * e],
+            layer["w"].reshape(width * e, n).astype(x.dtype),
+            precision=compute.precision,
+        )
         outs.append(y.max(axis=1) + layer["b"].astype(x.dtype))
     return jnp.concatenate(outs, axis=-1)
 
@@ -128,8 +132,9 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Co
     lead = char_ids.shape[:-1]
     ids = char_ids.reshape(-1, char_ids.shape[-1])
     if ids.shape[-1] > c.max_characters_per_token:
-        raise ValueError(f"char_ids have {ids.shape[-1]} chars per token; the model takes at most "
-                         f"{c.max_characters_per_token}")
+        raise ValueError(
+            f"char_ids have {ids.shape[-1]} chars per token; the model takes at most {c.max_characters_per_token}"
+        )
 
     def encode(block):
         x = jnp.take(params["char_embed"], block, axis=0).astype(dtype)  # [n, chars, E]

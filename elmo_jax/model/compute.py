@@ -52,8 +52,10 @@ class Compute:
             except ValueError:
                 raise ValueError(f"Compute.precision: unknown matmul precision {self.precision!r}") from None
         elif not isinstance(precision, (jax.lax.Precision, jax.lax.DotAlgorithmPreset)):
-            raise ValueError(f"Compute.precision must be a jax.lax.Precision, its name or a "
-                             f"DotAlgorithmPreset, got {self.precision!r}")
+            raise ValueError(
+                f"Compute.precision must be a jax.lax.Precision, its name or a "
+                f"DotAlgorithmPreset, got {self.precision!r}"
+            )
         try:
             dtype = np.dtype(self.dtype)
         except TypeError:

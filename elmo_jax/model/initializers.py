@@ -29,13 +29,15 @@ def draw(key: jax.Array, specs: list[Uniform | Normal]) -> list[jax.Array]:
     """One float32 array per spec, in order: ``U(low, high)`` or ``N(0, stddev^2)``."""
     k_uniform, k_normal = jax.random.split(key)
     sizes = [math.prod(s.shape) for s in specs]
-    flat = {Uniform: jax.random.uniform(k_uniform, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Uniform)),)),
-            Normal: jax.random.normal(k_normal, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Normal)),))}
+    flat = {
+        Uniform: jax.random.uniform(k_uniform, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Uniform)),)),
+        Normal: jax.random.normal(k_normal, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Normal)),)),
+    }
     offset = {Uniform: 0, Normal: 0}
     out = []
     for spec, n in zip(specs, sizes):
         kind = type(spec)
-        x = flat[kind][offset[kind]:offset[kind] + n].reshape(spec.shape)
+        x = flat[kind][offset[kind] : offset[kind] + n].reshape(spec.shape)
         offset[kind] += n
         out.append(spec.low + (spec.high - spec.low) * x if isinstance(spec, Uniform) else spec.stddev * x)
     return out

@@ -60,8 +60,9 @@ class Layout:
         if self.lstm not in ("rows", "columns"):
             raise ValueError(f"Layout.lstm must be 'rows' or 'columns', got {self.lstm!r}")
         if self.unroll < 1 or self.cnn_chunk < 0 or self.extract_steps < 1 or self.extract_tokens < 1:
-            raise ValueError(f"Layout needs unroll, extract_steps and extract_tokens >= 1 and cnn_chunk >= 0, "
-                             f"got {self}")
+            raise ValueError(
+                f"Layout needs unroll, extract_steps and extract_tokens >= 1 and cnn_chunk >= 0, got {self}"
+            )
 
 
 BY_BACKEND = {

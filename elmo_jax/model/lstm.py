@@ -47,14 +47,18 @@ def init(key: jax.Array, config: ModelConfig) -> list[dict]:
 
     # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
     weights = draw(key, [spec for _ in range(l.n_layers) for spec in (glorot((2, p + p, 4 * d)), glorot((2, d, p)))])
-    return [{"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)), "w_proj": w_proj}
-            for w0, w_proj in zip(weights[0::2], weights[1::2])]
+    return [
+        {"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)), "w_proj": w_proj}
+        for w0, w_proj in zip(weights[0::2], weights[1::2])
+    ]
 
 
 def zero_state(config: ModelConfig, batch: int) -> dict:
     l = config.lstm
-    return {"c": jnp.zeros((2, l.n_layers, batch, l.dim), jnp.float32),
-            "h": jnp.zeros((2, l.n_layers, batch, l.projection_dim), jnp.float32)}
+    return {
+        "c": jnp.zeros((2, l.n_layers, batch, l.dim), jnp.float32),
+        "h": jnp.zeros((2, l.n_layers, batch, l.projection_dim), jnp.float32),
+    }
 
 
 def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -92,8 +96,17 @@ def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, confi
     return ((jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)), p
 
 
-def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array, h0: jax.Array, *,
-           compute: Compute, resets: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _layer(
+    params: dict,
+    config: ModelConfig,
+    xs: jax.Array,
+    mask: jax.Array,
+    c0: jax.Array,
+    h0: jax.Array,
+    *,
+    compute: Compute,
+    resets: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer, both directions. ``xs [2, B, T, in]``, ``mask [B, T]`` -> outputs ``[2, B, T, P]``;
     ``resets [2, B, T]``: the state is zeroed before those steps.
 
@@ -105,17 +118,29 @@ def _layer(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0
     return f(params, config, xs, mask, c0, h0, compute=compute, resets=resets)
 
 
-def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array, h0: jax.Array, *,
-                compute: Compute = Compute(), resets: jax.Array | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _layer_rows(
+    params: dict,
+    config: ModelConfig,
+    xs: jax.Array,
+    mask: jax.Array,
+    c0: jax.Array,
+    h0: jax.Array,
+    *,
+    compute: Compute = Compute(),
+    resets: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with batch-major state ``[2, B, D]`` (GPU/TPU: the batch is the row axis).
     Unrolled ``compute.layout.unroll`` steps at a time (the backend's when None); differentiated
     by ``_rows_scan_vjp`` when the layout's ``lstm_vjp`` is set, else by autodiff of the scan."""
     layout = compute.resolved_layout()
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan
     # (autodiff of it is already one matmul each for dW_x and dX, whichever way the scan is differentiated).
-    gx = jnp.einsum("dbti,dig->tdbg", xs.astype(compute.dtype), params["w_x"].astype(compute.dtype),
-                    precision=compute.precision).astype(jnp.float32) + params["b"][None, :, None, :]
+    gx = (
+        jnp.einsum(
+            "dbti,dig->tdbg", xs.astype(compute.dtype), params["w_x"].astype(compute.dtype), precision=compute.precision
+        ).astype(jnp.float32)
+        + params["b"][None, :, None, :]
+    )
     m = mask.T[:, :, None]  # [T, B, 1]
     r = None if resets is None else resets.transpose(2, 0, 1)[..., None]  # [T, 2, B, 1]
     if layout.lstm_vjp:
@@ -126,8 +151,20 @@ def _layer_rows(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Arra
     return ys.transpose(1, 2, 0, 3), c, h
 
 
-def _rows_scan(w_h: jax.Array, w_proj: jax.Array, gx: jax.Array, m: jax.Array, r: jax.Array | None, c0: jax.Array,
-               h0: jax.Array, *, config: ModelConfig, compute: Compute, unroll: int, save: bool) -> tuple:
+def _rows_scan(
+    w_h: jax.Array,
+    w_proj: jax.Array,
+    gx: jax.Array,
+    m: jax.Array,
+    r: jax.Array | None,
+    c0: jax.Array,
+    h0: jax.Array,
+    *,
+    config: ModelConfig,
+    compute: Compute,
+    unroll: int,
+    save: bool,
+) -> tuple:
     """The rows layout's recurrence over ``gx [T, 2, B, 4D]`` (input half and bias applied), masks
     ``m [T, B, 1]`` and resets ``r [T, 2, B, 1]`` (or None), from state ``c0 [2, B, D]``, ``h0 [2, B, P]``.
 
@@ -158,8 +195,13 @@ def _rows_scan(w_h: jax.Array, w_proj: jax.Array, gx: jax.Array, m: jax.Array, r
 def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
     """A backward-pass matmul: inputs in ``compute.dtype`` at ``compute.precision``, float32 out
     (as the forward's matmuls; float32 accumulation also for the sums over all steps)."""
-    return jnp.einsum(spec, a.astype(compute.dtype), b.astype(compute.dtype), precision=compute.precision,
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+        spec,
+        a.astype(compute.dtype),
+        b.astype(compute.dtype),
+        precision=compute.precision,
+        preferred_element_type=jnp.float32,
+    )
 
 
 def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
@@ -217,9 +259,17 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
     return scan
 
 
-def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.Array, c0: jax.Array,
-                   h0: jax.Array, *, compute: Compute = Compute(), resets: jax.Array | None = None
-                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _layer_columns(
+    params: dict,
+    config: ModelConfig,
+    xs: jax.Array,
+    mask: jax.Array,
+    c0: jax.Array,
+    h0: jax.Array,
+    *,
+    compute: Compute = Compute(),
+    resets: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``_layer`` with the batch as the minor axis: state ``[2, D, B]``, weights transposed (CPU).
 
     On XLA's CPU backend a step's matmuls run much faster as ``[4D, in] @ [in, B]`` than as
@@ -240,19 +290,32 @@ def _layer_columns(params: dict, config: ModelConfig, xs: jax.Array, mask: jax.A
         x, m, *r = inputs  # [2, in, B], [1, B], optionally [2, 1, B]
         if r:
             c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
-        z = (jnp.einsum("dgi,dib->dgb", w_x, x.astype(dtype), precision=precision).astype(jnp.float32)
-             + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32) + b)
+        z = (
+            jnp.einsum("dgi,dib->dgb", w_x, x.astype(dtype), precision=precision).astype(jnp.float32)
+            + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32)
+            + b
+        )
         return _cell(z, c, h, m, project, config, 1)[0]
 
     per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
-        () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],))
+        () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],)
+    )
     (c, h), ys = jax.lax.scan(step, (c0.transpose(0, 2, 1), h0.transpose(0, 2, 1)), per_step, unroll=unroll)
     return ys.transpose(1, 3, 0, 2), c.transpose(0, 2, 1), h.transpose(0, 2, 1)
 
 
-def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array, state: dict | None = None, *,
-        compute: Compute = Compute(), dropout_rate: float = 0.0, dropout_keys: jax.Array | None = None,
-        resets: jax.Array | None = None) -> tuple[jax.Array, dict]:
+def run(
+    params: list[dict],
+    config: ModelConfig,
+    xs: jax.Array,
+    mask: jax.Array,
+    state: dict | None = None,
+    *,
+    compute: Compute = Compute(),
+    dropout_rate: float = 0.0,
+    dropout_keys: jax.Array | None = None,
+    resets: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
     """Both directions' layer stacks, each over its own input in its own time order.
 
     Args:
@@ -283,8 +346,7 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_keys is not None and dropout_rate > 0.0 else xs
-        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], compute=compute,
-                          resets=resets)
+        ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], compute=compute, resets=resets)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding
         outputs.append(ys)
@@ -294,8 +356,15 @@ def run(params: list[dict], config: ModelConfig, xs: jax.Array, mask: jax.Array,
     return jnp.stack(outputs), {"c": jnp.stack(cs, 1), "h": jnp.stack(hs, 1)}
 
 
-def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Array,
-          state: dict | None = None, *, compute: Compute = Compute()) -> tuple[jax.Array, dict]:
+def apply(
+    params: list[dict],
+    config: ModelConfig,
+    x: jax.Array,
+    lengths: jax.Array,
+    state: dict | None = None,
+    *,
+    compute: Compute = Compute(),
+) -> tuple[jax.Array, dict]:
     """The biLSTM over sentences (inference).
 
     Args:
@@ -316,7 +385,9 @@ def apply(params: list[dict], config: ModelConfig, x: jax.Array, lengths: jax.Ar
 
 def dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
     """Inverted dropout on ``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` and ``salt``."""
+
     def row_mask(key):
         return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (x.shape[0],) + x.shape[2:])
+
     keep = jax.vmap(row_mask, out_axes=1)(row_keys)  # [2, B, T, F]
     return jnp.where(keep, x / (1.0 - rate), 0.0)

@@ -67,8 +67,10 @@ def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
     return out
 
 
-def check_tokenized(sentences: Sequence[Sequence[str]], hint: str = "split it into tokens first "
-                    "(elmo_jax.text.tokenize.tokenize or str.split)") -> None:
+def check_tokenized(
+    sentences: Sequence[Sequence[str]],
+    hint: str = "split it into tokens first (elmo_jax.text.tokenize.tokenize or str.split)",
+) -> None:
     """Raises ``TypeError`` (one line) for a sentence that is a ``str`` or holds a non-``str`` token.
 
     A ``str`` is a sequence of 1-character strings, so without this check ``"The cat"`` would be
@@ -79,12 +81,12 @@ def check_tokenized(sentences: Sequence[Sequence[str]], hint: str = "split it in
             raise TypeError(f"sentence {i} is a str ({sentence[:40]!r}); expected a list of tokens: {hint}")
         for j, token in enumerate(sentence):
             if not isinstance(token, str):
-                raise TypeError(f"sentence {i}, token {j} has type {type(token).__name__} ({token!r:.40}); "
-                                f"expected str")
+                raise TypeError(
+                    f"sentence {i}, token {j} has type {type(token).__name__} ({token!r:.40}); expected str"
+                )
 
 
-def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50,
-                 min_length: int = 0) -> np.ndarray:
+def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50, min_length: int = 0) -> np.ndarray:
     """Tokenized sentences -> ``[batch, max_len, max_chars] int32`` (shifted; zero rows pad).
 
     ``max_len`` is the longest sentence (at least ``min_length``, at least 1 so that an all-empty
@@ -137,8 +139,10 @@ class Vocabulary:
         if lm:
             missing = [t for t in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN) if t not in self._index]
             if missing:
-                raise VocabError(f"{source}: a language-model vocabulary must contain {missing} "
-                                 f"(one token per line); found {len(self.words)} tokens without them")
+                raise VocabError(
+                    f"{source}: a language-model vocabulary must contain {missing} "
+                    f"(one token per line); found {len(self.words)} tokens without them"
+                )
             self.bos, self.eos, self.unk = (self._index[t] for t in (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN))
         else:
             self.bos = self._index.get(BOS_TOKEN, -1)

@@ -122,8 +122,19 @@ CONVENTIONS = ("allennlp", "bilm_tf")
 LAYER_NORM_EPSILON = {"allennlp": 1e-13, "bilm_tf": 1e-12}
 FROZEN_COLLECTION = "frozen_bilm"
 
-__all__ = ["CONVENTIONS", "Elmo", "ElmoNNX", "FROZEN_COLLECTION", "FrozenBiLM", "ScalarMix",
-           "ScalarMixNNX", "l2_penalty", "remove_sentence_markers", "scalar_mix", "with_bilm"]
+__all__ = [
+    "CONVENTIONS",
+    "Elmo",
+    "ElmoNNX",
+    "FROZEN_COLLECTION",
+    "FrozenBiLM",
+    "ScalarMix",
+    "ScalarMixNNX",
+    "l2_penalty",
+    "remove_sentence_markers",
+    "scalar_mix",
+    "with_bilm",
+]
 
 
 def _check_convention(convention: str) -> None:
@@ -156,8 +167,14 @@ def remove_sentence_markers(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, j
     return jnp.where(keep, body, jnp.zeros((), body.dtype)), new_mask
 
 
-def scalar_mix(layers: jax.Array, mask: jax.Array, weights: jax.Array, gamma: jax.Array,
-               layer_norm: bool = False, convention: str = "allennlp") -> tuple[jax.Array, jax.Array]:
+def scalar_mix(
+    layers: jax.Array,
+    mask: jax.Array,
+    weights: jax.Array,
+    gamma: jax.Array,
+    layer_norm: bool = False,
+    convention: str = "allennlp",
+) -> tuple[jax.Array, jax.Array]:
     """``gamma * sum_j softmax(weights)_j * norm_j(layers[j])``, then the convention's marker handling.
 
     Args:
@@ -255,9 +272,14 @@ def _layers_from_inputs(module, weights, char_ids, layers, mask):
     if char_ids is not None:
         if weights is None:
             raise ValueError(f"{type(module).__name__} was built without bilm_params: pass precomputed layers and mask")
-        layers, mask, _ = _bilm.bilm_apply(weights, module.config, jnp.asarray(char_ids), None,
-                                           keep_sentence_markers=module.convention == "allennlp",
-                                           compute=Compute.from_policy(module.precision))
+        layers, mask, _ = _bilm.bilm_apply(
+            weights,
+            module.config,
+            jnp.asarray(char_ids),
+            None,
+            keep_sentence_markers=module.convention == "allennlp",
+            compute=Compute.from_policy(module.precision),
+        )
     n_layers = module.config.n_output_layers
     if layers.shape[0] != n_layers:
         raise ValueError(f"expected {n_layers} biLM layers, got layers of shape {layers.shape}")
@@ -323,8 +345,10 @@ class Elmo(nn.Module):
         if self.trainable_bilm:
             return self.param("bilm", random_bilm)
         if not (self.has_variable(FROZEN_COLLECTION, "bilm") or self.is_mutable_collection(FROZEN_COLLECTION)):
-            raise ValueError(f"Elmo {'/'.join(self.path) or '(top)'} has no biLM: pass the {FROZEN_COLLECTION!r} "
-                             "collection (init, then with_bilm) to apply")
+            raise ValueError(
+                f"Elmo {'/'.join(self.path) or '(top)'} has no biLM: pass the {FROZEN_COLLECTION!r} "
+                "collection (init, then with_bilm) to apply"
+            )
         frozen = self.variable(FROZEN_COLLECTION, "bilm", lambda: random_bilm(self.make_rng("params")))
         return jax.lax.stop_gradient(frozen.value)
 
@@ -337,8 +361,9 @@ class Elmo(nn.Module):
         n_layers = self.config.n_output_layers
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
-            mixed, out_mask = ScalarMix(n_layers, self.do_layer_norm, self.convention,
-                                        name=f"scalar_mix_{k}")(layers, mask)
+            mixed, out_mask = ScalarMix(n_layers, self.do_layer_norm, self.convention, name=f"scalar_mix_{k}")(
+                layers, mask
+            )
             reps.append(nn.Dropout(self.dropout, name=f"dropout_{k}")(mixed, deterministic=deterministic))
         return {"elmo_representations": reps, "mask": out_mask}
 
@@ -363,8 +388,9 @@ def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
             if key == "bilm" and (not in_params or "scalar_mix_0" in tree):
                 where = "/".join(path + (key,))
                 if jax.tree.map(jnp.shape, _plain(value)) != new_shapes:
-                    raise ValueError(f"with_bilm: the weights do not have the shapes of the biLM at {where} "
-                                     "(another ModelConfig?)")
+                    raise ValueError(
+                        f"with_bilm: the weights do not have the shapes of the biLM at {where} (another ModelConfig?)"
+                    )
                 out[key] = new
                 found.append(where)
             elif isinstance(value, Mapping):
@@ -373,8 +399,10 @@ def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
                 out[key] = value
         return out
 
-    out = {col: put(tree, (col,), col == "params") if col in ("params", FROZEN_COLLECTION) else tree
-           for col, tree in variables.items()}
+    out = {
+        col: put(tree, (col,), col == "params") if col in ("params", FROZEN_COLLECTION) else tree
+        for col, tree in variables.items()
+    }
     if not found:
         raise ValueError("with_bilm: no Elmo biLM in these variables (init the model on char ids first)")
     return out
@@ -413,9 +441,19 @@ class ElmoNNX(nnx.Module):
     ``deterministic`` defaults to the modules' mode (``model.train()`` / ``model.eval()``).
     """
 
-    def __init__(self, config: ModelConfig, bilm_params: Any = None, *, num_output_representations: int = 1,
-                 dropout: float = 0.5, do_layer_norm: bool = False, trainable_bilm: bool = False,
-                 convention: str = "allennlp", precision: str = "float32", rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: ModelConfig,
+        bilm_params: Any = None,
+        *,
+        num_output_representations: int = 1,
+        dropout: float = 0.5,
+        do_layer_norm: bool = False,
+        trainable_bilm: bool = False,
+        convention: str = "allennlp",
+        precision: str = "float32",
+        rngs: nnx.Rngs,
+    ):
         _check_convention(convention)
         self.config = config
         self.num_output_representations = num_output_representations
@@ -455,8 +493,9 @@ class ElmoNNX(nnx.Module):
 
     def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool | None = None):
         _split_inputs(char_ids, layers, mask)
-        layers, mask = _layers_from_inputs(self, self.bilm_weights() if char_ids is not None else None,
-                                           char_ids, layers, mask)
+        layers, mask = _layers_from_inputs(
+            self, self.bilm_weights() if char_ids is not None else None, char_ids, layers, mask
+        )
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
             mixed, out_mask = getattr(self, f"scalar_mix_{k}")(layers, mask)

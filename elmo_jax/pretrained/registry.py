@@ -37,8 +37,8 @@ import pathlib
 import posixpath
 import sys
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from elmo_jax._util.atomic import write_text_atomic
 
@@ -47,9 +47,24 @@ try:
 except ImportError:  # Windows: no flock, so concurrent fetches of one model are not coordinated there
     fcntl = None  # type: ignore[assignment]  # the optional module's stand-in
 
-__all__ = ["BASE_URL", "MODELS", "ROLES", "FileStatus", "PretrainedError", "PretrainedModel", "RemoteFile",
-           "cache_root", "cache_status", "fetch", "get_model", "list_models", "load_pretrained", "offline",
-           "source_of", "verify"]
+__all__ = [
+    "BASE_URL",
+    "MODELS",
+    "ROLES",
+    "FileStatus",
+    "PretrainedError",
+    "PretrainedModel",
+    "RemoteFile",
+    "cache_root",
+    "cache_status",
+    "fetch",
+    "get_model",
+    "list_models",
+    "load_pretrained",
+    "offline",
+    "source_of",
+    "verify",
+]
 
 BASE_URL = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
 ROLES = ("options", "weights", "softmax", "vocab", "checkpoint")
@@ -124,8 +139,11 @@ def _one(path: str, size: int | None = None) -> tuple[RemoteFile, ...]:
 def _tf_checkpoint(directory: str, step: int, index_file: bool = True) -> tuple[RemoteFile, ...]:
     # ``checkpoint`` is TF's small text index (tf.train.latest_checkpoint reads it); options.json
     # is the training options (vocabulary size, token count), not the hdf5's inference options.
-    names = (["checkpoint"] if index_file else []) + ["options.json"] + [
-        f"model.ckpt-{step}.{ext}" for ext in ("index", "data-00000-of-00001", "meta")]
+    names = (
+        (["checkpoint"] if index_file else [])
+        + ["options.json"]
+        + [f"model.ckpt-{step}.{ext}" for ext in ("index", "data-00000-of-00001", "meta")]
+    )
     return tuple(RemoteFile(f"{directory}/{n}", local=f"{CHECKPOINT_DIR}/{n}") for n in names)
 
 
@@ -147,47 +165,90 @@ _B = "2x4096_512_2048cnn_2xhighway_5.5B"
 
 MODELS: dict[str, PretrainedModel] = {
     "small": PretrainedModel(
-        "small", "1B Word Benchmark (~800M tokens of WMT 2011 news)",
-        {"options": _one("2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_options.json"),
-         "weights": _one("2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_weights.hdf5"),
-         "vocab": _one(_VOCAB_1B),
-         "checkpoint": _tf_checkpoint("2x1024_128_2048cnn_1xhighway/tf_checkpoint", 1501260)},
-        parameters_m=13.6, lstm_dim=1024, projection_dim=128, n_highway=1, srl_f1=83.62, parsing_f1=93.12),
+        "small",
+        "1B Word Benchmark (~800M tokens of WMT 2011 news)",
+        {
+            "options": _one("2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_options.json"),
+            "weights": _one("2x1024_128_2048cnn_1xhighway/elmo_2x1024_128_2048cnn_1xhighway_weights.hdf5"),
+            "vocab": _one(_VOCAB_1B),
+            "checkpoint": _tf_checkpoint("2x1024_128_2048cnn_1xhighway/tf_checkpoint", 1501260),
+        },
+        parameters_m=13.6,
+        lstm_dim=1024,
+        projection_dim=128,
+        n_highway=1,
+        srl_f1=83.62,
+        parsing_f1=93.12,
+    ),
     "medium": PretrainedModel(
-        "medium", "1B Word Benchmark (~800M tokens of WMT 2011 news)",
-        {"options": _one("2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_options.json"),
-         "weights": _one("2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_weights.hdf5"),
-         "vocab": _one(_VOCAB_1B),
-         "checkpoint": _tf_checkpoint("2x2048_256_2048cnn_1xhighway/tf_checkpoint", 1501260, index_file=False)},
-        parameters_m=28.0, lstm_dim=2048, projection_dim=256, n_highway=1, srl_f1=84.04, parsing_f1=93.60),
+        "medium",
+        "1B Word Benchmark (~800M tokens of WMT 2011 news)",
+        {
+            "options": _one("2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_options.json"),
+            "weights": _one("2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_weights.hdf5"),
+            "vocab": _one(_VOCAB_1B),
+            "checkpoint": _tf_checkpoint("2x2048_256_2048cnn_1xhighway/tf_checkpoint", 1501260, index_file=False),
+        },
+        parameters_m=28.0,
+        lstm_dim=2048,
+        projection_dim=256,
+        n_highway=1,
+        srl_f1=84.04,
+        parsing_f1=93.60,
+    ),
     "original": PretrainedModel(
-        "original", "1B Word Benchmark (~800M tokens of WMT 2011 news)",
-        {"options": _one(f"{_O}/elmo_{_O}_options.json", 336),
-         "weights": _one(f"{_O}/elmo_{_O}_weights.hdf5", 374_434_792),
-         "softmax": _one(f"{_O}/elmo_{_O}_softmax_weights.hdf5"),
-         "vocab": _one(_VOCAB_1B),
-         "checkpoint": _tf_checkpoint(f"{_O}_tf_checkpoint", 935588)},
-        parameters_m=93.6, lstm_dim=4096, projection_dim=512, n_highway=2, srl_f1=84.63, parsing_f1=93.85),
+        "original",
+        "1B Word Benchmark (~800M tokens of WMT 2011 news)",
+        {
+            "options": _one(f"{_O}/elmo_{_O}_options.json", 336),
+            "weights": _one(f"{_O}/elmo_{_O}_weights.hdf5", 374_434_792),
+            "softmax": _one(f"{_O}/elmo_{_O}_softmax_weights.hdf5"),
+            "vocab": _one(_VOCAB_1B),
+            "checkpoint": _tf_checkpoint(f"{_O}_tf_checkpoint", 935588),
+        },
+        parameters_m=93.6,
+        lstm_dim=4096,
+        projection_dim=512,
+        n_highway=2,
+        srl_f1=84.63,
+        parsing_f1=93.85,
+    ),
     "original_5.5b": PretrainedModel(
-        "original_5.5b", "5.5B tokens: Wikipedia (1.9B) + WMT 2008-2012 news (3.6B); AllenNLP's recommended default",
-        {"options": _one(f"{_B}/elmo_{_B}_options.json"),
-         "weights": _one(f"{_B}/elmo_{_B}_weights.hdf5"),
-         "softmax": _one(f"{_B}/elmo_{_B}_softmax_weights.hdf5"),
-         "vocab": _one(f"{_B}/tf_checkpoint/vocab-enwiki-news-500000.txt")},
-        parameters_m=93.6, lstm_dim=4096, projection_dim=512, n_highway=2, srl_f1=84.93, parsing_f1=94.01),
+        "original_5.5b",
+        "5.5B tokens: Wikipedia (1.9B) + WMT 2008-2012 news (3.6B); AllenNLP's recommended default",
+        {
+            "options": _one(f"{_B}/elmo_{_B}_options.json"),
+            "weights": _one(f"{_B}/elmo_{_B}_weights.hdf5"),
+            "softmax": _one(f"{_B}/elmo_{_B}_softmax_weights.hdf5"),
+            "vocab": _one(f"{_B}/tf_checkpoint/vocab-enwiki-news-500000.txt"),
+        },
+        parameters_m=93.6,
+        lstm_dim=4096,
+        projection_dim=512,
+        n_highway=2,
+        srl_f1=84.93,
+        parsing_f1=94.01,
+    ),
     # Contributed (Matthew Peters); no figures published. The architecture is the one its file
     # names spell (2x4096_512, 2 highway layers); AllenNLP's constituency-parser experiment scripts
     # describe it as trained from scratch on 800M PubMed tokens. Its options file has the same name
     # as ``original``'s: one cache directory per model keeps them apart.
     "pubmed": PretrainedModel(
-        "pubmed", "PubMed text (~800M tokens), contributed",
-        {"options": _one(f"contributed/pubmed/elmo_{_O}_options.json"),
-         "weights": _one(f"contributed/pubmed/elmo_{_O}_weights_PubMed_only.hdf5")},
-        lstm_dim=4096, projection_dim=512, n_highway=2),
+        "pubmed",
+        "PubMed text (~800M tokens), contributed",
+        {
+            "options": _one(f"contributed/pubmed/elmo_{_O}_options.json"),
+            "weights": _one(f"contributed/pubmed/elmo_{_O}_weights_PubMed_only.hdf5"),
+        },
+        lstm_dim=4096,
+        projection_dim=512,
+        n_highway=2,
+    ),
 }
 
 
 # --- where things are ------------------------------------------------------------------------
+
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """``cache_dir``, else ``$ELMO_JAX_HOME``, else ``$XDG_CACHE_HOME/elmo_jax/models`` (``~/.cache/...``)."""
@@ -254,6 +315,7 @@ def _files(model: PretrainedModel, roles: Sequence[str]) -> list[RemoteFile]:
 
 # --- the manifest and the lock ---------------------------------------------------------------
 
+
 def _read_manifest(model_dir: pathlib.Path) -> dict:
     try:
         with open(model_dir / MANIFEST, encoding="utf-8") as f:
@@ -287,11 +349,13 @@ def _make_dirs(path: pathlib.Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # FileExistsError / NotADirectoryError when a parent is a regular file
-        raise PretrainedError(f"cache directory {path} cannot be created ({e.strerror or e}); "
-                              f"set ELMO_JAX_HOME to a writable directory") from None
+        raise PretrainedError(
+            f"cache directory {path} cannot be created ({e.strerror or e}); set ELMO_JAX_HOME to a writable directory"
+        ) from None
 
 
 # --- checks ------------------------------------------------------------------------------------
+
 
 def _sha256(path: pathlib.Path) -> str:
     h = hashlib.sha256()
@@ -329,14 +393,16 @@ def _pins(model: PretrainedModel, sha256: Mapping[str, str] | None) -> dict[str,
             raise PretrainedError(f"{model.name}: the sha256 pinned for {key!r} is not 64 hex digits")
         if key in model.files:
             if len(model.files[key]) != 1:
-                raise PretrainedError(f"{model.name}: pin the {key} files by name "
-                                      f"({', '.join(f.local for f in model.files[key])})")
+                raise PretrainedError(
+                    f"{model.name}: pin the {key} files by name ({', '.join(f.local for f in model.files[key])})"
+                )
             pins[model.files[key][0].local] = digest
         elif any(key == f.local for files in model.files.values() for f in files):
             pins[key] = digest
         else:
-            raise PretrainedError(f"{model.name}: cannot pin {key!r}: not a role ({', '.join(model.files)}) "
-                                  f"nor a file of the model")
+            raise PretrainedError(
+                f"{model.name}: cannot pin {key!r}: not a role ({', '.join(model.files)}) nor a file of the model"
+            )
     return pins
 
 
@@ -344,20 +410,24 @@ def _expected_size(f: RemoteFile, manifest: dict) -> int | None:
     return f.size if f.size is not None else manifest.get(f.local, {}).get("size")
 
 
-def _check_cached(model: PretrainedModel, f: RemoteFile, path: pathlib.Path, manifest: dict,
-                  pin: str | None, rehash: bool = False) -> str | None:
+def _check_cached(
+    model: PretrainedModel, f: RemoteFile, path: pathlib.Path, manifest: dict, pin: str | None, rehash: bool = False
+) -> str | None:
     """Refuses a cached file whose size (or hash) is not the expected one; returns its sha256 when known."""
     size, expected = path.stat().st_size, _expected_size(f, manifest)
     if expected is not None and size != expected:
-        raise PretrainedError(f"{path}: {size} bytes, but {model.name}'s {f.local} has {expected}; "
-                              f"delete it to download it again")
+        raise PretrainedError(
+            f"{path}: {size} bytes, but {model.name}'s {f.local} has {expected}; delete it to download it again"
+        )
     recorded = manifest.get(f.local, {}).get("sha256")
     if not (pin or rehash):
         return recorded
     digest = _sha256(path) if rehash or not recorded else recorded
     if recorded and digest != recorded:
-        raise PretrainedError(f"{path}: sha256 {digest} differs from the {recorded} recorded when it was "
-                              f"downloaded; delete it to download it again")
+        raise PretrainedError(
+            f"{path}: sha256 {digest} differs from the {recorded} recorded when it was "
+            f"downloaded; delete it to download it again"
+        )
     if pin and digest != pin:
         raise PretrainedError(f"{path}: sha256 {digest}, but {pin} is pinned; delete it to download it again")
     return digest
@@ -379,11 +449,21 @@ def _finish(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, source: s
 
 # --- transfers ---------------------------------------------------------------------------------
 
+
 def _bar(f: RemoteFile, total: int | None, initial: int, progress: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-                desc=f.local, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f.local,
+        disable=not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
 
 
 def _chunks(read, source: str) -> Iterator[bytes]:
@@ -433,8 +513,10 @@ def _http_attempt(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, url
         raise _Interrupted(f"{url}: cannot connect ({getattr(e, 'reason', e)})") from None
     with resp:
         if resp.headers.get_content_type() == "text/html":
-            raise PretrainedError(f"{url}: the server sent an HTML page (Content-Type text/html), not "
-                                  f"{model.name}'s {f.local}; is the mirror right?")
+            raise PretrainedError(
+                f"{url}: the server sent an HTML page (Content-Type text/html), not "
+                f"{model.name}'s {f.local}; is the mirror right?"
+            )
         if resp.status == 206:
             start, total = _content_range(resp.headers.get("Content-Range"))
             if start != offset:
@@ -449,8 +531,9 @@ def _http_attempt(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, url
         first = next(chunks, b"")
         # Before the size check: an error page is better reported as what it is.
         if offset == 0 and _looks_like_html(f, first):
-            raise PretrainedError(f"{url}: the server sent an HTML page, not {model.name}'s {f.local}; "
-                                  f"is the mirror right?")
+            raise PretrainedError(
+                f"{url}: the server sent an HTML page, not {model.name}'s {f.local}; is the mirror right?"
+            )
         if f.size is not None and total is not None and total != f.size:
             raise PretrainedError(f"{url}: the server has {total} bytes, but {model.name}'s {f.local} has {f.size}")
         done = offset
@@ -497,8 +580,7 @@ def _copy(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, src: str, p
             bar.update(len(chunk))
 
 
-def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, progress: bool,
-              pin: str | None) -> None:
+def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, progress: bool, pin: str | None) -> None:
     """Fetches ``f`` into ``model_dir`` (call with the model's lock held): ``.part``, checks, rename, manifest."""
     path = model_dir / f.local
     _make_dirs(path.parent)
@@ -517,15 +599,29 @@ def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, pr
         part.unlink(missing_ok=True)  # refused content (404, an HTML page, a wrong size or hash): none of it stays
         raise
     os.replace(part, path)
-    _record(model_dir, f.local, {"size": path.stat().st_size, "sha256": digest, "source": source,
-                                 "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    _record(
+        model_dir,
+        f.local,
+        {
+            "size": path.stat().st_size,
+            "sha256": digest,
+            "source": source,
+            "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
 
 
 # --- the API -------------------------------------------------------------------------------------
 
-def fetch(name: str | PretrainedModel, files: Sequence[str] = DEFAULT_FILES, *,
-          cache_dir: str | os.PathLike | None = None, progress: bool | None = None,
-          sha256: Mapping[str, str] | None = None) -> dict[str, pathlib.Path]:
+
+def fetch(
+    name: str | PretrainedModel,
+    files: Sequence[str] = DEFAULT_FILES,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool | None = None,
+    sha256: Mapping[str, str] | None = None,
+) -> dict[str, pathlib.Path]:
     """Makes the ``files`` (roles) of model ``name`` present in the cache; returns role -> local path.
 
     A role's path is its file; for ``checkpoint`` it is the directory holding the TF checkpoint
@@ -553,8 +649,10 @@ def fetch(name: str | PretrainedModel, files: Sequence[str] = DEFAULT_FILES, *,
             missing.append(f)
     if missing and offline():
         f = missing[0]
-        raise PretrainedError(f"ELMO_JAX_OFFLINE is set and {model.name}'s {f.local} is not cached: "
-                              f"get {source_of(f)} and put it at {model_dir / f.local}")
+        raise PretrainedError(
+            f"ELMO_JAX_OFFLINE is set and {model.name}'s {f.local} is not cached: "
+            f"get {source_of(f)} and put it at {model_dir / f.local}"
+        )
     if missing:
         _make_dirs(model_dir)
         with _locked(model_dir):
@@ -566,8 +664,9 @@ def fetch(name: str | PretrainedModel, files: Sequence[str] = DEFAULT_FILES, *,
                 else:
                     _download(model, f, model_dir, progress, pins.get(f.local))
     roles = [files] if isinstance(files, str) else list(files)
-    return {role: model_dir / (CHECKPOINT_DIR if role == "checkpoint" else model.files[role][0].local)
-            for role in roles}
+    return {
+        role: model_dir / (CHECKPOINT_DIR if role == "checkpoint" else model.files[role][0].local) for role in roles
+    }
 
 
 def _check_cached_and_record(model, f, path, model_dir, manifest, pin) -> None:
@@ -590,8 +689,9 @@ def load_pretrained(name: str | PretrainedModel, **fetch_kwargs):
     return load_hdf5(paths["options"], paths["weights"])
 
 
-def verify(name: str | PretrainedModel, *, cache_dir: str | os.PathLike | None = None,
-           sha256: Mapping[str, str] | None = None) -> dict[str, str]:
+def verify(
+    name: str | PretrainedModel, *, cache_dir: str | os.PathLike | None = None, sha256: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Rehashes every cached file of ``name``: local name -> sha256.
 
     Refuses (``PretrainedError``, naming the first bad file) a size other than the pinned or
@@ -612,8 +712,9 @@ def verify(name: str | PretrainedModel, *, cache_dir: str | os.PathLike | None =
                 out[f.local] = digest
                 if f.local not in manifest:
                     with contextlib.suppress(OSError), _locked(model_dir):
-                        _record(model_dir, f.local, {"size": path.stat().st_size, "sha256": out[f.local],
-                                                     "source": "local"})
+                        _record(
+                            model_dir, f.local, {"size": path.stat().st_size, "sha256": out[f.local], "source": "local"}
+                        )
     return out
 
 
@@ -630,8 +731,9 @@ class FileStatus:
     on_disk: int | None  # bytes of the file (or of its .part)
 
 
-def cache_status(cache_dir: str | os.PathLike | None = None,
-                 models: Sequence[str | PretrainedModel] | None = None) -> list[FileStatus]:
+def cache_status(
+    cache_dir: str | os.PathLike | None = None, models: Sequence[str | PretrainedModel] | None = None
+) -> list[FileStatus]:
     """Every released file of ``models`` (default: all) and whether it is cached; checks sizes only."""
     rows = []
     for model in (get_model(m) for m in (models if models is not None else MODELS)):

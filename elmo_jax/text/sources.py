@@ -11,8 +11,8 @@ import glob as globlib
 import hashlib
 import os
 import warnings
-from typing import Protocol
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -38,8 +38,9 @@ class TextFiles:
 
     def __init__(self, pattern: str | Sequence[str]):
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
-        files = sorted({f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)
-                        if os.path.isfile(f)})
+        files = sorted(
+            {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True) if os.path.isfile(f)}
+        )
         if not files:
             raise DataError(f"no files match {' '.join(patterns)!s}")
         self.files = files
@@ -77,8 +78,9 @@ class TextFiles:
                 try:
                     lines.append(raw.decode("utf-8"))
                 except UnicodeDecodeError as e:
-                    warnings.warn(f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})",
-                                  stacklevel=2)
+                    warnings.warn(
+                        f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})", stacklevel=2
+                    )
         return [line for line in lines if line.strip()]
 
 
@@ -109,17 +111,20 @@ class TfdsSource:
     dataset must already be prepared in ArrayRecord format; see docs/pretraining.md ("lm1b with tfds").
     """
 
-    def __init__(self, name: str, split: str = "train", data_dir: str | None = None, n_shards: int = 100,
-                 feature: str = "text"):
+    def __init__(
+        self, name: str, split: str = "train", data_dir: str | None = None, n_shards: int = 100, feature: str = "text"
+    ):
         import tensorflow_datasets as tfds
 
         try:
             self.source = tfds.data_source(name, split=split, data_dir=data_dir)
         except Exception as e:  # noqa: BLE001 - tfds raises many types for "not prepared"; name the fix.
-            raise DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
-                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                            f"prepare it once with file_format='array_record' "
-                            f"(see docs/pretraining.md, \"lm1b with tfds\")") from None
+            raise DataError(
+                f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"prepare it once with file_format='array_record' "
+                f'(see docs/pretraining.md, "lm1b with tfds")'
+            ) from None
         n = len(self.source)
         if n == 0:
             raise DataError(f"tfds dataset {name!r} split {split!r} is empty")
@@ -180,7 +185,7 @@ def data_changes(saved: list[dict], now: list[dict]) -> list[str]:
 def open_source(spec: str, data_dir: str | None = None) -> Source:
     """``tfds:NAME[/SPLIT]`` (e.g. ``tfds:lm1b/train``) or a glob of text files."""
     if spec.startswith("tfds:"):
-        name, _, split = spec[len("tfds:"):].partition("/")
+        name, _, split = spec[len("tfds:") :].partition("/")
         return TfdsSource(name, split or "train", data_dir=data_dir)
     return TextFiles(spec)
 
@@ -191,6 +196,8 @@ def shard_for_process(source: Source, process_index: int, process_count: int) ->
     Too few shards is refused on every process, not only on those left without one: a process
     that stopped alone would leave the others to abort in jax.distributed's coordination service."""
     if len(source) < process_count:
-        raise DataError(f"{len(source)} shard(s) for {process_count} processes: each process needs at least one; "
-                        f"use at least as many shards as processes")
+        raise DataError(
+            f"{len(source)} shard(s) for {process_count} processes: each process needs at least one; "
+            f"use at least as many shards as processes"
+        )
     return list(range(process_index, len(source), process_count))

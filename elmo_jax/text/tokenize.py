@@ -90,16 +90,64 @@ __all__ = [
     "format_sentence",
 ]
 
-TITLES = frozenset({
-    "mr", "mrs", "ms", "messrs", "mme", "dr", "prof", "rev", "hon", "st", "mt", "ft",
-    "gen", "col", "lt", "capt", "cmdr", "sgt", "maj", "adm", "gov", "sen", "rep", "pres", "supt", "vs",
-})
+TITLES = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "messrs",
+        "mme",
+        "dr",
+        "prof",
+        "rev",
+        "hon",
+        "st",
+        "mt",
+        "ft",
+        "gen",
+        "col",
+        "lt",
+        "capt",
+        "cmdr",
+        "sgt",
+        "maj",
+        "adm",
+        "gov",
+        "sen",
+        "rep",
+        "pres",
+        "supt",
+        "vs",
+    }
+)
 """Abbreviations (lowercase, without the period) that precede a name and so never end a sentence."""
 
-NUMBER_ABBREVIATIONS = frozenset({
-    "no", "nos", "vol", "vols", "p", "pp", "art", "sec", "ch", "fig",
-    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
-})
+NUMBER_ABBREVIATIONS = frozenset(
+    {
+        "no",
+        "nos",
+        "vol",
+        "vols",
+        "p",
+        "pp",
+        "art",
+        "sec",
+        "ch",
+        "fig",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    }
+)
 """Abbreviations (lowercase, without the period) that never end a sentence before a digit."""
 
 FINAL_ABBREVIATIONS = frozenset({"etc", "inc", "co", "corp", "ltd", "jr", "sr", "bros"})
@@ -110,13 +158,29 @@ CLITICS = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
 
 # --- character normalisation -------------------------------------------------------------------
 
-_CHAR_MAP = str.maketrans({
-    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
-    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u00ab": '"', "\u00bb": '"',
-    "\u2026": "...",
-    "\u2010": "-", "\u2011": "-",
-    "\u00ad": None, "\u200b": None, "\u200c": None, "\u200d": None, "\u2060": None, "\ufeff": None,
-})
+_CHAR_MAP = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201a": "'",
+        "\u201b": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u201e": '"',
+        "\u201f": '"',
+        "\u00ab": '"',
+        "\u00bb": '"',
+        "\u2026": "...",
+        "\u2010": "-",
+        "\u2011": "-",
+        "\u00ad": None,
+        "\u200b": None,
+        "\u200c": None,
+        "\u200d": None,
+        "\u2060": None,
+        "\ufeff": None,
+    }
+)
 
 
 def _squash_spaces(text: str) -> str:
@@ -158,10 +222,10 @@ def _split_line(line: str) -> list[str]:
         if not (nxt.isupper() or nxt.isdigit() or nxt in _OPENERS):
             continue
         if m.group(1) == "." and not m.group(2):
-            word = line[:m.start()].rsplit(" ", 1)[-1]
+            word = line[: m.start()].rsplit(" ", 1)[-1]
             if _is_abbreviation(word, nxt):
                 continue
-        sentences.append(line[start:m.end()].strip())
+        sentences.append(line[start : m.end()].strip())
         start = m.end()
     sentences.append(line[start:].strip())
     return [s for s in sentences if s]
@@ -254,7 +318,7 @@ def tokenize(sentence: str) -> list[str]:
             if _is_final_abbreviation(word):
                 tokens.insert(i + 1, ".")
             else:  # the word may end in a clitic or apostrophe now: "it's." -> it 's .
-                tokens[i:i + 1] = _split_apostrophes(word[:-1]) + ["."]
+                tokens[i : i + 1] = _split_apostrophes(word[:-1]) + ["."]
     return tokens
 
 

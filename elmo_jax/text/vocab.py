@@ -61,8 +61,9 @@ def count_tokens(files: TextFiles | Source) -> tuple[collections.Counter, int, i
     return counts, n_tokens, n_sentences
 
 
-def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None,
-                extend: Sequence[str] | None = None) -> list[str]:
+def build_vocab(
+    counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None, extend: Sequence[str] | None = None
+) -> list[str]:
     """``['<S>', '</S>', '<UNK>', *words]``: words with ``count >= min_count``, most frequent first.
 
     Ties are broken by the word itself (Python string order), so the result is deterministic.
@@ -76,9 +77,13 @@ def build_vocab(counts: Mapping[str, int], min_count: int = 1, max_size: int | N
     """
     if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
         raise VocabError(f"min_count must be an integer >= 1, got {min_count!r}")
-    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4):
-        raise VocabError(f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least "
-                         f"one word) or None, got {max_size!r}")
+    if max_size is not None and (
+        isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4
+    ):
+        raise VocabError(
+            f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least "
+            f"one word) or None, got {max_size!r}"
+        )
     words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
     old_rank = {}
     for w in extend or ():
@@ -98,8 +103,9 @@ def _file_names(files: Source | Iterable[str]) -> list[str]:
     return [os.fspath(f) for f in files]
 
 
-def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int,
-                files: Source | Iterable[str]) -> None:
+def write_vocab(
+    words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int, files: Source | Iterable[str]
+) -> None:
     """Writes ``words`` one per line (UTF-8) to ``path`` and the sidecar ``<path>.json``, each
     atomically. ``files`` is the counted ``TextFiles`` (or a list of file names).
 
@@ -113,9 +119,14 @@ def write_vocab(words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_
             raise VocabError(f"{path}: word {i} ({w!r}) is not a single whitespace-free token")
     Vocabulary(words, lm=True, source=path)  # duplicates and missing specials
     data = "".join(w + "\n" for w in words).encode("utf-8")
-    meta = {"n_train_tokens": int(n_tokens) + int(n_sentences), "n_tokens": int(n_tokens),
-            "n_sentences": int(n_sentences), "n_words": len(words), "files": _file_names(files),
-            "vocab_sha256": hashlib.sha256(data).hexdigest()}
+    meta = {
+        "n_train_tokens": int(n_tokens) + int(n_sentences),
+        "n_tokens": int(n_tokens),
+        "n_sentences": int(n_sentences),
+        "n_words": len(words),
+        "files": _file_names(files),
+        "vocab_sha256": hashlib.sha256(data).hexdigest(),
+    }
     if is_local(path):  # an object store (gs://) has no directories to make
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_bytes_atomic(path, data)
@@ -140,8 +151,9 @@ def read_vocab_meta(path: str | os.PathLike) -> dict | None:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VocabError(f"{sidecar}: not a valid vocabulary sidecar (JSON): {e}") from None
     if not isinstance(meta, dict):
-        raise VocabError(f"{sidecar}: not a valid vocabulary sidecar: expected a JSON object, "
-                         f"got {type(meta).__name__}")
+        raise VocabError(
+            f"{sidecar}: not a valid vocabulary sidecar: expected a JSON object, got {type(meta).__name__}"
+        )
     expected = meta.get("vocab_sha256")
     if expected is not None:
         try:
@@ -150,7 +162,10 @@ def read_vocab_meta(path: str | os.PathLike) -> dict | None:
         except FileNotFoundError:
             actual = None
         if actual != expected:
-            warnings.warn(f"{sidecar}: ignored, it does not match {path} (the vocabulary was changed after it "
-                          f"was written); rebuild the vocabulary or give n_train_tokens explicitly", stacklevel=2)
+            warnings.warn(
+                f"{sidecar}: ignored, it does not match {path} (the vocabulary was changed after it "
+                f"was written); rebuild the vocabulary or give n_train_tokens explicitly",
+                stacklevel=2,
+            )
             return None
     return meta

@@ -56,7 +56,7 @@ class WordTable:
     def char_ids(self, ids: np.ndarray) -> np.ndarray:
         """``[n] -> [n, max_chars] int32``."""
         if len(self.words) > len(self.chars):
-            new = words_to_ids(self.words[len(self.chars):], self.max_chars).astype(np.uint16)
+            new = words_to_ids(self.words[len(self.chars) :], self.max_chars).astype(np.uint16)
             self.chars = np.concatenate([self.chars, new])
         return self.chars[ids].astype(np.int32)
 
@@ -70,8 +70,17 @@ class _Stream:
     no per-sentence arrays made.
     """
 
-    def __init__(self, source: Source, shards: list[int], table: WordTable, rows: int, seed: int,
-                 reverse: bool, max_epochs: int | None, shuffle: bool = True):
+    def __init__(
+        self,
+        source: Source,
+        shards: list[int],
+        table: WordTable,
+        rows: int,
+        seed: int,
+        reverse: bool,
+        max_epochs: int | None,
+        shuffle: bool = True,
+    ):
         self.source, self.shards, self.table, self.shuffle = source, shards, table, shuffle
         self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
         self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
@@ -91,8 +100,11 @@ class _Stream:
         if self._loaded is None or self._loaded[0] != key:
             shard = self._order(self.epoch)[self.shard_pos]
             lines = self.source.read(shard)
-            order = (np.random.default_rng([self.seed, self.epoch, shard]).permutation(len(lines))
-                     if self.shuffle else range(len(lines)))
+            order = (
+                np.random.default_rng([self.seed, self.epoch, shard]).permutation(len(lines))
+                if self.shuffle
+                else range(len(lines))
+            )
             vocab, table = self.table.vocab, self.table
             start, end = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
             words: list[str] = []
@@ -131,8 +143,10 @@ class _Stream:
             self.shard_pos, self.sentence_pos = self.shard_pos + 1, 0
             if self.shard_pos == len(self.shards):
                 self.epoch, self.shard_pos = self.epoch + 1, 0
-        raise DataError(f"no sentences in {', '.join(self.source.name(s) for s in self.shards[:5])}"
-                        f"{' ...' if len(self.shards) > 5 else ''}")
+        raise DataError(
+            f"no sentences in {', '.join(self.source.name(s) for s in self.shards[:5])}"
+            f"{' ...' if len(self.shards) > 5 else ''}"
+        )
 
     def window(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch.
@@ -150,8 +164,8 @@ class _Stream:
                 item = buf[0]
                 pair_in, pair_tgt, lo, hi = item
                 k = min(hi - lo, steps - pos)
-                out_in[r, pos:pos + k] = pair_in[lo:lo + k]
-                out_tgt[r, pos:pos + k] = pair_tgt[lo:lo + k]
+                out_in[r, pos : pos + k] = pair_in[lo : lo + k]
+                out_tgt[r, pos : pos + k] = pair_tgt[lo : lo + k]
                 pos += k
                 if lo + k == hi:
                     buf.pop(0)
@@ -163,21 +177,30 @@ class _Stream:
     def snapshot(self) -> tuple:
         """The position and the rows' buffered slices as they are now: cheap enough for every
         step (references to the shard's arrays, no copies); ``state(snapshot)`` makes it a dict."""
-        return ((self.epoch, self.shard_pos, self.sentence_pos),
-                [[(a, b, lo, hi) for a, b, lo, hi in buf] for buf in self.buffers])
+        return (
+            (self.epoch, self.shard_pos, self.sentence_pos),
+            [[(a, b, lo, hi) for a, b, lo, hi in buf] for buf in self.buffers],
+        )
 
     def state(self, snapshot: tuple | None = None) -> dict:
         position, buffers = snapshot if snapshot is not None else self.snapshot()
-        pairs = [np.concatenate([np.stack([a[lo:hi], b[lo:hi]]) for a, b, lo, hi in buf], axis=1)
-                 if buf else np.zeros((2, 0), np.int64) for buf in buffers]
+        pairs = [
+            np.concatenate([np.stack([a[lo:hi], b[lo:hi]]) for a, b, lo, hi in buf], axis=1)
+            if buf
+            else np.zeros((2, 0), np.int64)
+            for buf in buffers
+        ]
         flat = np.concatenate(pairs, axis=1)
         # Buffered OOV words are saved by spelling: their ids are only meaningful in this process.
         oov = np.unique(flat[0][flat[0] >= len(self.table.vocab)]).tolist()
-        return {"position": np.array(position, np.int64),
-                "buffer_lengths": np.array([p.shape[1] for p in pairs], np.int64),
-                "buffer_inputs": flat[0], "buffer_targets": flat[1],
-                "oov_ids": np.array(oov, np.int64),
-                "oov_words": np.array([self.table.words[i] for i in oov], dtype=object)}
+        return {
+            "position": np.array(position, np.int64),
+            "buffer_lengths": np.array([p.shape[1] for p in pairs], np.int64),
+            "buffer_inputs": flat[0],
+            "buffer_targets": flat[1],
+            "oov_ids": np.array(oov, np.int64),
+            "oov_words": np.array([self.table.words[i] for i in oov], dtype=object),
+        }
 
     def restore(self, state: dict) -> None:
         self.epoch, self.shard_pos, self.sentence_pos = (int(x) for x in state["position"])
@@ -193,7 +216,9 @@ class _Stream:
             inputs[saved == old] = new
         targets = np.asarray(state["buffer_targets"], np.int64)
         bounds = np.concatenate([[0], np.cumsum(lengths)])
-        self.buffers = [[[inputs, targets, int(lo), int(hi)]] if hi > lo else [] for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.buffers = [
+            [[inputs, targets, int(lo), int(hi)]] if hi > lo else [] for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]
 
 
 def bucket_size(n: int, minimum: int = 64) -> int:
@@ -221,7 +246,7 @@ def split_over_devices(table: WordTable, inputs: np.ndarray, targets: np.ndarray
         local[k] = inv.reshape(inputs[k].shape)
     chars = np.zeros((d, bucket_size(max(len(u) for u in uniques)), table.max_chars), np.int32)
     for k, u in enumerate(uniques):
-        chars[k, :len(u)] = table.char_ids(u)
+        chars[k, : len(u)] = table.char_ids(u)
     return {"chars": chars, "inputs": local, "targets": targets.astype(np.int32)}
 
 
@@ -242,16 +267,32 @@ class LMBatcher:
     row (multi-host: process_index x local devices x rows).
     """
 
-    def __init__(self, source: Source, vocab: Vocabulary, *, rows_per_device: int, unroll_steps: int,
-                 max_chars: int, n_devices: int = 1, seed: int = 0, shards: list[int] | None = None,
-                 first_row: int = 0, max_epochs: int | None = None, shuffle: bool = True):
+    def __init__(
+        self,
+        source: Source,
+        vocab: Vocabulary,
+        *,
+        rows_per_device: int,
+        unroll_steps: int,
+        max_chars: int,
+        n_devices: int = 1,
+        seed: int = 0,
+        shards: list[int] | None = None,
+        first_row: int = 0,
+        max_epochs: int | None = None,
+        shuffle: bool = True,
+    ):
         self.table = WordTable(vocab, max_chars)
         self.n_devices, self.rows_per_device, self.steps = n_devices, rows_per_device, unroll_steps
         self.first_row = first_row
         shards = list(range(len(source))) if shards is None else shards
         rows = n_devices * rows_per_device
-        self.streams = [_Stream(source, shards, self.table, rows, seed * 2 + d, reverse=bool(d),
-                                max_epochs=max_epochs, shuffle=shuffle) for d in range(2)]
+        self.streams = [
+            _Stream(
+                source, shards, self.table, rows, seed * 2 + d, reverse=bool(d), max_epochs=max_epochs, shuffle=shuffle
+            )
+            for d in range(2)
+        ]
 
     @property
     def epoch(self) -> int:
@@ -277,8 +318,11 @@ class LMBatcher:
         d, b = self.n_devices, self.rows_per_device
         vocab = self.table.vocab
         starts = inputs == np.array([vocab.bos, vocab.eos])[:, None, None]  # each direction's start marker
-        return {**batch, "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b),
-                "starts": starts.reshape(2, d, b, -1).transpose(1, 0, 2, 3)}
+        return {
+            **batch,
+            "rows": self.first_row + np.arange(d * b, dtype=np.int32).reshape(d, b),
+            "starts": starts.reshape(2, d, b, -1).transpose(1, 0, 2, 3),
+        }
 
     def snapshot(self) -> list:
         """Where the batcher is now, cheaply (~0.1 ms; ``state()`` costs ~2 ms at 128 rows): turn

@@ -32,8 +32,8 @@ import logging
 import os
 import shutil
 import warnings
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -105,10 +105,13 @@ class Checkpointer:
         self.host_dir = self.run_dir / "host_state"
         if not read_only:
             self.host_dir.mkdir(parents=True, exist_ok=True)
-        options = (ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0, create=False)
-                   if read_only else
-                   ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                                cleanup_tmp_directories=True, create=True))
+        options = (
+            ocp.CheckpointManagerOptions(read_only=True, max_to_keep=None, save_interval_steps=0, create=False)
+            if read_only
+            else ocp.CheckpointManagerOptions(
+                max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True
+            )
+        )
         self._closed = False
         self._in_flight: int | None = None  # the step an async save is writing
         self._failed: DiskFull | None = None
@@ -135,10 +138,15 @@ class Checkpointer:
         try:
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
                 np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(shared),
-                                                            lstm=ocp.args.StandardSave(lstm),
-                                                            meta=ocp.args.JsonSave({**meta, "format": FORMAT})),
-                              force=True)
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(shared),
+                    lstm=ocp.args.StandardSave(lstm),
+                    meta=ocp.args.JsonSave({**meta, "format": FORMAT}),
+                ),
+                force=True,
+            )
         except Exception as e:
             self._raise_if_full(step, e)
             raise
@@ -164,12 +172,19 @@ class Checkpointer:
         need = f"a checkpoint needs about {size(self.nbytes)}" + (f", {size(free)} free" if free is not None else "")
         if kept:
             steps = ", ".join(map(str, kept))
-            then = (f"step(s) {steps} are intact; free space (or keep fewer checkpoints) and rerun the same "
-                    f"command to resume from step {kept[-1]}")
+            then = (
+                f"step(s) {steps} are intact; free space (or keep fewer checkpoints) and rerun the same "
+                f"command to resume from step {kept[-1]}"
+            )
         else:
             then = "no step was saved yet; free space and rerun the same command to start again"
-        return DiskFull(f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}", str(self.run_dir),
-                        code, step, kept)
+        return DiskFull(
+            f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}",
+            str(self.run_dir),
+            code,
+            step,
+            kept,
+        )
 
     def _remove_partial(self, step: int) -> None:
         if is_local(str(self.run_dir)):
@@ -186,8 +201,10 @@ class Checkpointer:
         need = (keep + 1 - min(held, keep)) * self.nbytes  # what is on disk already counts
         if free >= need:
             return None
-        return (f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(self.nbytes)} "
-                f"each (and one in flight) needs about {size(need)} more; a save may run out of space")
+        return (
+            f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(self.nbytes)} "
+            f"each (and one in flight) needs about {size(need)} more; a save may run out of space"
+        )
 
     def _prune_host_files(self) -> None:
         keep = set(self.manager.all_steps())
@@ -207,12 +224,15 @@ class Checkpointer:
             try:
                 return self.meta(step)
             except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
-                warnings.warn(f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
-                              stacklevel=2)
+                warnings.warn(
+                    f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
+                    stacklevel=2,
+                )
         return None
 
-    def restore(self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
-                ) -> tuple[dict, dict | None, dict | None, dict]:
+    def restore(
+        self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
+    ) -> tuple[dict, dict | None, dict | None, dict]:
         """(shared state, LSTM rows or None, host state or None, meta) of one step.
 
         ``abstract(meta)`` gives the targets (``jax.ShapeDtypeStruct`` trees, with the sharding to
@@ -234,16 +254,20 @@ class Checkpointer:
                 host = _unflatten({k: f[k] for k in f.files})
         return restored["state"], restored.get("lstm") if "lstm" in items else None, host, meta
 
-    def restore_latest(self, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
-                       ) -> tuple[int, dict, dict | None, dict | None, dict] | None:
+    def restore_latest(
+        self, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
+    ) -> tuple[int, dict, dict | None, dict | None, dict] | None:
         """(step, shared, lstm, host, meta) of the newest readable checkpoint, or None."""
         for step in reversed(self.steps()):
             try:
                 return (step, *self.restore(step, abstract, with_host))
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
-                warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                              f"falling back to an older one", stacklevel=2)
+                warnings.warn(
+                    f"{self.run_dir}: checkpoint {step} is unreadable "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                    f"falling back to an older one",
+                    stacklevel=2,
+                )
         return None
 
     def set_aside(self, after: int, folder: str) -> list[int]:

@@ -24,7 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.arguments import about
 from elmo_jax.config import ModelConfig
@@ -42,10 +43,21 @@ from elmo_jax.training.step import AXIS, put_global, token_vectors
 BLOCK = 4096
 
 
-def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source, *, batch_size: int = 16,
-             unroll_steps: int = 20, reset_state_per_sentence: bool = False, compute: Compute = Compute(),
-             layout: RowLayout | None = None, mesh: Mesh | None = None, block: int = BLOCK,
-             scored: np.ndarray | None = None) -> dict:
+def evaluate(
+    params: dict,
+    model: ModelConfig,
+    vocab: Vocabulary,
+    source: Source,
+    *,
+    batch_size: int = 16,
+    unroll_steps: int = 20,
+    reset_state_per_sentence: bool = False,
+    compute: Compute = Compute(),
+    layout: RowLayout | None = None,
+    mesh: Mesh | None = None,
+    block: int = BLOCK,
+    scored: np.ndarray | None = None,
+) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
     "unk_rate"}``.
 
@@ -66,10 +78,19 @@ def evaluate(params: dict, model: ModelConfig, vocab: Vocabulary, source: Source
     ``compute``: the biLM's matmul precision, compute dtype and layout (``elmo_jax.model.compute``;
     default: float32, the references' numbers).
     """
-    evaluator = HeldoutEvaluator(model, vocab, source, mesh or _mesh_of(params["softmax"]["w"]),
-                                 batch_size=batch_size, unroll_steps=unroll_steps,
-                                 reset_state_per_sentence=reset_state_per_sentence, compute=compute, layout=layout,
-                                 block=block, scored=scored)
+    evaluator = HeldoutEvaluator(
+        model,
+        vocab,
+        source,
+        mesh or _mesh_of(params["softmax"]["w"]),
+        batch_size=batch_size,
+        unroll_steps=unroll_steps,
+        reset_state_per_sentence=reset_state_per_sentence,
+        compute=compute,
+        layout=layout,
+        block=block,
+        scored=scored,
+    )
     return evaluator(params)
 
 
@@ -83,23 +104,43 @@ class HeldoutEvaluator:
     the softmax table's shape, so every call's params must have it.
     """
 
-    def __init__(self, model: ModelConfig, vocab: Vocabulary, source: Source, mesh: Mesh, *, batch_size: int,
-                 unroll_steps: int, reset_state_per_sentence: bool = False, compute: Compute = Compute(),
-                 layout: RowLayout | None = None, block: int = BLOCK, scored: np.ndarray | None = None):
+    def __init__(
+        self,
+        model: ModelConfig,
+        vocab: Vocabulary,
+        source: Source,
+        mesh: Mesh,
+        *,
+        batch_size: int,
+        unroll_steps: int,
+        reset_state_per_sentence: bool = False,
+        compute: Compute = Compute(),
+        layout: RowLayout | None = None,
+        block: int = BLOCK,
+        scored: np.ndarray | None = None,
+    ):
         self.mesh, self.layout, self.carried = mesh, layout, not reset_state_per_sentence
         n_dev = mesh.size
         self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
         self.block_limit = block
         padded = -(-batch_size // n_dev) * n_dev
-        self.zero = jax.jit(lambda: lstm.zero_state(model, padded),
-                            out_shardings=NamedSharding(mesh, P(None, None, AXIS)))()
+        self.zero = jax.jit(
+            lambda: lstm.zero_state(model, padded), out_shardings=NamedSharding(mesh, P(None, None, AXIS))
+        )()
         self.model, self.compute = model, compute
         if reset_state_per_sentence:
             table = WordTable(vocab, model.char_cnn.max_characters_per_token)
             windows = _sentences(source, vocab, table, batch_size)
         else:
-            batcher = LMBatcher(source, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps,
-                                max_chars=model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+            batcher = LMBatcher(
+                source,
+                vocab,
+                rows_per_device=batch_size,
+                unroll_steps=unroll_steps,
+                max_chars=model.char_cnn.max_characters_per_token,
+                max_epochs=1,
+                shuffle=False,
+            )
             table, windows = batcher.table, _windows(batcher)
         to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
         self.windows, self.count, unks, positions = [], np.zeros(2), 0, 0
@@ -113,33 +154,49 @@ class HeldoutEvaluator:
             score = np.pad(score, ((0, 0), (0, extra), (0, 0)))
             targets = to_rows(targets).astype(np.int32)
             local = split_over_devices(table, inputs, targets, n_dev)
-            local = {"chars": local["chars"], "inputs": local["inputs"],
-                     "mask": mask.reshape(n_dev, padded // n_dev, -1)}
+            local = {
+                "chars": local["chars"],
+                "inputs": local["inputs"],
+                "mask": mask.reshape(n_dev, padded // n_dev, -1),
+            }
             self.windows.append((local, (targets, score)))
             self.count += score.sum(axis=(1, 2))
         if self.count.min() == 0:
-            raise about(ValueError(f"no complete evaluation window in the held-out data (need at least "
-                                   f"{batch_size} x {unroll_steps} tokens); lower batch_size"), "batch_size")
+            raise about(
+                ValueError(
+                    f"no complete evaluation window in the held-out data (need at least "
+                    f"{batch_size} x {unroll_steps} tokens); lower batch_size"
+                ),
+                "batch_size",
+            )
         self.unk_rate = unks / max(positions, 1)
 
     def __call__(self, params: dict) -> dict:
         """``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens", "unk_rate"}`` of ``params``."""
         w, b, valid, rows = _softmax_table(params["softmax"], self.layout, self.mesh.size, self.block_limit)
         block = _divisor_at_most(rows // self.mesh.size, self.block_limit)
-        placed = {"bilm": _place(params["bilm"], self.everywhere),
-                  "softmax": {"w": _place(w, self.by_row), "b": _place(b, self.by_row)}}
+        placed = {
+            "bilm": _place(params["bilm"], self.everywhere),
+            "softmax": {"w": _place(w, self.by_row), "b": _place(b, self.by_row)},
+        }
         valid = put_global(valid, self.by_row)
         step = _step_fn(self.model, self.mesh, block, compute=self.compute)
         state, sums = self.zero, []
         for local, everywhere in self.windows:
-            carried, s = step(placed, valid, state, put_global(local, self.by_row),
-                              put_global(everywhere, self.everywhere))
+            carried, s = step(
+                placed, valid, state, put_global(local, self.by_row), put_global(everywhere, self.everywhere)
+            )
             if self.carried:
                 state = carried
             sums.append(s)  # read back at the end: the host puts the next window meanwhile
         fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / self.count
-        return {"perplexity": math.exp(0.5 * (fwd + bwd)), "perplexity_fwd": math.exp(fwd),
-                "perplexity_bwd": math.exp(bwd), "tokens": int(self.count.mean()), "unk_rate": self.unk_rate}
+        return {
+            "perplexity": math.exp(0.5 * (fwd + bwd)),
+            "perplexity_fwd": math.exp(fwd),
+            "perplexity_bwd": math.exp(bwd),
+            "tokens": int(self.count.mean()),
+            "unk_rate": self.unk_rate,
+        }
 
 
 def _mesh_of(w) -> Mesh:
@@ -170,8 +227,9 @@ def _softmax_table(softmax: dict, layout: RowLayout | None, n_dev: int, block: i
 
 def _place(tree, sharding):
     """Arrays already on devices are resharded there (a no-op when in place); host arrays are put."""
-    return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding) if isinstance(x, jax.Array)
-                                  else put_global(x, sharding), tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.device_put(x, sharding) if isinstance(x, jax.Array) else put_global(x, sharding), tree
+    )
 
 
 @functools.cache
@@ -191,8 +249,15 @@ def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = C
         h = jax.lax.all_gather(outs[-1], AXIS, axis=1, tiled=True)  # [2, rows, T, P]
         sm = params["softmax"]
         bias = jnp.where(valid, sm["b"], -jnp.inf)
-        ce = full_softmax_loss(h.reshape(-1, p), targets.reshape(-1), sm["w"], bias, precision=compute.precision,
-                               block=block, axis_name=AXIS)
+        ce = full_softmax_loss(
+            h.reshape(-1, p),
+            targets.reshape(-1),
+            sm["w"],
+            bias,
+            precision=compute.precision,
+            block=block,
+            axis_name=AXIS,
+        )
         return state, jnp.where(score, ce.reshape(targets.shape), 0.0).sum(axis=(1, 2))
 
     in_specs = ({"bilm": P(), "softmax": P(AXIS)}, P(AXIS), P(None, None, AXIS), P(AXIS), P())
@@ -215,7 +280,7 @@ def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int):
     sentences = [line.split() for i in range(len(source)) for line in source.read(i)]
     sentences.sort(key=len)
     for lo in range(0, len(sentences), rows):
-        chunk = sentences[lo:lo + rows]
+        chunk = sentences[lo : lo + rows]
         n = -(-(max(len(s) for s in chunk) + 1) // 8) * 8
         inputs, targets = np.zeros((2, len(chunk), n), np.int64), np.zeros((2, len(chunk), n), np.int64)
         mask = np.zeros((len(chunk), n), bool)

@@ -13,7 +13,8 @@ import weakref
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import TrainConfig
 from elmo_jax.training.batches import LMBatcher
@@ -64,8 +65,17 @@ class GlobalBatches:
     ``batcher.state()``.
     """
 
-    def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, mesh: Mesh, seed: int, first_device: int,
-                 fixed: bool, prefetch: int = 2, workers: int = 0):
+    def __init__(
+        self,
+        batcher: LMBatcher,
+        train_cfg: TrainConfig,
+        mesh: Mesh,
+        seed: int,
+        first_device: int,
+        fixed: bool,
+        prefetch: int = 2,
+        workers: int = 0,
+    ):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
         self.first_device, self.fixed, self.capacity = first_device, fixed, 0
         self.sharding = NamedSharding(mesh, P(AXIS))
@@ -73,10 +83,17 @@ class GlobalBatches:
         self.prefetch = prefetch
         # Built ahead, a batch is copied to the devices ahead too: in the loop's thread each copy
         # waits for the GIL, which the builder's Python code holds more often than not.
-        self.host = HostPipeline(batcher, train_cfg, mesh.size, seed, first_device, fixed, workers,
-                                 keep_state=prefetch > 0,
-                                 to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch
-                                 else None)
+        self.host = HostPipeline(
+            batcher,
+            train_cfg,
+            mesh.size,
+            seed,
+            first_device,
+            fixed,
+            workers,
+            keep_state=prefetch > 0,
+            to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch else None,
+        )
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
         self._snapshot: list | None = None  # batcher.snapshot() after the last batch taken
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
@@ -127,8 +144,10 @@ class GlobalBatches:
             self._parts.insert(0, self._prefetcher)  # stopped before the pool it draws from
         item = self._prefetcher.take()
         if item.step != step_number:
-            raise RuntimeError(f"asked for the batch of step {step_number}, but the next one prefetched is of step "
-                               f"{item.step}: GlobalBatches.next must be called once per step, in order")
+            raise RuntimeError(
+                f"asked for the batch of step {step_number}, but the next one prefetched is of step "
+                f"{item.step}: GlobalBatches.next must be called once per step, in order"
+            )
         return item
 
     def data_state(self) -> dict:

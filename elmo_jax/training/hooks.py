@@ -90,9 +90,17 @@ def summarise(sums: dict, n: int, step: int, epoch: int, tokens: int, seconds: f
     """A ``metrics.jsonl`` record from a window's sums over ``n`` steps."""
     fwd, bwd = sums["loss_sum_fwd"] / sums["count"], sums["loss_sum_bwd"] / sums["count"]
     loss = 0.5 * (fwd + bwd)
-    return {"step": step, "epoch": epoch, "loss": loss, "loss_fwd": fwd, "loss_bwd": bwd,
-            "perplexity": math.exp(min(loss, 50.0)), "grad_norm": sums["grad_norm"] / max(n, 1),
-            "tokens_per_s": tokens / max(seconds, 1e-9), "time": time.time()}
+    return {
+        "step": step,
+        "epoch": epoch,
+        "loss": loss,
+        "loss_fwd": fwd,
+        "loss_bwd": bwd,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "grad_norm": sums["grad_norm"] / max(n, 1),
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "time": time.time(),
+    }
 
 
 class MetricsFile:
@@ -184,8 +192,9 @@ class Progress:
 
     def show(self, record: dict) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['perplexity']:.1f}",
-                                 tok_s=f"{record['tokens_per_s']:.0f}")
+            self.bar.set_postfix(
+                loss=f"{record['loss']:.3f}", ppl=f"{record['perplexity']:.1f}", tok_s=f"{record['tokens_per_s']:.0f}"
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -247,8 +256,11 @@ class DivergenceGuard:
         if (finite and self.streak < self.patience) or self.warned:  # warn once per bad stretch
             return None
         self.warned = True
-        why = (f"loss {loss:.6g}, not finite" if not finite else
-               f"loss {loss:.6g} above {self.threshold:.2f} (ln V + {self.margin:g}) for {self.streak} logged steps")
+        why = (
+            f"loss {loss:.6g}, not finite"
+            if not finite
+            else f"loss {loss:.6g} above {self.threshold:.2f} (ln V + {self.margin:g}) for {self.streak} logged steps"
+        )
         if self.mode == "stop":
             raise Diverged(f"the training loss diverged at step {step}: {why}", step, self.last_good)
         return why

@@ -32,7 +32,7 @@ from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.checkpoint import CheckpointError, Checkpointer, DiskFull, vocab_hash
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, DiskFull, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
@@ -82,14 +82,15 @@ class RunSettings:
     on changed data is refused."""
 
 
-def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None,
-                      strict: bool = True) -> Options:
+def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None, strict: bool = True) -> Options:
     """Fills the training keys that follow from the data; refuses a config that does not fit it
     (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size)."""
     train_cfg = options.train or TrainConfig(n_tokens_vocab=len(vocab))
     if strict and options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
-        raise CheckpointError(f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
-                              f"{len(vocab)} tokens; they must agree")
+        raise CheckpointError(
+            f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
+            f"{len(vocab)} tokens; they must agree"
+        )
     changes: dict[str, Any] = {"n_tokens_vocab": len(vocab)}
     if n_train_tokens:
         changes["n_train_tokens"] = int(n_train_tokens)
@@ -103,10 +104,16 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
 
 
 def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int, data: list[dict] | None) -> dict:
-    return {"options": options.to_dict(), "vocab_sha256": vocab_hash(vocab), "vocab_size": len(vocab),
-            "global_rows": global_rows, "process_count": jax.process_count(), "local_devices": n_local,
-            "softmax_layout": RowLayout.for_vocab(options.training.n_tokens_vocab).to_dict(),
-            "train_files": data}
+    return {
+        "options": options.to_dict(),
+        "vocab_sha256": vocab_hash(vocab),
+        "vocab_size": len(vocab),
+        "global_rows": global_rows,
+        "process_count": jax.process_count(),
+        "local_devices": n_local,
+        "softmax_layout": RowLayout.for_vocab(options.training.n_tokens_vocab).to_dict(),
+        "train_files": data,
+    }
 
 
 def check_same_data(meta: dict, now: list[dict] | None, run_dir: str) -> None:
@@ -118,10 +125,14 @@ def check_same_data(meta: dict, now: list[dict] | None, run_dir: str) -> None:
     changes = data_changes(saved, now)
     if changes:
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-        raise about(DataError(f"the training data differs from what {run_dir} was saved with ({'; '.join(changes[:3])}"
-                              f"{more}): its data position would land in other text. Give the same files, or "
-                              f"new_data to keep the weights and optimizer and start the data position afresh"),
-                    "new_data")
+        raise about(
+            DataError(
+                f"the training data differs from what {run_dir} was saved with ({'; '.join(changes[:3])}"
+                f"{more}): its data position would land in other text. Give the same files, or "
+                f"new_data to keep the weights and optimizer and start the data position afresh"
+            ),
+            "new_data",
+        )
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
@@ -141,17 +152,34 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
         if saved.get(k) != now.get(k):
             diffs.append(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}")
     if diffs:
-        raise about(CheckpointError(f"{run_dir} holds a run with different options ({'; '.join(diffs[:4])}); "
-                                    f"use another run_dir or the same options"), "run_dir")
+        raise about(
+            CheckpointError(
+                f"{run_dir} holds a run with different options ({'; '.join(diffs[:4])}); "
+                f"use another run_dir or the same options"
+            ),
+            "run_dir",
+        )
     if meta["vocab_sha256"] != vocab_hash(vocab):
-        raise about(CheckpointError(f"{run_dir} was trained with a different vocabulary than {vocab.source}; "
-                                    f"fine-tune into a new run_dir instead, starting from this one (init_from)"),
-                    "run_dir", "init_from")
+        raise about(
+            CheckpointError(
+                f"{run_dir} was trained with a different vocabulary than {vocab.source}; "
+                f"fine-tune into a new run_dir instead, starting from this one (init_from)"
+            ),
+            "run_dir",
+            "init_from",
+        )
 
 
-def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, settings: RunSettings,
-                     shardings: TrainState, global_rows: int, batcher: LMBatcher,
-                     init_state: dict | None) -> tuple[int, TrainState]:
+def _restore_or_init(
+    ckpt: Checkpointer,
+    meta: dict | None,
+    options: Options,
+    settings: RunSettings,
+    shardings: TrainState,
+    global_rows: int,
+    batcher: LMBatcher,
+    init_state: dict | None,
+) -> tuple[int, TrainState]:
     """(start step, state on the mesh): the newest readable checkpoint, else ``init_state``, else a
     fresh init.
 
@@ -173,10 +201,14 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
         def abstract(m: dict):
             if m.get("format", 1) == 1:  # read onto one device, converted below
                 return abstract_shared(options, m), None
-            target = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                            abstract_shared(options, m), shardings.shared())
-            return target, abstract_rows(model, global_rows, rows_sharding) \
-                if keep_data and m.get("global_rows") == global_rows else None
+            target = jax.tree_util.tree_map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                abstract_shared(options, m),
+                shardings.shared(),
+            )
+            return target, abstract_rows(model, global_rows, rows_sharding) if keep_data and m.get(
+                "global_rows"
+            ) == global_rows else None
 
         restored = ckpt.restore_latest(abstract, with_host=keep_data)
     if restored is None:
@@ -189,22 +221,32 @@ def _restore_or_init(ckpt: Checkpointer, meta: dict | None, options: Options, se
     if saved.get("format", 1) == 1:
         shared = put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
         if host is not None and saved.get("global_rows") == global_rows:
-            rows = {k: jax.make_array_from_process_local_data(rows_sharding[k], np.asarray(v), (2, v.shape[1], global_rows, v.shape[3]))
-                    for k, v in host["lstm"].items()}
+            rows = {
+                k: jax.make_array_from_process_local_data(
+                    rows_sharding[k], np.asarray(v), (2, v.shape[1], global_rows, v.shape[3])
+                )
+                for k, v in host["lstm"].items()
+            }
     if host is not None:
         batcher.restore(host["data"])
-    where = f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with " \
-            f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and " \
-            f"optimizer state restored"
+    where = (
+        f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with "
+        f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and "
+        f"optimizer state restored"
+    )
     if settings.new_data:
         if jax.process_index() == 0:
             print(f"{where}; new training data (new_data): the data position and the LSTM state start afresh")
     elif host is None:
-        warnings.warn(f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state",
-                      stacklevel=2)
+        warnings.warn(
+            f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state", stacklevel=2
+        )
     elif rows is None:
-        warnings.warn(f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
-                      f"LSTM state start afresh", stacklevel=2)
+        warnings.warn(
+            f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
+            f"LSTM state start afresh",
+            stacklevel=2,
+        )
     return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
@@ -213,7 +255,8 @@ def _recipe(t: TrainConfig, meta: dict | None) -> str:
     if not t.reset_state_prob:
         older = meta is not None and "reset_state_prob" not in meta["options"]
         return "reset_state_prob 0, bilm-tf's recipe" + (
-            ": this run dir predates the 0.1 default, and a run keeps its recipe" if older else "")
+            ": this run dir predates the 0.1 default, and a run keeps its recipe" if older else ""
+        )
     return f"reset_state_prob {t.reset_state_prob:g}"
 
 
@@ -235,20 +278,37 @@ def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Voca
     if not settings.eval_every:
         return
     if settings.eval_every % settings.log_every:
-        raise about(ConfigError(f"eval_every {settings.eval_every} is not a multiple of log_every "
-                                f"{settings.log_every} (held-out perplexity is computed at logged steps)"),
-                    "eval_every", "log_every")
+        raise about(
+            ConfigError(
+                f"eval_every {settings.eval_every} is not a multiple of log_every "
+                f"{settings.log_every} (held-out perplexity is computed at logged steps)"
+            ),
+            "eval_every",
+            "log_every",
+        )
     if heldout is None:
         return
     t = options.training
-    probe = LMBatcher(heldout, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
-                      max_chars=options.model.char_cnn.max_characters_per_token, max_epochs=1, shuffle=False)
+    probe = LMBatcher(
+        heldout,
+        vocab,
+        rows_per_device=t.batch_size,
+        unroll_steps=t.unroll_steps,
+        max_chars=options.model.char_cnn.max_characters_per_token,
+        max_epochs=1,
+        shuffle=False,
+    )
     try:
         probe.next()
     except StopIteration:
         names = ", ".join(heldout.name(i) for i in range(min(len(heldout), 3)))
-        raise about(DataError(f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows "
-                              f"x {t.unroll_steps} tokens); give more text or a smaller batch_size"), "batch_size") from None
+        raise about(
+            DataError(
+                f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows "
+                f"x {t.unroll_steps} tokens); give more text or a smaller batch_size"
+            ),
+            "batch_size",
+        ) from None
 
 
 @dataclasses.dataclass
@@ -290,7 +350,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
             raise about(CheckpointError("a multi-host run uses every local device; leave devices unset"), "devices")
         if not 1 <= settings.devices <= n_local:
             raise about(CheckpointError(f"devices {settings.devices}: this process has {n_local} device(s)"), "devices")
-        n_local, devices = settings.devices, jax.local_devices()[:settings.devices]
+        n_local, devices = settings.devices, jax.local_devices()[: settings.devices]
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
     try:
@@ -316,13 +376,32 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     except BaseException:
         ckpt.close()
         raise
-    return _Run(options, vocab, settings, mesh, n_local, global_rows, jax.process_index() * n_local, shards, total,
-                ckpt, meta, data)
+    return _Run(
+        options,
+        vocab,
+        settings,
+        mesh,
+        n_local,
+        global_rows,
+        jax.process_index() * n_local,
+        shards,
+        total,
+        ckpt,
+        meta,
+        data,
+    )
 
 
-def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings,
-             heldout: Source | None = None, init_state: dict | None = None,
-             on_metrics: Callable[[dict], None] | None = None, fixed_candidates: bool = False) -> dict:
+def pretrain(
+    options: Options,
+    vocab: Vocabulary,
+    source: Source,
+    settings: RunSettings,
+    heldout: Source | None = None,
+    init_state: dict | None = None,
+    on_metrics: Callable[[dict], None] | None = None,
+    fixed_candidates: bool = False,
+) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
     ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
@@ -334,8 +413,9 @@ def pretrain(options: Options, vocab: Vocabulary, source: Source, settings: RunS
         try:
             return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
         except Diverged as e:
-            raise about(Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate",
-                    "on_divergence") from None
+            raise about(
+                Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
+            ) from None
         finally:
             run.ckpt.close()
 
@@ -415,27 +495,47 @@ def _set_aside_diverged(run: _Run, e: Diverged) -> str:
     newest = run.ckpt.steps()[-1] if run.ckpt.steps() else None
     said = f"{e}; "
     if moved:
-        said += (f"step(s) {', '.join(map(str, moved))}, saved after the last healthy step {e.last_good}, were "
-                 f"moved to {run.ckpt.run_dir / 'diverged'}; ")
+        said += (
+            f"step(s) {', '.join(map(str, moved))}, saved after the last healthy step {e.last_good}, were "
+            f"moved to {run.ckpt.run_dir / 'diverged'}; "
+        )
     if newest is None:
         return said + "no checkpoint was saved before it: start again with a lower learning_rate"
-    return said + (f"the newest checkpoint is step {newest}: rerun with a lower learning_rate to resume from it "
-                   f"(or on_divergence 'warn' to train on regardless)")
+    return said + (
+        f"the newest checkpoint is step {newest}: rerun with a lower learning_rate to resume from it "
+        f"(or on_divergence 'warn' to train on regardless)"
+    )
 
 
-def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict | None,
-           on_metrics: Callable[[dict], None] | None, fixed_candidates: bool) -> dict:
+def _train(
+    run: _Run,
+    source: Source,
+    heldout: Source | None,
+    init_state: dict | None,
+    on_metrics: Callable[[dict], None] | None,
+    fixed_candidates: bool,
+) -> dict:
     """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
     options, vocab, settings = run.options, run.vocab, run.settings
     t, model = options.training, options.model
     max_epochs = math.ceil(settings.epochs) if settings.epochs else None
-    batcher = LMBatcher(source, vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
-                        max_chars=model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=settings.seed,
-                        shards=run.shards, first_row=run.first_device * t.batch_size, max_epochs=max_epochs)
+    batcher = LMBatcher(
+        source,
+        vocab,
+        rows_per_device=t.batch_size,
+        unroll_steps=t.unroll_steps,
+        max_chars=model.char_cnn.max_characters_per_token,
+        n_devices=run.n_local,
+        seed=settings.seed,
+        shards=run.shards,
+        first_row=run.first_device * t.batch_size,
+        max_epochs=max_epochs,
+    )
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
     shardings = state_shardings(abstract, run.mesh)
-    start, state = _restore_or_init(run.ckpt, run.meta, options, settings, shardings, run.global_rows, batcher,
-                                    init_state)
+    start, state = _restore_or_init(
+        run.ckpt, run.meta, options, settings, shardings, run.global_rows, batcher, init_state
+    )
     if run.total is not None and start >= run.total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {"step": start}
@@ -450,15 +550,34 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
         if short is not None:
             print(f"warning: {short}", file=sys.stderr)
     step_fn = make_train_step(model, t, run.mesh, compute=Compute.from_policy(matmuls))
-    batches = GlobalBatches(batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
-                            prefetch=settings.prefetch, workers=settings.host_workers)
-    guard = DivergenceGuard(t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience,
-                            settings.on_divergence)
+    batches = GlobalBatches(
+        batcher,
+        t,
+        run.mesh,
+        settings.seed,
+        run.first_device,
+        fixed_candidates,
+        prefetch=settings.prefetch,
+        workers=settings.host_workers,
+    )
+    guard = DivergenceGuard(
+        t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
+    )
     progress = Progress(settings.progress and run.lead, run.total, start)
     save = _Saver(run, batches, guard, start)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
-    step, state, reason, error = _steps(step_fn, state, batches, start, run.total, settings, window,
-                                        _on_log(run, heldout, guard, progress, start, on_metrics), save, progress)
+    step, state, reason, error = _steps(
+        step_fn,
+        state,
+        batches,
+        start,
+        run.total,
+        settings,
+        window,
+        _on_log(run, heldout, guard, progress, start, on_metrics),
+        save,
+        progress,
+    )
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     mine = error or batches.error
@@ -469,9 +588,12 @@ def _train(run: _Run, source: Source, heldout: Source | None, init_state: dict |
     saved = save(step, state)  # every process reaches this at the same step
     if mine is not None:  # after the save: the last sound state is on disk
         raise mine
-    where = f"checkpoint saved in {settings.run_dir}" if saved else \
-        f"not saved, the newest logged loss being above the divergence threshold: {settings.run_dir} resumes from " \
+    where = (
+        f"checkpoint saved in {settings.run_dir}"
+        if saved
+        else f"not saved, the newest logged loss being above the divergence threshold: {settings.run_dir} resumes from "
         f"step {run.ckpt.steps()[-1] if run.ckpt.steps() else 0}"
+    )
     if reason == "error":
         raise PeerFailed(f"another process failed: stopped at step {step}; {where}")
     if reason == "signal":
@@ -500,17 +622,33 @@ class _Saver:
         return True
 
 
-def _on_log(run: _Run, heldout: Source | None, guard: DivergenceGuard, progress: Progress, start: int,
-            on_metrics: Callable[[dict], None] | None) -> Callable[[int, TrainState, dict], None]:
+def _on_log(
+    run: _Run,
+    heldout: Source | None,
+    guard: DivergenceGuard,
+    progress: Progress,
+    start: int,
+    on_metrics: Callable[[dict], None] | None,
+) -> Callable[[int, TrainState, dict], None]:
     """What happens at a logged step, in order: held-out perplexity into the record, the record
     to metrics.jsonl, the progress bar and ``on_metrics``, then the divergence guard (after the
     record is written, so that the run's log shows what the guard saw)."""
     settings, t = run.settings, run.options.training
     metrics = MetricsFile(os.path.join(settings.run_dir, "metrics.jsonl"), start) if run.lead else None
     # Held-out perplexity in float32 (the references' numbers), whatever the training's policy.
-    evaluator = HeldoutEvaluator(run.options.model, run.vocab, heldout, run.mesh, batch_size=t.batch_size,
-                                 unroll_steps=t.unroll_steps, layout=RowLayout.for_vocab(t.n_tokens_vocab)) \
-        if settings.eval_every and heldout is not None else None
+    evaluator = (
+        HeldoutEvaluator(
+            run.options.model,
+            run.vocab,
+            heldout,
+            run.mesh,
+            batch_size=t.batch_size,
+            unroll_steps=t.unroll_steps,
+            layout=RowLayout.for_vocab(t.n_tokens_vocab),
+        )
+        if settings.eval_every and heldout is not None
+        else None
+    )
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
         if evaluator is not None and step % settings.eval_every == 0:
@@ -522,14 +660,27 @@ def _on_log(run: _Run, heldout: Source | None, guard: DivergenceGuard, progress:
             on_metrics(record)
         why = guard.check(record)
         if why is not None and run.lead:
-            print(f"warning: {settings.run_dir}: the training loss diverged at step {step} ({why}); training on "
-                  f"(on_divergence 'warn')", file=sys.stderr)
+            print(
+                f"warning: {settings.run_dir}: the training loss diverged at step {step} ({why}); training on "
+                f"(on_divergence 'warn')",
+                file=sys.stderr,
+            )
+
     return on_log
 
 
-def _steps(step_fn: Callable, state: TrainState, batches: GlobalBatches, start: int, total: int | None,
-           settings: RunSettings, window: MetricsWindow, on_log: Callable, save: Callable, progress: Progress
-           ) -> tuple[int, TrainState, str | None, BaseException | None]:
+def _steps(
+    step_fn: Callable,
+    state: TrainState,
+    batches: GlobalBatches,
+    start: int,
+    total: int | None,
+    settings: RunSettings,
+    window: MetricsWindow,
+    on_log: Callable,
+    save: Callable,
+    progress: Progress,
+) -> tuple[int, TrainState, str | None, BaseException | None]:
     """The loop: ``(last step, state, why it stopped early, this process's own error)``.
 
     A failure in host code (a hook, a save) does not stop this process alone: it is kept and
@@ -569,7 +720,9 @@ def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_s
     until += f" ({matmuls}, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
     if start:
         stream = batcher.streams[0]
-        return (f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
-                f"{stream.shard_pos + 1} of {len(stream.shards)}){until}")
+        return (
+            f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
+            f"{stream.shard_pos + 1} of {len(stream.shards)}){until}"
+        )
     how = "from the given initial state" if given_state else "from scratch"
     return f"starting {run.settings.run_dir} {how}{until}"

@@ -23,8 +23,8 @@ import dataclasses
 import multiprocessing
 import queue
 import threading
-from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,21 @@ from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.step import add_candidates, plan_batch
 
 
-def _draw(step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int,
-          fixed: bool) -> tuple[np.ndarray, np.ndarray]:
+def _draw(
+    step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int, fixed: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """In a worker: one step's ``candidates [D, 2, S] int32`` and ``num_tries [D, 2] float32``."""
     # add_candidates reads only the batch's leading (device) axis: a placeholder batch lets the
     # workers run the one definition of the draw, so that they cannot drift from it.
-    out = add_candidates({"inputs": np.empty((n_devices, 0), np.int32)}, step=step, seed=seed,
-                               num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device,
-                               fixed=fixed)
+    out = add_candidates(
+        {"inputs": np.empty((n_devices, 0), np.int32)},
+        step=step,
+        seed=seed,
+        num_sampled=num_sampled,
+        vocab_size=vocab_size,
+        first_device=first_device,
+        fixed=fixed,
+    )
     return out["candidates"], out["num_tries"]
 
 
@@ -63,17 +70,29 @@ class CandidatePool:
     (``RuntimeError``); ``close()`` (or ``with``) stops them, and so does interpreter exit.
     """
 
-    def __init__(self, *, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int = 0,
-                 fixed: bool = False, workers: int = 0, ahead: int = 2):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        num_sampled: int,
+        vocab_size: int,
+        n_devices: int,
+        first_device: int = 0,
+        fixed: bool = False,
+        workers: int = 0,
+        ahead: int = 2,
+    ):
         self.n_devices = n_devices
-        self.args: dict[str, Any] = dict(seed=seed, num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device,
-                         fixed=fixed)
+        self.args: dict[str, Any] = dict(
+            seed=seed, num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device, fixed=fixed
+        )
         self.workers, self.ahead = workers, max(2, ahead, workers)
         self._futures: dict[int, concurrent.futures.Future] = {}
         self._executor = None
         if workers > 0:
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_started)
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_started
+            )
             self._ready = self._executor.submit(_started)  # done once a worker has started
 
     @property
@@ -96,8 +115,10 @@ class CandidatePool:
                     self._futures[s] = self._executor.submit(_draw, s, n_devices=self.n_devices, **self.args)
             cands, tries = self._futures.pop(step).result()
         except BrokenProcessPool:  # from submit too, once the pool knows
-            raise RuntimeError(f"a candidate sampling worker process died while drawing step {step} (killed, or "
-                               f"out of memory?); rerun, or draw in-process with 0 workers") from None
+            raise RuntimeError(
+                f"a candidate sampling worker process died while drawing step {step} (killed, or "
+                f"out of memory?); rerun, or draw in-process with 0 workers"
+            ) from None
         return {**batch, "candidates": cands, "num_tries": tries}
 
     def close(self) -> None:
@@ -144,14 +165,29 @@ class HostPipeline:
     batch's global arrays, where it is built (the loop's thread then has nothing to copy).
     """
 
-    def __init__(self, batcher: LMBatcher, train_cfg: TrainConfig, n_devices: int, seed: int, first_device: int,
-                 fixed: bool, workers: int = 0, keep_state: bool = False,
-                 to_device: Callable[[dict], dict] | None = None):
+    def __init__(
+        self,
+        batcher: LMBatcher,
+        train_cfg: TrainConfig,
+        n_devices: int,
+        seed: int,
+        first_device: int,
+        fixed: bool,
+        workers: int = 0,
+        keep_state: bool = False,
+        to_device: Callable[[dict], dict] | None = None,
+    ):
         self.batcher, self.n_devices, self.keep_state, self.to_device = batcher, n_devices, keep_state, to_device
         self.vocab_size = train_cfg.n_tokens_vocab
-        self.pool = CandidatePool(seed=seed, num_sampled=train_cfg.n_negative_samples_batch,
-                                  vocab_size=train_cfg.n_tokens_vocab, n_devices=batcher.n_devices,
-                                  first_device=first_device, fixed=fixed, workers=workers)
+        self.pool = CandidatePool(
+            seed=seed,
+            num_sampled=train_cfg.n_negative_samples_batch,
+            vocab_size=train_cfg.n_tokens_vocab,
+            n_devices=batcher.n_devices,
+            first_device=first_device,
+            fixed=fixed,
+            workers=workers,
+        )
         self.capacity = 0  # written by the builder's thread only
         self.agreed = 0  # written by the loop's thread only
 
@@ -166,8 +202,9 @@ class HostPipeline:
     def _build(self, step: int) -> HostBatch:
         batch = self.batcher.next()
         snapshot = self._snapshot()
-        batch, capacity = plan_batch(self.pool.add(batch, step), self.vocab_size, self.n_devices,
-                                           max(self.capacity, self.agreed))
+        batch, capacity = plan_batch(
+            self.pool.add(batch, step), self.vocab_size, self.n_devices, max(self.capacity, self.agreed)
+        )
         self.capacity = capacity
         arrays = self.to_device(batch) if self.to_device is not None else None
         return HostBatch(step, batch, capacity, arrays, data_snapshot=snapshot)
@@ -192,8 +229,9 @@ class Prefetcher:
     def __init__(self, build, first: int, depth: int):
         self._queue: queue.Queue[HostBatch] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(build, first, self._queue, self._stop),
-                                        name="elmo-jax-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(build, first, self._queue, self._stop), name="elmo-jax-prefetch", daemon=True
+        )
         self._thread.start()
 
     @staticmethod

@@ -20,7 +20,7 @@ from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.checkpoint import CheckpointError, Checkpointer
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
 
@@ -35,8 +35,9 @@ def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
     if meta.get("format", 1) == 1:  # the softmax in id order, unpadded
         v = train.n_tokens_vocab
         for part in ("params", "opt"):
-            shared[part]["softmax"] = {k: jax.ShapeDtypeStruct((v,) + x.shape[1:], x.dtype)
-                                       for k, x in shared[part]["softmax"].items()}
+            shared[part]["softmax"] = {
+                k: jax.ShapeDtypeStruct((v,) + x.shape[1:], x.dtype) for k, x in shared[part]["softmax"].items()
+            }
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shared)
 
 
@@ -59,16 +60,23 @@ def softmax_in_id_order(shared: dict, layout: RowLayout | None) -> dict:
     """``shared`` with its softmax weights and accumulators ``[V, ...]`` in id order (numpy), from
     ``layout``'s slot order (None: already in id order)."""
     convert = np.asarray if layout is None else layout.from_stored
-    return {**shared, **{part: {**shared[part], "softmax": {k: convert(x) for k, x in shared[part]["softmax"].items()}}
-                         for part in ("params", "opt")}}
+    return {
+        **shared,
+        **{
+            part: {**shared[part], "softmax": {k: convert(x) for k, x in shared[part]["softmax"].items()}}
+            for part in ("params", "opt")
+        },
+    }
 
 
 def softmax_in_slot_order(shared: dict, layout: RowLayout) -> dict:
     """The inverse: id order -> slot order (padding: weights 0, accumulators 1, as at init)."""
     out = dict(shared)
     for part, fill in (("params", 0.0), ("opt", 1.0)):
-        out[part] = {**shared[part], "softmax": {k: layout.to_stored(np.asarray(x), fill)
-                                                 for k, x in shared[part]["softmax"].items()}}
+        out[part] = {
+            **shared[part],
+            "softmax": {k: layout.to_stored(np.asarray(x), fill) for k, x in shared[part]["softmax"].items()},
+        }
     return out
 
 
@@ -128,12 +136,17 @@ def export_names(model, layout: str = "elmo_jax") -> list[str]:
     if layout != "released":
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     stem = released_stem(model)
-    return [f"elmo_{stem}_options.json", f"elmo_{stem}_weights.hdf5", f"elmo_{stem}_softmax_weights.hdf5",
-            f"vocab-{stem}.txt"]
+    return [
+        f"elmo_{stem}_options.json",
+        f"elmo_{stem}_weights.hdf5",
+        f"elmo_{stem}_softmax_weights.hdf5",
+        f"vocab-{stem}.txt",
+    ]
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,
-               layout: str = "elmo_jax") -> list[str]:
+def export_run(
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None, layout: str = "elmo_jax"
+) -> list[str]:
     """A run's checkpoint -> bilm-tf files: options (with the training keys), weights (AllenNLP's
     layout), softmax (``softmax/W`` [V, P], ``softmax/b`` [V]) and vocabulary, named as
     ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``.

@@ -51,14 +51,18 @@ def _print(text: str, *arguments: str) -> None:
     print(text)
 
 
-def train(spec: TrainSpec, source, settings: RunSettings, heldout=None,
-          say: Callable[..., None] = _print) -> dict:
+def train(spec: TrainSpec, source, settings: RunSettings, heldout=None, say: Callable[..., None] = _print) -> dict:
     """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics."""
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
     if settings.prefetch < 0 or settings.host_workers < 0:
-        raise about(ConfigError(f"prefetch and host_workers must be 0 or more; got {settings.prefetch} and "
-                                f"{settings.host_workers}"), "prefetch", "host_workers")
+        raise about(
+            ConfigError(
+                f"prefetch and host_workers must be 0 or more; got {settings.prefetch} and {settings.host_workers}"
+            ),
+            "prefetch",
+            "host_workers",
+        )
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
         warm = read_warmstart(spec.init_from)
@@ -91,8 +95,13 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say) -> str:
         counts, n_tokens, n_sentences = count_tokens(source)
         # Continuing a model: its words keep their softmax rows, the new text's words are added.
         old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
-        write_vocab(build_vocab(counts, min_count=spec.min_count, extend=old_words), vocab_path, n_tokens,
-                    n_sentences, [source.name(i) for i in range(len(source))])
+        write_vocab(
+            build_vocab(counts, min_count=spec.min_count, extend=old_words),
+            vocab_path,
+            n_tokens,
+            n_sentences,
+            [source.name(i) for i in range(len(source))],
+        )
         extended = f", {len(old_words)} words of {spec.init_from} included" if old_words else ""
         say(f"no vocab: wrote {vocab_path}{extended}", "vocab")
     return vocab_path
@@ -106,18 +115,31 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
     n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
     if n_train_tokens is None and settings.steps is None and not _config_sets(spec.config, "n_train_tokens"):
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
-        raise about(ConfigError(f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
-                                f"token count, so epochs cannot be counted; give n_train_tokens (tokens + "
-                                f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"),
-                    "config", "n_train_tokens", "steps")
+        raise about(
+            ConfigError(
+                f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
+                f"token count, so epochs cannot be counted; give n_train_tokens (tokens + "
+                f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
+            ),
+            "config",
+            "n_train_tokens",
+            "steps",
+        )
     config = spec.config or (None if warm is not None else "tiny")
     learning_rate = spec.learning_rate
-    if (learning_rate is None and warm is not None and warm.bilm_acc is None
-            and not _config_sets(spec.config, "learning_rate")):
+    if (
+        learning_rate is None
+        and warm is not None
+        and warm.bilm_acc is None
+        and not _config_sets(spec.config, "learning_rate")
+    ):
         from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
 
-        say(f"{spec.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
-            f"instead of bilm-tf's 0.2 (learning_rate to choose)", "learning_rate")
+        say(
+            f"{spec.init_from} has no optimizer state (Adagrad restarts at 1.0): learning rate {learning_rate} "
+            f"instead of bilm-tf's 0.2 (learning_rate to choose)",
+            "learning_rate",
+        )
     # A resumed run keeps its recipe and its learning rate unless an argument or the config says
     # otherwise (pretrain's start line names both).
     saved = saved_options(settings.run_dir)
@@ -126,12 +148,26 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
         reset_state_prob = saved_reset_state_prob(saved)
     if learning_rate is None and saved is not None and not _config_sets(spec.config, "learning_rate"):
         learning_rate = saved.get("learning_rate")
-    return training_options(config, vocab, spec.batch_size, n_train_tokens, reset_state_prob,
-                            warm.model if warm is not None else None, learning_rate)
+    return training_options(
+        config,
+        vocab,
+        spec.batch_size,
+        n_train_tokens,
+        reset_state_prob,
+        warm.model if warm is not None else None,
+        learning_rate,
+    )
 
 
-def training_options(config: str | None, vocab, batch_size: int | None, n_train_tokens: int | None,
-                     reset_state_prob: float | None = None, model=None, learning_rate: float | None = None) -> Options:
+def training_options(
+    config: str | None,
+    vocab,
+    batch_size: int | None,
+    n_train_tokens: int | None,
+    reset_state_prob: float | None = None,
+    model=None,
+    learning_rate: float | None = None,
+) -> Options:
     """Options for a run: ``config`` (a preset or an options.json), or with ``config=None`` the
     biLM ``model`` of an ``init_from`` source with bilm-tf's training recipe."""
     strict = config is not None and config not in PRESETS
@@ -142,14 +178,21 @@ def training_options(config: str | None, vocab, batch_size: int | None, n_train_
     elif os.path.isfile(config):
         options = Options.load(config)
     else:
-        raise about(ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json "
-                                f"file"), "config")
-    overrides: tuple[tuple[str, Any], ...] = (("batch_size", batch_size), ("reset_state_prob", reset_state_prob),
-                                              ("learning_rate", learning_rate))
+        raise about(
+            ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file"),
+            "config",
+        )
+    overrides: tuple[tuple[str, Any], ...] = (
+        ("batch_size", batch_size),
+        ("reset_state_prob", reset_state_prob),
+        ("learning_rate", learning_rate),
+    )
     for key, value in overrides:
         if value is not None:
-            options = dataclasses.replace(options, train=dataclasses.replace(
-                options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}))
+            options = dataclasses.replace(
+                options,
+                train=dataclasses.replace(options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}),
+            )
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 
@@ -166,8 +209,13 @@ def _config_sets(config: str | None, key: str) -> bool:
 
 def _tiny_train(n_tokens_vocab: int) -> TrainConfig:
     # Sized for a CPU: fewer negatives and rows than bilm-tf's GPU recipe.
-    return TrainConfig(n_tokens_vocab=max(n_tokens_vocab, 1025), batch_size=32, unroll_steps=20,
-                       n_negative_samples_batch=1024, n_epochs=1)
+    return TrainConfig(
+        n_tokens_vocab=max(n_tokens_vocab, 1025),
+        batch_size=32,
+        unroll_steps=20,
+        n_negative_samples_batch=1024,
+        n_epochs=1,
+    )
 
 
 def _recipe_train(n_tokens_vocab: int) -> TrainConfig:

@@ -61,8 +61,10 @@ class RowLayout:
 
     def rows_per_device(self, n_devices: int) -> int:
         if self.padded % n_devices:
-            raise LayoutError(f"the softmax ({self.vocab_size} rows, padded to {self.padded}) cannot be split "
-                              f"evenly over {n_devices} devices; use a device count that divides {ROW_MULTIPLE}")
+            raise LayoutError(
+                f"the softmax ({self.vocab_size} rows, padded to {self.padded}) cannot be split "
+                f"evenly over {n_devices} devices; use a device count that divides {ROW_MULTIPLE}"
+            )
         return self.padded // n_devices
 
     def slots(self, ids) -> np.ndarray:
@@ -115,8 +117,9 @@ def next_capacity(need: int, capacity: int) -> int:
     return capacity if need <= capacity else capacity_bucket(need + capacity_headroom(need))
 
 
-def plan_fetch(candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n_devices: int,
-               capacity: int = 0) -> tuple[dict, int]:
+def plan_fetch(
+    candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n_devices: int, capacity: int = 0
+) -> tuple[dict, int]:
     """Which rows each local device asks each owner for, and where its loss finds them.
 
     ``candidates [D, 2, S]`` and ``targets [D, 2, B, T]`` are global ids for this process's ``D``
@@ -160,6 +163,7 @@ def plan_fetch(candidates: np.ndarray, targets: np.ndarray, layout: RowLayout, n
 
 # -- inside the per-device step (under shard_map; ``axis_name`` None: one device, no mesh) ---------
 
+
 def _all_to_all(x: jax.Array, axis_name: str | None) -> jax.Array:
     return x if axis_name is None else jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
 
@@ -173,8 +177,9 @@ def fetch_rows(tables: dict, fetch: jax.Array, axis_name: str | None) -> tuple[d
     return {k: r.reshape((n * c,) + r.shape[2:]) for k, r in rows.items()}, received
 
 
-def return_grads(grads: dict, received: jax.Array, rows_per_device: int, axis_name: str | None
-                 ) -> tuple[jax.Array, dict]:
+def return_grads(
+    grads: dict, received: jax.Array, rows_per_device: int, axis_name: str | None
+) -> tuple[jax.Array, dict]:
     """Sends each fetched row's gradient back to its owner, which sums them per row.
 
     ``grads``: ``[n * C, ...]`` per table, laid out as ``fetch_rows`` returned the rows.
@@ -213,8 +218,7 @@ class SparseAdagrad:
     def init(self, table: jax.Array) -> jax.Array:
         return jnp.full_like(table, self.initial)
 
-    def apply(self, table: jax.Array, acc: jax.Array, ids: jax.Array, grads: jax.Array
-              ) -> tuple[jax.Array, jax.Array]:
+    def apply(self, table: jax.Array, acc: jax.Array, ids: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Array]:
         new_acc = acc.at[ids].get(mode="fill", fill_value=self.initial) + grads * grads
         rows = table.at[ids].get(mode="fill", fill_value=0) - self.learning_rate * grads * jax.lax.rsqrt(new_acc)
         return table.at[ids].set(rows, mode="drop"), acc.at[ids].set(new_acc, mode="drop")

@@ -60,8 +60,7 @@ def _expected_draws(num_sampled: int, vocab_size: int) -> float:
     return hi
 
 
-def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int,
-                              vocab_size: int) -> tuple[np.ndarray, int]:
+def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int, vocab_size: int) -> tuple[np.ndarray, int]:
     """TF's ``LogUniformCandidateSampler(unique=True)`` on the host.
 
     Draws ids with replacement from ``P(k)`` until ``num_sampled`` distinct ones have appeared.
@@ -77,8 +76,10 @@ def sample_log_uniform_unique(rng: np.random.Generator, num_sampled: int,
     V = 28k, where ids repeat most; this takes 1.1 ms.)
     """
     if not 0 < num_sampled < vocab_size:
-        raise ValueError(f"num_sampled must be in [1, vocab_size): got num_sampled={num_sampled}, "
-                         f"vocab_size={vocab_size} (a unique sampler cannot draw the whole vocabulary)")
+        raise ValueError(
+            f"num_sampled must be in [1, vocab_size): got num_sampled={num_sampled}, "
+            f"vocab_size={vocab_size} (a unique sampler cannot draw the whole vocabulary)"
+        )
     log_range = np.log(vocab_size + 1.0)
     chunk = int(1.04 * _expected_draws(num_sampled, vocab_size)) + 64
     found: list[np.ndarray] = []
@@ -117,9 +118,19 @@ def _first_draws(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(first[ids] == at)
 
 
-def sampled_softmax_loss(h: jax.Array, targets: jax.Array, true_w: jax.Array, true_b: jax.Array,
-                         cand_ids: jax.Array, cand_w: jax.Array, cand_b: jax.Array, num_tries,
-                         vocab_size: int, *, precision: Precision = "highest") -> jax.Array:
+def sampled_softmax_loss(
+    h: jax.Array,
+    targets: jax.Array,
+    true_w: jax.Array,
+    true_b: jax.Array,
+    cand_ids: jax.Array,
+    cand_w: jax.Array,
+    cand_b: jax.Array,
+    num_tries,
+    vocab_size: int,
+    *,
+    precision: Precision = "highest",
+) -> jax.Array:
     """Per-position sampled softmax cross-entropy ``[N]`` (``tf.nn.sampled_softmax_loss``).
 
     Shapes: ``h [N, P]``, ``targets [N]``, ``true_w [N, P] = W[targets]``, ``true_b [N]``,
@@ -131,19 +142,26 @@ def sampled_softmax_loss(h: jax.Array, targets: jax.Array, true_w: jax.Array, tr
     candidate equal to a position's own target would count the target as a negative too, so that
     logit is pushed to float32's minimum, exactly where TF adds ``-FLOAT_MAX``.
     """
-    true_logit = (jnp.sum(h * true_w, axis=-1) + true_b
-                  - jnp.log(expected_count(targets, num_tries, vocab_size)))
-    sampled = (jnp.dot(h, cand_w.T, precision=precision) + cand_b
-               - jnp.log(expected_count(cand_ids, num_tries, vocab_size)))
+    true_logit = jnp.sum(h * true_w, axis=-1) + true_b - jnp.log(expected_count(targets, num_tries, vocab_size))
+    sampled = (
+        jnp.dot(h, cand_w.T, precision=precision) + cand_b - jnp.log(expected_count(cand_ids, num_tries, vocab_size))
+    )
     hit = cand_ids[None, :] == targets[:, None]
     sampled = jnp.where(hit, jnp.finfo(sampled.dtype).min, sampled)
     logits = jnp.concatenate([true_logit[:, None], sampled], axis=1)
     return jax.nn.logsumexp(logits, axis=1) - true_logit
 
 
-def full_softmax_loss(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Array, *,
-                      precision: Precision = "highest", block: int | None = None,
-                      axis_name: str | None = None) -> jax.Array:
+def full_softmax_loss(
+    h: jax.Array,
+    targets: jax.Array,
+    w: jax.Array,
+    b: jax.Array,
+    *,
+    precision: Precision = "highest",
+    block: int | None = None,
+    axis_name: str | None = None,
+) -> jax.Array:
     """Per-position cross-entropy ``[N]`` of the full softmax: ``h [N, P]``, ``targets [N]`` row
     indices, ``w [V, P]``, ``b [V]``; rows with bias ``-inf`` (padding) take no probability.
 

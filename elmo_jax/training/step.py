@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import ModelConfig, TrainConfig
 from elmo_jax.model import bilm, char_cnn, lstm
@@ -58,15 +59,20 @@ def state_specs(state: TrainState) -> TrainState:
     """The ``PartitionSpec`` of every leaf over the mesh axis ``data``."""
     rep = lambda tree: jax.tree_util.tree_map(lambda _: P(), tree)  # noqa: E731
     by_row = {k: P(AXIS) for k in ("w", "b")}
-    return TrainState(step=P(), rng=P(),  # type: ignore[arg-type]  # the same pytree, of specs
-                      params={"bilm": rep(state.params["bilm"]), "softmax": by_row},
-                      opt={"bilm": rep(state.opt["bilm"]), "softmax": by_row},
-                      lstm={k: P(None, None, AXIS) for k in state.lstm})
+    # The same pytree, of specs: TrainState's fields are annotated as arrays.
+    return TrainState(
+        step=P(),  # type: ignore[arg-type]
+        rng=P(),  # type: ignore[arg-type]
+        params={"bilm": rep(state.params["bilm"]), "softmax": by_row},
+        opt={"bilm": rep(state.opt["bilm"]), "softmax": by_row},
+        lstm={k: P(None, None, AXIS) for k in state.lstm},
+    )
 
 
 def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
-    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), state_specs(state),
-                                  is_leaf=lambda x: isinstance(x, P))
+    return jax.tree_util.tree_map(
+        lambda s: NamedSharding(mesh, s), state_specs(state), is_leaf=lambda x: isinstance(x, P)
+    )
 
 
 def put_global(tree, shardings):
@@ -75,7 +81,8 @@ def put_global(tree, shardings):
     if isinstance(shardings, jax.sharding.Sharding):
         shardings = jax.tree_util.tree_map(lambda _: shardings, tree)
     return jax.tree_util.tree_map(
-        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings)
+        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda index: np.asarray(x)[index]), tree, shardings
+    )
 
 
 def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int | None = None) -> TrainState:
@@ -92,15 +99,19 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
     params = {
         "bilm": bilm.init(k_bilm, model),
         # bilm-tf: zero bias; the softmax is shared by both directions.
-        "softmax": {"w": jax.random.normal(k_softmax, (layout.padded, p)) / np.sqrt(p) * valid[:, None],
-                    "b": jnp.zeros((layout.padded,))},
+        "softmax": {
+            "w": jax.random.normal(k_softmax, (layout.padded, p)) / np.sqrt(p) * valid[:, None],
+            "b": jnp.zeros((layout.padded,)),
+        },
     }
     sparse = SparseAdagrad(train.learning_rate)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt={"bilm": dense_optimizer(train).init(params["bilm"]),
-             "softmax": {k: sparse.init(v) for k, v in params["softmax"].items()}},
+        opt={
+            "bilm": dense_optimizer(train).init(params["bilm"]),
+            "softmax": {k: sparse.init(v) for k, v in params["softmax"].items()},
+        },
         lstm=lstm.zero_state(model, train.batch_size if rows is None else rows),
         rng=k_rng,
     )
@@ -124,14 +135,25 @@ def _resets(batch: dict, row_keys: jax.Array, model: ModelConfig, train: TrainCo
         return None
     # Drawn from the row keys like dropout: the same resets however rows are split over devices.
     steps = batch["targets"].shape[2]
-    draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1),
-                                                 (2, steps)))(row_keys)  # [B, 2, T]
+    draw = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, model.lstm.n_layers + 1), (2, steps)))(
+        row_keys
+    )  # [B, 2, T]
     return batch["starts"] & (draw.transpose(1, 0, 2) < train.reset_state_prob)
 
 
-def _loss(bilm_params: dict, rows_w: jax.Array, rows_b: jax.Array, *, batch: dict, lstm_state: dict,
-          row_keys: jax.Array, resets: jax.Array | None, model: ModelConfig, train: TrainConfig,
-          compute: Compute) -> tuple[jax.Array, tuple[jax.Array, dict]]:
+def _loss(
+    bilm_params: dict,
+    rows_w: jax.Array,
+    rows_b: jax.Array,
+    *,
+    batch: dict,
+    lstm_state: dict,
+    row_keys: jax.Array,
+    resets: jax.Array | None,
+    model: ModelConfig,
+    train: TrainConfig,
+    compute: Compute,
+) -> tuple[jax.Array, tuple[jax.Array, dict]]:
     """The loss ``train_step`` differentiates w.r.t. the dense biLM and the fetched softmax rows
     (``rows_w``, ``rows_b``): the mean sampled-softmax loss of both directions times
     ``unroll_steps``; also the per-direction means ``[2]`` and the new LSTM state."""
@@ -147,25 +169,45 @@ def _loss(bilm_params: dict, rows_w: jax.Array, rows_b: jax.Array, *, batch: dic
     # Gradients stop at the window edge: the carried state is an input, not a graph.
     carried = jax.lax.stop_gradient(lstm_state)
     with jax.named_scope("lstm"):
-        outs, new_lstm = lstm.run(bilm_params["lstm"], model, x, mask, carried, compute=compute,
-                                  dropout_rate=train.dropout, dropout_keys=row_keys, resets=resets)
+        outs, new_lstm = lstm.run(
+            bilm_params["lstm"],
+            model,
+            x,
+            mask,
+            carried,
+            compute=compute,
+            dropout_rate=train.dropout,
+            dropout_keys=row_keys,
+            resets=resets,
+        )
     top = outs[-1]
     if train.dropout > 0:
         top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
     with jax.named_scope("softmax"):
         per_dir = [
-            sampled_softmax_loss(top[d].reshape(n_pos, p), flat_targets[d], rows_w[target_at[d]],
-                                 rows_b[target_at[d]], cands[d], rows_w[cand_at[d]], rows_b[cand_at[d]],
-                                 batch["num_tries"][d], v, precision=compute.precision).mean()
-            for d in range(2)]
+            sampled_softmax_loss(
+                top[d].reshape(n_pos, p),
+                flat_targets[d],
+                rows_w[target_at[d]],
+                rows_b[target_at[d]],
+                cands[d],
+                rows_w[cand_at[d]],
+                rows_b[cand_at[d]],
+                batch["num_tries"][d],
+                v,
+                precision=compute.precision,
+            ).mean()
+            for d in range(2)
+        ]
     loss = 0.5 * (per_dir[0] + per_dir[1])
     # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
     # that scale changes the effective step size, so it is kept.
     return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
 
 
-def _clip_by_global_norm(g_bilm: dict, g_rows: dict, clip: float, axis_name: str | None
-                         ) -> tuple[dict, jax.Array, jax.Array]:
+def _clip_by_global_norm(
+    g_bilm: dict, g_rows: dict, clip: float, axis_name: str | None
+) -> tuple[dict, jax.Array, jax.Array]:
     """The dense gradient scaled to the global norm ``clip`` (when above it), the norm over the
     dense and the sparse gradients, and the scale (which the sparse rows' update applies)."""
     # Each row has one owner, holding its whole gradient: the sparse part of the norm is a sum
@@ -178,21 +220,30 @@ def _clip_by_global_norm(g_bilm: dict, g_rows: dict, clip: float, axis_name: str
     return jax.tree_util.tree_map(lambda g: g * scale, g_bilm), grad_norm, scale
 
 
-def _updated(state: TrainState, g_bilm: dict, ids: jax.Array, g_rows: dict, scale: jax.Array,
-             train: TrainConfig) -> tuple[dict, dict]:
+def _updated(
+    state: TrainState, g_bilm: dict, ids: jax.Array, g_rows: dict, scale: jax.Array, train: TrainConfig
+) -> tuple[dict, dict]:
     """New ``(params, opt)``: Adagrad on the dense biLM, sparse Adagrad on the softmax rows ``ids``."""
     updates, opt_bilm = dense_optimizer(train).update(g_bilm, state.opt["bilm"], state.params["bilm"])
     new_bilm = optax.apply_updates(state.params["bilm"], updates)
     sparse = SparseAdagrad(train.learning_rate)
     new_sm, new_acc = {}, {}
     for name in ("w", "b"):
-        new_sm[name], new_acc[name] = sparse.apply(state.params["softmax"][name], state.opt["softmax"][name], ids,
-                                                   g_rows[name] * scale)
+        new_sm[name], new_acc[name] = sparse.apply(
+            state.params["softmax"][name], state.opt["softmax"][name], ids, g_rows[name] * scale
+        )
     return {"bilm": new_bilm, "softmax": new_sm}, {"bilm": opt_bilm, "softmax": new_acc}
 
 
-def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: TrainConfig,
-               compute: Compute = Compute(), axis_name: str | None = AXIS) -> tuple[TrainState, dict]:
+def train_step(
+    state: TrainState,
+    batch: dict,
+    *,
+    model: ModelConfig,
+    train: TrainConfig,
+    compute: Compute = Compute(),
+    axis_name: str | None = AXIS,
+) -> tuple[TrainState, dict]:
     """One optimisation step on this device's rows and softmax shard.
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
@@ -211,9 +262,16 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
     sm = state.params["softmax"]
     with jax.named_scope("softmax_rows"):
         rows, received = fetch_rows(sm, batch["fetch"], axis_name)
-    loss_fn = functools.partial(_loss, batch=batch, lstm_state=state.lstm, row_keys=row_keys,
-                                resets=_resets(batch, row_keys, model, train), model=model, train=train,
-                                compute=compute)
+    loss_fn = functools.partial(
+        _loss,
+        batch=batch,
+        lstm_state=state.lstm,
+        row_keys=row_keys,
+        resets=_resets(batch, row_keys, model, train),
+        model=model,
+        train=train,
+        compute=compute,
+    )
 
     bilm_params = state.params["bilm"]
     if axis_name is not None:
@@ -221,7 +279,8 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
         # device's own (shard_map would otherwise psum it implicitly), averaged below.
         bilm_params = jax.lax.pcast(bilm_params, (axis_name,), to="varying")
     (g_bilm, g_w, g_b), (per_dir, new_lstm) = jax.grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
-        bilm_params, rows["w"], rows["b"])
+        bilm_params, rows["w"], rows["b"]
+    )
     rows_per_device = sm["b"].shape[0]
     with jax.named_scope("softmax_rows"):
         ids, g_rows = return_grads({"w": g_w, "b": g_b}, received, rows_per_device, axis_name)
@@ -240,13 +299,22 @@ def train_step(state: TrainState, batch: dict, *, model: ModelConfig, train: Tra
         loss_sums = jax.lax.psum(loss_sums, axis_name)
         count = jax.lax.psum(count, axis_name)
     new_state = TrainState(step=state.step + 1, params=params, opt=opt, lstm=new_lstm, rng=state.rng)
-    metrics = {"loss_sum_fwd": loss_sums[0], "loss_sum_bwd": loss_sums[1], "count": count,
-               "grad_norm": grad_norm}
+    metrics = {"loss_sum_fwd": loss_sums[0], "loss_sum_bwd": loss_sums[1], "count": count, "grad_norm": grad_norm}
     return new_state, metrics
 
 
-BATCH_KEYS = ("chars", "inputs", "targets", "rows", "starts", "candidates", "num_tries", "fetch", "cand_index",
-              "target_index")
+BATCH_KEYS = (
+    "chars",
+    "inputs",
+    "targets",
+    "rows",
+    "starts",
+    "candidates",
+    "num_tries",
+    "fetch",
+    "cand_index",
+    "target_index",
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -257,18 +325,22 @@ def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, *, compu
     Takes global arrays: the state as ``state_shardings`` places it, and a batch whose every leaf
     has a leading axis of one entry per device (``P("data")``). Cached: runs of one process with
     the same model, recipe, mesh and ``compute`` share the compiled programs."""
+
     def per_device(state, batch):
-        return train_step(state, {k: x[0] for k, x in batch.items()}, model=model, train=train,
-                          compute=compute, axis_name=AXIS)
+        return train_step(
+            state, {k: x[0] for k, x in batch.items()}, model=model, train=train, compute=compute, axis_name=AXIS
+        )
 
     specs = state_specs(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train)))
-    step = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}),
-                         out_specs=(specs, P()))
+    step = jax.shard_map(
+        per_device, mesh=mesh, in_specs=(specs, {k: P(AXIS) for k in BATCH_KEYS}), out_specs=(specs, P())
+    )
     return jax.jit(step, donate_argnums=(0,))
 
 
-def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int,
-                   first_device: int = 0, fixed: bool = False) -> dict:
+def add_candidates(
+    batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int, first_device: int = 0, fixed: bool = False
+) -> dict:
     """Adds ``candidates [D, 2, S]`` and ``num_tries [D, 2]`` to a host batch with device axis D.
 
     Drawn per (step, global device, direction) from its own seeded generator, so a run is
@@ -286,18 +358,35 @@ def add_candidates(batch: dict, *, step: int, seed: int, num_sampled: int, vocab
     return {**batch, "candidates": cands, "num_tries": tries}
 
 
-def prepare_batch(batch: dict, *, step: int, seed: int, train: TrainConfig, n_devices: int, first_device: int = 0,
-                  fixed: bool = False, capacity: int = 0) -> tuple[dict, int]:
+def prepare_batch(
+    batch: dict,
+    *,
+    step: int,
+    seed: int,
+    train: TrainConfig,
+    n_devices: int,
+    first_device: int = 0,
+    fixed: bool = False,
+    capacity: int = 0,
+) -> tuple[dict, int]:
     """A batcher's host batch ``[D, ...]`` -> everything ``train_step`` takes, and the fetch
     capacity used (at least ``capacity``; see ``sharded_softmax.plan_fetch``)."""
-    batch = add_candidates(batch, step=step, seed=seed, num_sampled=train.n_negative_samples_batch,
-                           vocab_size=train.n_tokens_vocab, first_device=first_device, fixed=fixed)
+    batch = add_candidates(
+        batch,
+        step=step,
+        seed=seed,
+        num_sampled=train.n_negative_samples_batch,
+        vocab_size=train.n_tokens_vocab,
+        first_device=first_device,
+        fixed=fixed,
+    )
     return plan_batch(batch, train.n_tokens_vocab, n_devices, capacity)
 
 
 def plan_batch(batch: dict, vocab_size: int, n_devices: int, capacity: int = 0) -> tuple[dict, int]:
     """A host batch with its candidates -> the same with the fetch plan of ``plan_fetch`` (which
     may replace an older one), and the capacity used (at least ``capacity``)."""
-    plan, capacity = plan_fetch(batch["candidates"], batch["targets"], RowLayout.for_vocab(vocab_size), n_devices,
-                                capacity)
+    plan, capacity = plan_fetch(
+        batch["candidates"], batch["targets"], RowLayout.for_vocab(vocab_size), n_devices, capacity
+    )
     return {**batch, **plan}, capacity

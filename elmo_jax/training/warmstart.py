@@ -33,12 +33,11 @@ from etils import epath
 from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import WeightsError, load_hdf5
 from elmo_jax.config import ModelConfig, Options
-from elmo_jax.model.vocabulary import Vocabulary, VocabError
+from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.training.checkpoint import CheckpointError
 from elmo_jax.training.run_dir import read_run, softmax_in_id_order
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
-
 
 # The learning rate a continued run uses when its source has no Adagrad accumulators (hdf5 files):
 # they restart at 1.0, so bilm-tf's 0.2 makes the first updates as large as at step 1 of
@@ -79,8 +78,12 @@ def read_warmstart(source: str) -> Warmstart:
 
         if str(source).lower() in registry.MODELS:
             return _from_released(source.lower())
-        raise about(CheckpointError(f"source {source}: neither a directory nor a released model "
-                                    f"({', '.join(registry.MODELS)})"), "source")
+        raise about(
+            CheckpointError(
+                f"source {source}: neither a directory nor a released model ({', '.join(registry.MODELS)})"
+            ),
+            "source",
+        )
     if not os.path.isdir(source):
         raise about(CheckpointError(f"source {source}: not a directory"), "source")
     if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
@@ -90,8 +93,17 @@ def read_warmstart(source: str) -> Warmstart:
 
 def _from_run(run_dir: str) -> Warmstart:
     options, vocab, shared, step = read_run(run_dir)
-    return Warmstart(run_dir, "run", options.model, shared["params"]["bilm"], dense_accumulators(shared["opt"]["bilm"]),
-                     shared["params"]["softmax"], shared["opt"]["softmax"], vocab, step)
+    return Warmstart(
+        run_dir,
+        "run",
+        options.model,
+        shared["params"]["bilm"],
+        dense_accumulators(shared["opt"]["bilm"]),
+        shared["params"]["softmax"],
+        shared["opt"]["softmax"],
+        vocab,
+        step,
+    )
 
 
 def _from_released(name: str) -> Warmstart:
@@ -115,16 +127,29 @@ def _from_tf_checkpoint(path: str, vocab_path: str | None) -> Warmstart:
         raise CheckpointError(str(e)) from None
     if ckpt["config"] is None:
         # The tensors give the shapes, not the clips, activation or skip connections.
-        raise CheckpointError(f"{path}: no options.json next to the TF checkpoint (bilm-tf saves its training "
-                              f"options there); put the model's options.json in {os.path.dirname(ckpt['prefix'])}")
+        raise CheckpointError(
+            f"{path}: no options.json next to the TF checkpoint (bilm-tf saves its training "
+            f"options there); put the model's options.json in {os.path.dirname(ckpt['prefix'])}"
+        )
     softmax = ckpt["params"].get("softmax")
     if softmax is None or vocab_path is None:
-        raise CheckpointError(f"{path}: a TF checkpoint's softmax rows are words of its vocabulary; put that "
-                              f"vocabulary (vocab*.txt) in the checkpoint's directory or the one above it")
+        raise CheckpointError(
+            f"{path}: a TF checkpoint's softmax rows are words of its vocabulary; put that "
+            f"vocabulary (vocab*.txt) in the checkpoint's directory or the one above it"
+        )
     vocab = _load_vocab(vocab_path, len(softmax["w"]), path)
     acc = ckpt["accumulators"] or {}
-    return Warmstart(path, "tf_checkpoint", ckpt["config"], ckpt["params"]["bilm"], acc.get("bilm"), softmax,
-                     acc.get("softmax"), vocab, ckpt["global_step"])
+    return Warmstart(
+        path,
+        "tf_checkpoint",
+        ckpt["config"],
+        ckpt["params"]["bilm"],
+        acc.get("bilm"),
+        softmax,
+        acc.get("softmax"),
+        vocab,
+        ckpt["global_step"],
+    )
 
 
 def _find_vocab(directory: str, also_parent: bool = False) -> str | None:
@@ -134,19 +159,29 @@ def _find_vocab(directory: str, also_parent: bool = False) -> str | None:
         if os.path.join(d, "vocab.txt") in found:
             return os.path.join(d, "vocab.txt")
         if len(found) > 1:
-            raise CheckpointError(f"{d}: more than one vocabulary ({', '.join(map(os.path.basename, found))}); "
-                                  f"keep the one that goes with the softmax")
+            raise CheckpointError(
+                f"{d}: more than one vocabulary ({', '.join(map(os.path.basename, found))}); "
+                f"keep the one that goes with the softmax"
+            )
         if found:
             return found[0]
     return None
 
 
 def _one_file(directory: str, patterns: tuple[str, ...], exclude: str | None = None) -> str | None:
-    found = sorted({p for pat in patterns for p in glob.glob(os.path.join(directory, pat))
-                    if not (exclude and p.endswith(exclude))})
+    found = sorted(
+        {
+            p
+            for pat in patterns
+            for p in glob.glob(os.path.join(directory, pat))
+            if not (exclude and p.endswith(exclude))
+        }
+    )
     if len(found) > 1:
-        raise CheckpointError(f"{directory}: more than one of {' / '.join(patterns)} "
-                              f"({', '.join(map(os.path.basename, found))}); expected one")
+        raise CheckpointError(
+            f"{directory}: more than one of {' / '.join(patterns)} "
+            f"({', '.join(map(os.path.basename, found))}); expected one"
+        )
     return found[0] if found else None
 
 
@@ -159,9 +194,14 @@ def _from_hdf5_dir(directory: str) -> Warmstart:
     }
     for role in ("options", "weights"):
         if files[role] is None:
-            raise about(CheckpointError(f"source {directory}: no {role} file (expected a run dir, a TF checkpoint, "
-                                        f"or options.json + weights.hdf5 / elmo_*_options.json + "
-                                        f"elmo_*_weights.hdf5)"), "source")
+            raise about(
+                CheckpointError(
+                    f"source {directory}: no {role} file (expected a run dir, a TF checkpoint, "
+                    f"or options.json + weights.hdf5 / elmo_*_options.json + "
+                    f"elmo_*_weights.hdf5)"
+                ),
+                "source",
+            )
     return _from_hdf5_files(directory, {k: v for k, v in files.items() if v})
 
 
@@ -171,8 +211,10 @@ def _from_hdf5_files(source: str, files: dict[str, str]) -> Warmstart:
     if "softmax" in files:
         softmax = _read_softmax(files["softmax"], model.lstm.projection_dim)
         if "vocab" not in files:
-            raise CheckpointError(f"{files['softmax']}: its rows are words of a vocabulary, but none is next to "
-                                  f"it (vocab.txt or vocab-*.txt)")
+            raise CheckpointError(
+                f"{files['softmax']}: its rows are words of a vocabulary, but none is next to "
+                f"it (vocab.txt or vocab-*.txt)"
+            )
         vocab = _load_vocab(files["vocab"], len(softmax["w"]), files["softmax"])
     return Warmstart(source, "hdf5", model, bilm, None, softmax, None, vocab)
 
@@ -184,8 +226,10 @@ def _read_softmax(path: str, projection_dim: int) -> dict:
         except KeyError:
             raise WeightsError(f"{path}: expected datasets softmax/W [V, {projection_dim}] and softmax/b [V]") from None
     if w.ndim != 2 or w.shape[1] != projection_dim or b.shape != (w.shape[0],):
-        raise WeightsError(f"{path}: softmax/W {w.shape} and softmax/b {b.shape}; expected [V, {projection_dim}] "
-                           f"and [V] (the model's projection_dim is {projection_dim})")
+        raise WeightsError(
+            f"{path}: softmax/W {w.shape} and softmax/b {b.shape}; expected [V, {projection_dim}] "
+            f"and [V] (the model's projection_dim is {projection_dim})"
+        )
     return {"w": w.astype(np.float32), "b": b.astype(np.float32)}
 
 
@@ -195,20 +239,28 @@ def _load_vocab(path: str, rows: int, softmax_source: str) -> Vocabulary:
     except VocabError as e:
         raise CheckpointError(str(e)) from None
     if len(vocab) != rows:
-        raise CheckpointError(f"{softmax_source}: {rows} softmax rows, but its vocabulary {path} has {len(vocab)} "
-                              f"words; expected one row per word")
+        raise CheckpointError(
+            f"{softmax_source}: {rows} softmax rows, but its vocabulary {path} has {len(vocab)} "
+            f"words; expected one row per word"
+        )
     return vocab
 
 
 def dense_accumulators(opt_state) -> dict:
     """The Adagrad sums of squares of an optax ``adagrad`` state (``dense_optimizer``)."""
-    return next(s.sum_of_squares for s in jax.tree_util.tree_leaves(
-        opt_state, is_leaf=lambda s: hasattr(s, "sum_of_squares")) if hasattr(s, "sum_of_squares"))
+    return next(
+        s.sum_of_squares
+        for s in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda s: hasattr(s, "sum_of_squares"))
+        if hasattr(s, "sum_of_squares")
+    )
 
 
 def _with_accumulators(opt_state, acc: dict):
-    return jax.tree_util.tree_map(lambda s: s._replace(sum_of_squares=acc) if hasattr(s, "sum_of_squares") else s,
-                                  opt_state, is_leaf=lambda s: hasattr(s, "sum_of_squares"))
+    return jax.tree_util.tree_map(
+        lambda s: s._replace(sum_of_squares=acc) if hasattr(s, "sum_of_squares") else s,
+        opt_state,
+        is_leaf=lambda s: hasattr(s, "sum_of_squares"),
+    )
 
 
 def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary, seed: int = 0) -> dict:
@@ -222,13 +274,18 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
     """
     warm = source if isinstance(source, Warmstart) else read_warmstart(source)
     if warm.model != options.model:
-        raise CheckpointError(f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
-                              f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(options.model)}")
+        raise CheckpointError(
+            f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
+            f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(options.model)}"
+        )
     assert options.train is not None  # continuing needs the training keys
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
-    fresh = softmax_in_id_order(jax.device_get(init_state(jax.random.PRNGKey(seed), options.model,
-                                                                options.train, 1).shared()), layout)
-    dense_opt = fresh["opt"]["bilm"] if warm.bilm_acc is None else _with_accumulators(fresh["opt"]["bilm"], warm.bilm_acc)
+    fresh = softmax_in_id_order(
+        jax.device_get(init_state(jax.random.PRNGKey(seed), options.model, options.train, 1).shared()), layout
+    )
+    dense_opt = (
+        fresh["opt"]["bilm"] if warm.bilm_acc is None else _with_accumulators(fresh["opt"]["bilm"], warm.bilm_acc)
+    )
     state = dict(fresh)
     state["params"] = {"bilm": warm.bilm, "softmax": dict(fresh["params"]["softmax"])}
     state["opt"] = {"bilm": dense_opt, "softmax": dict(fresh["opt"]["softmax"])}
@@ -247,5 +304,7 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
 
 def _shape(model: ModelConfig) -> str:
     c, l = model.char_cnn, model.lstm
-    return (f"{l.n_layers} x LSTM {l.dim}/{l.projection_dim}, {c.n_filters} char filters "
-            f"{[list(f) for f in c.filters]}, {c.n_highway} highway")
+    return (
+        f"{l.n_layers} x LSTM {l.dim}/{l.projection_dim}, {c.n_filters} char filters "
+        f"{[list(f) for f in c.filters]}, {c.n_highway} highway"
+    )
