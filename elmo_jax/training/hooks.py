@@ -3,7 +3,8 @@
 - ``MetricsWindow``: sums the step metrics between two logged steps and times them;
 - ``MetricsFile``: ``metrics.jsonl``, one line per logged step, kept exact across resumes;
 - ``Progress``: the tqdm bar;
-- ``SignalStop``: SIGTERM/SIGINT become a request to save and stop at the next step boundary.
+- ``SignalStop``: SIGTERM/SIGINT become a request to save and stop at the next step boundary;
+- ``DivergenceGuard``: a blown-up training loss stops the run (``Diverged``) or is warned about.
 
 The held-out evaluator (``evaluate.HeldoutEvaluator``) and the checkpointer are the others.
 """

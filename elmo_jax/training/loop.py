@@ -197,19 +197,7 @@ def _restore_or_init(
     restored = None
     if meta is not None:
         keep_data = meta.get("process_count") == jax.process_count() and not settings.new_data
-
-        def abstract(m: dict):
-            if m.get("format", 1) == 1:  # read onto one device, converted below
-                return abstract_shared(options, m), None
-            target = jax.tree_util.tree_map(
-                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                abstract_shared(options, m),
-                shardings.shared(),
-            )
-            return target, abstract_rows(model, global_rows, rows_sharding) if keep_data and m.get(
-                "global_rows"
-            ) == global_rows else None
-
+        abstract = _restore_targets(options, shardings, global_rows, keep_data)
         restored = ckpt.restore_latest(abstract, with_host=keep_data)
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
@@ -229,6 +217,31 @@ def _restore_or_init(
             }
     if host is not None:
         batcher.restore(host["data"])
+    _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher)
+    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
+
+
+def _restore_targets(options: Options, shardings: TrainState, global_rows: int, keep_data: bool) -> Callable:
+    """``abstract(meta)`` for ``Checkpointer.restore_latest``: the shared state onto the mesh, and
+    the LSTM rows where they fit (same global rows, same data)."""
+
+    def abstract(m: dict):
+        if m.get("format", 1) == 1:  # read onto one device, converted by _restore_or_init
+            return abstract_shared(options, m), None
+        target = jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract_shared(options, m),
+            shardings.shared(),
+        )
+        same_rows = keep_data and m.get("global_rows") == global_rows
+        return target, abstract_rows(options.model, global_rows, shardings.lstm) if same_rows else None
+
+    return abstract
+
+
+def _say_what_resumed(settings: RunSettings, saved: dict, start: int, global_rows: int, data: bool, rows: bool,
+                      batcher: LMBatcher) -> None:  # fmt: skip
+    """One line when a resume is not exact: what was restored and what starts afresh."""
     where = (
         f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with "
         f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and "
@@ -237,17 +250,16 @@ def _restore_or_init(
     if settings.new_data:
         if jax.process_index() == 0:
             print(f"{where}; new training data (new_data): the data position and the LSTM state start afresh")
-    elif host is None:
+    elif not data:
         warnings.warn(
-            f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state", stacklevel=2
+            f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state", stacklevel=3
         )
-    elif rows is None:
+    elif not rows:
         warnings.warn(
             f"{where}, and the data position (epoch {batcher.epoch}); the rows' buffered text and "
             f"LSTM state start afresh",
-            stacklevel=2,
+            stacklevel=3,
         )
-    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
 
 
 def _recipe(t: TrainConfig, meta: dict | None) -> str:
@@ -516,91 +528,88 @@ def _train(
     fixed_candidates: bool,
 ) -> dict:
     """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
-    options, vocab, settings = run.options, run.vocab, run.settings
-    t, model = options.training, options.model
-    max_epochs = math.ceil(settings.epochs) if settings.epochs else None
-    batcher = LMBatcher(
-        source,
-        vocab,
-        rows_per_device=t.batch_size,
-        unroll_steps=t.unroll_steps,
-        max_chars=model.char_cnn.max_characters_per_token,
-        n_devices=run.n_local,
-        seed=settings.seed,
-        shards=run.shards,
-        first_row=run.first_device * t.batch_size,
-        max_epochs=max_epochs,
-    )
+    settings, t, model = run.settings, run.options.training, run.options.model
+    batcher = _batcher(run, source)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
     shardings = state_shardings(abstract, run.mesh)
     start, state = _restore_or_init(
-        run.ckpt, run.meta, options, settings, shardings, run.global_rows, batcher, init_state
+        run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
     )
     if run.total is not None and start >= run.total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {"step": start}
-    if settings.precision:
-        matmuls, why = policy.check(settings.precision), "asked for"
-    else:  # the device's native fast policy (bfloat16 only where its tensor cores have it)
-        matmuls, why = policy.training_default()
-    run.ckpt.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.shared(), state.lstm)))
-    if run.lead:
-        print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", init_state is not None))
-        short = run.ckpt.check_space(settings.keep)
-        if short is not None:
-            print(f"warning: {short}", file=sys.stderr)
-    step_fn = make_train_step(model, t, run.mesh, compute=Compute.from_policy(matmuls))
+    compute = _announce(run, start, batcher, state, init_state is not None)
+    step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
-        batcher,
-        t,
-        run.mesh,
-        settings.seed,
-        run.first_device,
-        fixed_candidates,
-        prefetch=settings.prefetch,
-        workers=settings.host_workers,
-    )
+        batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
+        prefetch=settings.prefetch, workers=settings.host_workers,
+    )  # fmt: skip
     guard = DivergenceGuard(
         t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
     )
     progress = Progress(settings.progress and run.lead, run.total, start)
     save = _Saver(run, batches, guard, start)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
+    on_log = _on_log(run, heldout, guard, progress, start, on_metrics)
     step, state, reason, error = _steps(
-        step_fn,
-        state,
-        batches,
-        start,
-        run.total,
-        settings,
-        window,
-        _on_log(run, heldout, guard, progress, start, on_metrics),
-        save,
-        progress,
+        step_fn, state, batches, start, run.total, settings, window, on_log, save, progress
     )
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
-    mine = error or batches.error
+    _finish(run, step, state, reason, error or batches.error, save)
+    return {**window.last, "step": step}
+
+
+def _batcher(run: _Run, source: Source) -> LMBatcher:
+    """This process's rows of the run's data."""
+    settings, t = run.settings, run.options.training
+    return LMBatcher(
+        source, run.vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
+        max_chars=run.options.model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=settings.seed,
+        shards=run.shards, first_row=run.first_device * t.batch_size,
+        max_epochs=math.ceil(settings.epochs) if settings.epochs else None,
+    )  # fmt: skip
+
+
+def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, given_state: bool) -> Compute:
+    """The matmul policy (asked for, or the device's native fast one), the start line that names
+    it and why, and the free-space check; returns the step's ``Compute``."""
+    settings = run.settings
+    if settings.precision:
+        matmuls, why = policy.check(settings.precision), "asked for"
+    else:  # bfloat16 only where the device's tensor cores have it
+        matmuls, why = policy.training_default()
+    run.ckpt.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.shared(), state.lstm)))
+    if run.lead:
+        print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", given_state))
+        short = run.ckpt.check_space(settings.keep)
+        if short is not None:
+            print(f"warning: {short}", file=sys.stderr)
+    return Compute.from_policy(matmuls)
+
+
+def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: BaseException | None,
+            save: _Saver) -> None:  # fmt: skip
+    """The last save, then why the loop stopped: this process's own error (raised after the save,
+    so the last sound state is on disk), a peer's, a signal or the end of the data."""
     if isinstance(mine, Diverged):  # every process decides it alike, from the same replicated loss
         raise mine
     if isinstance(mine, DiskFull) and jax.process_count() == 1:
         raise mine  # a last save would fail alike (with more processes, it is a collective: all go)
     saved = save(step, state)  # every process reaches this at the same step
-    if mine is not None:  # after the save: the last sound state is on disk
+    if mine is not None:
         raise mine
-    where = (
-        f"checkpoint saved in {settings.run_dir}"
-        if saved
-        else f"not saved, the newest logged loss being above the divergence threshold: {settings.run_dir} resumes from "
-        f"step {run.ckpt.steps()[-1] if run.ckpt.steps() else 0}"
-    )
+    run_dir = run.settings.run_dir
+    where = f"checkpoint saved in {run_dir}"
+    if not saved:
+        newest = run.ckpt.steps()[-1] if run.ckpt.steps() else 0
+        where = f"not saved, the newest logged loss being above the divergence threshold: {run_dir} resumes from step {newest}"
     if reason == "error":
         raise PeerFailed(f"another process failed: stopped at step {step}; {where}")
     if reason == "signal":
         print(f"stopped at step {step}; {where}")
     if reason == "end of data":  # under --epochs, the first process to read all its shards ends the epoch
         print(f"end of data at step {step}; {where}")
-    return {**window.last, "step": step}
 
 
 class _Saver:
