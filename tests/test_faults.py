@@ -70,6 +70,7 @@ def _force_loss(monkeypatch, from_step: int, value: float) -> None:
     monkeypatch.setattr(hooks, "summarise", forced)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, decided_at", [(float("nan"), 50), (1e6, 70)], ids=["non-finite", "above-threshold"])
 def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(
     tmp_path, monkeypatch, capsys, value, decided_at
@@ -120,6 +121,7 @@ def test_warn_mode_says_it_once_and_trains_on(tmp_path, monkeypatch, capsys):
     assert _steps(run)[-1] == 80 and not (run / "diverged").exists()
 
 
+@pytest.mark.slow
 def test_a_real_blow_up_is_caught_without_any_forcing(tmp_path, capsys):
     """bilm-tf's recipe at learning rate 10,000: the loss passes ln V within a few steps."""
     run = tmp_path / "run"
