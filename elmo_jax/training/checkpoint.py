@@ -92,6 +92,11 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
     return out
 
 
+def checkpoint_bytes(shared: dict, lstm: dict) -> int:
+    """About what a checkpoint of these global arrays takes on disk (their bytes, uncompressed)."""
+    return sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -134,7 +139,7 @@ class Checkpointer:
 
         Raises ``DiskFull`` when this save, or the async one before it, runs out of space."""
         self.wait()  # the previous save's failure is reported as that step's
-        self.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
+        self.nbytes = checkpoint_bytes(shared, lstm)
         try:
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
                 np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
@@ -191,18 +196,17 @@ class Checkpointer:
             for tmp in (self.run_dir / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def check_space(self, keep: int) -> str | None:
-        """A warning when the free space cannot hold ``keep`` checkpoints and one being saved, from
-        the size of the last one (``nbytes``); None when it can, or cannot be known."""
+    def check_space(self, keep: int, nbytes: int) -> str | None:
+        """A warning when the free space cannot hold ``keep`` checkpoints of ``nbytes``
+        (``checkpoint_bytes``) and one being saved; None when it can, or cannot be known."""
         free = free_space(str(self.run_dir / "checkpoints"))
-        if free is None or self.nbytes is None:
+        if free is None:
             return None
-        held = sum(1 for _ in self.steps())
-        need = (keep + 1 - min(held, keep)) * self.nbytes  # what is on disk already counts
+        need = (keep + 1 - min(len(self.steps()), keep)) * nbytes  # what is on disk already counts
         if free >= need:
             return None
         return (
-            f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(self.nbytes)} "
+            f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(nbytes)} "
             f"each (and one in flight) needs about {size(need)} more; a save may run out of space"
         )
 

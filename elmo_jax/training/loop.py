@@ -32,7 +32,7 @@ from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, DiskFull, vocab_hash
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, DiskFull, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
@@ -579,10 +579,9 @@ def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, give
         matmuls, why = policy.check(settings.precision), "asked for"
     else:  # bfloat16 only where the device's tensor cores have it
         matmuls, why = policy.training_default()
-    run.ckpt.nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.shared(), state.lstm)))
     if run.lead:
         print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", given_state))
-        short = run.ckpt.check_space(settings.keep)
+        short = run.ckpt.check_space(settings.keep, checkpoint_bytes(state.shared(), state.lstm))
         if short is not None:
             print(f"warning: {short}", file=sys.stderr)
     return Compute.from_policy(matmuls)
