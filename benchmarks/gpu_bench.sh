@@ -9,7 +9,9 @@
 #             the slope of dependent matmuls in one fori_loop), the `original` step in bfloat16 at
 #             128 and 384 rows (tokens/s, MFU against the datasheet peak and the measured matmul,
 #             peak memory), `elmo-jax train` at 384 rows, a >=100,000-token extraction job in
-#             bfloat16: roofline.txt, step128.txt, step384.txt, cli.txt, extract.txt, summary.txt
+#             bfloat16, the 128-row step by autodiff of the LSTM scan (the custom VJP's gain), a per-part
+#             profile of the 128-row step: roofline.txt, step128.txt, step384.txt, cli.txt, extract.txt,
+#             autodiff128.txt, profile.txt, summary.txt
 # PARTS picks other parts, run in this order (e.g. projection embed cli profile, about 9 minutes
 # with BASELINE: two calls, PARTS="projection embed" then PARTS="cli profile"):
 #   projection  gpu_projection.py: the cost model's projection of the embed and cli parts, with the
@@ -27,6 +29,12 @@
 #             with MFU against the datasheet peak and the measured matmul, under each precision x layout in
 #             VARIANTS: "f32" is what every GPU ran before elmo_jax.model.layout (the previous commit's
 #             float32 step), "gpu" the library's GPU default now (bfloat16 policy, GPU layout)
+#   xla-flags the default step ("gpu" variant) under each XLA_FLAGS set in FLAG_SETS (';'-separated;
+#             default: none, the latency-hiding scheduler, command buffers that also take while
+#             loops), a fresh process each: xla_flags.txt
+#   batch-quality  experiments/batch_size.py: 1,000 steps at 384 rows against 3,000 at 128, bfloat16,
+#             the experiments' config, held-out perplexity of both directions at the same tokens
+#             (needs experiments/data/lm): batch_size/table.md
 #   quality   1,000 steps of the experiments' config in bfloat16 and in float32, each scored on
 #             held-out text (needs experiments/data/lm, carried)
 #   cli       `elmo-jax train` itself, `original` shape, 128 rows, 300 steps: tokens/s with the
@@ -82,6 +90,20 @@ fi
 if has variants; then
   timeout "${VARIANTS_S:-150}" python benchmarks/bench_variants.py --shape "$shape" --batch "$batch" --steps 5 \
     --variants ${VARIANTS:-f32 gpu gpu-f32} 2>&1 | tee "$out/variants.txt"
+fi
+if has xla-flags; then
+  IFS=';' read -ra sets <<< "${FLAG_SETS:- ;--xla_gpu_enable_latency_hiding_scheduler=true;--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL}"
+  : > "$out/xla_flags.txt"
+  for flags in "${sets[@]}"; do
+    echo "XLA_FLAGS+=[$flags]" | tee -a "$out/xla_flags.txt"
+    XLA_FLAGS="${XLA_FLAGS:-} $flags" timeout "${FLAGS_S:-60}" python benchmarks/bench_variants.py --shape "$shape" \
+      --batch "$batch" --steps 5 --variants gpu 2>&1 | grep -E '^gpu |failed' | tee -a "$out/xla_flags.txt"
+  done
+fi
+if has batch-quality && [ -d $lm ]; then
+  # shellcheck disable=SC2086  # the arms are words
+  timeout "${BATCH_QUALITY_S:-400}" python experiments/batch_size.py --arms ${BATCH_ARMS:-128x3000 384x1000} \
+    --evals 4 --precision bfloat16 --out "$out/batch_size" --runs /tmp/batch_runs 2>&1 | tail -8
 fi
 if has quality && [ -d $lm ]; then
   for dtype in float32 bfloat16; do

@@ -22,8 +22,14 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
 - ``extract``: ``bench_embed.py --job-only``, ``original``, bfloat16: a whole job of at least
   100,000 natural tokens (the experiments' held-out text where carried, else the first lines of
   the bundled sample's ``train.txt``), cold and twice warm.
+- ``autodiff128``: ``step128`` with the LSTM differentiated by autodiff of the scan (the
+  layout's ``lstm_vjp=False``): what the hand-written backward pass gains, in one call.
 - ``baseline``: with ``--baseline DIR`` (the previous commit's tree, from ``git archive``),
   ``step128`` and ``step384`` again with that tree's ``elmo_jax`` and this tree's benchmark code.
+- ``profile``: ``step128`` again with XLA's command buffers off (each kernel its own trace event),
+  its steps then run once more under ``jax.profiler``: ``profile_parts.py``'s table of time per
+  part of the step (char CNN, LSTM, dropout RNG, softmax, optimizer; forward and backward apart;
+  idle) and the top ops.
 
 A part starts only with at least its minimum time left of ``--budget`` seconds, and runs for at
 most its own share or what is left; what is skipped or cut short is said in ``summary.txt``.
@@ -34,6 +40,7 @@ a 256^3 roofline, a 3,000-token job) to check the script on a CPU in about 3 min
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -53,6 +60,8 @@ BUDGETS = {
     "step384": (85, 45),
     "cli": (130, 60),
     "extract": (110, 50),
+    "autodiff128": (75, 40),
+    "profile": (70, 40),
     "baseline": (150, 80),
 }
 FULL = {
@@ -138,13 +147,22 @@ def part_step(args, s: dict) -> None:
     )
     model, tc = model_and_config(ns, s["vocab"])
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
-    compute = Compute.from_policy("bfloat16", layout=for_backend())
+    layout = for_backend()
+    if args.autodiff:  # the LSTM differentiated by autodiff of the scan, as before lstm._rows_scan_vjp
+        layout = dataclasses.replace(layout, lstm_vjp=False)
+    compute = Compute.from_policy("bfloat16", layout=layout)
     device = jax.devices()[0]
     tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
     with tempfile.TemporaryDirectory() as tmp:
         vocab, path = zipf_corpus(tmp, 100_000, max(200_000, rows * 20 * (s["steps"] + 4)))
         batches, width, _ = device_batches(ns, model, tc, vocab, path, mesh)
-        sec, compiled = time_step(model, tc, mesh, batches, compute=compute)
+        trace = os.path.join(tmp, "trace") if args.profile else None
+        timing = time_step(model, tc, mesh, batches, compute=compute, trace_dir=trace)
+        sec, compiled = timing.seconds, timing.compiled
+        if trace:
+            from profile_parts import profile_lines
+
+            table = profile_lines(trace, timing, len(batches) - 1)
     flops = train_flops(model, tc, width)
     tflops = flops / sec / 1e12
     plan = compiled.memory_analysis()
@@ -176,6 +194,11 @@ def part_step(args, s: dict) -> None:
     print(
         f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
     )
+    print(f"layout {layout}", flush=True)
+    if args.profile:  # another program (XLA's command buffers off): its figures are not the step's
+        print(f"the same steps run again under the profiler: {timing.traced_seconds * 1e3:.2f} ms a step", flush=True)
+        print("\n".join(table), flush=True)
+        return
     with open(os.path.join(args.out, f"step{rows}.json"), "w", encoding="utf-8") as f:
         json.dump({"rows": rows, "ms": sec * 1e3, "tokens_per_s": tokens, "tflops": tflops}, f)
 
@@ -330,12 +353,18 @@ def drive(args) -> None:
             env,
         ),
     ]
+    parts.append(
+        ("autodiff128", me + ["--part", "step", "--rows", str(s["rows"][0]), "--autodiff", "--tag", "autodiff"], env)
+    )
     if args.baseline:
         # The previous commit's elmo_jax under this tree's benchmark code (the script's folder
         # comes first on sys.path, PYTHONPATH next).
         base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline))
         cmd = " && ".join(" ".join(me + ["--part", "step", "--rows", str(r), "--tag", "baseline"]) for r in s["rows"])
         parts.append(("baseline", ["bash", "-c", cmd], base_env))
+    # The profile: with XLA's command buffers off, so that each kernel is its own trace event.
+    no_graphs = dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip())
+    parts.append(("profile", me + ["--part", "step", "--rows", str(s["rows"][0]), "--profile"], no_graphs))
     start = time.perf_counter()
     summary = [
         f"gpu_measure.py{' --rehearse' if args.rehearse else ''}: budget {args.budget:.0f} s; "
@@ -373,6 +402,8 @@ def main() -> None:
     ap.add_argument("--part", choices=["roofline", "step", "cli"], help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--autodiff", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)
