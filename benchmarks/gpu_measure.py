@@ -34,7 +34,8 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
 A part starts only with at least its minimum time left of ``--budget`` seconds, and runs for at
 most its own share or what is left; what is skipped or cut short is said in ``summary.txt``.
 ``--rehearse`` runs the same parts with tiny shapes (the ``tiny`` preset, 4 and 12 rows, V = 2,000,
-a 256^3 roofline, a 3,000-token job) to check the script on a CPU in about 3 minutes.
+a 256^3 roofline, a 3,000-token job; the step parts under the GPU layout) to check the script on a
+CPU in about 5 minutes.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def part_step(args, s: dict) -> None:
     )
     model, tc = model_and_config(ns, s["vocab"])
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
-    layout = for_backend()
+    layout = for_backend("gpu" if args.rehearse else None)  # a rehearsal runs the GPU's program on the CPU
     if args.autodiff:  # the LSTM differentiated by autodiff of the scan, as before lstm._rows_scan_vjp
         layout = dataclasses.replace(layout, lstm_vjp=False)
     compute = Compute.from_policy("bfloat16", layout=layout)
