@@ -55,6 +55,7 @@ parts=${PARTS:-measure}
 shape=${SHAPE:-original}
 batch=${BATCH:-128}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+mkdir -p "$out"
 (nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true) | tee "$out/gpu.txt"
 python -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
 has() { [[ " $parts " == *" $1 "* ]]; }
@@ -96,13 +97,17 @@ if has xla-flags; then
   : > "$out/xla_flags.txt"
   for flags in "${sets[@]}"; do
     echo "XLA_FLAGS+=[$flags]" | tee -a "$out/xla_flags.txt"
-    XLA_FLAGS="${XLA_FLAGS:-} $flags" timeout "${FLAGS_S:-60}" python benchmarks/bench_variants.py --shape "$shape" \
-      --batch "$batch" --steps 5 --variants gpu 2>&1 | grep -E '^gpu |failed' | tee -a "$out/xla_flags.txt"
+    all=$(echo "${XLA_FLAGS:-} $flags" | xargs)  # no flags at all must be unset: XLA reads "  " as a file name
+    XLA_FLAGS="$all" timeout "${FLAGS_S:-60}" python benchmarks/bench_variants.py --shape "$shape" \
+      --batch "$batch" --steps 5 --variants gpu --roofline-size 0 > /tmp/xla_flags.log 2>&1
+    code=$?
+    # The step's line, or (a flag XLA rejects, a timeout) the exit code and the log's last lines.
+    grep -E '^gpu ' /tmp/xla_flags.log | tee -a "$out/xla_flags.txt" || { echo "exit $code"; tail -3 /tmp/xla_flags.log; } | tee -a "$out/xla_flags.txt"
   done
 fi
 if has batch-quality && [ -d $lm ]; then
   # shellcheck disable=SC2086  # the arms are words
-  timeout "${BATCH_QUALITY_S:-400}" python experiments/batch_size.py --arms ${BATCH_ARMS:-128x3000 384x1000} \
+  timeout "${BATCH_QUALITY_S:-360}" python experiments/batch_size.py --arms ${BATCH_ARMS:-128x3000 384x1000} \
     --evals 4 --precision bfloat16 --out "$out/batch_size" --runs /tmp/batch_runs 2>&1 | tail -8
 fi
 if has quality && [ -d $lm ]; then

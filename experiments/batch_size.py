@@ -73,6 +73,8 @@ def run_arm(args, rows: int, steps: int, devices: int, evals: int) -> str:
     ]  # fmt: skip
     if args.precision:
         cmd += ["--precision", args.precision]
+    if args.learning_rate:
+        cmd += ["--learning-rate", str(args.learning_rate)]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     t = time.perf_counter()
     with open(os.path.join(args.out, f"{name}.log"), "a", encoding="utf-8") as log:
@@ -120,6 +122,7 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=4, help="held-out evaluations per arm, at the same token counts")
     ap.add_argument("--config", default=os.path.join(LM, "options.json"))
     ap.add_argument("--precision", help="--precision for elmo-jax train (default: the backend's)")
+    ap.add_argument("--learning-rate", type=float, help="for every arm (default: the config's)")
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "batch_size"))
     ap.add_argument(
         "--runs", help="where the run dirs go (default: --out); each arm's metrics.jsonl is copied to --out"
