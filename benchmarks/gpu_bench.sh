@@ -108,7 +108,7 @@ fi
 if has batch-quality && [ -d $lm ]; then
   # shellcheck disable=SC2086  # the arms are words
   timeout "${BATCH_QUALITY_S:-360}" python experiments/batch_size.py --arms ${BATCH_ARMS:-128x3000 384x1000} \
-    --evals 4 --precision bfloat16 --out "$out/batch_size" --runs /tmp/batch_runs 2>&1 | tail -8
+    --evals "${BATCH_EVALS:-4}" --precision bfloat16 --out "$out/batch_size" --runs /tmp/batch_runs 2>&1 | tail -8
 fi
 if has quality && [ -d $lm ]; then
   for dtype in float32 bfloat16; do
