@@ -74,7 +74,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--profile", choices=list(VARIANTS), help="trace this variant's timed steps")
     ap.add_argument("--profile-out", default=".", help="where profile_top.txt goes")
-    ap.add_argument("--roofline-size", type=int, help="n of the roofline's n^3 matmuls (default: harness.roofline's; 0: none)")
+    ap.add_argument(
+        "--roofline-size", type=int, help="n of the roofline's n^3 matmuls (default: harness.roofline's; 0: none)"
+    )
     args = ap.parse_args()
     args.vocabs = [args.vocab]
     model, tc = model_and_config(args, args.vocab)
