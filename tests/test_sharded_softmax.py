@@ -1,5 +1,7 @@
 """The row-split softmax: its storage order, the host's fetch plan, and the exchange on 2 devices."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -158,3 +160,50 @@ def test_exchange_on_two_devices_equals_numpy():
     # Both devices asked for some rows: those sums really added two devices' gradients.
     both = np.intersect1d(slots_of(0)[used[0]], slots_of(1)[used[1]])
     assert len(both) > 10
+
+
+def _scatters(stablehlo: str) -> list[tuple[str, bool]]:
+    """(operand type, unique_indices) of every scatter in StableHLO text."""
+    out = []
+    for m in re.finditer(r'"stablehlo\.scatter"\(', stablehlo):
+        head = stablehlo[m.end() : stablehlo.index("({", m.end())]
+        signature = re.search(r"\}\) : \((tensor<[^>]*>)", stablehlo[m.end() :])
+        out.append((signature.group(1), "unique_indices = true" in head))
+    return out
+
+
+def test_plan_fetch_lists_are_distinct_with_every_unused_entry_out_of_range():
+    n = 4
+    layout, _, _, plan, cap = _plan(n=n)
+    per_owner = layout.padded // n
+    for lists in plan["fetch"]:
+        for entries in lists:
+            assert len(np.unique(entries)) == cap
+            unused = entries[entries >= per_owner]
+            np.testing.assert_array_equal(np.sort(unused), per_owner + np.arange(cap - len(unused), cap))
+
+
+def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
+    """Under --xla_gpu_exclude_nondeterministic_ops (set by `elmo-jax train` on GPUs) XLA rewrites
+    every scatter it cannot show to be deterministic; one marked unique_indices it leaves alone.
+    The scatters into the [V_pad, P] table and its accumulators must carry the mark."""
+    import argparse
+
+    from bench_train import device_batches, model_and_config, zipf_corpus
+
+    from elmo_jax.training.step import AXIS, init_state, make_train_step
+
+    ns = argparse.Namespace(shape="tiny", batch=2, negatives=16, steps=0, reset_state_prob=0.1)
+    model, tc = model_and_config(ns, 500)
+    mesh = Mesh(np.array(jax.devices()[:1]), (AXIS,))
+    vocab, path = zipf_corpus(str(tmp_path), 500, 2000)
+    batches, _, _ = device_batches(ns, model, tc, vocab, path, mesh)
+    state = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size))
+    text = make_train_step(model, tc, mesh).lower(state, batches[0]).as_text()
+    scatters = _scatters(text)
+    padded = RowLayout.for_vocab(500).padded
+    table = [unique for operand, unique in scatters if operand.startswith(f"tensor<{padded}x")]
+    assert len(table) >= 2 and all(table), scatters  # the softmax's weights and their accumulators
+    # Negative control: the parse tells the two apart (the gradients of repeated targets are
+    # summed by scatter-adds that cannot promise distinct ids).
+    assert any(not unique for _, unique in scatters), scatters

@@ -126,7 +126,8 @@ def plan_fetch(
     devices; ``n_devices`` is the mesh size. Returns (arrays, capacity) with
 
     - ``fetch [D, n, C] int32``: the owner-local slots device d asks owner o for (each distinct
-      row once; unused entries hold ``V_pad / n``, out of range, so gathers fill and scatters drop)
+      row once; unused entry ``j`` holds ``V_pad / n + j``, out of range, so gathers fill and
+      scatters drop, and every entry of a list is distinct: see ``SparseAdagrad.apply``)
     - ``cand_index [D, 2, S]``, ``target_index [D, 2, B, T] int32``: positions in the fetched rows
       ``[n * C]`` (owner-major) of each candidate and target
 
@@ -149,7 +150,7 @@ def plan_fetch(
         plans.append((owner, local, pos, inv))
         need = max(need, int(counts.max()))
     cap = next_capacity(need, capacity)
-    fetch = np.full((d_local, n_devices, cap), per_owner, np.int32)
+    fetch = np.broadcast_to(per_owner + np.arange(cap, dtype=np.int32), (d_local, n_devices, cap)).copy()
     n_cand = candidates[0].size
     cand_index = np.empty(candidates.shape, np.int32)
     target_index = np.empty(targets.shape, np.int32)
@@ -183,8 +184,8 @@ def return_grads(
     """Sends each fetched row's gradient back to its owner, which sums them per row.
 
     ``grads``: ``[n * C, ...]`` per table, laid out as ``fetch_rows`` returned the rows.
-    Returns (owner-local ids ``[n * C]``, summed gradients ``[n * C, ...]``): distinct ids, unused
-    entries ``rows_per_device`` (out of range) with zero gradient.
+    Returns (owner-local ids ``[n * C]``, summed gradients ``[n * C, ...]``): distinct ids, the
+    unused ones out of range (``rows_per_device`` and above) with zero gradient.
 
     Every asking device sends a row at most once, so the sum over devices is a loop of scatters
     without collisions, in device order: the result does not depend on atomics or on timing.
@@ -195,9 +196,13 @@ def return_grads(
         return received[0], {k: g[0] for k, g in back.items()}
     ids, inverse = jnp.unique(received.reshape(-1), size=n * c, fill_value=rows_per_device, return_inverse=True)
     inverse = inverse.reshape(n, c)
+    # unique's padding repeats its fill value: out-of-range ids made distinct, as the scatters
+    # that use them promise (unique_indices).
+    ids = jnp.where(ids < rows_per_device, ids, rows_per_device + jnp.arange(n * c, dtype=ids.dtype))
 
     def add(k, sums):
-        return {name: s.at[inverse[k]].add(back[name][k]) for name, s in sums.items()}
+        # One asking device's requests are distinct, so are their places in ``ids``.
+        return {name: s.at[inverse[k]].add(back[name][k], unique_indices=True) for name, s in sums.items()}
 
     # zeros_like of the received rows: under shard_map the carry must be device-varying like them.
     sums = jax.lax.fori_loop(0, n, add, {k: jnp.zeros_like(g.reshape((n * c,) + g.shape[2:])) for k, g in back.items()})
@@ -210,6 +215,12 @@ class SparseAdagrad:
 
     ``apply`` touches only ``ids`` (distinct; out-of-range ids are dropped): a scatter of new
     values, never an add, so each row is written once.
+
+    The scatters say their ids are distinct (``unique_indices``). Under
+    ``--xla_gpu_exclude_nondeterministic_ops``, which ``elmo-jax train`` sets on GPUs, XLA rewrites
+    every scatter it cannot show to be deterministic, and one marked unique it can. Without the
+    mark, that flag took the ``original`` step on an H200 from 11.5 to 32.4 ms, 15.8 ms of it in
+    device-to-device copies that no name stack claimed (``benchmarks/results/gpu_h200/``).
     """
 
     learning_rate: float
@@ -221,4 +232,7 @@ class SparseAdagrad:
     def apply(self, table: jax.Array, acc: jax.Array, ids: jax.Array, grads: jax.Array) -> tuple[jax.Array, jax.Array]:
         new_acc = acc.at[ids].get(mode="fill", fill_value=self.initial) + grads * grads
         rows = table.at[ids].get(mode="fill", fill_value=0) - self.learning_rate * grads * jax.lax.rsqrt(new_acc)
-        return table.at[ids].set(rows, mode="drop"), acc.at[ids].set(new_acc, mode="drop")
+        return (
+            table.at[ids].set(rows, mode="drop", unique_indices=True),
+            acc.at[ids].set(new_acc, mode="drop", unique_indices=True),
+        )
