@@ -321,3 +321,16 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3") == 0
     with h5py.File(out, "r") as f:
         assert sorted(map(int, f)) == list(range(len(sentences)))
+
+
+def test_gpu_scatters_are_deterministic_unless_asked_fast(monkeypatch):
+    """`elmo-jax train` asks XLA for deterministic scatters (a GPU-only flag, set before the backend
+    starts) unless --gpu-scatters fast; the flag is added once, beside flags already set."""
+    parser = commands.build_parser()
+    assert parser.parse_args(["train"]).gpu_scatters == "deterministic"
+    assert parser.parse_args(["train", "--gpu-scatters", "fast"]).gpu_scatters == "fast"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    commands.deterministic_gpu_flags()
+    commands.deterministic_gpu_flags()
+    flags = os.environ["XLA_FLAGS"].split()
+    assert flags == ["--xla_force_host_platform_device_count=1", "--xla_gpu_exclude_nondeterministic_ops=true"]

@@ -139,7 +139,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
 
-    deterministic_gpu_flags()
+    if args.gpu_scatters == "deterministic":
+        deterministic_gpu_flags()
     train_files, heldout_files = args.train_files, args.heldout_files
     if train_files is None:
         train_files, sample_heldout = bundled_sample()
@@ -461,6 +462,14 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         default="stop",
         help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
         "checkpoint of the diverged state left as the newest (default), or warn once and go on",
+    )
+    tr.add_argument(
+        "--gpu-scatters",
+        choices=("deterministic", "fast"),
+        default="deterministic",
+        help="deterministic (default): XLA's deterministic scatters on a GPU, so that two runs of one command "
+        "agree to the bit; fast: atomic scatter-adds, which may be faster, and runs then differ in the last "
+        "bits (experiments/README.md, 'One H200, issue 30'). No effect on a CPU or TPU",
     )
     tr.add_argument(
         "--new-data",
