@@ -219,8 +219,8 @@ class SparseAdagrad:
     The scatters say their ids are distinct (``unique_indices``). Under
     ``--xla_gpu_exclude_nondeterministic_ops``, which ``elmo-jax train`` sets on GPUs, XLA rewrites
     every scatter it cannot show to be deterministic, and one marked unique it can. Without the
-    mark, that flag took the ``original`` step on an H200 from 11.5 to 32.4 ms, 15.8 ms of it in
-    device-to-device copies that no name stack claimed (``benchmarks/results/gpu_h200/``).
+    mark the step ran 2.8x slower under that flag, mostly in device-to-device copies
+    (experiments/README.md, "One H200, issue 30").
     """
 
     learning_rate: float
