@@ -159,12 +159,16 @@ def table(ks: list[Kernel], hlo_text: str, steps: int, wall_s: float) -> list[st
     return lines
 
 
+def module_name(hlo_text: str) -> str:
+    """The ``HloModule`` name of compiled HLO text (what a CPU trace's events name), or ""."""
+    module = re.search(r"HloModule\s+([\w.\-]+)", hlo_text)
+    return module.group(1) if module else ""
+
+
 def profile_lines(trace_dir: str, timing, steps: int) -> list[str]:
     """The table of a ``bench_train.time_step`` run with ``trace_dir`` (its traced pass)."""
     text = timing.compiled.as_text()
-    module = re.search(r"HloModule\s+([\w.\-]+)", text)
-    ks = kernels(trace_dir, module.group(1) if module else "")
-    return table(ks, text, steps, timing.traced_seconds)
+    return table(kernels(trace_dir, module_name(text)), text, steps, timing.traced_seconds)
 
 
 def main() -> None:

@@ -53,8 +53,7 @@ def test_a_cpu_trace_is_summed_into_parts_from_its_innermost_events(tmp_path):
     for _ in range(2):
         step(w, x).block_until_ready()
     jax.profiler.stop_trace()
-    module = compiled.as_text().split()[1].rstrip(",")
-    ks = profile_parts.kernels(str(tmp_path), module)
+    ks = profile_parts.kernels(str(tmp_path), profile_parts.module_name(compiled.as_text()))
     assert ks and all(k.ns >= 0 for k in ks)
     # Innermost only: no kept event holds another on its thread (a while thunk holds its body's).
     spans = sorted((k.start_ns, k.start_ns + k.ns) for k in ks)
