@@ -8,7 +8,9 @@ import os
 import shutil
 import tempfile
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+from helpers import xla_flags  # imports no jax, which must not start before XLA_FLAGS is set
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(2)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session (never ~/.cache): many tests build the same
 # programs (the tiny model's train step, the CLI's in subprocesses) from new closures, which

@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from helpers import embed_sentences, model_files
+from helpers import embed_sentences, model_files, xla_flags
 from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 from elmo_jax import cli
@@ -120,7 +120,7 @@ def test_ctrl_c_in_a_real_run_exits_130_and_leaves_no_file(tmp_path, sentences):
 
     lines = [" ".join(s) for s in sentences if s]
     (tmp_path / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(20000)) + "\n")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     # The compile cache off: Ctrl-C lands while programs compile, which could crash the exit.
     cmd = [
         sys.executable,
@@ -191,7 +191,7 @@ def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
     # jax's compiler logs each persistent-cache miss and hit at debug level.
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "XLA_FLAGS": xla_flags(1),
         "JAX_DEBUG_LOG_MODULES": "jax._src.compiler",
     }
 

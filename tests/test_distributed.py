@@ -38,7 +38,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, xla_flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -477,7 +477,7 @@ def _start_workers(
     port = _free_port()
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        XLA_FLAGS=xla_flags(1),
         JAX_PLATFORMS="cpu",
         ELMO_JAX_COMPILE_CACHE=cache,
     )

@@ -11,7 +11,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, embed_sentences, model_files, reference_batches
+from helpers import FIXTURES, embed_sentences, model_files, reference_batches, xla_flags
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.extract.embedder import Embedder
@@ -522,7 +522,7 @@ def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
 
     options, weights = bundled_model()
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
 
     def command(output, *extra):
         return [
@@ -649,7 +649,7 @@ def _peak_rss_kb(tmp_path, n_lines, options, weights):
     )
     # glibc: arrays above 16 KB get their own mmap, returned to the OS when freed, so the peak RSS
     # follows live memory (by default the heap's fragmentation grows it ~70 MB over 10k lines, then stops).
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "MALLOC_MMAP_THRESHOLD_": "16384"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1), "MALLOC_MMAP_THRESHOLD_": "16384"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     return int(r.stdout.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, xla_flags
 from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
@@ -650,7 +650,7 @@ def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_p
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs = [
         subprocess.Popen(
