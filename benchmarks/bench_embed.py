@@ -10,7 +10,9 @@ cache holding the words of the input, and the process's peak memory so far.
 A third input is a whole job: the 2,074 sentences of the bundled sample's ``heldout.txt`` (or
 ``--job-file``, e.g. the experiments' held-out text, 119k tokens) through a fresh ``Embedder`` per
 precision (``--job-precisions``, default float32), first cold (every compile included, as a
-user's first call) and then again warm (``--job-repeats`` times). ``--job-tokens``,
+user's first call) and then again warm (``--job-repeats`` times), each pass with its wall time
+split by phase (``Phases``: the token table, the biLSTM calls' dispatch, output arrays, copies and
+waits for the device). ``--job-tokens``,
 ``--job-steps`` and ``--job-layers`` compare ``batch_tokens`` and ``Layout.extract_steps``
 values (rows x steps per biLSTM call, steps per call) and ``embed(layers=)``, ``--job-pool`` ``embed(pool=)``. ``--host-only gpu``
 times only the host's share of the job under that backend's layout. ``--job-only`` runs only that; it also runs the previous commit's
@@ -20,6 +22,7 @@ tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.util
 import json
@@ -78,6 +81,66 @@ def job_plan(embedder, lengths: list[int]) -> str:
     return "the job's plan: (not known to this tree)"
 
 
+class Phases:
+    """Wall time of one ``embed`` call split by phase, by wrapping the ``Embedder``'s steps for the
+    duration of a ``with`` block (a tree without one of them leaves that phase out):
+
+    - token table: the call's distinct words, the char CNN on them (its device time included);
+    - biLSTM calls, split into the host's dispatch of each call, the output arrays (``new_outputs``,
+      layer 0 filled in), the copies of each call's outputs into them (``Packing.scatter``), and the
+      rest: the host waiting for the device (its results, or a free slot for the next call);
+    - other: the rest of ``embed`` (checks, packing, the index streams, mixing, pooling)."""
+
+    def __init__(self, embedder):
+        from elmo_jax.extract import embedder as module
+
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.patches = [
+            (type(embedder), "_token_table", "token table"),
+            (type(embedder), "_run_packed", "biLSTM calls"),
+            (module, "new_outputs", "output arrays"),
+            (getattr(module, "Packing", None), "scatter", "copies into them"),
+            (embedder, "_packed", "dispatch"),
+            (embedder, "_gather", "dispatch"),
+        ]
+        self.saved: list[tuple[object, str, object]] = []
+
+    def _timed(self, fn, key: str):
+        def wrapper(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.seconds[key] += time.perf_counter() - t
+
+        return wrapper
+
+    def __enter__(self) -> Phases:
+        for owner, attr, key in self.patches:
+            fn = getattr(owner, attr, None)
+            if fn is not None:
+                # Class attributes are read through the class dict (a plain function, rebound on each call).
+                raw = owner.__dict__[attr] if isinstance(owner, type) else fn
+                self.saved.append((owner, attr, raw))
+                setattr(owner, attr, self._timed(raw, key))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attr, raw in reversed(self.saved):
+            setattr(owner, attr, raw)
+
+    def line(self, total: float) -> str:
+        s = self.seconds
+        wait = s["biLSTM calls"] - s["dispatch"] - s["output arrays"] - s["copies into them"]
+        other = total - s["token table"] - s["biLSTM calls"]
+        ms = lambda v: f"{1e3 * v:.0f} ms"  # noqa: E731
+        return (
+            f"token table {ms(s['token table'])}; biLSTM calls {ms(s['biLSTM calls'])} = dispatch "
+            f"{ms(s['dispatch'])} + output arrays {ms(s['output arrays'])} + copies into them "
+            f"{ms(s['copies into them'])} + waiting for the device {ms(wait)}; other {ms(other)}"
+        )
+
+
 def bench_job(
     name: str,
     params,
@@ -104,9 +167,10 @@ def bench_job(
                 print(f"{name:8s} {label} {job_plan(embedder, [len(s) for s in sents])}", flush=True)
             for run in ("cold",) + ("warm",) * repeats:
                 compiles = len(COMPILES)
-                t = time.perf_counter()
-                embedder.embed(sents, layers=layers, pool=pool)
-                sec = time.perf_counter() - t
+                with Phases(embedder) as phases:
+                    t = time.perf_counter()
+                    embedder.embed(sents, layers=layers, pool=pool)
+                    sec = time.perf_counter() - t
                 new = COMPILES[compiles:]
                 print(
                     f"{name:8s} {precision:8s} {label} {what}, {run}: {n / sec:8.0f} tokens/s ({sec:.2f} s, of which "
@@ -114,6 +178,7 @@ def bench_job(
                     f"float32 matmul, useful FLOPs only)",
                     flush=True,
                 )
+                print(f"{name:8s}   where the {sec:.2f} s went: {phases.line(sec)}", flush=True)
 
 
 def bench_host(name: str, config, path: str | None, backend: str) -> tuple[object, dict]:

@@ -21,7 +21,8 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   ``step384``.
 - ``extract``: ``bench_embed.py --job-only``, ``original``, bfloat16: a whole job of at least
   100,000 natural tokens (the experiments' held-out text where carried, else the first lines of
-  the bundled sample's ``train.txt``), cold and twice warm.
+  the bundled sample's ``train.txt``), cold and twice warm, each pass split by phase (the token
+  table, the host's share of the biLSTM calls, the waits for the device).
 - ``autodiff128``: ``step128`` with the LSTM differentiated by autodiff of the scan (the
   layout's ``lstm_vjp=False``): what the hand-written backward pass gains, in one call.
 - ``baseline``: with ``--baseline DIR`` (the previous commit's tree, from ``git archive``),

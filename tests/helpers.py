@@ -16,6 +16,7 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 # collective and aborts.
 OPT_FLAGS = "" if os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default" else "--xla_backend_optimization_level=1"
 
+
 def xla_flags(devices: int) -> str:
     """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices."""
     return f"--xla_force_host_platform_device_count={devices} {OPT_FLAGS}".strip()
