@@ -162,13 +162,13 @@ def test_exchange_on_two_devices_equals_numpy():
     assert len(both) > 10
 
 
-def _scatters(stablehlo: str) -> list[tuple[str, bool]]:
-    """(operand type, unique_indices) of every scatter in StableHLO text."""
+def _scatters(stablehlo: str) -> list[tuple[str, str, bool]]:
+    """(operand type, updates type, unique_indices) of every scatter in StableHLO text."""
     out = []
     for m in re.finditer(r'"stablehlo\.scatter"\(', stablehlo):
         head = stablehlo[m.end() : stablehlo.index("({", m.end())]
-        signature = re.search(r"\}\) : \((tensor<[^>]*>)", stablehlo[m.end() :])
-        out.append((signature.group(1), "unique_indices = true" in head))
+        signature = re.search(r"\}\) : \((tensor<[^>]*>), tensor<[^>]*>, (tensor<[^>]*>)\)", stablehlo[m.end() :])
+        out.append((signature.group(1), signature.group(2), "unique_indices = true" in head))
     return out
 
 
@@ -186,7 +186,8 @@ def test_plan_fetch_lists_are_distinct_with_every_unused_entry_out_of_range():
 def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
     """Under --xla_gpu_exclude_nondeterministic_ops (set by `elmo-jax train` on GPUs) XLA rewrites
     every scatter it cannot show to be deterministic; one marked unique_indices it leaves alone.
-    The scatters into the [V_pad, P] table and its accumulators must carry the mark."""
+    The scatters into the [V_pad, P] table and its accumulators must carry the mark, and so must
+    the candidates' row gradients (a unique draw: distinct rows)."""
     import argparse
 
     from bench_train import device_batches, model_and_config, zipf_corpus
@@ -202,8 +203,12 @@ def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
     text = make_train_step(model, tc, mesh).lower(state, batches[0]).as_text()
     scatters = _scatters(text)
     padded = RowLayout.for_vocab(500).padded
-    table = [unique for operand, unique in scatters if operand.startswith(f"tensor<{padded}x")]
+    table = [unique for operand, _, unique in scatters if operand.startswith(f"tensor<{padded}x")]
     assert len(table) >= 2 and all(table), scatters  # the softmax's weights and their accumulators
+    # Weights and biases, both directions: updates [S, P] and [S].
+    s = tc.n_negative_samples_batch
+    candidates = [unique for _, updates, unique in scatters if re.match(rf"tensor<{s}(x\d+)?xf32>", updates)]
+    assert len(candidates) == 4 and all(candidates), scatters
     # Negative control: the parse tells the two apart (the gradients of repeated targets are
     # summed by scatter-adds that cannot promise distinct ids).
-    assert any(not unique for _, unique in scatters), scatters
+    assert any(not unique for _, _, unique in scatters), scatters

@@ -183,6 +183,10 @@ def _loss(
     top = outs[-1]
     if train.dropout > 0:
         top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
+    # A direction's candidates are distinct (a unique draw), so are their rows: the gathers say
+    # so, and their gradients' scatter-adds then skip XLA's deterministic-scatter rewrite on GPUs
+    # (sharded_softmax.SparseAdagrad.apply). Targets repeat; their gathers cannot.
+    cand_w, cand_b = ([r.at[cand_at[d]].get(unique_indices=True) for d in range(2)] for r in (rows_w, rows_b))
     with jax.named_scope("softmax"):
         per_dir = [
             sampled_softmax_loss(
@@ -191,8 +195,8 @@ def _loss(
                 rows_w[target_at[d]],
                 rows_b[target_at[d]],
                 cands[d],
-                rows_w[cand_at[d]],
-                rows_b[cand_at[d]],
+                cand_w[d],
+                cand_b[d],
                 batch["num_tries"][d],
                 v,
                 precision=compute.precision,
@@ -248,7 +252,7 @@ def train_step(
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
     ``targets [2, B, T]``, ``rows [B]`` global row ids, ``starts [2, B, T]`` sentence starts (for
-    ``train.reset_state_prob``), ``candidates [2, S]`` sampled ids,
+    ``train.reset_state_prob``), ``candidates [2, S]`` sampled ids, distinct within a direction,
     ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
     (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
