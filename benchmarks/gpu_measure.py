@@ -13,8 +13,9 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   ``"bfloat16"`` policy) under the backend's layout, at 128 and at 384 rows (bilm-tf's global batch
   on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
   datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
-  (``memory_analysis``). Under the XLA flag ``elmo-jax train`` sets on GPUs (deterministic
-  scatters), so that the cli part runs the same device program.
+  (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
+  loops (``harness.op_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
+  train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -130,7 +131,7 @@ def part_step(args, s: dict) -> None:
     import jax
     import numpy as np
     from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
-    from harness import mfu
+    from harness import mfu, op_census
     from jax.sharding import Mesh
 
     from elmo_jax import policy
@@ -197,6 +198,14 @@ def part_step(args, s: dict) -> None:
         f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
     )
     print(f"layout {layout}", flush=True)
+    # Under the flag XLA rewrites each scatter it cannot show deterministic into sorts and scans,
+    # or a loop over its updates: these counts say which it did (harness.op_census).
+    census = op_census(compiled.as_text())
+    print(
+        f"step {rows} rows compiled ops (XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r}): "
+        + ", ".join(f"{k} {v}" for k, v in census.items()),
+        flush=True,
+    )
     if args.profile:  # another program (XLA's command buffers off): its figures are not the step's
         print(f"the same steps run again under the profiler: {timing.traced_seconds * 1e3:.2f} ms a step", flush=True)
         print("\n".join(table), flush=True)
