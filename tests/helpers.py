@@ -10,10 +10,10 @@ import numpy as np
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 # The suite compiles many small programs, and on CPU LLVM's optimisation passes are much of the
-# compile time: at -O1 the suite takes about a fifth less time. The HLO and its numbers are the
-# same (the reference-fixture tests pass both ways); ELMO_JAX_TEST_XLA_OPT=default runs it as users
-# do. Not -O0: its code is slow enough that a two-device evaluation outlasts XLA's 40 s wait at a
-# collective and aborts.
+# compile time: at -O1 the suite takes about a fifth less time. XLA's HLO passes are the same; the
+# reference-fixture tests pass at both levels, and ELMO_JAX_TEST_XLA_OPT=default runs the suite at
+# the level users get. Not -O0: there a two-device evaluation test aborted, its devices not meeting
+# at a collective within XLA's 40 s.
 OPT_FLAGS = "" if os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default" else "--xla_backend_optimization_level=1"
 
 
