@@ -16,6 +16,8 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
   loops (``harness.op_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
   train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
+- ``nondet128``: ``step128`` with the flag off (``--xla_gpu_exclude_nondeterministic_ops=false``):
+  what deterministic scatters still cost, measured in the same call.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -61,6 +63,7 @@ BUDGETS = {
     "roofline": (50, 20),
     "step128": (75, 40),
     "step384": (85, 45),
+    "nondet128": (60, 35),
     "cli": (130, 60),
     "extract": (110, 50),
     "autodiff128": (75, 40),
@@ -291,6 +294,15 @@ def part_cli(args, s: dict) -> None:
 # -- the driver --------------------------------------------------------------------------------
 
 
+def budget_key(part: str) -> str:
+    """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
+    if part.startswith("nondet"):
+        return "nondet128"
+    if part.startswith("step") and part != "step128":
+        return "step384"
+    return part
+
+
 def job_file(directory: str, tokens: int) -> tuple[str, int]:
     """A natural-text job of at least ``tokens`` tokens: the experiments' held-out text where it
     is carried and long enough, else the first lines of the bundled sample's train.txt."""
@@ -345,6 +357,12 @@ def drive(args) -> None:
     parts: list[tuple[str, list[str], dict]] = [
         ("roofline", me + ["--part", "roofline"], env),
         *((f"step{r}", me + ["--part", "step", "--rows", str(r)], env) for r in s["rows"]),
+        # The same step with XLA's scatters left nondeterministic: what the flag still costs.
+        (
+            f"nondet{s['rows'][0]}",
+            me + ["--part", "step", "--rows", str(s["rows"][0]), "--tag", "nondeterministic"],
+            dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_exclude_nondeterministic_ops=false".strip()),
+        ),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
         (
             "extract",
@@ -382,7 +400,7 @@ def drive(args) -> None:
         f"job {os.path.basename(job)}: {job_tokens:,} tokens"
     ]
     for name, cmd, part_env in parts:
-        most, least = BUDGETS["step384" if name.startswith("step") and name != "step128" else name]
+        most, least = BUDGETS[budget_key(name)]
         if args.rehearse:
             most, least = most * 2, 1  # a CPU compiles and runs slower; never skip in a rehearsal
         left = args.budget - (time.perf_counter() - start)

@@ -19,3 +19,11 @@ def test_the_job_is_natural_text_of_at_least_the_tokens_asked(tmp_path):
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     assert tokens == sum(len(line.split()) for line in lines) >= 100_000
+
+
+def test_every_part_of_a_measurement_or_rehearsal_has_a_budget():
+    for rows in (gpu_measure.FULL["rows"], gpu_measure.REHEARSAL["rows"]):
+        names = ["roofline", *(f"step{r}" for r in rows), f"nondet{rows[0]}", "cli", "extract", "autodiff128"]
+        for name in names + ["baseline", "profile"]:
+            assert gpu_measure.budget_key(name) in gpu_measure.BUDGETS, name
+    assert gpu_measure.budget_key("nondet4") == "nondet128" and gpu_measure.budget_key("step12") == "step384"
