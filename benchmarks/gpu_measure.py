@@ -16,8 +16,8 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
   loops (``harness.op_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
   train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
-- ``nondet128``: ``step128`` with the flag off (``--xla_gpu_exclude_nondeterministic_ops=false``):
-  what deterministic scatters still cost, measured in the same call.
+- ``nondet128``: ``step128`` without that flag (``elmo-jax train --gpu-scatters fast``): what
+  deterministic scatters still cost, measured in the same call.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -126,11 +126,12 @@ def measured_rates(out: str) -> dict:
 
 
 def part_step(args, s: dict) -> None:
-    # The program `elmo-jax train` runs (the cli part): deterministic scatters on a GPU, as
-    # elmo_jax.cli.commands.deterministic_gpu_flags asks, set before the backend starts.
-    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
-    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    from elmo_jax.cli.commands import deterministic_gpu_flags
+
+    # The program `elmo-jax train` runs (the cli part): deterministic scatters on a GPU, set
+    # before the backend starts; --nondeterministic is `elmo-jax train --gpu-scatters fast`.
+    if not args.nondeterministic:
+        deterministic_gpu_flags()
     import jax
     import numpy as np
     from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
@@ -360,8 +361,8 @@ def drive(args) -> None:
         # The same step with XLA's scatters left nondeterministic: what the flag still costs.
         (
             f"nondet{s['rows'][0]}",
-            me + ["--part", "step", "--rows", str(s["rows"][0]), "--tag", "nondeterministic"],
-            dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_exclude_nondeterministic_ops=false".strip()),
+            me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondeterministic"],
+            env,
         ),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
         (
@@ -433,6 +434,7 @@ def main() -> None:
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--autodiff", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--nondeterministic", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)
