@@ -14,7 +14,7 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
   datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
   (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
-  loops (``harness.op_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
+  loops (``elmo_jax._util.hlo.scatter_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
   train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
 - ``nondet128``: ``step128`` without that flag (``elmo-jax train --gpu-scatters fast``): what
   deterministic scatters still cost, measured in the same call.
@@ -135,10 +135,11 @@ def part_step(args, s: dict) -> None:
     import jax
     import numpy as np
     from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
-    from harness import mfu, op_census
+    from harness import mfu
     from jax.sharding import Mesh
 
     from elmo_jax import policy
+    from elmo_jax._util.hlo import scatter_census
     from elmo_jax.config import TrainConfig
     from elmo_jax.model.compute import Compute
     from elmo_jax.model.layout import for_backend
@@ -203,8 +204,8 @@ def part_step(args, s: dict) -> None:
     )
     print(f"layout {layout}", flush=True)
     # Under the flag XLA rewrites each scatter it cannot show deterministic into sorts and scans,
-    # or a loop over its updates: these counts say which it did (harness.op_census).
-    census = op_census(compiled.as_text())
+    # or a loop over its updates: these counts say which it did (elmo_jax._util.hlo.scatter_census).
+    census = scatter_census(compiled.as_text())
     print(
         f"step {rows} rows compiled ops (XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r}): "
         + ", ".join(f"{k} {v}" for k, v in census.items()),

@@ -219,20 +219,6 @@ def lstm_flops(config: ModelConfig) -> float:
     return 2 * l.n_layers * per_layer
 
 
-def op_census(hlo_text: str) -> dict[str, int]:
-    """Counts, in a compiled program's HLO text (``compiled.as_text()``), of the ops that say how
-    XLA lowered the scatters: ``scatter`` and ``scatter unique`` (``unique_indices=true``), and
-    ``sort`` and ``while``, which XLA's deterministic-scatter rewrites emit in a scatter's place
-    (a sort and scans, or a loop over the updates one at a time)."""
-    ops = re.findall(r"=\s*(?:\(.*?\)|\S+)\s+(scatter|sort|while)\((.*)$", hlo_text, re.M)
-    census = {"scatter": 0, "scatter unique": 0, "sort": 0, "while": 0}
-    for op, rest in ops:
-        census[op] += 1
-        if op == "scatter" and "unique_indices=true" in rest:
-            census["scatter unique"] += 1
-    return census
-
-
 def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
     """``n`` sentences of ``length`` random lowercase words (3 to 10 letters)."""
     rng = np.random.default_rng(seed)

@@ -53,24 +53,3 @@ def test_mfu_names_both_denominators():
     assert harness.dense_peak("NVIDIA A100-SXM4-80GB")[1]["tf32"] == 156.0
     assert harness.dense_peak("cpu") is None
     assert harness.mfu(1.0, "float32", "cpu", {}) == "datasheet float32 peak n/a; measured float32 matmul n/a"
-
-
-def test_op_census_counts_scatters_by_uniqueness_and_the_sorts_and_loops_of_their_rewrites():
-    import jax
-    import jax.numpy as jnp
-
-    def f(table, ids, rows, x):
-        repeated = table.at[ids].add(rows)  # ids may repeat: not unique
-        distinct = table.at[jnp.arange(3)].add(rows, unique_indices=True)
-        ordered = jnp.sort(x)
-        looped = jax.lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]
-        return repeated, distinct, ordered, looped
-
-    args = (jnp.zeros((10, 4)), jnp.array([1, 1, 2]), jnp.ones((3, 4)), jnp.arange(8.0)[::-1])
-    census = harness.op_census(jax.jit(f).lower(*args).compile().as_text())
-    assert census["scatter"] >= 2 and census["scatter unique"] >= 1
-    assert census["scatter unique"] < census["scatter"]  # the repeated ids' scatter is counted apart
-    assert census["sort"] >= 1 and census["while"] >= 1
-    # Negative control: a program without any of them counts none.
-    plain = harness.op_census(jax.jit(lambda x: x * 2).lower(args[3]).compile().as_text())
-    assert plain == {"scatter": 0, "scatter unique": 0, "sort": 0, "while": 0}

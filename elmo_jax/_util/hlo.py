@@ -1,4 +1,5 @@
-"""What a compiled program sends between devices, and the constants it embeds, read from its text.
+"""What a compiled program sends between devices, how it lowered its scatters, and the constants it
+embeds, read from its text.
 
 For tests that check a step's communication (no softmax-sized gather) and for the benchmarks'
 bytes per device per step. Only the partitioned program (``jit(...).lower(...).compile()``) has
@@ -27,7 +28,15 @@ _BYTES = {
     "f64": 8,
 }
 _OPS = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter", "collective-permute")
-_LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(_OPS) + r")(?:-start)?\(")
+
+
+def _op_line(ops: tuple[str, ...]) -> re.Pattern:
+    """An instruction of one of ``ops`` in HLO text: ``%name = <shape or (tuple)> op(``."""
+    return re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(ops) + r")(?:-start)?\(")
+
+
+_LINE = _op_line(_OPS)
+_SCATTER_LOWERING = _op_line(("scatter", "sort", "while"))
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _STABLEHLO_CONSTANT = re.compile(r"constant dense<[^>]*>\s*:\s*tensor<((?:\d+x)*)[a-z]+\d*>")
 
@@ -85,6 +94,21 @@ def wire_bytes_per_device(hlo_text: str, n: int) -> dict[str, float]:
     for c in collectives(hlo_text):
         totals[c.op] = totals.get(c.op, 0.0) + c.wire_bytes(n)
     return totals
+
+
+def scatter_census(hlo_text: str) -> dict[str, int]:
+    """Counts, in a compiled program's HLO text (``compiled.as_text()``), of the ops that say how
+    XLA lowered the scatters: ``scatter`` and ``scatter unique`` (``unique_indices=true``), and
+    ``sort`` and ``while``, which XLA's deterministic-scatter rewrites emit in a scatter's place
+    (a sort and scans, or a loop over the updates one at a time)."""
+    census = {"scatter": 0, "scatter unique": 0, "sort": 0, "while": 0}
+    for line in hlo_text.splitlines():
+        m = _SCATTER_LOWERING.search(line)
+        if m:
+            census[m.group("op")] += 1
+            if m.group("op") == "scatter" and "unique_indices=true" in line[m.end() :]:
+                census["scatter unique"] += 1
+    return census
 
 
 def constant_sizes(stablehlo_text: str) -> list[int]:
