@@ -186,7 +186,8 @@ def _loss(
     # A direction's candidates are distinct (a unique draw), so are their rows: the gathers say
     # so, and their gradients' scatter-adds then skip XLA's deterministic-scatter rewrite on GPUs
     # (sharded_softmax.SparseAdagrad.apply). Targets repeat; their gathers cannot.
-    cand_w, cand_b = ([r.at[cand_at[d]].get(unique_indices=True) for d in range(2)] for r in (rows_w, rows_b))
+    cand_w = [rows_w.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
+    cand_b = [rows_b.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
     with jax.named_scope("softmax"):
         per_dir = [
             sampled_softmax_loss(
