@@ -22,8 +22,9 @@ from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
+from elmo_jax.text.vocab import build_vocab, count_tokens
 from elmo_jax.training import loop
-from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.batches import LMBatcher, bucket_size
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
 from elmo_jax.training.evaluate import evaluate
 from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
@@ -386,6 +387,24 @@ def test_stream_windows_follow_bilm_tf(tmp_path):
     assert inputs == ["<S>", "a", "b", "<S>", "c"]
     assert batch["targets"][0, 0, 0].tolist() == [3, 4, 1, 2, 1]  # a b </S> <UNK>(c) </S>
     assert batch["targets"][0, 1, 0].tolist() == [4, 3, 0, 2, 0]  # reversed, markers swapped: b a <S> c <S>
+
+
+def test_distinct_word_buckets_are_few_and_waste_little_of_the_char_cnn():
+    sizes = [bucket_size(n) for n in range(1, 8193)]
+    assert all(s >= n for n, s in enumerate(sizes, 1))
+    assert set(sizes) == {64, 128, 256, 512, 1024, *range(1280, 8193, 256)}
+    # 128 rows x 20 of the bundled sample (real text): the char CNN's padding rows, with these
+    # buckets and with multiples of 1024 (the negative control: a quarter of its rows).
+    source = TextFiles(str(pathlib.Path(loop.__file__).parents[1] / "data" / "sample" / "train.txt"))
+    vocab = Vocabulary(build_vocab(count_tokens(source)[0]))
+    batcher = LMBatcher(source, vocab, rows_per_device=128, unroll_steps=20, max_chars=50, seed=0)
+    counts = np.array([len(np.unique(batcher.next()["inputs"])) for _ in range(8)])
+    assert (counts > 1024).all(), counts  # the case the multiples of 256 are for
+
+    def waste(bucket):
+        return 1 - counts.sum() / sum(bucket(int(n)) for n in counts)
+
+    assert waste(bucket_size) < 0.15 < 0.2 < waste(lambda n: -(-n // 1024) * 1024), counts
 
 
 def test_tfds_source_through_data_source_with_mock_data(tmp_path):
