@@ -300,6 +300,13 @@ def device_batches(args, model, tc: TrainConfig, vocab: Vocabulary, path: str, m
     return batches, width, capacity
 
 
+def distinct_words(batches: list) -> str:
+    """The fewest and most distinct words of one device's window over ``batches`` (the rows the
+    char CNN encodes before padding them to a bucket), as ``"min-max"``."""
+    counts = [len(np.unique(x)) for b in batches for x in np.asarray(b["inputs"])]
+    return f"{min(counts):,}-{max(counts):,}"
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTiming:
     seconds: float  # median wall seconds of one step, untraced
@@ -449,7 +456,8 @@ def main() -> None:
             print(
                 f"{args.shape} V={v:>7,}: {sec * 1e3:7.1f} ms/step (median of {args.steps})  {tokens / sec:7.0f} tokens/s  "
                 f"{gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of matmul x {n})  "
-                f"[distinct-word rows encoded {width}, fetch capacity {capacity}]{temp}"
+                f"[distinct words a window {distinct_words(batches)}, rows encoded {width}, "
+                f"fetch capacity {capacity}]{temp}"
             )
             report_comm("   ", compiled.as_text(), n, model, tc)
 

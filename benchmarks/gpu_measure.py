@@ -134,7 +134,7 @@ def part_step(args, s: dict) -> None:
         deterministic_gpu_flags()
     import jax
     import numpy as np
-    from bench_train import device_batches, model_and_config, time_step, train_flops, zipf_corpus
+    from bench_train import device_batches, distinct_words, model_and_config, time_step, train_flops, zipf_corpus
     from harness import mfu
     from jax.sharding import Mesh
 
@@ -185,7 +185,7 @@ def part_step(args, s: dict) -> None:
     print(f"elmo_jax from {tree}; {device.device_kind}, jax {jax.__version__}", flush=True)
     print(
         f"step {s['shape']} bfloat16 {rows} rows x 20, V={s['vocab']:,}, {s['negatives']:,} negatives, "
-        f"{width} distinct-word rows, {flops / 1e9:,.0f} GFLOP a step",
+        f"{distinct_words(batches)} distinct words a window, {width} rows encoded, {flops / 1e9:,.0f} GFLOP a step",
         flush=True,
     )
     print(
