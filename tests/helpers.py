@@ -17,7 +17,8 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 # get. Not -O0: there a two-device evaluation test aborted, its devices not meeting at a collective
 # within XLA's 40 s. XLA:CPU's older fusion emitters (--xla_cpu_use_fusion_emitters=false) compile
 # the biLM's programs about a third faster again: test_bilm, test_lstm_vjp and test_embed's fast
-# tests spent 141 s in 640 backend compiles, 91 s with them (3:08 -> 2:20 for the three files).
+# tests spent 141 s in 640 backend compiles, 91 s with them (3:08 -> 2:20 for the three files;
+# benchmarks/pytest_compile_time.py adds those up).
 # They lower a scatter to a loop, so compiled CPU text has none (test_hlo reads lowered HLO).
 OPT_FLAGS = (
     ""
