@@ -18,6 +18,7 @@ from helpers import FIXTURES, xla_flags
 from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
+from elmo_jax.cli.commands import bundled_sample
 from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import Vocabulary
@@ -395,7 +396,7 @@ def test_distinct_word_buckets_are_few_and_waste_little_of_the_char_cnn():
     assert set(sizes) == {64, 128, 256, 512, 1024, *range(1280, 8193, 256)}
     # 128 rows x 20 of the bundled sample (real text): the char CNN's padding rows, with these
     # buckets and with multiples of 1024 (the negative control: a quarter of its rows).
-    source = TextFiles(str(pathlib.Path(loop.__file__).parents[1] / "data" / "sample" / "train.txt"))
+    source = TextFiles(bundled_sample()[0])
     vocab = Vocabulary(build_vocab(count_tokens(source)[0]))
     batcher = LMBatcher(source, vocab, rows_per_device=128, unroll_steps=20, max_chars=50, seed=0)
     counts = np.array([len(np.unique(batcher.next()["inputs"])) for _ in range(8)])
