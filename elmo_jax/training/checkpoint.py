@@ -140,6 +140,7 @@ class Checkpointer:
         Raises ``DiskFull`` when this save, or the async one before it, runs out of space."""
         self.wait()  # the previous save's failure is reported as that step's
         self.nbytes = checkpoint_bytes(shared, lstm)
+        full = None
         try:
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
                 np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
@@ -153,19 +154,27 @@ class Checkpointer:
                 force=True,
             )
         except Exception as e:
-            self._raise_if_full(step, e)
-            raise
+            if (full := self._full(step, e)) is None:
+                raise
+        if full is not None:
+            raise full
         self._in_flight = step
         self._prune_host_files()
 
-    def _raise_if_full(self, step: int, e: BaseException) -> None:
-        """Raises ``DiskFull`` (once; a second failure is the same one) for a full-disk ``e``."""
+    def _full(self, step: int, e: BaseException) -> DiskFull | None:
+        """The ``DiskFull`` for a full-disk ``e`` (made once; a second failure is the same one),
+        else None.
+
+        Callers raise it outside their ``except`` clause, so that it has no ``__context__``: Orbax's
+        exception holds the failed save's asyncio futures (through its traceback's frames), and
+        those must be collectable inside the run (``loop._orbax_log``) for what they log when
+        collected to go to ``orbax.log`` rather than after the run's one-line error."""
         code = out_of_space_errno(e)
         if code is None:
-            return
+            return None
         if self._failed is None:
             self._failed = self._disk_full(step, code)
-        raise self._failed from None
+        return self._failed
 
     def _disk_full(self, step: int, code: int) -> DiskFull:
         """Removes what the failed save wrote (to give the space back) and says what is kept."""
@@ -301,11 +310,14 @@ class Checkpointer:
     def wait(self) -> None:
         """Waits for the save in flight; raises ``DiskFull`` if it ran out of space."""
         step, self._in_flight = self._in_flight, None
+        full = None
         try:
             self.manager.wait_until_finished()
         except Exception as e:
-            self._raise_if_full(step if step is not None else -1, e)
-            raise
+            if (full := self._full(step if step is not None else -1, e)) is None:
+                raise
+        if full is not None:
+            raise full
 
     def close(self) -> None:
         """Waits for the save in flight and closes (idempotent). A ``DiskFull`` already raised is
@@ -315,11 +327,26 @@ class Checkpointer:
         self._closed = True
         reported = self._failed is not None
         try:
-            self.wait()
+            try:
+                self.wait()
+            finally:
+                self._close_manager()
         except DiskFull:
             if not reported:
                 raise
+
+    def _close_manager(self) -> None:
+        full = None
+        try:
+            self.manager.close()  # waits once more, and raises a failed save's error once more
+        except Exception as e:
+            if (full := self._full(-1, e)) is None:
+                raise
         finally:
-            self.manager.close()
+            # The closed manager's threads still hold a failed save's exception, and through its
+            # traceback the save's asyncio futures (see ``_full``): let go of it.
+            del self.manager
             if self._failed is not None:  # writes of the failed save that were still in flight
                 self._remove_partial(self._failed.step)
+        if full is not None:
+            raise full

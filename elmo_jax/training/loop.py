@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import io
 import logging
 import math
@@ -458,6 +459,10 @@ def _orbax_log(run_dir: str):
     try:
         yield
     finally:
+        # A failed save's unretrieved futures sit in reference cycles (exception -> traceback ->
+        # frame -> future) and log "exception was never retrieved" only when collected, which
+        # would be after the run's one-line error: collect them while their lines come here.
+        gc.collect()
         sys.stderr = stderr
         for logger, p in zip(loggers, propagate):
             logger.removeHandler(handler)
@@ -478,6 +483,18 @@ class _LogFile(logging.FileHandler):
             return self.stream.write(text)
         except OSError:
             return len(text)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes: the disk may be full
+        except OSError:
+            pass
 
 
 class _ForeignThreadsTo(io.TextIOBase):
