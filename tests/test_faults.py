@@ -7,11 +7,14 @@ the message names goes on from the last good step.
 
 import json
 import math
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, xla_flags
 from test_pretrain import _write_tiny_options
 
 from elmo_jax import cli
@@ -195,3 +198,54 @@ def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on
     # And the files it goes on with are now the run's: a plain resume is accepted.
     assert cli.main(_train_args(tmp_path, glob, "--steps", "40")) == 0
     assert f"resuming {run} from step 30" in capsys.readouterr().out
+
+
+def _damage_newest(run: pathlib.Path) -> int:
+    """Truncates the biggest data file of the newest checkpoint (a copy cut short, a bad disk)."""
+    step = _steps(run)[-1]
+    biggest = max(
+        (p for p in (run / "checkpoints" / str(step)).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
+    with open(biggest, "r+b") as f:
+        f.truncate(1000)
+    return step
+
+
+def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_run_goes_on_from_the_one_before(tmp_path, capsys):
+    """Before, the resume fell back to step 10 and then crashed saving step 20 again
+    (StepAlreadyExistsError), on every rerun; readers printed ~1,000 lines of tensorstore specs."""
+    run = tmp_path / "run"
+    assert cli.main(_train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "20")) == 0
+    damaged = _damage_newest(run)
+    assert damaged == 20
+
+    # A reader asked for that step: one line, as the user's terminal gets it (what Orbax's
+    # coroutines print when collected included), and the exit code of a bad argument.
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmo_jax",
+        "export",
+        "--run-dir",
+        str(run),
+        "--out-dir",
+        str(tmp_path / "x"),
+        "--step",
+        "20",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"elmo-jax export: error: {run}: checkpoint 20 is unreadable (ValueError: OUT_OF_RANGE: ")
+    assert _steps(run) == [10, 20]  # a reader moves nothing
+
+    capsys.readouterr()
+    with pytest.warns(UserWarning) as said:
+        assert cli.main(_train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "30")) == 0
+    [warning] = [str(w.message) for w in said if "unreadable" in str(w.message)]
+    assert warning.startswith(f"{run}: checkpoint 20 is unreadable (ValueError: OUT_OF_RANGE: Error reading ")
+    assert f"moved to {run / 'unreadable' / '20'}; falling back to an older one" in warning
+    assert f"resuming {run} from step 10" in capsys.readouterr().out
+    assert _steps(run) == [10, 20, 30]  # step 20 saved again, from the resumed run
+    assert (run / "unreadable" / "20" / "checkpoint").is_dir()  # kept for a look, not deleted

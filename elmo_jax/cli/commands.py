@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import sys
+import warnings
 from importlib import resources
 
 import numpy as np
@@ -647,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
         parser.error("--options needs --weights")
+    if argv is None:  # the program, not a caller's Python: a warning is one line, as an error is
+        warnings.formatwarning = _one_line_warning
     if args.command in COMPUTE_COMMANDS:
         warn_if_accelerator_unused()
     try:
@@ -674,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _failed(args, e, 1)
     return 0
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """``warnings.formatwarning`` for the program: the library's words, without its source line."""
+    return f"warning: {message}\n"
 
 
 def _failed(args: argparse.Namespace, exc: BaseException, code: int) -> int:

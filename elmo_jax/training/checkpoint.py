@@ -97,6 +97,20 @@ def checkpoint_bytes(shared: dict, lstm: dict) -> int:
     return sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
 
 
+def innermost_message(e: BaseException) -> str:
+    """The first line of the innermost exception ``e`` was raised from: for a damaged checkpoint,
+    tensorstore's words (``OUT_OF_RANGE: Error reading "params.x/0" ... is not valid for value of
+    size 1000``), not Orbax's wrapper with its ~60-line spec."""
+    seen, last = set(), e
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if str(cur):
+            last = cur
+        cur = cur.__cause__ or cur.__context__
+    return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -268,20 +282,32 @@ class Checkpointer:
         return restored["state"], restored.get("lstm") if "lstm" in items else None, host, meta
 
     def restore_latest(
-        self, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
+        self,
+        abstract: Callable[[dict], tuple[dict, dict | None]],
+        with_host: bool = True,
+        set_aside: str | None = None,
     ) -> tuple[int, dict, dict | None, dict | None, dict] | None:
-        """(step, shared, lstm, host, meta) of the newest readable checkpoint, or None."""
+        """(step, shared, lstm, host, meta) of the newest readable checkpoint, or None.
+
+        Each unreadable newer one is named in a warning. ``set_aside``: the folder of the run dir
+        to move those to (``Checkpointer.set_aside``), for the trainer, which saves their steps
+        again (Orbax refuses a step that exists); readers leave them where they are."""
+        unreadable: list[tuple[int, str]] = []
+        found = None
         for step in reversed(self.steps()):
             try:
-                return (step, *self.restore(step, abstract, with_host))
+                found = (step, *self.restore(step, abstract, with_host))
+                break
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
-                warnings.warn(
-                    f"{self.run_dir}: checkpoint {step} is unreadable "
-                    f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                    f"falling back to an older one",
-                    stacklevel=2,
-                )
-        return None
+                unreadable.append((step, innermost_message(e)))
+        moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
+        for step, why in unreadable:
+            where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""
+            warnings.warn(
+                f"{self.run_dir}: checkpoint {step} is unreadable ({why}); {where}falling back to an older one",
+                stacklevel=2,
+            )
+        return found
 
     def set_aside(self, after: int, folder: str) -> list[int]:
         """Moves the checkpoints of the steps after ``after``, and their host files, to

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import io
-import logging
 import math
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +33,7 @@ from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, DiskFull
 from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
+from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
 from elmo_jax.training.step import AXIS, TrainState, make_train_step, put_global, state_shardings
@@ -199,7 +196,8 @@ def _restore_or_init(
     if meta is not None:
         keep_data = meta.get("process_count") == jax.process_count() and not settings.new_data
         abstract = _restore_targets(options, shardings, global_rows, keep_data)
-        restored = ckpt.restore_latest(abstract, with_host=keep_data)
+        # Unreadable newer checkpoints are moved aside: this run saves those steps again.
+        restored = ckpt.restore_latest(abstract, with_host=keep_data, set_aside="unreadable")
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
@@ -433,89 +431,13 @@ def pretrain(
             run.ckpt.close()
 
 
-@contextlib.contextmanager
 def _orbax_log(run_dir: str):
-    """Orbax's log goes to ``run_dir/orbax.log`` during a run instead of stderr (a gs:// run dir
-    keeps the default). A failed async save logs one traceback from several threads, and the
-    tensorstore writes still in flight print one each as they find Orbax's event loop closed:
-    hundreds of lines that would bury the one line the run stops with. Those prints come from
-    threads Python did not start (tensorstore's), which no code of ours runs on; Python threads
-    (the batch prefetcher's warnings) still print as before."""
+    """``orbax_log`` into ``run_dir/orbax.log`` during a run (a gs:// run dir keeps the default),
+    so that hundreds of lines do not bury the one line a run stops with."""
     if not is_local(run_dir):
-        yield
-        return
+        return contextlib.nullcontext()
     name = "orbax.log" if jax.process_count() == 1 else f"orbax.p{jax.process_index()}.log"
-    handler = _LogFile(os.path.join(run_dir, name), delay=True)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    # absl: Orbax's own log; asyncio: "Task exception was never retrieved" for each write that
-    # failed after the first one was reported.
-    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
-    propagate, stderr = [logger.propagate for logger in loggers], sys.stderr
-    for logger in loggers:
-        logger.addHandler(handler)
-        logger.propagate = False
-    sys.stderr = _ForeignThreadsTo(handler, stderr)
-    try:
-        yield
-    finally:
-        # A failed save's unretrieved futures sit in reference cycles (exception -> traceback ->
-        # frame -> future) and log "exception was never retrieved" only when collected, which
-        # would be after the run's one-line error: collect them while their lines come here.
-        gc.collect()
-        sys.stderr = stderr
-        for logger, p in zip(loggers, propagate):
-            logger.removeHandler(handler)
-            logger.propagate = p
-        handler.close()
-
-
-class _LogFile(logging.FileHandler):
-    """A log file that drops what it cannot write: a full disk may be what it is logging."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        pass
-
-    def write(self, text: str) -> int:
-        try:
-            if self.stream is None:
-                self.stream = self._open()
-            return self.stream.write(text)
-        except OSError:
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            super().flush()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        try:
-            super().close()  # flushes: the disk may be full
-        except OSError:
-            pass
-
-
-class _ForeignThreadsTo(io.TextIOBase):
-    """``sys.stderr`` that sends what threads started outside Python write to a log file."""
-
-    def __init__(self, log: _LogFile, stderr):
-        self.log, self.stderr = log, stderr
-
-    def write(self, text: str) -> int:
-        if isinstance(threading.current_thread(), threading._DummyThread):
-            return self.log.write(text)
-        return self.stderr.write(text)
-
-    def flush(self) -> None:
-        self.stderr.flush()
-
-    def fileno(self) -> int:
-        return self.stderr.fileno()
-
-    def isatty(self) -> bool:
-        return self.stderr.isatty()
+    return orbax_log(os.path.join(run_dir, name))
 
 
 def _set_aside_diverged(run: _Run, e: Diverged) -> str:

@@ -20,7 +20,8 @@ from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, innermost_message
+from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
 
@@ -89,23 +90,38 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     options = Options.load(options_path, saved=True)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
     ckpt = Checkpointer(run_dir, read_only=True)
-    try:
-        steps = ckpt.steps()
-        if not steps:
-            raise CheckpointError(f"{run_dir}: no checkpoint found")
-        abstract = lambda meta: (abstract_shared(options, meta), None)  # noqa: E731
-        if step is None:
-            restored = ckpt.restore_latest(abstract, with_host=False)
-            if restored is None:
-                raise CheckpointError(f"{run_dir}: no readable checkpoint")
-            step, shared, _, _, meta = restored
-        else:
-            if step not in steps:
-                raise CheckpointError(f"{run_dir}: no checkpoint at step {step}; have {steps}")
+    # A damaged checkpoint's noise is dropped (a reader writes nothing into a run dir); the
+    # warning or the error says what was unreadable.
+    with orbax_log(None):
+        try:
+            shared, step = _restore(ckpt, run_dir, options, step)
+        finally:
+            ckpt.close()
+    return options, vocab, shared, step
+
+
+def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, step: int | None) -> tuple[dict, int]:
+    """(shared state with the softmax in id order, step) of ``step``, or of the newest readable one."""
+    steps = ckpt.steps()
+    if not steps:
+        raise CheckpointError(f"{run_dir}: no checkpoint found")
+    abstract = lambda meta: (abstract_shared(options, meta), None)  # noqa: E731
+    if step is None:
+        restored = ckpt.restore_latest(abstract, with_host=False)
+        if restored is None:
+            raise CheckpointError(f"{run_dir}: no readable checkpoint")
+        step, shared, _, _, meta = restored
+    else:
+        if step not in steps:
+            raise CheckpointError(f"{run_dir}: no checkpoint at step {step}; have {steps}")
+        why = None
+        try:
             shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
-    finally:
-        ckpt.close()
-    return options, vocab, softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
+        except Exception as e:  # noqa: BLE001 - Orbax's and tensorstore's errors, in one line
+            why = innermost_message(e)
+        if why is not None:  # raised out here, without Orbax's exception as its context (see orbax_log)
+            raise CheckpointError(f"{run_dir}: checkpoint {step} is unreadable ({why})")
+    return softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
 
 
 def load_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:

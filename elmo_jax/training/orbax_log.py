@@ -1,0 +1,118 @@
+"""Orbax's noise kept off the terminal: ``orbax_log(path)`` sends it to a file for a block.
+
+A failed save or a damaged checkpoint's restore ends in one exception that the run reports in
+one line, but Orbax and tensorstore also print around it, hundreds of lines in all:
+- Orbax's own log (absl) and asyncio's "exception was never retrieved", one traceback for each
+  write or read that failed after the first one was reported;
+- "Event loop is closed", printed by tensorstore's threads (which Python did not start) as the
+  reads and writes still in flight find Orbax's event loop gone;
+- "Exception ignored in: <coroutine ...>", each with a tensorstore spec of ~60 lines, from
+  Orbax's coroutines finalized after their loop closed (``sys.unraisablehook``).
+
+The futures and coroutines behind the last two log when they are collected, so the block ends
+with a collection, while their lines still come here. Python's own threads (the batch
+prefetcher's warnings) and everything else print as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+
+# Where a finalizer's traceback must run through for its "Exception ignored" to be Orbax's.
+_ORBAX_FRAMES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}", f"{os.sep}asyncio{os.sep}")
+
+
+@contextlib.contextmanager
+def orbax_log(path: str | None) -> Iterator[None]:
+    """Orbax's log, tensorstore's threads' prints and Orbax's finalizers' tracebacks go to the
+    file ``path`` (created at the first line; None: dropped) during the block."""
+    handler = _LogFile(path or os.devnull, delay=True)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    propagate, stderr, unraisable = [logger.propagate for logger in loggers], sys.stderr, sys.unraisablehook
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+    sys.stderr = _ForeignThreadsTo(handler, stderr)
+    sys.unraisablehook = _OrbaxFinalizersTo(handler, unraisable)
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.stderr, sys.unraisablehook = stderr, unraisable
+        for logger, p in zip(loggers, propagate):
+            logger.removeHandler(handler)
+            logger.propagate = p
+        handler.close()
+
+
+class _LogFile(logging.FileHandler):
+    """A log file that drops what it cannot write: a full disk may be what it is logging."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+    def write(self, text: str) -> int:
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            return self.stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes: the disk may be full
+        except OSError:
+            pass
+
+
+class _ForeignThreadsTo(io.TextIOBase):
+    """``sys.stderr`` that sends what threads started outside Python write to a log file."""
+
+    def __init__(self, log: _LogFile, stderr):
+        self.log, self.stderr = log, stderr
+
+    def write(self, text: str) -> int:
+        if isinstance(threading.current_thread(), threading._DummyThread):
+            return self.log.write(text)
+        return self.stderr.write(text)
+
+    def flush(self) -> None:
+        self.stderr.flush()
+
+    def fileno(self) -> int:
+        return self.stderr.fileno()
+
+    def isatty(self) -> bool:
+        return self.stderr.isatty()
+
+
+class _OrbaxFinalizersTo:
+    """``sys.unraisablehook`` that sends the ones raised in Orbax's code to a log file."""
+
+    def __init__(self, log: _LogFile, hook):
+        self.log, self.hook = log, hook
+
+    def __call__(self, unraisable) -> None:
+        frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+        if not any(part in frame.filename for frame in frames for part in _ORBAX_FRAMES):
+            self.hook(unraisable)
+            return
+        head = f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}\n"
+        self.log.write(head + "".join(traceback.format_exception(unraisable.exc_value)))
