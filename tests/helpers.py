@@ -1,8 +1,11 @@
-"""Shared test helpers: XLA flags for test processes, loading the reference fixtures."""
+"""Shared test helpers: XLA flags for test processes, the program in a subprocess, loading the
+reference fixtures."""
 
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -30,6 +33,19 @@ OPT_FLAGS = (
 def xla_flags(devices: int) -> str:
     """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices."""
     return f"--xla_force_host_platform_device_count={devices} {OPT_FLAGS}".strip()
+
+
+def run_elmo_jax(*args, devices: int = 1, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """``python -m elmo_jax ARGS`` as a user runs it, with ``devices`` CPU devices and ``env`` added
+    to the environment: its exit code, and its whole stdout and stderr (what finalizers print at
+    exit included)."""
+    return subprocess.run(
+        [sys.executable, "-m", "elmo_jax", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "XLA_FLAGS": xla_flags(devices), **env},
+    )
 
 
 # (model dir, sentences file) of the two public biLM fixtures.

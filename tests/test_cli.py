@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from helpers import embed_sentences, model_files, xla_flags
+from helpers import embed_sentences, model_files, run_elmo_jax, xla_flags
 from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 from elmo_jax import cli
@@ -188,32 +188,14 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
 
 def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
-    # jax's compiler logs each persistent-cache miss and hit at debug level.
-    env = {
-        **os.environ,
-        "XLA_FLAGS": xla_flags(1),
-        "JAX_DEBUG_LOG_MODULES": "jax._src.compiler",
-    }
 
     def run(out):
-        cmd = [
-            sys.executable,
-            "-m",
-            "elmo_jax",
-            "--compile-cache",
-            str(tmp_path / "xla"),
-            "embed",
-            "--options",
-            OPTIONS,
-            "--weights",
-            WEIGHTS,
-            "--input",
-            str(tmp_path / "in.txt"),
-            "--output",
-            str(tmp_path / out),
-            "--no-progress",
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        # jax's compiler logs each persistent-cache miss and hit at debug level.
+        r = run_elmo_jax(
+            "--compile-cache", tmp_path / "xla", "embed", "--options", OPTIONS, "--weights", WEIGHTS,
+            "--input", tmp_path / "in.txt", "--output", tmp_path / out, "--no-progress",
+            JAX_DEBUG_LOG_MODULES="jax._src.compiler",
+        )  # fmt: skip
         assert r.returncode == 0, r.stderr
         return r.stderr.count("PERSISTENT COMPILATION CACHE MISS"), r.stderr.count("Persistent compilation cache hit")
 

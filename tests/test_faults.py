@@ -7,14 +7,11 @@ the message names goes on from the last good step.
 
 import json
 import math
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import pytest
-from helpers import FIXTURES, xla_flags
+from helpers import FIXTURES, run_elmo_jax
 from test_pretrain import _write_tiny_options
 
 from elmo_jax import cli
@@ -221,20 +218,7 @@ def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_run_goes_on_fr
 
     # A reader asked for that step: one line, as the user's terminal gets it (what Orbax's
     # coroutines print when collected included), and the exit code of a bad argument.
-    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "elmo_jax",
-        "export",
-        "--run-dir",
-        str(run),
-        "--out-dir",
-        str(tmp_path / "x"),
-        "--step",
-        "20",
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    r = run_elmo_jax("export", "--run-dir", run, "--out-dir", tmp_path / "x", "--step", 20)
     assert r.returncode == 2
     [line] = r.stderr.splitlines()
     assert line.startswith(f"elmo-jax export: error: {run}: checkpoint 20 is unreadable (ValueError: OUT_OF_RANGE: ")

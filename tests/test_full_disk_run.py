@@ -11,14 +11,13 @@ import gc
 import os
 import pathlib
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import xla_flags
+from helpers import run_elmo_jax
 from test_faults import TRAIN, _error_lines, _steps, _train_args
 
 from elmo_jax import cli
@@ -103,11 +102,11 @@ def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(refere
     # The stopping run is the real command in a process of its own: its whole stderr is what a
     # user reads, including what Orbax's futures log when they are collected, which once came
     # after the one line (~20 traceback lines, in some runs: it depends on how the writes race).
-    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
-    r = subprocess.run([sys.executable, "-m", "elmo_jax", *args], capture_output=True, text=True, timeout=600, env=env)
+    r = run_elmo_jax(*args)
     assert r.returncode == 1, r.stderr[-2000:]
     resume_from = _assert_one_line_and_kept(r.stderr, fs / "run")
-    [warning, error] = r.stderr.splitlines()
+    assert len(r.stderr.splitlines()) == 2, r.stderr
+    warning = r.stderr.splitlines()[0]
     assert "a save may run out of space" in warning  # the start-up check saw it coming
     assert (fs / "run" / "orbax.log").exists()  # Orbax's tracebacks went there
 

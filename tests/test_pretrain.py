@@ -14,7 +14,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, xla_flags
+from helpers import FIXTURES, run_elmo_jax, xla_flags
 from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
@@ -94,13 +94,7 @@ def _write_tiny_options(path: pathlib.Path) -> pathlib.Path:
 
 
 def _cli(*args, check=True):
-    r = subprocess.run(
-        [sys.executable, "-m", "elmo_jax", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "default"},
-    )
+    r = run_elmo_jax(*args, devices=2, PYTHONWARNINGS="default")
     if check and r.returncode != 0:
         raise AssertionError(f"exit {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r

@@ -7,7 +7,9 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
 - "Event loop is closed", printed by tensorstore's threads (which Python did not start) as the
   reads and writes still in flight find Orbax's event loop gone;
 - "Exception ignored in: <coroutine ...>", each with a tensorstore spec of ~60 lines, from
-  Orbax's coroutines finalized after their loop closed (``sys.unraisablehook``).
+  Orbax's coroutines finalized after their loop closed (``sys.unraisablehook``), and
+  "coroutine ... was never awaited" (a ``RuntimeWarning``) for those that never started: this
+  package has no coroutines of its own, so every such warning is Orbax's.
 
 The futures and coroutines behind the last two log when they are collected, so the block ends
 with a collection, while their lines still come here. Python's own threads (the batch
@@ -24,6 +26,7 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 
 # Where a finalizer's traceback must run through for its "Exception ignored" to be Orbax's.
@@ -32,8 +35,9 @@ _ORBAX_FRAMES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}", f"{os
 
 @contextlib.contextmanager
 def orbax_log(path: str | None) -> Iterator[None]:
-    """Orbax's log, tensorstore's threads' prints and Orbax's finalizers' tracebacks go to the
-    file ``path`` (created at the first line; None: dropped) during the block."""
+    """Orbax's log, tensorstore's threads' prints, and Orbax's finalizers' tracebacks and
+    unawaited-coroutine warnings go to the file ``path`` (created at the first line; None:
+    dropped) during the block."""
     handler = _LogFile(path or os.devnull, delay=True)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -42,13 +46,15 @@ def orbax_log(path: str | None) -> Iterator[None]:
     for logger in loggers:
         logger.addHandler(handler)
         logger.propagate = False
+    showwarning = warnings.showwarning
     sys.stderr = _ForeignThreadsTo(handler, stderr)
     sys.unraisablehook = _OrbaxFinalizersTo(handler, unraisable)
+    warnings.showwarning = _UnawaitedTo(handler, showwarning)
     try:
         yield
     finally:
         gc.collect()
-        sys.stderr, sys.unraisablehook = stderr, unraisable
+        sys.stderr, sys.unraisablehook, warnings.showwarning = stderr, unraisable, showwarning
         for logger, p in zip(loggers, propagate):
             logger.removeHandler(handler)
             logger.propagate = p
@@ -116,3 +122,17 @@ class _OrbaxFinalizersTo:
             return
         head = f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}\n"
         self.log.write(head + "".join(traceback.format_exception(unraisable.exc_value)))
+
+
+class _UnawaitedTo:
+    """``warnings.showwarning`` that sends "coroutine ... was never awaited" to a log file; the
+    others go to ``show`` (which, under ``warnings.catch_warnings(record=True)``, records them)."""
+
+    def __init__(self, log: _LogFile, show):
+        self.log, self.show = log, show
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, RuntimeWarning) and "was never awaited" in str(message):
+            self.log.write(f"{filename}:{lineno}: {category.__name__}: {message}\n")
+            return
+        self.show(message, category, filename, lineno, file, line)
