@@ -11,6 +11,8 @@ import gc
 import os
 import pathlib
 import subprocess
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,7 @@ from test_faults import TRAIN, _error_lines, _steps, _train_args
 from elmo_jax import cli
 from elmo_jax._util.disk_full import out_of_space_errno
 from elmo_jax.training.checkpoint import Checkpointer, DiskFull
+from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.run_dir import load_run
 
 STEPS = "60"
@@ -198,3 +201,35 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(reference,
     monkeypatch.undo()  # space again: the same command writes every file
     assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 0
     assert sorted(os.listdir(out)) == ["options.json", "softmax.hdf5", "vocab.txt", "weights.hdf5"]
+
+
+def _finalized_in(filename: str, message: str) -> None:
+    """Makes and drops an object whose ``__del__``, compiled as ``filename``, raises ``message``."""
+    namespace: dict = {}
+    code = f"class Finalized:\n    def __del__(self):\n        raise ValueError({message!r})\n"
+    exec(compile(code, filename, "exec"), namespace)
+    namespace["Finalized"]()
+
+
+def test_orbax_log_takes_orbax_s_noise_and_nothing_else(tmp_path, monkeypatch, recwarn):
+    """Deterministic stand-ins for what a failed save or read leaves behind: a finalizer raising
+    in Orbax's code and a coroutine never awaited go to the log; a finalizer of other code and
+    other warnings go where they went before."""
+
+    async def never_started():
+        pass
+
+    seen: list = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    log = tmp_path / "orbax.log"
+    with orbax_log(str(log)):
+        _finalized_in(os.path.join(os.sep, "venv", "site-packages", "orbax", "checkpoint", "x.py"), "orbax's")
+        _finalized_in(str(tmp_path / "ours.py"), "ours")
+        never_started()
+        warnings.warn("a warning of ours", stacklevel=1)
+    text = log.read_text()
+    assert "ValueError: orbax's" in text and "never_started' was never awaited" in text
+    assert "ValueError: ours" not in text and "a warning of ours" not in text
+    assert [str(u.exc_value) for u in seen] == ["ours"]  # the hook in place before had the rest
+    assert [str(w.message) for w in recwarn] == ["a warning of ours"]
+    assert sys.unraisablehook == seen.append  # put back

@@ -11,9 +11,9 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
   "coroutine ... was never awaited" (a ``RuntimeWarning``) for those that never started: this
   package has no coroutines of its own, so every such warning is Orbax's.
 
-The futures and coroutines behind the last two log when they are collected, so the block ends
-with a collection, while their lines still come here. Python's own threads (the batch
-prefetcher's warnings) and everything else print as before.
+Futures and coroutines say theirs when they are collected, so the block ends with a collection,
+while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
+everything else print as before.
 """
 
 from __future__ import annotations
