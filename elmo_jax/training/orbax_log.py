@@ -11,8 +11,8 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
   "coroutine ... was never awaited" (a ``RuntimeWarning``) for those that never started: this
   package has no coroutines of its own, so every such warning is Orbax's.
 
-Futures and coroutines say theirs when they are collected, so the block ends with a collection,
-while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
+Futures and coroutines say theirs when they are collected, so the block ends by collecting until
+Orbax's coroutines are gone, while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
 everything else print as before.
 """
 
@@ -25,7 +25,9 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
+import types
 import warnings
 from collections.abc import Iterator
 
@@ -53,12 +55,30 @@ def orbax_log(path: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        gc.collect()
+        _settle()
         sys.stderr, sys.unraisablehook, warnings.showwarning = stderr, unraisable, showwarning
         for logger, p in zip(loggers, propagate):
             logger.removeHandler(handler)
             logger.propagate = p
         handler.close()
+
+
+def _settle(timeout: float = 5.0) -> None:
+    """Collects garbage until no coroutine of Orbax's is left, or for ``timeout`` seconds.
+
+    After a failed read or write, tensorstore still holds the coroutines of the reads and writes it
+    had in flight (their callbacks), for as long as those take; they are finalized, and print,
+    when it lets go. A run that failed nothing has none left, and this is one collection."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        alive = any(
+            isinstance(o, types.CoroutineType) and f"{os.sep}orbax{os.sep}" in o.cr_code.co_filename
+            for o in gc.get_objects()
+        )
+        if not alive or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 class _LogFile(logging.FileHandler):
