@@ -111,7 +111,8 @@ def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(refere
     assert len(r.stderr.splitlines()) == 2, r.stderr[-3000:]
     warning = r.stderr.splitlines()[0]
     assert "a save may run out of space" in warning  # the start-up check saw it coming
-    assert (fs / "run" / "orbax.log").exists()  # Orbax's tracebacks went there
+    # Whether Orbax logs anything (and so whether orbax.log is made) depends on how the writes
+    # race: 1 run in ~12 it logs nothing. Where its lines go is checked without the race below.
 
     small_fs.grow(64 << 20)  # space freed: the same command goes on
     capsys.readouterr()
