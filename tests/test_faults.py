@@ -208,6 +208,7 @@ def _damage_newest(run: pathlib.Path) -> int:
     return step
 
 
+@pytest.mark.slow  # 16 s: two runs and a subprocess
 def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_run_goes_on_from_the_one_before(tmp_path, capsys):
     """Before, the resume fell back to step 10 and then crashed saving step 20 again
     (StepAlreadyExistsError), on every rerun; readers printed ~1,000 lines of tensorstore specs."""
