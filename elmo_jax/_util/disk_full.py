@@ -37,20 +37,25 @@ class OutOfSpaceError(OSError):
         self.errno = code
 
 
-def out_of_space_errno(exc: BaseException | None) -> int | None:
-    """The ENOSPC/EDQUOT/EROFS code of ``exc`` or of an exception it was raised from, else None."""
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then each exception it was raised from (``__cause__``, else ``__context__``),
+    outermost first; a cycle is followed once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in OUT_OF_SPACE_ERRNOS:
-            return exc.errno
-        found = _TENSORSTORE_ERRNO.findall(str(exc)) + (
-            _H5PY_ERRNO.findall(str(exc)) if isinstance(exc, OSError) else []
-        )
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def out_of_space_errno(exc: BaseException | None) -> int | None:
+    """The ENOSPC/EDQUOT/EROFS code of ``exc`` or of an exception it was raised from, else None."""
+    for x in exception_chain(exc):
+        if isinstance(x, OSError) and x.errno in OUT_OF_SPACE_ERRNOS:
+            return x.errno
+        found = _TENSORSTORE_ERRNO.findall(str(x)) + (_H5PY_ERRNO.findall(str(x)) if isinstance(x, OSError) else [])
         code = next((int(c) for c in found if int(c) in OUT_OF_SPACE_ERRNOS), None)
         if code is not None:
             return code
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

@@ -41,7 +41,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from elmo_jax._util.atomic import atomic_path, is_local
-from elmo_jax._util.disk_full import OutOfSpaceError, free_space, out_of_space_errno, reason, size
+from elmo_jax._util.disk_full import OutOfSpaceError, exception_chain, free_space, out_of_space_errno, reason, size
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -101,13 +101,7 @@ def innermost_message(e: BaseException) -> str:
     """The first line of the innermost exception ``e`` was raised from: for a damaged checkpoint,
     tensorstore's words (``OUT_OF_RANGE: Error reading "params.x/0" ... is not valid for value of
     size 1000``), not Orbax's wrapper with its ~60-line spec."""
-    seen, last = set(), e
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if str(cur):
-            last = cur
-        cur = cur.__cause__ or cur.__context__
+    last = next((x for x in reversed(list(exception_chain(e))) if str(x)), e)
     return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
 
 
