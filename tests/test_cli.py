@@ -112,6 +112,7 @@ def test_ctrl_c_leaves_no_file_under_the_final_name(tmp_path, monkeypatch, sente
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_real_run_exits_130_and_leaves_no_file(tmp_path, sentences):
     """SIGINT to a running `elmo-jax embed` (its background thread writing, programs compiling): a
     clean exit."""
@@ -186,6 +187,7 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
+@pytest.mark.slow
 def test_cli_compile_cache_second_run_compiles_nothing(tmp_path, sentences):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:6]) + "\n")
 
@@ -278,6 +280,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
 
 
 # -- a full disk (issue 29) ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
     tmp_path, monkeypatch, capsys, sentences
 ):

@@ -323,6 +323,7 @@ def test_restart_with_another_row_count_keeps_state_and_position_with_one_warnin
     assert pretrain(options, vocab, source, _settings(run_dir, 4, 1))["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_run_dir_of_the_previous_format_resumes(tmp_path):
     """A run dir written before the mesh (format 1, see tests/fixtures/format1_run.README) resumes
     on today's code: 2 steps there + 1 here equal 3 steps of the old code within 1e-5."""

@@ -159,6 +159,7 @@ def test_the_guard_needs_patience_for_a_finite_loss_and_none_for_a_nan():
         assert calm.check(record(step, 5.0)) is None
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on(tmp_path, capsys):
     run = tmp_path / "run"
     data = tmp_path / "data"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import harness
+import pytest
 
 BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
 
@@ -19,6 +20,7 @@ def test_the_slope_method_times_every_matmul_of_the_chain():
     assert rate.line().startswith("float32 128^3 matmul, slope of 8 and 40 dependent matmuls")
 
 
+@pytest.mark.slow
 def test_a_loop_invariant_matmul_is_hoisted_and_measures_nothing():
     """Negative control: a body ``x + a @ b`` lets XLA compute ``a @ b`` once, before the loop, so
     40 iterations take about as long as 8 (the chain's matmuls are what the slope method times).

@@ -8,6 +8,7 @@ in and a loss on the final state out, with both clips active (or both off).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +71,13 @@ def _grads(vjp: bool, config, params, xs, state, mask, run_kw, weights, unroll: 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, xs, state)
 
 
+@functools.cache
+def _reference(n_layers: int, clip: bool):
+    """``jax.grad`` of the plain scan for ``_setup(n_layers, clip)``, computed once for the module
+    (several tests compare against it, and each compile of it costs seconds here)."""
+    return jax.device_get(_grads(False, *_setup(n_layers, clip)))
+
+
 def _assert_same(a, b):
     (la, ga), (lb, gb) = a, b
     np.testing.assert_allclose(np.asarray(la), np.asarray(lb), rtol=1e-6)
@@ -109,7 +117,7 @@ def _clipped(config, params, xs, mask, run_kw) -> tuple[int, int]:
     )
 
 
-@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("n_layers", [pytest.param(1, marks=pytest.mark.slow), 2])
 @pytest.mark.parametrize("clip", [True, False], ids=["clipped", "unclipped"])
 def test_custom_vjp_equals_autodiff_of_the_scan(n_layers, clip):
     setup = _setup(n_layers, clip)
@@ -118,7 +126,7 @@ def test_custom_vjp_equals_autodiff_of_the_scan(n_layers, clip):
         cells, projections = _clipped(config, params, xs, mask, run_kw)
         steps = 2 * sum(LENGTHS)
         assert 0 < cells < steps * DIM and 0 < projections < steps * P, (cells, projections)
-    reference = _grads(False, *setup)
+    reference = _reference(n_layers, clip)
     _assert_same(_grads(True, *setup), reference)
     _, (g_params, g_xs, g_state) = reference
     for g in (g_params[-1]["w_h"], g_params[-1]["w_proj"], g_xs, g_state["c"], g_state["h"]):
@@ -130,14 +138,13 @@ def test_custom_vjp_equals_autodiff_of_the_scan(n_layers, clip):
 def test_custom_vjp_unrolled_equals_autodiff():
     """Unrolled as the GPU runs it (3 does not divide 7 steps: a remainder runs too)."""
     setup = _setup(2, True)
-    _assert_same(_grads(True, *setup, unroll=3), _grads(False, *setup, unroll=1))
+    _assert_same(_grads(True, *setup, unroll=3), _reference(2, True))
 
 
 @pytest.mark.parametrize("term", ["dbg,dpg->dbp", "tdbc,tdbp->dcp"], ids=["recurrent-dh", "dW_proj"])
 def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term):
     """Negative control: the comparison above catches a backward pass missing one term."""
-    setup = _setup(2, True)
-    reference = _grads(False, *setup)
+    setup, reference = _setup(2, True), _reference(2, True)
     mm = lstm._mm
 
     def without_term(spec, a, b, compute):

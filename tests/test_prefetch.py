@@ -92,7 +92,7 @@ def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
                 np.testing.assert_array_equal(got[k], want[k], err_msg=f"step {step}: {k}")
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_prefetched_batches_and_data_state_equal_those_built_in_the_loop(corpus, workers):
     plain, ahead = _feed(corpus, prefetch=0, epochs=2), _feed(corpus, prefetch=2, workers=workers, epochs=2)
     states, batches, epochs = [], [], []
@@ -163,6 +163,7 @@ def _prefetch_threads() -> list:
     return [t for t in threading.enumerate() if t.name == "elmo-jax-prefetch"]
 
 
+@pytest.mark.slow
 def test_close_or_dropping_stops_the_thread_and_the_workers(corpus):
     before = set(multiprocessing.active_children())
     for close in (True, False):
@@ -179,6 +180,7 @@ def test_close_or_dropping_stops_the_thread_and_the_workers(corpus):
         assert not set(multiprocessing.active_children()) - before
 
 
+@pytest.mark.slow
 def test_a_dead_worker_fails_the_step_with_one_line():
     batch = {"inputs": np.zeros((1, 2, ROWS, STEPS), np.int32)}
     with CandidatePool(seed=0, num_sampled=64, vocab_size=1000, n_devices=1, workers=1) as pool:
@@ -192,6 +194,7 @@ def test_a_dead_worker_fails_the_step_with_one_line():
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
     script = textwrap.dedent("""
         import time
