@@ -111,7 +111,7 @@ def test_a_diverged_loss_stops_and_leaves_no_diverged_checkpoint_newest(
     assert Checkpointer(str(run), read_only=True).latest_meta()["options"]["learning_rate"] == 0.1
 
 
-@pytest.mark.slow  # 11.6 s in the fast tier on a slow hour: over the marker's ~10 s
+@pytest.mark.slow  # 11.6 s on a slow hour
 def test_warn_mode_says_it_once_and_trains_on(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     _force_loss(monkeypatch, 30, 1e6)
