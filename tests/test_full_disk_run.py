@@ -1,8 +1,9 @@
-"""A training run whose save runs out of space: one line, what is kept, and nothing lost after the resume.
+"""A training run whose save runs out of space, or fails in the file system otherwise: one line,
+what is kept, and nothing lost after the resume.
 
 The run dir sits on a real small file system (a tmpfs, where the test may mount one: root), so
 that Orbax's own asynchronous writes fail as they would on a full disk; a write hook that raises
-ENOSPC in the save covers the same path where no tmpfs can be mounted.
+ENOSPC (or EIO) in the save covers the same path where no tmpfs can be mounted.
 """
 
 import asyncio
@@ -10,8 +11,11 @@ import errno
 import gc
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import threading
+import time
 import warnings
 
 import jax
@@ -24,7 +28,8 @@ from test_faults import TRAIN, _error_lines, _steps, _train_args
 
 from elmo_jax import cli
 from elmo_jax._util.disk_full import out_of_space_errno
-from elmo_jax.training.checkpoint import Checkpointer, DiskFull
+from elmo_jax.training import checkpoint
+from elmo_jax.training.checkpoint import Checkpointer, DiskFull, SaveFailed
 from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.run_dir import load_run
 
@@ -67,13 +72,16 @@ def small_fs(tmp_path):
         subprocess.run(["umount", str(m)], check=False)
 
 
-def _assert_one_line_and_kept(err: str, run: pathlib.Path) -> int:
-    """The stop's one line; returns the step it names to resume from."""
+FULL = "the disk is full (a checkpoint needs about "
+
+
+def _assert_one_line_and_kept(err: str, run: pathlib.Path, why: str = FULL) -> int:
+    """The stop's one line, saying ``why``; returns the step it names to resume from."""
     assert "Traceback" not in err and "RESOURCE_EXHAUSTED" not in err, err[-2000:]
     [line] = _error_lines(err)
     assert line.startswith(f"elmo-jax train: error: {run}: step ")
     failed = int(line.split(": step ")[1].split()[0])
-    assert f"step {failed} not saved: the disk is full (a checkpoint needs about " in line
+    assert f"step {failed} not saved: {why}" in line, line
     kept = _steps(run)
     assert kept and kept[-1] == failed - 10 and failed not in kept
     assert f"step(s) {', '.join(map(str, kept))} are intact" in line
@@ -138,20 +146,27 @@ def test_a_failed_save_leaves_nothing_alive_that_logs_when_collected(small_fs):
 
 
 @pytest.mark.slow
-def test_a_save_refused_for_space_by_a_write_hook_stops_alike(reference, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "code,why",
+    [(errno.ENOSPC, FULL), (errno.EIO, "OSError: [Errno 5] Input/output error; ")],
+    ids=["no-space", "io-error"],
+)
+def test_a_save_refused_by_a_write_hook_stops_alike(reference, tmp_path, monkeypatch, capsys, code, why):
+    """A full disk as a hook raises it, and a failure that is not for space: the same stop, in
+    the file system's words, and the same resume."""
     _, ref_params = reference
     real, calls = ocp.CheckpointManager.save, []
 
     def third_fails(self, step, *args, **kwargs):
         calls.append(step)
         if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
         return real(self, step, *args, **kwargs)
 
     monkeypatch.setattr(ocp.CheckpointManager, "save", third_fails)
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", STEPS)
     assert cli.main(args) == 1
-    resume_from = _assert_one_line_and_kept(capsys.readouterr().err, tmp_path / "run")
+    resume_from = _assert_one_line_and_kept(capsys.readouterr().err, tmp_path / "run", why)
     assert resume_from == 20
     assert sorted(p.name for p in (tmp_path / "run" / "host_state").iterdir()) == ["10.p0.npz", "20.p0.npz"]
 
@@ -159,6 +174,50 @@ def test_a_save_refused_for_space_by_a_write_hook_stops_alike(reference, tmp_pat
     assert cli.main(args) == 0
     assert f"resuming {tmp_path / 'run'} from step 20" in capsys.readouterr().out
     _assert_same_weights(tmp_path / "run", ref_params)
+
+
+def _fail_a_save_at_its_step_directory(run: pathlib.Path) -> None:
+    """Saves step 1, then step 2 with a file where the checkpoints directory was: making step 2's
+    directory fails. Closes the ``Checkpointer``."""
+    ckpt = Checkpointer(run)
+    save = lambda step: ckpt.save(step, {"w": jnp.ones(4)}, {"h": jnp.ones(2)}, {"x": np.zeros(1)}, {})  # noqa: E731
+    save(1)
+    ckpt.wait()
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").write_text("")
+    with pytest.raises(SaveFailed, match="step 2 not saved: NotADirectoryError: .*; no step is intact on disk"):
+        save(2)
+        ckpt.close()
+    ckpt.close()
+
+
+def test_a_save_whose_step_directory_cannot_be_made_leaves_no_write_waiting(tmp_path):
+    """Orbax's writes wait up to 300 s for their step's directory; when making it fails they must
+    not hold the process (not daemons: it could not exit) that long."""
+    _fail_a_save_at_its_step_directory(tmp_path / "run")
+    assert _waiting_orbax_writes() == []
+
+
+def test_without_the_release_the_writes_of_a_failed_save_wait(tmp_path, monkeypatch):
+    """Negative control for the test above."""
+    monkeypatch.setattr(checkpoint, "_release_stranded_writes", lambda: 0)
+    _fail_a_save_at_its_step_directory(tmp_path / "run")
+    try:
+        assert _waiting_orbax_writes()
+    finally:
+        monkeypatch.undo()
+        assert checkpoint._release_stranded_writes() > 0  # not left waiting 300 s at the suite's exit
+
+
+def _waiting_orbax_writes() -> list[str]:
+    from orbax.checkpoint._src.futures import future as orbax_future
+
+    deadline = time.monotonic() + 5.0  # released threads end at once; give them a moment
+    while True:
+        alive = [t.name for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread) and t.is_alive()]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
 
 
 def test_orbax_s_full_disk_is_told_from_other_failures_through_the_chain():

@@ -47,16 +47,25 @@ def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
+def _errnos(x: BaseException) -> Iterator[int]:
+    """The OS error codes one exception carries: an ``OSError``'s own, then those tensorstore (any
+    type) and h5py (an ``OSError``) write in their messages."""
+    if isinstance(x, OSError) and x.errno:
+        yield x.errno
+    yield from map(int, _TENSORSTORE_ERRNO.findall(str(x)))
+    if isinstance(x, OSError):
+        yield from map(int, _H5PY_ERRNO.findall(str(x)))
+
+
 def out_of_space_errno(exc: BaseException | None) -> int | None:
     """The ENOSPC/EDQUOT/EROFS code of ``exc`` or of an exception it was raised from, else None."""
-    for x in exception_chain(exc):
-        if isinstance(x, OSError) and x.errno in OUT_OF_SPACE_ERRNOS:
-            return x.errno
-        found = _TENSORSTORE_ERRNO.findall(str(x)) + (_H5PY_ERRNO.findall(str(x)) if isinstance(x, OSError) else [])
-        code = next((int(c) for c in found if int(c) in OUT_OF_SPACE_ERRNOS), None)
-        if code is not None:
-            return code
-    return None
+    return next((c for x in exception_chain(exc) for c in _errnos(x) if c in OUT_OF_SPACE_ERRNOS), None)
+
+
+def os_errno(exc: BaseException | None) -> int | None:
+    """The first OS error code (any errno) of ``exc`` or of an exception it was raised from, else
+    None: whether a failure came from the file system rather than from the program."""
+    return next((c for x in exception_chain(exc) for c in _errnos(x)), None)
 
 
 def reason(code: int | None) -> str:

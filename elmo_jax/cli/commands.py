@@ -22,7 +22,7 @@ from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
 from elmo_jax.pretrained.registry import PretrainedError
 from elmo_jax.text.sources import DataError
-from elmo_jax.training.checkpoint import CheckpointError
+from elmo_jax.training.checkpoint import CheckpointError, SaveFailed
 
 # Errors that are the user's input, not our bug: one line, no traceback.
 USER_ERRORS = (
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except USER_ERRORS as e:
         return _failed(args, e, 2)
-    except OutOfSpaceError as e:  # the input was fine; the machine ran out of room
+    except (OutOfSpaceError, SaveFailed) as e:  # the input was fine; the machine ran out of room, or failed
         return _failed(args, e, 1)
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)

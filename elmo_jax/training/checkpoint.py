@@ -26,11 +26,13 @@ host file held the process's LSTM rows too. ``restore_latest`` reads both format
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import os
 import shutil
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +43,15 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from elmo_jax._util.atomic import atomic_path, is_local
-from elmo_jax._util.disk_full import OutOfSpaceError, exception_chain, free_space, out_of_space_errno, reason, size
+from elmo_jax._util.disk_full import (
+    OutOfSpaceError,
+    exception_chain,
+    free_space,
+    os_errno,
+    out_of_space_errno,
+    reason,
+    size,
+)
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -51,13 +61,20 @@ class CheckpointError(ValueError):
     """A run directory cannot be resumed as asked."""
 
 
-class DiskFull(OutOfSpaceError):
-    """A save failed for lack of space (or a quota, or a read-only file system). The failed
-    step's partial files are removed; ``kept`` are the steps intact on disk."""
+class SaveFailed(OSError):
+    """A save failed in the file system (an I/O error, a vanished or unwritable directory): ``str()``
+    is the one line to show. The failed step's partial files are removed where they can be;
+    ``kept`` are the steps intact on disk."""
 
     def __init__(self, message: str, path: str, code: int | None, step: int, kept: list[int]):
-        super().__init__(message, path, code)
-        self.step, self.kept = step, kept
+        # OSError's own __init__, not super()'s: in DiskFull the next class is OutOfSpaceError,
+        # whose arguments differ; the attributes it sets are set here.
+        OSError.__init__(self, message)
+        self.path, self.errno, self.step, self.kept = path, code, step, kept
+
+
+class DiskFull(SaveFailed, OutOfSpaceError):
+    """A save failed for lack of space (or a quota, or a read-only file system)."""
 
 
 def vocab_hash(vocab: Vocabulary) -> str:
@@ -105,6 +122,27 @@ def innermost_message(e: BaseException) -> str:
     return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
 
 
+def _release_stranded_writes() -> int:
+    """Ends the Orbax write threads still waiting for a failed save's step directory; returns how
+    many it ended.
+
+    Each write waits for a signal that its step's directory was made, for up to Orbax's barrier
+    timeout (300 s). When making it failed (the checkpoints directory gone, a file, unwritable),
+    the signal never comes, and as the threads are not daemons the process cannot exit for five
+    minutes. Cancelled, then sent their signal, they return without writing. Orbax's internals
+    (0.12): a version without them keeps the wait, nothing worse."""
+    try:
+        from orbax.checkpoint._src.futures import future as orbax_future
+
+        stranded = [t for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread) and t.is_alive()]
+        for t in stranded:
+            t.cancel()
+            orbax_future.set_signals(t._receive_signals, operation_id=t._operation_id)
+    except (ImportError, AttributeError, TypeError):
+        return 0
+    return len(stranded)
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -127,7 +165,7 @@ class Checkpointer:
         )
         self._closed = False
         self._in_flight: int | None = None  # the step an async save is writing
-        self._failed: DiskFull | None = None
+        self._failed: SaveFailed | None = None
         self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
         absl = logging.getLogger("absl")
         level = absl.level
@@ -145,10 +183,11 @@ class Checkpointer:
         """``shared`` and ``lstm``: global arrays, saved shard by shard where they are; ``host``:
         this process's numpy arrays.
 
-        Raises ``DiskFull`` when this save, or the async one before it, runs out of space."""
+        Raises ``DiskFull`` when this save, or the async one before it, runs out of space, and
+        ``SaveFailed`` when the file system fails it otherwise."""
         self.wait()  # the previous save's failure is reported as that step's
         self.nbytes = checkpoint_bytes(shared, lstm)
-        full = None
+        failed = None
         try:
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
                 np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
@@ -162,50 +201,62 @@ class Checkpointer:
                 force=True,
             )
         except Exception as e:
-            if (full := self._full(step, e)) is None:
+            if (failed := self._failure(step, e)) is None:
                 raise
-        if full is not None:
-            raise full
+        if failed is not None:
+            raise failed
         self._in_flight = step
         self._prune_host_files()
 
-    def _full(self, step: int, e: BaseException) -> DiskFull | None:
-        """The ``DiskFull`` for a full-disk ``e`` (made once; a second failure is the same one),
-        else None.
+    def _failure(self, step: int, e: BaseException) -> SaveFailed | None:
+        """The ``SaveFailed`` (a ``DiskFull`` for want of space) for a failure of the file system
+        ``e``, made once (a second failure is the same one); None for any other error, a bug to
+        show as it is.
 
         Callers raise it outside their ``except`` clause, so that it has no ``__context__``: Orbax's
         exception holds the failed save's asyncio futures (through its traceback's frames), and
         those must be collectable inside the run (``loop._orbax_log``) for what they log when
         collected to go to ``orbax.log`` rather than after the run's one-line error."""
-        code = out_of_space_errno(e)
+        space = out_of_space_errno(e)
+        code = space if space is not None else os_errno(e)
         if code is None:
             return None
         if self._failed is None:
-            self._failed = self._disk_full(step, code)
+            self._failed = self._save_failed(step, code, None if space is not None else innermost_message(e))
         return self._failed
 
-    def _disk_full(self, step: int, code: int) -> DiskFull:
-        """Removes what the failed save wrote (to give the space back) and says what is kept."""
+    def _save_failed(self, step: int, code: int, error: str | None) -> SaveFailed:
+        """Removes what the failed save wrote (to give the space back) and says what is kept.
+        ``error``: the file system's words, for a failure other than space (None)."""
         self._remove_partial(step)
-        self._host_path(step, jax.process_index()).unlink(missing_ok=True)
-        self.manager.reload()
-        kept = [s for s in self.steps() if s != step]
-        free = free_space(str(self.run_dir / "checkpoints"))
-        need = f"a checkpoint needs about {size(self.nbytes)}" + (f", {size(free)} free" if free is not None else "")
+        try:
+            self._host_path(step, jax.process_index()).unlink(missing_ok=True)
+            self.manager.reload()
+            kept = [s for s in self.steps() if s != step]
+        except OSError:  # the directory itself is what failed (gone, unreadable): nothing to list
+            kept = []
+        fix = "free space (or keep fewer checkpoints)" if error is None else "once the cause is fixed,"
         if kept:
-            steps = ", ".join(map(str, kept))
             then = (
-                f"step(s) {steps} are intact; free space (or keep fewer checkpoints) and rerun the same "
-                f"command to resume from step {kept[-1]}"
+                f"step(s) {', '.join(map(str, kept))} are intact; {fix} rerun the same command to "
+                f"resume from step {kept[-1]}"
             )
         else:
-            then = "no step was saved yet; free space and rerun the same command to start again"
-        return DiskFull(
-            f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}",
-            str(self.run_dir),
-            code,
-            step,
-            kept,
+            then = f"no step is intact on disk; {fix} rerun the same command to start again"
+        if error is None:
+            free = free_space(str(self.run_dir / "checkpoints"))
+            need = f"a checkpoint needs about {size(self.nbytes)}" + (
+                f", {size(free)} free" if free is not None else ""
+            )
+            return DiskFull(
+                f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}",
+                str(self.run_dir),
+                code,
+                step,
+                kept,
+            )
+        return SaveFailed(
+            f"{self.run_dir}: step {step} not saved: {error}; {then}", str(self.run_dir), code, step, kept
         )
 
     def _remove_partial(self, step: int) -> None:
@@ -228,11 +279,14 @@ class Checkpointer:
         )
 
     def _prune_host_files(self) -> None:
+        """Deletes the host files of steps no longer kept. Housekeeping: where the directory cannot
+        be read it leaves them, and the next save's own write says what is wrong."""
         keep = set(self.manager.all_steps())
-        for path in self.host_dir.iterdir():
-            step = path.name.split(".", 1)[0]
-            if step.isdigit() and int(step) not in keep and int(step) < max(keep, default=0):
-                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            for path in self.host_dir.iterdir():
+                step = path.name.split(".", 1)[0]
+                if step.isdigit() and int(step) not in keep and int(step) < max(keep, default=0):
+                    path.unlink(missing_ok=True)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -328,19 +382,19 @@ class Checkpointer:
         return steps
 
     def wait(self) -> None:
-        """Waits for the save in flight; raises ``DiskFull`` if it ran out of space."""
+        """Waits for the save in flight; raises ``SaveFailed`` (``DiskFull``) if it failed."""
         step, self._in_flight = self._in_flight, None
-        full = None
+        failed = None
         try:
             self.manager.wait_until_finished()
         except Exception as e:
-            if (full := self._full(step if step is not None else -1, e)) is None:
+            if (failed := self._failure(step if step is not None else -1, e)) is None:
                 raise
-        if full is not None:
-            raise full
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
-        """Waits for the save in flight and closes (idempotent). A ``DiskFull`` already raised is
+        """Waits for the save in flight and closes (idempotent). A ``SaveFailed`` already raised is
         not raised again."""
         if self._closed:
             return
@@ -351,22 +405,23 @@ class Checkpointer:
                 self.wait()
             finally:
                 self._close_manager()
-        except DiskFull:
+        except SaveFailed:
             if not reported:
                 raise
 
     def _close_manager(self) -> None:
-        full = None
+        failed = None
         try:
             self.manager.close()  # waits once more, and raises a failed save's error once more
         except Exception as e:
-            if (full := self._full(-1, e)) is None:
+            if (failed := self._failure(-1, e)) is None:
                 raise
         finally:
             # The closed manager's threads still hold a failed save's exception, and through its
-            # traceback the save's asyncio futures (see ``_full``): let go of it.
+            # traceback the save's asyncio futures (see ``_failure``): let go of it.
             del self.manager
             if self._failed is not None:  # writes of the failed save that were still in flight
+                _release_stranded_writes()
                 self._remove_partial(self._failed.step)
-        if full is not None:
-            raise full
+        if failed is not None:
+            raise failed

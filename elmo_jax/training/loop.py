@@ -29,7 +29,7 @@ from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, DiskFull, checkpoint_bytes, vocab_hash
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
@@ -532,7 +532,7 @@ def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: B
     so the last sound state is on disk), a peer's, a signal or the end of the data."""
     if isinstance(mine, Diverged):  # every process decides it alike, from the same replicated loss
         raise mine
-    if isinstance(mine, DiskFull) and jax.process_count() == 1:
+    if isinstance(mine, SaveFailed) and jax.process_count() == 1:
         raise mine  # a last save would fail alike (with more processes, it is a collective: all go)
     saved = save(step, state)  # every process reaches this at the same step
     if mine is not None:
