@@ -713,3 +713,23 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(tmp_path,
     assert time.monotonic() - t0 < 30
     assert procs[0].returncode != 0
     assert "heartbeat" in texts[0] and "another task died" in texts[0], texts[0][-2000:]
+
+
+@pytest.mark.slow
+def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step(tmp_path, worker_cache):
+    """Step 4's host file of process 1 is damaged, process 0's is sound: both processes fall back
+    to step 2 together (one reading step 4 and the other step 2 would hang in Orbax's barriers
+    or train from two states), step 4 is set aside once, and the run goes on to step 6."""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
+    args = args[:-2] + ["--save-every", "2"]
+    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
+    (run_dir / "host_state" / "4.p1.npz").write_bytes(b"garbage")
+    at = args.index("--steps")
+    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
+    texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+    assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]  # the lead process says it
+    assert "checkpoint 4 is unreadable (another process could not read it)" in texts[0], texts[0][-3000:]
+    assert "checkpoint 4 is unreadable (ValueError: " in texts[1], texts[1][-3000:]
+    assert load_run(str(run_dir))[3] == 6
+    assert sorted(p.name for p in (run_dir / "unreadable" / "4").iterdir()) == ["4.p0.npz", "4.p1.npz", "checkpoint"]

@@ -52,6 +52,7 @@ from elmo_jax._util.disk_full import (
     reason,
     size,
 )
+from elmo_jax._util.processes import all_processes
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -343,11 +344,19 @@ class Checkpointer:
         unreadable: list[tuple[int, str]] = []
         found = None
         for step in reversed(self.steps()):
+            why = None
             try:
                 found = (step, *self.restore(step, abstract, with_host))
-                break
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
-                unreadable.append((step, innermost_message(e)))
+                found, why = None, innermost_message(e)
+            # Every process resumes from the same step: one whose own files (its host file, its
+            # Orbax shards) are damaged makes all fall back together, each calling this once a
+            # step. (Otherwise they would train from two states, or mismatch their collectives.)
+            if jax.process_count() > 1 and not all_processes(found is not None):
+                found, why = None, why or "another process could not read it"
+            if found is not None:
+                break
+            unreadable.append((step, why or ""))
         moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
         for step, why in unreadable:
             where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""

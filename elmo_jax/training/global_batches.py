@@ -16,19 +16,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from elmo_jax._util.processes import agree_max
 from elmo_jax.config import TrainConfig
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.prefetch import HostBatch, HostPipeline, Prefetcher
 from elmo_jax.training.step import AXIS, BATCH_KEYS, plan_batch
-
-
-def _agree_max(values: list[int]) -> list[int]:
-    """The element-wise max over processes (every process must feed the same shapes)."""
-    if jax.process_count() == 1:
-        return list(values)
-    from jax.experimental import multihost_utils
-
-    return [int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(values, np.int64)), axis=0)]
 
 
 class StopTogether(Exception):
@@ -122,7 +114,7 @@ class GlobalBatches:
                 # A batch built ahead may have been planned before the last agreement.
                 local, capacity, arrays = item.batch, max(item.capacity, self.capacity), item.arrays
         words = local["chars"].shape[1] if local is not None else 0
-        words, capacity, reason = _agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
+        words, capacity, reason = agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
         if reason:
             raise StopTogether(str(StopTogether.REASONS[reason]))
         assert local is not None  # no process stops here, so this one built its batch
