@@ -85,7 +85,8 @@ def _assert_one_line_and_kept(err: str, run: pathlib.Path, why: str = FULL) -> i
     kept = _steps(run)
     assert kept and kept[-1] == failed - 10 and failed not in kept
     assert f"step(s) {', '.join(map(str, kept))} are intact" in line
-    assert f"rerun the same command to resume from step {kept[-1]}" in line
+    fix = "free space (or keep fewer checkpoints) and" if why == FULL else "once the cause is fixed,"
+    assert line.endswith(f"are intact; {fix} rerun the same command to resume from step {kept[-1]}"), line
     assert not list((run / "checkpoints").glob("*tmp*"))  # the failed save's partial files are gone
     return kept[-1]
 
@@ -185,7 +186,10 @@ def _fail_a_save_at_its_step_directory(run: pathlib.Path) -> None:
     ckpt.wait()
     shutil.rmtree(run / "checkpoints")
     (run / "checkpoints").write_text("")
-    with pytest.raises(SaveFailed, match="step 2 not saved: NotADirectoryError: .*; no step is intact on disk"):
+    with pytest.raises(
+        SaveFailed,
+        match=r"step 2 not saved: NotADirectoryError: .*; no step is intact on disk; once the cause is fixed, rerun the same command to start again$",
+    ):
         save(2)
         ckpt.close()
     ckpt.close()

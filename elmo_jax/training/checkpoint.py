@@ -236,7 +236,7 @@ class Checkpointer:
             kept = [s for s in self.steps() if s != step]
         except OSError:  # the directory itself is what failed (gone, unreadable): nothing to list
             kept = []
-        fix = "free space (or keep fewer checkpoints)" if error is None else "once the cause is fixed,"
+        fix = "free space (or keep fewer checkpoints) and" if error is None else "once the cause is fixed,"
         if kept:
             then = (
                 f"step(s) {', '.join(map(str, kept))} are intact; {fix} rerun the same command to "
