@@ -323,6 +323,46 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert load_run(str(copy))[3] == 5
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(13, "Permission denied", "state/d/fe21"),
+        ValueError("PERMISSION_DENIED: Error opening file: state/d/fe21 [os_error_code='13']"),  # tensorstore's
+    ],
+    ids=["os", "tensorstore"],
+)
+def test_a_checkpoint_denied_to_this_user_stops_the_run_and_moves_nothing(trained_run, tmp_path, monkeypatch, error):
+    """Not readable is not damaged: falling back (and moving step 4 aside) would lose its steps."""
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    real = Checkpointer.restore
+
+    def fails_at_4(raised: Exception):
+        def restore(self, step, *args, **kwargs):
+            if step == 4:
+                raise raised
+            return real(self, step, *args, **kwargs)
+
+        return restore
+
+    monkeypatch.setattr(Checkpointer, "restore", fails_at_4(error))
+    settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint 4 cannot be read, access denied \((PermissionError|ValueError): "
+    ) as e:
+        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    assert str(e.value).endswith(
+        "nothing was moved: give this user access to the run dir (or run as its owner) and rerun"
+    )
+    assert Checkpointer(str(copy), read_only=True).steps() == [2, 4] and not (copy / "unreadable").exists()
+    # Negative control: damage (no permission error of the OS) falls back past step 4, as before.
+    monkeypatch.setattr(Checkpointer, "restore", fails_at_4(ValueError("OUT_OF_RANGE: Error reading")))
+    with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
+        assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)["step"] == 5
+    assert (copy / "unreadable" / "4").is_dir()
+
+
 def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     other = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5, dropout=0.2), vocab, None)

@@ -16,8 +16,3 @@ def agree_max(values: list[int]) -> list[int]:
     from jax.experimental import multihost_utils
 
     return [int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(values, np.int64)), axis=0)]
-
-
-def all_processes(ok: bool) -> bool:
-    """Whether ``ok`` holds on every process."""
-    return agree_max([int(not ok)]) == [0]

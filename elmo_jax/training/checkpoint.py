@@ -27,6 +27,7 @@ host file held the process's LSTM rows too. ``restore_latest`` reads both format
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import logging
@@ -52,7 +53,7 @@ from elmo_jax._util.disk_full import (
     reason,
     size,
 )
-from elmo_jax._util.processes import all_processes
+from elmo_jax._util.processes import agree_max
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -121,6 +122,11 @@ def innermost_message(e: BaseException) -> str:
     size 1000``), not Orbax's wrapper with its ~60-line spec."""
     last = next((x for x in reversed(list(exception_chain(e))) if str(x)), e)
     return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
+
+
+def _denied(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a permission error of the OS."""
+    return os_errno(e) in (errno.EACCES, errno.EPERM)
 
 
 def _release_stranded_writes() -> int:
@@ -300,6 +306,7 @@ class Checkpointer:
             try:
                 return self.meta(step)
             except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
+                self._refuse_if_denied(step, e)
                 warnings.warn(
                     f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
                     stacklevel=2,
@@ -344,15 +351,20 @@ class Checkpointer:
         unreadable: list[tuple[int, str]] = []
         found = None
         for step in reversed(self.steps()):
-            why = None
+            why, error = None, None
             try:
                 found = (step, *self.restore(step, abstract, with_host))
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
-                found, why = None, innermost_message(e)
+                found, why, error = None, innermost_message(e), e
             # Every process resumes from the same step: one whose own files (its host file, its
             # Orbax shards) are damaged makes all fall back together, each calling this once a
             # step. (Otherwise they would train from two states, or mismatch their collectives.)
-            if jax.process_count() > 1 and not all_processes(found is not None):
+            # A denied read stops them all alike.
+            mine = 0 if error is None else 2 if _denied(error) else 1
+            worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
+            if worst == 2:
+                self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
+            if worst:
                 found, why = None, why or "another process could not read it"
             if found is not None:
                 break
@@ -365,6 +377,15 @@ class Checkpointer:
                 stacklevel=2,
             )
         return found
+
+    def _refuse_if_denied(self, step: int, e: BaseException) -> None:
+        """Raises ``CheckpointError`` if ``e`` is a denied read: a checkpoint this user may not read
+        is not damaged, and falling back past it (moving it aside) would lose its steps."""
+        if _denied(e):
+            raise CheckpointError(
+                f"{self.run_dir}: checkpoint {step} cannot be read, access denied ({innermost_message(e)}); "
+                "nothing was moved: give this user access to the run dir (or run as its owner) and rerun"
+            )
 
     def set_aside(self, after: int, folder: str) -> list[int]:
         """Moves the checkpoints of the steps after ``after``, and their host files, to
