@@ -1,4 +1,5 @@
-"""elmo_jax._util.disk_full: which errors mean no space, and the one line that says so."""
+"""elmo_jax._util.disk_full: which errors mean no space (or another failure of the file system),
+and the one line that says so."""
 
 import errno
 import os
@@ -8,7 +9,7 @@ import pytest
 from helpers import model_files
 
 from elmo_jax import load_hdf5, save_hdf5
-from elmo_jax._util.disk_full import OutOfSpaceError, is_out_of_space, reported
+from elmo_jax._util.disk_full import OutOfSpaceError, WriteFailed, is_out_of_space, os_errno, reported
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,31 @@ def test_reported_names_the_file_and_the_space_left_and_passes_other_errors(tmp_
     with pytest.raises(FileNotFoundError):
         with reported(path):
             raise FileNotFoundError(errno.ENOENT, "gone")
+
+
+def test_reported_words_another_failure_of_the_file_system_in_one_line(tmp_path):
+    path = tmp_path / "out.hdf5"
+    with pytest.raises(WriteFailed) as e:
+        with reported(path):
+            try:
+                raise OSError(errno.EIO, "Input/output error")
+            except OSError as inner:  # as h5py raises it: a plain OSError around the OS's
+                raise OSError("Can't write data (file write failed: errno = 5)") from inner
+    assert str(e.value) == f"{path}: not written: OSError: [Errno 5] Input/output error; once the cause is fixed, rerun"
+    assert e.value.errno == errno.EIO and not isinstance(e.value, OutOfSpaceError)
+    # Negative controls: the path's own faults, and errors that are not the OS's, pass unchanged.
+    for error in (
+        PermissionError(errno.EACCES, "denied"),
+        IsADirectoryError(errno.EISDIR, "a dir"),
+        OSError("no code"),
+    ):
+        with pytest.raises(type(error)) as passed:
+            with reported(path):
+                raise error
+        assert passed.value is error
+    assert (
+        os_errno(ValueError("PERMISSION_DENIED [os_error_code='13']")) == errno.EACCES and os_errno(KeyError()) is None
+    )
 
 
 def test_save_hdf5_on_a_full_disk_leaves_no_weights_file(tmp_path, monkeypatch):

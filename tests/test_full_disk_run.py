@@ -243,7 +243,18 @@ def test_orbax_s_full_disk_is_told_from_other_failures_through_the_chain():
     assert out_of_space_errno(None) is None
 
 
-def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(fixtures_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "code,words",
+    [
+        (errno.ENOSPC, "the disk is full ("),
+        (errno.EIO, "OSError: [Errno 5] Input/output error; once the cause is fixed, rerun"),
+    ],
+    ids=["no-space", "io-error"],
+)
+def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(
+    fixtures_dir, tmp_path, monkeypatch, capsys, code, words
+):
+    """And on a disk that fails otherwise: the same, in the file system's words."""
     import h5py
 
     run = fixtures_dir / "format1_run"  # a finished run, committed: export only reads it
@@ -253,14 +264,14 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_no_partial_file(fixtures_d
     def fills_up(self, *args, **kwargs):  # the disk fills inside weights.hdf5
         calls.append(1)
         if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(h5py.Group, "create_dataset", fills_up)
     assert cli.main(["export", "--run-dir", str(run), "--out-dir", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        f"elmo-jax export: error: {out / 'weights.hdf5'}: not written: the disk is full ("
+        f"elmo-jax export: error: {out / 'weights.hdf5'}: not written: {words}"
     ), err
     assert "weights.hdf5" not in os.listdir(out) and not [n for n in os.listdir(out) if "tmp" in n]
     monkeypatch.undo()  # space again: the same command writes every file

@@ -1,4 +1,5 @@
-"""A write that fails for want of space: recognised in one place, reported in one line.
+"""A write that fails for want of space, or in the file system otherwise: recognised in one
+place, reported in one line.
 
 ``is_out_of_space(exc)`` says whether an exception means the disk (or quota) is full or the file
 system is read-only: ``ENOSPC``, ``EDQUOT`` or ``EROFS``, given as ``exc.errno``, or in the
@@ -6,7 +7,9 @@ message as h5py words its write failures (``errno = 28``) and as tensorstore wor
 (``No space left on device [os_error_code='28']``, raised as a ``ValueError`` and often chained
 under other exceptions, which are followed). ``reported(path)`` turns such an
 error inside its block into one ``OutOfSpaceError`` that names ``path``, the space left on its
-file system and what to do; other errors pass unchanged. Pair it with ``atomic.atomic_path``
+file system and what to do, and another failure of the file system (an I/O error) into a
+``WriteFailed`` in its words; errors about the path itself (not found, not allowed, a directory)
+pass unchanged, as do errors that are not the OS's. Pair it with ``atomic.atomic_path``
 (outside it, so the partial file is gone before the free space is measured)::
 
     with reported(output), atomic_path(output) as tmp:
@@ -27,14 +30,30 @@ _H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write fa
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='(\d+)'")  # any type: "... [os_error_code='28']"
 
 
-class OutOfSpaceError(OSError):
-    """A write stopped for want of space (or on a read-only file system); ``str()`` is the one line
-    to show, ``errno`` the original's, ``path`` the file that was being written."""
+# The path's own faults: the user's to fix, shown as the OS words them (the CLI's input errors).
+PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+class WriteFailed(OSError):
+    """A write failed in the file system; ``str()`` is the one line to show, ``errno`` the
+    original's, ``path`` the file (or run dir) that was being written."""
 
     def __init__(self, message: str, path: str, code: int | None):
         super().__init__(message)
         self.path = path
         self.errno = code
+
+
+class OutOfSpaceError(WriteFailed):
+    """A write stopped for want of space (or on a read-only file system)."""
+
+
+def innermost_message(e: BaseException) -> str:
+    """The first line of the innermost exception ``e`` was raised from, with its type: for a
+    damaged checkpoint, tensorstore's words (``OUT_OF_RANGE: Error reading "params.x/0" ...``), not
+    Orbax's wrapper with its ~60-line spec."""
+    last = next((x for x in reversed(list(exception_chain(e))) if str(x)), e)
+    return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
 
 
 def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -111,16 +130,22 @@ def out_of_space_message(path: str | os.PathLike, code: int | None = errno.ENOSP
 
 @contextlib.contextmanager
 def reported(path: str | os.PathLike) -> Iterator[None]:
-    """Re-raises an out-of-space ``OSError`` of the block as ``OutOfSpaceError`` naming ``path``."""
+    """Re-raises an out-of-space ``OSError`` of the block as ``OutOfSpaceError`` naming ``path``,
+    and another failure of the file system as ``WriteFailed``."""
     try:
         yield
-    except OutOfSpaceError:
+    except WriteFailed:
         raise
     except OSError as e:
         code = out_of_space_errno(e)
-        if code is None:
+        if code is not None:
+            raise OutOfSpaceError(out_of_space_message(path, code), os.fspath(path), code) from e
+        code = os_errno(e)
+        if code is None or isinstance(e, PATH_ERRORS):
             raise
-        raise OutOfSpaceError(out_of_space_message(path, code), os.fspath(path), code) from e
+        raise WriteFailed(
+            f"{path}: not written: {innermost_message(e)}; once the cause is fixed, rerun", os.fspath(path), code
+        ) from e
 
 
 def size(n: int | None) -> str:

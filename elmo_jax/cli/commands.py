@@ -15,14 +15,14 @@ from importlib import resources
 import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
-from elmo_jax._util.disk_full import OutOfSpaceError
+from elmo_jax._util.disk_full import WriteFailed
 from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
 from elmo_jax.pretrained.registry import PretrainedError
 from elmo_jax.text.sources import DataError
-from elmo_jax.training.checkpoint import CheckpointError, SaveFailed
+from elmo_jax.training.checkpoint import CheckpointError
 
 # Errors that are the user's input, not our bug: one line, no traceback.
 USER_ERRORS = (
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except USER_ERRORS as e:
         return _failed(args, e, 2)
-    except (OutOfSpaceError, SaveFailed) as e:  # the input was fine; the machine ran out of room, or failed
+    except WriteFailed as e:  # the input was fine; the machine ran out of room, or its file system failed
         return _failed(args, e, 1)
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)

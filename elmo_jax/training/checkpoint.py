@@ -46,8 +46,9 @@ from etils import epath
 from elmo_jax._util.atomic import atomic_path, is_local
 from elmo_jax._util.disk_full import (
     OutOfSpaceError,
-    exception_chain,
+    WriteFailed,
     free_space,
+    innermost_message,
     os_errno,
     out_of_space_errno,
     reason,
@@ -63,16 +64,14 @@ class CheckpointError(ValueError):
     """A run directory cannot be resumed as asked."""
 
 
-class SaveFailed(OSError):
+class SaveFailed(WriteFailed):
     """A save failed in the file system (an I/O error, a vanished or unwritable directory): ``str()``
     is the one line to show. The failed step's partial files are removed where they can be;
     ``kept`` are the steps intact on disk."""
 
     def __init__(self, message: str, path: str, code: int | None, step: int, kept: list[int]):
-        # OSError's own __init__, not super()'s: in DiskFull the next class is OutOfSpaceError,
-        # whose arguments differ; the attributes it sets are set here.
-        OSError.__init__(self, message)
-        self.path, self.errno, self.step, self.kept = path, code, step, kept
+        super().__init__(message, path, code)
+        self.step, self.kept = step, kept
 
 
 class DiskFull(SaveFailed, OutOfSpaceError):
@@ -114,14 +113,6 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 def checkpoint_bytes(shared: dict, lstm: dict) -> int:
     """About what a checkpoint of these global arrays takes on disk (their bytes, uncompressed)."""
     return sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
-
-
-def innermost_message(e: BaseException) -> str:
-    """The first line of the innermost exception ``e`` was raised from: for a damaged checkpoint,
-    tensorstore's words (``OUT_OF_RANGE: Error reading "params.x/0" ... is not valid for value of
-    size 1000``), not Orbax's wrapper with its ~60-line spec."""
-    last = next((x for x in reversed(list(exception_chain(e))) if str(x)), e)
-    return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
 
 
 def _denied(e: BaseException) -> bool:

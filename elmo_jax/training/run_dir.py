@@ -20,7 +20,7 @@ from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, innermost_message
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
 from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
@@ -118,7 +118,7 @@ def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, s
         try:
             shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
         except Exception as e:  # noqa: BLE001 - Orbax's and tensorstore's errors, in one line
-            why = innermost_message(e)
+            why = disk_full.innermost_message(e)
         if why is not None:  # raised out here, without Orbax's exception as its context (see orbax_log)
             raise CheckpointError(f"{run_dir}: checkpoint {step} is unreadable ({why})")
     return softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
