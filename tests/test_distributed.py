@@ -718,8 +718,9 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_timeout(tmp_path,
 @pytest.mark.slow
 def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step(tmp_path, worker_cache):
     """Step 4's host file of process 1 is damaged, process 0's is sound: both processes fall back
-    to step 2 together (one reading step 4 and the other step 2 would hang in Orbax's barriers
-    or train from two states), step 4 is set aside once, and the run goes on to step 6."""
+    to step 2 together, step 4 is set aside once, and the run goes on to step 6. (Before they
+    agreed, process 0 resumed from step 4 and process 1 from step 2, and both aborted in a
+    mismatched collective.)"""
     run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
     args = args[:-2] + ["--save-every", "2"]
     _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
