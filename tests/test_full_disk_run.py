@@ -3,7 +3,8 @@ what is kept, and nothing lost after the resume.
 
 The run dir sits on a real small file system (a tmpfs, where the test may mount one: root), so
 that Orbax's own asynchronous writes fail as they would on a full disk; a write hook that raises
-ENOSPC (or EIO) in the save covers the same path where no tmpfs can be mounted.
+ENOSPC in the save covers the same path where no tmpfs can be mounted. Other failures of the file
+system (an I/O error, a step directory that cannot be made) are checked at the ``Checkpointer``.
 """
 
 import asyncio
