@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
-from elmo_jax._util.disk_full import WriteFailed
+from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
 from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
@@ -32,10 +32,7 @@ USER_ERRORS = (
     DataError,
     CheckpointError,
     PretrainedError,
-    FileNotFoundError,
-    IsADirectoryError,
-    NotADirectoryError,
-    PermissionError,
+    *PATH_ERRORS,
 )
 
 DEMO_SENTENCES = [
