@@ -235,6 +235,22 @@ def bucket_size(n: int, minimum: int = 64) -> int:
     return size if size >= n else -(-n // 256) * 256
 
 
+def _spelling_order(table: WordTable, u: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique``'s (sorted ids, inverse) with the out-of-vocabulary ids reordered by spelling.
+
+    Those ids are numbered as this process meets the words, so a resumed process numbers them
+    otherwise than the unbroken run did. Sorted by id, a batch's char-CNN rows would then come in
+    another order, and the float sums of its gradients over them would differ in the last bits:
+    resuming would not continue the run exactly."""
+    first = int(np.searchsorted(u, len(table.vocab)))
+    if len(u) - first < 2:
+        return u, inv
+    perm = np.concatenate([np.arange(first), first + np.argsort([table.words[i] for i in u[first:]])])
+    rank = np.empty_like(perm)
+    rank[perm] = np.arange(len(perm))
+    return u[perm], rank[inv]
+
+
 def split_over_devices(table: WordTable, inputs: np.ndarray, targets: np.ndarray, n_devices: int) -> dict:
     """``inputs`` (ids into ``table``), ``targets [2, R, T]`` -> ``chars [D, U, max_chars]``, each
     device's distinct words (``U`` from ``bucket_size``; extra rows are padding, never indexed),
@@ -246,7 +262,7 @@ def split_over_devices(table: WordTable, inputs: np.ndarray, targets: np.ndarray
     targets = targets.reshape(2, d, b, t).transpose(1, 0, 2, 3)
     uniques, local = [], np.empty(inputs.shape, np.int32)
     for k in range(d):
-        u, inv = np.unique(inputs[k], return_inverse=True)
+        u, inv = _spelling_order(table, *np.unique(inputs[k], return_inverse=True))
         uniques.append(u)
         local[k] = inv.reshape(inputs[k].shape)
     chars = np.zeros((d, bucket_size(max(len(u) for u in uniques)), table.max_chars), np.int32)

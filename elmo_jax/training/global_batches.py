@@ -54,7 +54,8 @@ class GlobalBatches:
     stops both; so does dropping the object.
 
     The batcher runs ahead of the loop: a checkpoint saves ``data_state()``, not
-    ``batcher.state()``.
+    ``batcher.state()``, and ``capacity``, the fetch capacity of the last batch taken; a run resumed
+    from it passes that back as ``capacity`` and plans its batches as the unbroken run did.
     """
 
     def __init__(
@@ -67,9 +68,10 @@ class GlobalBatches:
         fixed: bool,
         prefetch: int = 2,
         workers: int = 0,
+        capacity: int = 0,
     ):
         self.batcher, self.train, self.mesh, self.seed = batcher, train_cfg, mesh, seed
-        self.first_device, self.fixed, self.capacity = first_device, fixed, 0
+        self.first_device, self.fixed, self.capacity = first_device, fixed, capacity
         self.sharding = NamedSharding(mesh, P(AXIS))
         self.error: BaseException | None = None  # this process's own failure, re-raised after the save
         self.prefetch = prefetch
@@ -86,6 +88,7 @@ class GlobalBatches:
             keep_state=prefetch > 0,
             to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch else None,
         )
+        self.host.agreed = capacity  # a resumed run's (``loop._restore_or_init``): batches start there
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
         self._snapshot: list | None = None  # batcher.snapshot() after the last batch taken
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.

@@ -13,12 +13,12 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 from etils import epath
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
@@ -177,9 +177,10 @@ def _restore_or_init(
     global_rows: int,
     batcher: LMBatcher,
     init_state: dict | None,
-) -> tuple[int, TrainState]:
-    """(start step, state on the mesh): the newest readable checkpoint, else ``init_state``, else a
-    fresh init.
+) -> tuple[int, TrainState, int]:
+    """(start step, state on the mesh, fetch capacity): the newest readable checkpoint, else
+    ``init_state``, else a fresh init. The capacity is the saved run's last one where this run has
+    its data and mesh size, else 0 (planned from the first batch).
 
     A checkpoint is global arrays, so it restores onto any mesh whose size divides the padded
     softmax. Resumed with the same number of processes and global rows the run continues exactly;
@@ -201,9 +202,9 @@ def _restore_or_init(
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
-            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)()
+            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)(), 0
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
-        return 0, TrainState(**shared, lstm=zero_rows())
+        return 0, TrainState(**shared, lstm=zero_rows()), 0
     start, shared, rows, host, saved = restored
     if saved.get("format", 1) == 1:
         shared = put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
@@ -214,10 +215,15 @@ def _restore_or_init(
                 )
                 for k, v in host["lstm"].items()
             }
+    capacity = 0
     if host is not None:
         batcher.restore(host["data"])
+        # The unbroken run planned the next batch's fetch with the capacity it had grown to; from
+        # 0 a resumed run could pick a smaller one, another program whose float sums differ.
+        saved_capacity, saved_mesh = host.get("fetch", {}).get("capacity", (0, 0))
+        capacity = int(saved_capacity) if int(saved_mesh) == cast(NamedSharding, shardings.step).mesh.size else 0
     _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher)
-    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows())
+    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity
 
 
 def _restore_targets(options: Options, shardings: TrainState, global_rows: int, keep_data: bool) -> Callable:
@@ -471,7 +477,7 @@ def _train(
     batcher = _batcher(run, source)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
     shardings = state_shardings(abstract, run.mesh)
-    start, state = _restore_or_init(
+    start, state, capacity = _restore_or_init(
         run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
     )
     if run.total is not None and start >= run.total:
@@ -481,7 +487,7 @@ def _train(
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
         batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
-        prefetch=settings.prefetch, workers=settings.host_workers,
+        prefetch=settings.prefetch, workers=settings.host_workers, capacity=capacity,
     )  # fmt: skip
     guard = DivergenceGuard(
         t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
@@ -565,7 +571,10 @@ class _Saver:
         if self.guard.suspect and self.guard.mode == "stop":
             return False
         self.last = step
-        self.run.ckpt.save(step, state.shared(), state.lstm, {"data": self.batches.data_state()}, self.meta)
+        fetch = {"capacity": np.array([self.batches.capacity, self.run.mesh.size], np.int64)}
+        self.run.ckpt.save(
+            step, state.shared(), state.lstm, {"data": self.batches.data_state(), "fetch": fetch}, self.meta
+        )
         return True
 
 

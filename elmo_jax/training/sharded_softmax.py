@@ -33,6 +33,10 @@ import numpy as np
 
 # 3 x 1024: V_pad splits evenly over 1, 2, 3, 4, 6, 8, ..., 1024, 1536 or 3072 devices.
 ROW_MULTIPLE = 3072
+# The smallest fetch capacity. A small run's request counts (tens of rows) depend on where in the
+# data it starts, so with capacities of 8, 10, 12, ... a resumed run often compiled a step of its
+# own; 64 rows cost nothing to exchange, and a real run asks for hundreds or thousands.
+MIN_CAPACITY = 64
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
 
@@ -90,10 +94,11 @@ class RowLayout:
 
 
 def capacity_bucket(n: int) -> int:
-    """Rounds a per-owner request count up to a quarter octave (8, 10, 12, 14, 16, 20, ...): at
-    most 25 % of the exchanged rows are padding, and a run compiles for a handful of capacities."""
-    if n <= 8:
-        return 8
+    """Rounds a per-owner request count up to ``MIN_CAPACITY``, then to a quarter octave (80, 96,
+    112, 128, 160, ...): above the minimum at most 25 % of the exchanged rows are padding, and a
+    run compiles for a handful of capacities."""
+    if n <= MIN_CAPACITY:
+        return MIN_CAPACITY
     step = 1 << max(0, (int(n) - 1).bit_length() - 3)
     return -(-n // step) * step
 
