@@ -1,7 +1,7 @@
 """experiments/colab_quickstart.ipynb runs top to bottom (a short training run) and is stored without outputs.
 
 The notebook is executed in a fresh kernel with ``nbclient``, in a temporary working directory, with
-``ELMO_NOTEBOOK_STEPS=40``, ``ELMO_NOTEBOOK_HELDOUT_SENTENCES=40`` and the run directory under
+``ELMO_NOTEBOOK_STEPS=20``, ``ELMO_NOTEBOOK_HELDOUT_SENTENCES=40`` and the run directory under
 ``tmp_path``. The kernel inherits this process's environment (``XLA_FLAGS`` and the session's
 compile cache from conftest). To be sure the kernel is this interpreter (the one
 with elmo_jax installed) and not whatever a user-level "python3" kernelspec points at, the test puts a
@@ -80,7 +80,7 @@ def test_notebook_runs(tmp_path, monkeypatch):
     )
     assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
     run_dir = tmp_path / "run"
-    monkeypatch.setenv("ELMO_NOTEBOOK_STEPS", "40")
+    monkeypatch.setenv("ELMO_NOTEBOOK_STEPS", "20")
     monkeypatch.setenv("ELMO_NOTEBOOK_HELDOUT_SENTENCES", "40")
     monkeypatch.setenv("ELMO_NOTEBOOK_RUN_DIR", str(run_dir))
     work = tmp_path / "work"
@@ -99,10 +99,10 @@ def test_notebook_runs(tmp_path, monkeypatch):
             assert not errors, f"cell {i}: {errors[0].ename}: {errors[0].evalue}"
     text = "\n".join(_text(c) for c in nb.cells if c.cell_type == "code")
 
-    # Training: 40 steps into the run dir, logged and checkpointed.
-    assert re.search(r"step\s+40\s+loss", text), text[-3000:]
+    # Training: 20 steps into the run dir, logged and checkpointed.
+    assert re.search(r"step\s+20\s+loss", text), text[-3000:]
     with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-        assert json.loads(f.readlines()[-1])["step"] == 40
+        assert json.loads(f.readlines()[-1])["step"] == 20
     assert (run_dir / "options.json").is_file() and (run_dir / "vocab.txt").is_file()
     # Both held-out protocols.
     for name in ("carried state", "reset per sentence", "unigram baseline"):
