@@ -219,9 +219,11 @@ def _restore_or_init(
     if host is not None:
         batcher.restore(host["data"])
         # The unbroken run planned the next batch's fetch with the capacity it had grown to; from
-        # 0 a resumed run could pick a smaller one, another program whose float sums differ.
-        saved_capacity, saved_mesh = host.get("fetch", {}).get("capacity", (0, 0))
-        capacity = int(saved_capacity) if int(saved_mesh) == cast(NamedSharding, shardings.step).mesh.size else 0
+        # 0 a resumed run could pick a smaller one, another program whose float sums differ. The
+        # capacity is rows per owner, so it carries over only to a mesh of the size it was saved on.
+        saved_mesh = saved.get("process_count", 0) * saved.get("local_devices", 0)
+        if saved_mesh == cast(NamedSharding, shardings.step).mesh.size:
+            capacity = int(host.get("fetch", {}).get("capacity", 0))
     _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher)
     return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity
 
@@ -571,10 +573,8 @@ class _Saver:
         if self.guard.suspect and self.guard.mode == "stop":
             return False
         self.last = step
-        fetch = {"capacity": np.array([self.batches.capacity, self.run.mesh.size], np.int64)}
-        self.run.ckpt.save(
-            step, state.shared(), state.lstm, {"data": self.batches.data_state(), "fetch": fetch}, self.meta
-        )
+        host = {"data": self.batches.data_state(), "fetch": {"capacity": np.int64(self.batches.capacity)}}
+        self.run.ckpt.save(step, state.shared(), state.lstm, host, self.meta)
         return True
 
 

@@ -33,9 +33,10 @@ import numpy as np
 
 # 3 x 1024: V_pad splits evenly over 1, 2, 3, 4, 6, 8, ..., 1024, 1536 or 3072 devices.
 ROW_MULTIPLE = 3072
-# The smallest fetch capacity. A small run's request counts (tens of rows) depend on where in the
-# data it starts, so with capacities of 8, 10, 12, ... a resumed run often compiled a step of its
-# own; 64 rows cost nothing to exchange, and a real run asks for hundreds or thousands.
+# The smallest fetch capacity. A small run's request counts (tens of rows) depend on its data and
+# where in it it starts, so with capacities of 8, 10, 12, ... small runs of one model (tests, toy
+# configs) each compiled a step of their own; 64 rows cost nothing to exchange, and a real run
+# asks for hundreds or thousands.
 MIN_CAPACITY = 64
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
