@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -312,6 +313,7 @@ class StepTiming:
     seconds: float  # median wall seconds of one step, untraced
     compiled: object  # the compiled step (jax.stages.Compiled)
     traced_seconds: float | None = None  # median of the traced pass, when there was one
+    digest: str = ""  # sha256 of the state after the untimed step and the timed pass
 
 
 def time_step(
@@ -341,12 +343,17 @@ def time_step(
         return float(np.median(times))
 
     seconds, traced = timed_pass(), None
+    # Two processes that ran the same steps on the same data agree here bit for bit, or the step
+    # is not deterministic on this device (the GPU's scatters and matmul choices).
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(jax.device_get(state)):
+        digest.update(np.ascontiguousarray(leaf).tobytes())
     if trace_dir:
         jax.profiler.start_trace(trace_dir)
         traced = timed_pass()
         jax.profiler.stop_trace()
     del state
-    return StepTiming(seconds, compiled, traced)
+    return StepTiming(seconds, compiled, traced, digest.hexdigest()[:16])
 
 
 def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:

@@ -18,6 +18,10 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
 - ``nondet128``: ``step128`` without that flag (``elmo-jax train --gpu-scatters fast``): what
   deterministic scatters still cost, measured in the same call.
+- ``nondet_again128``, ``again128``: ``nondet128`` and ``step128`` once more, each in a fresh
+  process. Every step part prints a digest of the state its steps ended with; ``summary.txt`` says
+  whether the two runs agreed bit for bit, without the flag and with it (whether the step is
+  deterministic on the card without XLA's rewrite, now that its scatters are all unique).
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -48,6 +52,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -64,6 +69,7 @@ BUDGETS = {
     "step128": (75, 40),
     "step384": (85, 45),
     "nondet128": (60, 35),
+    "again128": (60, 35),
     "cli": (130, 60),
     "extract": (110, 50),
     "autodiff128": (75, 40),
@@ -158,6 +164,8 @@ def part_step(args, s: dict) -> None:
     layout = for_backend("gpu" if args.rehearse else None)  # a rehearsal runs the GPU's program on the CPU
     if args.autodiff:  # the LSTM differentiated by autodiff of the scan, as before lstm._rows_scan_vjp
         layout = dataclasses.replace(layout, lstm_vjp=False)
+    if args.row_sums:  # elmo_jax.model.gather: "scatter" is the GPU layout before the sorted row sums
+        layout = dataclasses.replace(layout, row_sums=args.row_sums)
     compute = Compute.from_policy("bfloat16", layout=layout)
     device = jax.devices()[0]
     tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
@@ -203,9 +211,15 @@ def part_step(args, s: dict) -> None:
         f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
     )
     print(f"layout {layout}", flush=True)
+    print(f"state after {s['steps'] + 1} steps: sha256 {timing.digest}", flush=True)
     # Under the flag XLA rewrites each scatter it cannot show deterministic into sorts and scans,
     # or a loop over its updates: these counts say which it did (elmo_jax._util.hlo.scatter_census).
     census = scatter_census(compiled.as_text())
+    if args.hlo:  # the optimized module, to read on a CPU which kernels the profile's unnamed fusions are
+        import gzip
+
+        with gzip.open(os.path.join(args.out, f"step{rows}_hlo.txt.gz"), "wt", encoding="utf-8") as f:
+            f.write(compiled.as_text())
     print(
         f"step {rows} rows compiled ops (XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r}): "
         + ", ".join(f"{k} {v}" for k, v in census.items()),
@@ -300,6 +314,8 @@ def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
     if part.startswith("nondet"):
         return "nondet128"
+    if part.startswith("again"):
+        return "again128"
     if part.startswith("step") and part != "step128":
         return "step384"
     return part
@@ -349,6 +365,30 @@ def run_part(name: str, cmd: list[str], out: str, seconds: float, env: dict | No
     return f"{outcome}, {time.perf_counter() - t:.0f} s"
 
 
+def determinism(out: str, rows: int) -> list[str]:
+    """Whether the parts that ran the same step twice, each in a fresh process, ended with the
+    same state (the ``sha256`` line of ``part_step``), with the deterministic-scatter flag and
+    without it."""
+
+    def digest(part: str) -> str | None:
+        path = os.path.join(out, f"{part}.txt")
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            found = re.findall(r"sha256 (\w+)", f.read())
+        return found[-1] if found else None
+
+    lines = []
+    for first, second, what in (
+        (f"step{rows}", f"again{rows}", "under the flag"),
+        (f"nondet{rows}", f"nondet_again{rows}", "without the flag"),
+    ):
+        a, b = digest(first), digest(second)
+        verdict = "not both run" if a is None or b is None else ("the same" if a == b else "DIFFERENT")
+        lines.append(f"determinism {what}: {first} {a} and {second} {b}: {verdict}")
+    return lines
+
+
 def drive(args) -> None:
     s = _settings(args.rehearse)
     os.makedirs(args.out, exist_ok=True)
@@ -365,6 +405,14 @@ def drive(args) -> None:
             me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondeterministic"],
             env,
         ),
+        # Each again in a fresh process, on the same data: whether two runs agree bit for bit
+        # with the flag and without it (`determinism` below compares the state digests).
+        (
+            f"nondet_again{s['rows'][0]}",
+            me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondet_again"],
+            env,
+        ),
+        (f"again{s['rows'][0]}", me + ["--part", "step", "--rows", str(s["rows"][0]), "--tag", "again"], env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
         (
             "extract",
@@ -411,6 +459,7 @@ def drive(args) -> None:
             print(summary[-1], flush=True)
             continue
         summary.append(f"{name}: " + run_part(name, cmd, args.out, min(most, left), part_env))
+    summary.extend(determinism(args.out, s["rows"][0]))
     summary.append(f"total {time.perf_counter() - start:.0f} s")
     with open(os.path.join(args.out, "summary.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(summary) + "\n")
@@ -436,6 +485,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--autodiff", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--nondeterministic", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hlo", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--row-sums", choices=["scatter", "sorted"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

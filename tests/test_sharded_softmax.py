@@ -185,15 +185,12 @@ def test_plan_fetch_lists_are_distinct_with_every_unused_entry_out_of_range():
             np.testing.assert_array_equal(np.sort(unused), per_owner + np.arange(cap - len(unused), cap))
 
 
-def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
-    """Under --xla_gpu_exclude_nondeterministic_ops (set by `elmo-jax train` on GPUs) XLA rewrites
-    every scatter it cannot show to be deterministic; one marked unique_indices it leaves alone.
-    The scatters into the [V_pad, P] table and its accumulators must carry the mark, and so must
-    the candidates' row gradients (a unique draw: distinct rows)."""
+def _lowered_step(tmp_path, compute=None) -> tuple[str, object]:
     import argparse
 
     from bench_train import device_batches, model_and_config, zipf_corpus
 
+    from elmo_jax.model.compute import Compute
     from elmo_jax.training.step import AXIS, init_state, make_train_step
 
     ns = argparse.Namespace(shape="tiny", batch=2, negatives=16, steps=0, reset_state_prob=0.1)
@@ -202,7 +199,16 @@ def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
     vocab, path = zipf_corpus(str(tmp_path), 500, 2000)
     batches, _, _ = device_batches(ns, model, tc, vocab, path, mesh)
     state = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, tc, tc.batch_size))
-    text = make_train_step(model, tc, mesh).lower(state, batches[0]).as_text()
+    step = make_train_step(model, tc, mesh, compute=compute or Compute())
+    return step.lower(state, batches[0]).as_text(), tc
+
+
+def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
+    """Under --xla_gpu_exclude_nondeterministic_ops (set by `elmo-jax train` on GPUs) XLA rewrites
+    every scatter it cannot show to be deterministic; one marked unique_indices it leaves alone.
+    The scatters into the [V_pad, P] table and its accumulators must carry the mark, and so must
+    the candidates' row gradients (a unique draw: distinct rows)."""
+    text, tc = _lowered_step(tmp_path)
     scatters = _scatters(text)
     padded = RowLayout.for_vocab(500).padded
     table = [unique for operand, _, unique in scatters if operand.startswith(f"tensor<{padded}x")]
@@ -214,3 +220,16 @@ def test_the_train_step_marks_its_softmax_scatters_unique(tmp_path):
     # Negative control: the parse tells the two apart (the gradients of repeated targets are
     # summed by scatter-adds that cannot promise distinct ids).
     assert any(not unique for _, _, unique in scatters), scatters
+
+
+def test_under_the_gpu_layout_every_scatter_of_the_train_step_is_unique(tmp_path):
+    """The GPU layout sums the gradients of repeated rows (targets, token vectors, char
+    embeddings) by sorting their indices (elmo_jax.model.gather), so XLA's deterministic-scatter
+    rewrite, which sorts every scalar of a scatter-add, finds nothing to rewrite; the backend's
+    layout on this CPU keeps plain scatter-adds (the negative control above)."""
+    from elmo_jax.model.compute import Compute
+    from elmo_jax.model.layout import BY_BACKEND
+
+    text, _ = _lowered_step(tmp_path, Compute(layout=BY_BACKEND["gpu"]))
+    scatters = _scatters(text)
+    assert len(scatters) >= 8 and all(unique for _, _, unique in scatters), scatters

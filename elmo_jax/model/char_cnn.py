@@ -16,6 +16,7 @@ import numpy as np
 
 from elmo_jax.config import CharCNNConfig, ModelConfig
 from elmo_jax.model.compute import Compute
+from elmo_jax.model.gather import take_rows
 from elmo_jax.model.initializers import Normal, Uniform, draw
 from elmo_jax.model.vocabulary import PAD_CHAR
 
@@ -136,8 +137,10 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Co
             f"char_ids have {ids.shape[-1]} chars per token; the model takes at most {c.max_characters_per_token}"
         )
 
+    sums = compute.resolved_layout().row_sums
+
     def encode(block):
-        x = jnp.take(params["char_embed"], block, axis=0).astype(dtype)  # [n, chars, E]
+        x = take_rows(params["char_embed"], block, sums=sums).astype(dtype)  # [n, chars, E]
         return _conv_max(x, params["conv"], c, compute=compute)
 
     h = _token_chunks(encode, ids, compute.resolved_layout().cnn_chunk)

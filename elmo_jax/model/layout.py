@@ -4,11 +4,11 @@ Every layout computes the same function (tests compare them). The table below is
 ``benchmarks/bench_bilm.py`` (CPU) and ``benchmarks/bench_variants.py`` (GPU) print the figures
 behind each entry, and experiments/README.md records them.
 
-| backend | lstm      | unroll | cnn_chunk | measured |
-|---------|-----------|--------|-----------|----------|
-| cpu     | "columns" | 1      | 32        | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache |
-| gpu     | "rows"    | 20     | 0         | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20 |
-| tpu     | "rows"    | 20     | 0         | not measured: the GPU's choice; a batch on the minor (lane) axis would waste most of a vector register |
+| backend | lstm      | unroll | cnn_chunk | row_sums | measured |
+|---------|-----------|--------|-----------|----------|----------|
+| cpu     | "columns" | 1      | 32        | scatter  | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; XLA:CPU's scatter-add is serial, so deterministic already |
+| gpu     | "rows"    | 20     | 0         | sorted   | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20; H200, same step under XLA's deterministic-scatter flag (as `elmo-jax train` runs): 16.39 ms with scatter, 13.64 with sorted (`benchmarks/results/gpu_h200/s4_row_sums.txt`) |
+| tpu     | "rows"    | 20     | 0         | scatter  | not measured: the GPU's choice, except the row sums (a TPU's scatter-add is deterministic without a rewrite) |
 
 Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
 of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
@@ -38,6 +38,8 @@ import dataclasses
 
 import jax
 
+from elmo_jax.model.gather import SUMS
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -47,7 +49,10 @@ class Layout:
     steps per call and token-steps per call and device (rows x steps). ``lstm_vjp``: the rows
     layout's LSTM is differentiated by its hand-written backward pass (``lstm._rows_scan_vjp``:
     weight gradients after the reverse scan, not accumulated inside it) instead of autodiff of
-    the scan; the same gradients. The columns layout always uses autodiff."""
+    the scan; the same gradients. The columns layout always uses autodiff. ``row_sums``: how the
+    gradients of the step's row gathers (char embeddings, token vectors, target softmax rows) add
+    repeated rows, "scatter" (XLA's scatter-add) or "sorted" (``elmo_jax.model.gather``: sort the
+    row indices, sum runs; no sort of every scalar under XLA's deterministic-scatter flag)."""
 
     lstm: str = "rows"
     unroll: int = 1
@@ -55,10 +60,13 @@ class Layout:
     extract_steps: int = 40
     extract_tokens: int = 16384
     lstm_vjp: bool = True
+    row_sums: str = "scatter"
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
             raise ValueError(f"Layout.lstm must be 'rows' or 'columns', got {self.lstm!r}")
+        if self.row_sums not in SUMS:
+            raise ValueError(f"Layout.row_sums must be one of {SUMS}, got {self.row_sums!r}")
         if self.unroll < 1 or self.cnn_chunk < 0 or self.extract_steps < 1 or self.extract_tokens < 1:
             raise ValueError(
                 f"Layout needs unroll, extract_steps and extract_tokens >= 1 and cnn_chunk >= 0, got {self}"
@@ -67,8 +75,8 @@ class Layout:
 
 BY_BACKEND = {
     "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096),
-    "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
-    "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384),
+    "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="sorted"),
+    "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="scatter"),
 }
 
 

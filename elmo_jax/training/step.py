@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax.config import ModelConfig, TrainConfig
 from elmo_jax.model import bilm, char_cnn, lstm
 from elmo_jax.model.compute import Compute
+from elmo_jax.model.gather import take_rows
 from elmo_jax.training.sharded_softmax import RowLayout, SparseAdagrad, fetch_rows, plan_fetch, return_grads
 from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
 
@@ -120,7 +121,7 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
 def token_vectors(params: dict, model: ModelConfig, batch: dict, *, compute: Compute = Compute()) -> jax.Array:
     """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
     words = char_cnn.apply(params["char_cnn"], model, batch["chars"], compute=compute)
-    return words[batch["inputs"]]
+    return take_rows(words, batch["inputs"], sums=compute.resolved_layout().row_sums)
 
 
 def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
@@ -185,16 +186,19 @@ def _loss(
         top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
     # A direction's candidates are distinct (a unique draw), so are their rows: the gathers say
     # so, and their gradients' scatter-adds then skip XLA's deterministic-scatter rewrite on GPUs
-    # (sharded_softmax.SparseAdagrad.apply). Targets repeat; their gathers cannot.
+    # (sharded_softmax.SparseAdagrad.apply). Targets repeat: both directions' are gathered at
+    # once, so that the layout's row sums (elmo_jax.model.gather) run once over all of them.
     cand_w = [rows_w.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
     cand_b = [rows_b.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
+    sums = compute.resolved_layout().row_sums
+    target_w, target_b = take_rows(rows_w, target_at, sums=sums), take_rows(rows_b, target_at, sums=sums)
     with jax.named_scope("softmax"):
         per_dir = [
             sampled_softmax_loss(
                 top[d].reshape(n_pos, p),
                 flat_targets[d],
-                rows_w[target_at[d]],
-                rows_b[target_at[d]],
+                target_w[d],
+                target_b[d],
                 cands[d],
                 cand_w[d],
                 cand_b[d],
