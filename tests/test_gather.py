@@ -65,3 +65,11 @@ def test_a_wrong_sums_name_is_named():
         take_rows(jnp.zeros((2, 2)), jnp.zeros(3, int), sums="atomic")
     with pytest.raises(ValueError, match="row_sums must be one of"):
         Layout(row_sums="atomic")
+
+
+@pytest.mark.parametrize("sums", ["scatter", "sorted"])
+def test_a_numpy_table_is_taken_under_jit(sums):
+    # Params loaded from files are NumPy arrays; indexing one with a traced index would fail.
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    got = jax.jit(lambda idx: take_rows(table, idx, sums=sums))(jnp.array([[5, 0], [5, 2]]))
+    np.testing.assert_array_equal(got, table[[[5, 0], [5, 2]]])

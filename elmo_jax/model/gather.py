@@ -27,8 +27,9 @@ def take_rows(table: jax.Array, idx: jax.Array, *, sums: str = "scatter") -> jax
     """``table[idx]``: ``[R, ...]`` rows at ``idx [...] int`` (each in ``[0, R)``) ->
     ``[*idx.shape, ...]``. ``sums``: how the gradient adds repeated rows, "scatter" (XLA's
     scatter-add) or "sorted" (``sorted_row_sums``); the same value either way."""
+    table = jnp.asarray(table)  # a NumPy table would index with a tracer, and fail
     if sums == "scatter":
-        return jnp.take(table, idx, axis=0)
+        return table[idx]
     if sums != "sorted":
         raise ValueError(f"take_rows: sums must be one of {SUMS}, got {sums!r}")
     flat = _take_sorted(table, idx.reshape(-1))
@@ -37,12 +38,12 @@ def take_rows(table: jax.Array, idx: jax.Array, *, sums: str = "scatter") -> jax
 
 @jax.custom_vjp
 def _take_sorted(table: jax.Array, idx: jax.Array) -> jax.Array:
-    return jnp.take(table, idx, axis=0)
+    return table[idx]
 
 
 def _take_sorted_fwd(table, idx):
     # The table's row count is static; a zero-size array carries it (residuals must be arrays).
-    return jnp.take(table, idx, axis=0), (idx, jnp.zeros((table.shape[0], 0), table.dtype))
+    return table[idx], (idx, jnp.zeros((table.shape[0], 0), table.dtype))
 
 
 def _take_sorted_bwd(res, g):
@@ -62,7 +63,7 @@ def sorted_row_sums(rows: jax.Array, idx: jax.Array, n_rows: int) -> jax.Array:
         return jnp.zeros((n_rows, *rows.shape[1:]), rows.dtype)
     order = jnp.argsort(idx, stable=True)
     keys = idx[order]
-    x = jnp.take(rows, order, axis=0)
+    x = rows[order]
     trail = (1,) * (rows.ndim - 1)
     shift = 1
     while shift < n:
