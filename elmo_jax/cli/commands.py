@@ -119,11 +119,13 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
 
 
 def deterministic_gpu_flags() -> None:
-    """Asks XLA for deterministic scatters on GPUs (a no-op elsewhere, and once a backend is up).
+    """Asks XLA for deterministic ops on GPUs (a no-op elsewhere, and once a backend is up).
 
-    A train step sums the gradients of a row that is a target and a candidate, or a target twice,
-    with a scatter-add; on a GPU that uses atomics by default, so two runs could differ in the
-    last bits. Must be set before jax starts its backend."""
+    A scatter-add of repeated rows uses atomics on a GPU by default, so two runs could differ in
+    the last bits. The GPU layout's train step has none left (``elmo_jax.model.gather``: its
+    repeated rows are summed in sorted order), but whether XLA's other choices without the flag
+    (its autotuned matmuls) repeat from run to run is not yet measured, so the flag stays the
+    default. Must be set before jax starts its backend."""
     flag = "--xla_gpu_exclude_nondeterministic_ops=true"
     if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
@@ -465,9 +467,10 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         "--gpu-scatters",
         choices=("deterministic", "fast"),
         default="deterministic",
-        help="deterministic (default): XLA's deterministic scatters on a GPU, so that two runs of one command "
-        "agree to the bit; fast: atomic scatter-adds, which may be faster, and runs then differ in the last "
-        "bits (experiments/README.md, 'One H200, issue 30'). No effect on a CPU or TPU",
+        help="deterministic (default): XLA's deterministic ops on a GPU, so that two runs of one command "
+        "agree to the bit; fast: without that XLA flag (the step ran 1.7-2.1 ms faster at 128 rows on an H200, "
+        "most likely in how XLA emits its matmuls), and two runs may then differ in the last bits "
+        "(experiments/README.md, 'One H200 again'). No effect on a CPU or TPU",
     )
     tr.add_argument(
         "--new-data",
