@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax._util.hlo import wire_bytes_per_device
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset
 from elmo_jax.model.compute import Compute
+from elmo_jax.model.layout import for_backend
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training.batches import LMBatcher
@@ -382,6 +383,11 @@ def main() -> None:
         help="TrainConfig.reset_state_prob (default: its default)",
     )
     ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
+    ap.add_argument(
+        "--row-sums",
+        choices=["scatter", "sorted"],
+        help="the layout's row sums (default: the backend's; elmo_jax.model.layout)",
+    )
     ap.add_argument("--pipeline-only", action="store_true")
     ap.add_argument(
         "--compile-only",
@@ -454,7 +460,10 @@ def main() -> None:
         for v in args.vocabs:
             model, tc = model_and_config(args, v)
             batches, width, capacity = device_batches(args, model, tc, vocab, path, mesh)
-            timing = time_step(model, tc, mesh, batches)
+            compute = Compute()
+            if args.row_sums:  # the backend's layout with the other row sums (elmo_jax.model.gather)
+                compute = Compute(layout=dataclasses.replace(for_backend(), row_sums=args.row_sums))
+            timing = time_step(model, tc, mesh, batches, compute=compute)
             sec, compiled = timing.seconds, timing.compiled
             mem = compiled.memory_analysis()
             tokens = args.batch * 20 * n

@@ -20,8 +20,12 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   deterministic scatters still cost, measured in the same call.
 - ``nondet_again128``, ``again128``: ``nondet128`` and ``step128`` once more, each in a fresh
   process. Every step part prints a digest of the state its steps ended with; ``summary.txt`` says
-  whether the two runs agreed bit for bit, without the flag and with it (whether the step is
-  deterministic on the card without XLA's rewrite, now that its scatters are all unique).
+  whether the two runs agreed bit for bit, without the flag and with it. Under the flag XLA takes
+  each matmul's first config instead of autotuning; without it ``nondet128`` saves its autotuning
+  results (``autotune128.textproto``) and ``nondet_again128`` loads them, so that both run the
+  same kernels. Agreement there says the step, whose scatters are all unique now, is
+  deterministic without the flag given a saved autotuning file: a faster default for
+  ``elmo-jax train``.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
   300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
   2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
@@ -381,7 +385,7 @@ def determinism(out: str, rows: int) -> list[str]:
     lines = []
     for first, second, what in (
         (f"step{rows}", f"again{rows}", "under the flag"),
-        (f"nondet{rows}", f"nondet_again{rows}", "without the flag"),
+        (f"nondet{rows}", f"nondet_again{rows}", "without the flag (the second with the first's autotuning)"),
     ):
         a, b = digest(first), digest(second)
         verdict = "not both run" if a is None or b is None else ("the same" if a == b else "DIFFERENT")
@@ -396,21 +400,28 @@ def drive(args) -> None:
     work = tempfile.mkdtemp(prefix="gpu_measure_")
     job, job_tokens = job_file(work, s["job_tokens"])
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    # Under the flag XLA takes each matmul's first config instead of autotuning (so that runs agree);
+    # without it, the first run saves its autotuning results and the second loads them: the same
+    # kernels in both, so any difference in their states comes from the ops themselves.
+    autotune = os.path.join(args.out, f"autotune{s['rows'][0]}.textproto")
+    flags = env.get("XLA_FLAGS", "")
+    dump = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_dump_autotune_results_to={autotune}".strip())
+    load = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_load_autotune_results_from={autotune}".strip())
     parts: list[tuple[str, list[str], dict]] = [
         ("roofline", me + ["--part", "roofline"], env),
         *((f"step{r}", me + ["--part", "step", "--rows", str(r)], env) for r in s["rows"]),
-        # The same step with XLA's scatters left nondeterministic: what the flag still costs.
+        # The same step without XLA's determinism flag: what the flag still costs.
         (
             f"nondet{s['rows'][0]}",
             me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondeterministic"],
-            env,
+            dump,
         ),
         # Each again in a fresh process, on the same data: whether two runs agree bit for bit
         # with the flag and without it (`determinism` below compares the state digests).
         (
             f"nondet_again{s['rows'][0]}",
             me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondet_again"],
-            env,
+            load,
         ),
         (f"again{s['rows'][0]}", me + ["--part", "step", "--rows", str(s["rows"][0]), "--tag", "again"], env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),

@@ -4,8 +4,8 @@
 On a GPU that is a loop of atomics: fast, but the order in which a repeated row's terms meet
 varies from run to run. ``elmo-jax train`` asks XLA for deterministic scatters
 (``--xla_gpu_exclude_nondeterministic_ops``), and XLA then sorts the scatter's *scalar* updates:
-a ``[5,120, 512]`` cotangent is a 2.6-million-element sort, about 1 ms on an H200 (three such
-scatters took a third of the `original` step, ``benchmarks/results/gpu_h200/``).
+a ``[5,120, 512]`` cotangent is a 2.6-million-element sort, about 1 ms on an H200 (the step's
+three such sorts took 2.5 ms of its 16, ``benchmarks/results/gpu_h200/s4_row_sums.txt``).
 
 ``take_rows(..., sums="sorted")`` sums the cotangent rows itself: it sorts the ``N`` row indices
 (not the ``N x D`` scalars), adds each row to its run of equal indices in ``ceil(log2 N)``

@@ -8,7 +8,7 @@ behind each entry, and experiments/README.md records them.
 |---------|-----------|--------|-----------|----------|----------|
 | cpu     | "columns" | 1      | 32        | scatter  | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; XLA:CPU's scatter-add is serial, so deterministic already |
 | gpu     | "rows"    | 20     | 0         | sorted   | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20; H200, same step under XLA's deterministic-scatter flag (as `elmo-jax train` runs): 16.39 ms with scatter, 13.64 with sorted (`benchmarks/results/gpu_h200/s4_row_sums.txt`) |
-| tpu     | "rows"    | 20     | 0         | scatter  | not measured: the GPU's choice, except the row sums (a TPU's scatter-add is deterministic without a rewrite) |
+| tpu     | "rows"    | 20     | 0         | scatter  | not measured: the GPU's choice, except the row sums, which stay XLA's scatter-add until a TPU times the sorted ones |
 
 Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
 of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:

@@ -191,8 +191,8 @@ def _loss(
     cand_w = [rows_w.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
     cand_b = [rows_b.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
     sums = compute.resolved_layout().row_sums
-    target_w, target_b = take_rows(rows_w, target_at, sums=sums), take_rows(rows_b, target_at, sums=sums)
     with jax.named_scope("softmax"):
+        target_w, target_b = take_rows(rows_w, target_at, sums=sums), take_rows(rows_b, target_at, sums=sums)
         per_dir = [
             sampled_softmax_loss(
                 top[d].reshape(n_pos, p),
