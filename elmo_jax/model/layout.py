@@ -6,7 +6,7 @@ behind each entry, and experiments/README.md records them.
 
 | backend | lstm      | unroll | cnn_chunk | row_sums | measured |
 |---------|-----------|--------|-----------|----------|----------|
-| cpu     | "columns" | 1      | 32        | scatter  | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; XLA:CPU's scatter-add is serial, so deterministic already |
+| cpu     | "columns" | 1      | 32        | scatter  | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; row sums alike within this machine's noise (`small`, 32 x 20: 1,661-1,827 ms a step with scatter, 1,692-1,879 sorted, `benchmarks/results/cpu/row_sums.txt`), so XLA's scatter-add stays |
 | gpu     | "rows"    | 20     | 0         | sorted   | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20; H200, same step under XLA's deterministic-scatter flag (as `elmo-jax train` runs): 16.39 ms with scatter, 13.64 with sorted (`benchmarks/results/gpu_h200/s4_row_sums.txt`) |
 | tpu     | "rows"    | 20     | 0         | scatter  | not measured: the GPU's choice, except the row sums, which stay XLA's scatter-add until a TPU times the sorted ones |
 
