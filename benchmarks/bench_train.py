@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax._util.hlo import wire_bytes_per_device
 from elmo_jax.config import PRESETS, Options, TrainConfig, preset
 from elmo_jax.model.compute import Compute
+from elmo_jax.model.gather import SUMS
 from elmo_jax.model.layout import for_backend
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
@@ -314,15 +315,24 @@ class StepTiming:
     seconds: float  # median wall seconds of one step, untraced
     compiled: object  # the compiled step (jax.stages.Compiled)
     traced_seconds: float | None = None  # median of the traced pass, when there was one
-    digest: str = ""  # sha256 of the state after the untimed step and the timed pass
+    digest: str = ""  # with time_step(digest=True): sha256 of the state after the timed pass
 
 
 def time_step(
-    model, tc: TrainConfig, mesh: Mesh, batches: list, *, compute: Compute = Compute(), trace_dir: str | None = None
+    model,
+    tc: TrainConfig,
+    mesh: Mesh,
+    batches: list,
+    *,
+    compute: Compute = Compute(),
+    trace_dir: str | None = None,
+    digest: bool = False,
 ) -> StepTiming:
     """Median seconds of one train step over ``batches[1:]`` (``batches[0]`` warms up), and the
     compiled step. With ``trace_dir``, the same steps run once more under ``jax.profiler`` after
-    the timed pass, so that the profiler's overhead never reaches the timed figure."""
+    the timed pass, so that the profiler's overhead never reaches the timed figure. With
+    ``digest``, also a sha256 of the state after the timed pass (the whole state crosses to the
+    host for it: 3.3 GB at the `original` shape's V = 793,471)."""
     n = mesh.size
     step = make_train_step(model, tc, mesh, compute=compute)
     shardings = state_shardings(
@@ -346,15 +356,18 @@ def time_step(
     seconds, traced = timed_pass(), None
     # Two processes that ran the same steps on the same data agree here bit for bit, or the step
     # is not deterministic on this device (the GPU's scatters and matmul choices).
-    digest = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(jax.device_get(state)):
-        digest.update(np.ascontiguousarray(leaf).tobytes())
+    sha = ""
+    if digest:
+        h = hashlib.sha256()
+        for leaf in jax.tree_util.tree_leaves(jax.device_get(state)):
+            h.update(np.ascontiguousarray(leaf).tobytes())
+        sha = h.hexdigest()[:16]
     if trace_dir:
         jax.profiler.start_trace(trace_dir)
         traced = timed_pass()
         jax.profiler.stop_trace()
     del state
-    return StepTiming(seconds, compiled, traced, digest.hexdigest()[:16])
+    return StepTiming(seconds, compiled, traced, sha)
 
 
 def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:
@@ -385,7 +398,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=1, help="local devices of the timed mesh")
     ap.add_argument(
         "--row-sums",
-        choices=["scatter", "sorted"],
+        choices=SUMS,
         help="the layout's row sums (default: the backend's; elmo_jax.model.layout)",
     )
     ap.add_argument("--pipeline-only", action="store_true")

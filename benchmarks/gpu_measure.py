@@ -177,7 +177,7 @@ def part_step(args, s: dict) -> None:
         vocab, path = zipf_corpus(tmp, 100_000, max(200_000, rows * 20 * (s["steps"] + 4)))
         batches, width, _ = device_batches(ns, model, tc, vocab, path, mesh)
         trace = os.path.join(tmp, "trace") if args.profile else None
-        timing = time_step(model, tc, mesh, batches, compute=compute, trace_dir=trace)
+        timing = time_step(model, tc, mesh, batches, compute=compute, trace_dir=trace, digest=args.digest)
         sec, compiled = timing.seconds, timing.compiled
         if trace:
             from profile_parts import profile_lines
@@ -215,15 +215,17 @@ def part_step(args, s: dict) -> None:
         f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
     )
     print(f"layout {layout}", flush=True)
-    print(f"state after {s['steps'] + 1} steps: sha256 {timing.digest}", flush=True)
+    if args.digest:
+        print(f"state after {s['steps'] + 1} steps: sha256 {timing.digest}", flush=True)
     # Under the flag XLA rewrites each scatter it cannot show deterministic into sorts and scans,
     # or a loop over its updates: these counts say which it did (elmo_jax._util.hlo.scatter_census).
-    census = scatter_census(compiled.as_text())
+    hlo = compiled.as_text()
+    census = scatter_census(hlo)
     if args.hlo:  # the optimized module, to read on a CPU which kernels the profile's unnamed fusions are
         import gzip
 
         with gzip.open(os.path.join(args.out, f"step{rows}_hlo.txt.gz"), "wt", encoding="utf-8") as f:
-            f.write(compiled.as_text())
+            f.write(hlo)
     print(
         f"step {rows} rows compiled ops (XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r}): "
         + ", ".join(f"{k} {v}" for k, v in census.items()),
@@ -403,27 +405,25 @@ def drive(args) -> None:
     # Under the flag XLA takes each matmul's first config instead of autotuning (so that runs agree);
     # without it, the first run saves its autotuning results and the second loads them: the same
     # kernels in both, so any difference in their states comes from the ops themselves.
-    autotune = os.path.join(args.out, f"autotune{s['rows'][0]}.textproto")
+    r0 = s["rows"][0]
+    autotune = os.path.join(args.out, f"autotune{r0}.textproto")
     flags = env.get("XLA_FLAGS", "")
     dump = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_dump_autotune_results_to={autotune}".strip())
     load = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_load_autotune_results_from={autotune}".strip())
+
+    def step(rows: int, *extra: str) -> list[str]:
+        return me + ["--part", "step", "--rows", str(rows), *extra]
+
+    # --digest only where `determinism` compares it: it copies the whole state to the host.
     parts: list[tuple[str, list[str], dict]] = [
         ("roofline", me + ["--part", "roofline"], env),
-        *((f"step{r}", me + ["--part", "step", "--rows", str(r)], env) for r in s["rows"]),
+        *((f"step{r}", step(r, *(["--digest"] if r == r0 else [])), env) for r in s["rows"]),
         # The same step without XLA's determinism flag: what the flag still costs.
-        (
-            f"nondet{s['rows'][0]}",
-            me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondeterministic"],
-            dump,
-        ),
+        (f"nondet{r0}", step(r0, "--nondeterministic", "--tag", "nondeterministic", "--digest"), dump),
         # Each again in a fresh process, on the same data: whether two runs agree bit for bit
         # with the flag and without it (`determinism` below compares the state digests).
-        (
-            f"nondet_again{s['rows'][0]}",
-            me + ["--part", "step", "--rows", str(s["rows"][0]), "--nondeterministic", "--tag", "nondet_again"],
-            load,
-        ),
-        (f"again{s['rows'][0]}", me + ["--part", "step", "--rows", str(s["rows"][0]), "--tag", "again"], env),
+        (f"nondet_again{r0}", step(r0, "--nondeterministic", "--tag", "nondet_again", "--digest"), load),
+        (f"again{r0}", step(r0, "--tag", "again", "--digest"), env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
         (
             "extract",
@@ -442,19 +442,17 @@ def drive(args) -> None:
             ],
             env,
         ),
+        ("autodiff128", step(r0, "--autodiff", "--tag", "autodiff"), env),
     ]
-    parts.append(
-        ("autodiff128", me + ["--part", "step", "--rows", str(s["rows"][0]), "--autodiff", "--tag", "autodiff"], env)
-    )
     if args.baseline:
         # The previous commit's elmo_jax under this tree's benchmark code (the script's folder
         # comes first on sys.path, PYTHONPATH next).
         base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline))
-        cmd = " && ".join(" ".join(me + ["--part", "step", "--rows", str(r), "--tag", "baseline"]) for r in s["rows"])
+        cmd = " && ".join(" ".join(step(r, "--tag", "baseline")) for r in s["rows"])
         parts.append(("baseline", ["bash", "-c", cmd], base_env))
     # The profile: with XLA's command buffers off, so that each kernel is its own trace event.
     no_graphs = dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip())
-    parts.append(("profile", me + ["--part", "step", "--rows", str(s["rows"][0]), "--profile"], no_graphs))
+    parts.append(("profile", step(r0, "--profile"), no_graphs))
     start = time.perf_counter()
     summary = [
         f"gpu_measure.py{' --rehearse' if args.rehearse else ''}: budget {args.budget:.0f} s; "
@@ -470,7 +468,7 @@ def drive(args) -> None:
             print(summary[-1], flush=True)
             continue
         summary.append(f"{name}: " + run_part(name, cmd, args.out, min(most, left), part_env))
-    summary.extend(determinism(args.out, s["rows"][0]))
+    summary.extend(determinism(args.out, r0))
     summary.append(f"total {time.perf_counter() - start:.0f} s")
     with open(os.path.join(args.out, "summary.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(summary) + "\n")
@@ -478,6 +476,8 @@ def drive(args) -> None:
 
 
 def main() -> None:
+    from elmo_jax.model.gather import SUMS  # jax imported, its backend not started: XLA_FLAGS still apply
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_measure"), help="where the text files go")
     ap.add_argument("--rehearse", action="store_true", help="tiny shapes, for a CPU")
@@ -497,7 +497,8 @@ def main() -> None:
     ap.add_argument("--autodiff", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--nondeterministic", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hlo", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--row-sums", choices=["scatter", "sorted"], help=argparse.SUPPRESS)
+    ap.add_argument("--row-sums", choices=SUMS, help=argparse.SUPPRESS)
+    ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

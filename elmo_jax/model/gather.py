@@ -17,6 +17,8 @@ scatter-add's.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -32,23 +34,22 @@ def take_rows(table: jax.Array, idx: jax.Array, *, sums: str = "scatter") -> jax
         return table[idx]
     if sums != "sorted":
         raise ValueError(f"take_rows: sums must be one of {SUMS}, got {sums!r}")
-    flat = _take_sorted(table, idx.reshape(-1))
+    flat = _take_sorted(table.shape[0], table, idx.reshape(-1))
     return flat.reshape(*idx.shape, *table.shape[1:])
 
 
-@jax.custom_vjp
-def _take_sorted(table: jax.Array, idx: jax.Array) -> jax.Array:
+# The row count is static (a shape): a non-differentiable argument, not a residual.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _take_sorted(n_rows: int, table: jax.Array, idx: jax.Array) -> jax.Array:
     return table[idx]
 
 
-def _take_sorted_fwd(table, idx):
-    # The table's row count is static; a zero-size array carries it (residuals must be arrays).
-    return table[idx], (idx, jnp.zeros((table.shape[0], 0), table.dtype))
+def _take_sorted_fwd(n_rows, table, idx):
+    return table[idx], idx
 
 
-def _take_sorted_bwd(res, g):
-    idx, shape_of = res
-    return sorted_row_sums(g, idx, shape_of.shape[0]).astype(shape_of.dtype), None
+def _take_sorted_bwd(n_rows, idx, g):
+    return sorted_row_sums(g, idx, n_rows), None
 
 
 _take_sorted.defvjp(_take_sorted_fwd, _take_sorted_bwd)
