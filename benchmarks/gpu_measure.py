@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gpu_measure.py --out "$OUT" [--budget 465] [--baseline DIR]
     PYTHONPATH=. python benchmarks/gpu_measure.py --out /tmp/rehearsal --rehearse   # tiny shapes, a CPU
 
-Parts, in this order, each a fresh process (so each peak memory is its own) under a timeout, each
+Parts, in this order (``baseline128`` after ``step128``, ``baseline384`` after ``step384``), each a fresh process (so each peak memory is its own) under a timeout, each
 writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed):
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
@@ -14,30 +14,30 @@ writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it print
   on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
   datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
   (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
-  loops (``elmo_jax._util.hlo.scatter_census``: what XLA made of the scatters). Under the XLA flag ``elmo-jax
-  train`` sets on GPUs (deterministic scatters), so that the cli part runs the same device program.
-- ``nondet128``: ``step128`` without that flag (``elmo-jax train --gpu-scatters fast``): what
-  deterministic scatters still cost, measured in the same call.
-- ``nondet_again128``, ``again128``: ``nondet128`` and ``step128`` once more, each in a fresh
-  process. Every step part prints a digest of the state its steps ended with; ``summary.txt`` says
-  whether the two runs agreed bit for bit, without the flag and with it. Under the flag XLA takes
-  each matmul's first config instead of autotuning; without it ``nondet128`` saves its autotuning
-  results (``autotune128.textproto``) and ``nondet_again128`` loads them, so that both run the
-  same kernels. Agreement there says the step, whose scatters are all unique now, is
-  deterministic without the flag given a saved autotuning file: a faster default for
-  ``elmo-jax train``.
-- ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end,
-  300 steps on a synthetic Zipfian corpus with a 793,471-word vocabulary (host pipeline, prefetch
-  2 by default): its start-up and tokens/s per log line from ``metrics.jsonl``, and the ratio to
-  ``step384``.
+  loops (``elmo_jax._util.hlo.scatter_census``). Under XLA's deterministic-ops flag: ``elmo-jax
+  train --gpu-kernels fixed``, the default before this commit.
+- ``baseline128``, ``baseline384``: with ``--baseline DIR`` (the previous commit's tree, from
+  ``git archive``), right after ``step128`` and ``step384``: the same step, under the same flag,
+  with that tree's ``elmo_jax`` and this tree's benchmark code.
+- ``saved128``, ``saved384``: the same steps as ``elmo-jax train`` runs them by default
+  (``--gpu-kernels saved``): autotuned, the choices written to a fresh per-fusion autotuning
+  directory. ``saved_again128`` runs ``saved128`` once more in a fresh process that reads that
+  directory. Each prints a digest of the state its steps ended with; ``summary.txt`` says whether
+  ``saved128`` and ``saved_again128`` agreed bit for bit.
+- ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end
+  (the default ``--gpu-kernels saved``), 300 steps on a synthetic Zipfian corpus with a
+  793,471-word vocabulary (host pipeline, prefetch 2 by default), saving at steps 150 and 300:
+  its start-up, tokens/s per log line from ``metrics.jsonl``, the ratio to ``saved384``, and the
+  number of files in ``RUN/xla_autotune``. Then the resume check: two copies of the run
+  directory without step 300, each resumed to 300 in a fresh process, one with the run's saved
+  kernels (the default) and one with ``--gpu-kernels tuned`` (autotuned afresh: the control);
+  each one's step-300 parameters against the uninterrupted run's, by sha256.
 - ``extract``: ``bench_embed.py --job-only``, ``original``, bfloat16: a whole job of at least
   100,000 natural tokens (the experiments' held-out text where carried, else the first lines of
   the bundled sample's ``train.txt``), cold and twice warm, each pass split by phase (the token
   table, the host's share of the biLSTM calls, the waits for the device).
 - ``autodiff128``: ``step128`` with the LSTM differentiated by autodiff of the scan (the
   layout's ``lstm_vjp=False``): what the hand-written backward pass gains, in one call.
-- ``baseline``: with ``--baseline DIR`` (the previous commit's tree, from ``git archive``),
-  ``step128`` and ``step384`` again with that tree's ``elmo_jax`` and this tree's benchmark code.
 - ``profile``: ``step128`` again with XLA's command buffers off (each kernel its own trace event),
   its steps then run once more under ``jax.profiler``: ``profile_parts.py``'s table of time per
   part of the step (char CNN, LSTM, dropout RNG, softmax, optimizer; forward and backward apart;
@@ -54,9 +54,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,13 +74,15 @@ BUDGETS = {
     "roofline": (50, 20),
     "step128": (75, 40),
     "step384": (85, 45),
-    "nondet128": (60, 35),
-    "again128": (60, 35),
-    "cli": (130, 60),
+    "saved128": (75, 40),
+    "saved_again128": (60, 35),
+    "saved384": (85, 45),
+    "cli": (230, 100),
     "extract": (110, 50),
     "autodiff128": (75, 40),
     "profile": (70, 40),
-    "baseline": (150, 80),
+    "baseline128": (70, 35),
+    "baseline384": (75, 40),
 }
 FULL = {
     "shape": "original",
@@ -135,13 +139,24 @@ def measured_rates(out: str) -> dict:
     return {d: MatmulRate(d, r["n"], (8, 40), tuple(r["seconds"]), r["tflops"]) for d, r in raw.items()}
 
 
-def part_step(args, s: dict) -> None:
-    from elmo_jax.cli.commands import deterministic_gpu_flags
+def kernel_flags(mode: str, autotune_dir: str | None) -> None:
+    """XLA_FLAGS as ``elmo-jax train --gpu-kernels MODE`` sets them (before jax starts its backend),
+    with ``autotune_dir`` as the run directory."""
+    try:
+        from elmo_jax._util.runtime import set_gpu_kernels
+    except ImportError:  # a baseline tree from before --gpu-kernels: the XLA flag was its only mode
+        from elmo_jax.cli.commands import deterministic_gpu_flags
 
-    # The program `elmo-jax train` runs (the cli part): deterministic scatters on a GPU, set
-    # before the backend starts; --nondeterministic is `elmo-jax train --gpu-scatters fast`.
-    if not args.nondeterministic:
-        deterministic_gpu_flags()
+        return deterministic_gpu_flags()
+    print(set_gpu_kernels(mode, autotune_dir), flush=True)
+
+
+def count_files(directory: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(directory))
+
+
+def part_step(args, s: dict) -> None:
+    kernel_flags(args.kernels, args.autotune_dir)
     import jax
     import numpy as np
     from bench_train import device_batches, distinct_words, model_and_config, time_step, train_flops, zipf_corpus
@@ -217,6 +232,9 @@ def part_step(args, s: dict) -> None:
     print(f"layout {layout}", flush=True)
     if args.digest:
         print(f"state after {s['steps'] + 1} steps: sha256 {timing.digest}", flush=True)
+    if args.kernels == "saved":
+        n = count_files(args.autotune_dir)
+        print(f"{n} files in {args.autotune_dir} (XLA's per-fusion autotuning results)", flush=True)
     # Under the flag XLA rewrites each scatter it cannot show deterministic into sorts and scans,
     # or a loop over its updates: these counts say which it did (elmo_jax._util.hlo.scatter_census).
     hlo = compiled.as_text()
@@ -239,78 +257,104 @@ def part_step(args, s: dict) -> None:
         json.dump({"rows": rows, "ms": sec * 1e3, "tokens_per_s": tokens, "tflops": tflops}, f)
 
 
+def _train(cmd: list[str], tmp: str, env: dict) -> tuple[int, float, str]:
+    """Runs one ``elmo-jax train`` command; its exit code, wall seconds and start line."""
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    log = r.stdout + r.stderr
+    start = [line for line in log.splitlines() if line.startswith(("starting", "resuming", "GPU kernels"))]
+    return r.returncode, wall, "; ".join(start).replace(tmp, "TMP") if start else log[-1500:]
+
+
+def params_digest(run_dir: str, step: int) -> str:
+    """sha256 of a checkpoint's parameters, restored (file bytes may differ where values do not)."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    from elmo_jax.training.run_dir import load_run
+
+    params = load_run(run_dir, step)[2]
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return h.hexdigest()[:16]
+
+
 def part_cli(args, s: dict) -> None:
     from bench_train import zipf_corpus
 
-    rows = s["rows"][1]
+    # This process reads checkpoints on the CPU: on the GPU its jax would hold the memory the
+    # resumed runs need.
+    env = dict(os.environ)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    rows, steps = s["rows"][1], s["cli_steps"]
     with tempfile.TemporaryDirectory() as tmp:
-        vocab, corpus = zipf_corpus(tmp, 100_000, rows * 20 * (s["cli_steps"] + 20))
+        vocab, corpus = zipf_corpus(tmp, 100_000, rows * 20 * (steps + 20))
         words = vocab.words[: s["vocab"]]
         words += [f"filler{i}" for i in range(s["vocab"] - len(words))]  # the released models' V
         vocab_path = os.path.join(tmp, "vocab.txt")
         with open(vocab_path, "w", encoding="utf-8") as f:
             f.write("\n".join(words) + "\n")
+
+        def train(run_dir: str, *extra: str) -> list[str]:
+            return [
+                sys.executable, "-m", "elmo_jax", "--compile-cache", os.path.join(tmp, "xla"), "train",
+                "--config", s["shape"], "--batch-size", str(rows), "--precision", "bfloat16",
+                "--train-files", corpus, "--vocab", vocab_path, "--run-dir", run_dir, "--steps", str(steps),
+                "--log-every", str(s["cli_log"]), "--save-every", str(steps // 2), "--keep", "2", "--no-progress",
+                *extra,
+            ]  # fmt: skip
+
         run_dir = os.path.join(tmp, "run")
-        cmd = [
-            sys.executable,
-            "-m",
-            "elmo_jax",
-            "--compile-cache",
-            os.path.join(tmp, "xla"),
-            "train",
-            "--config",
-            s["shape"],
-            "--batch-size",
-            str(rows),
-            "--precision",
-            "bfloat16",
-            "--train-files",
-            corpus,
-            "--vocab",
-            vocab_path,
-            "--run-dir",
-            run_dir,
-            "--steps",
-            str(s["cli_steps"]),
-            "--log-every",
-            str(s["cli_log"]),
-            "--save-every",
-            "1000000",
-            "--no-progress",
-            *args.cli_flags,
-        ]
+        cmd = train(run_dir, *args.cli_flags)
         print("$ elmo-jax " + " ".join(cmd[3:]).replace(tmp, "TMP"), flush=True)
-        t = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t
-        log = r.stdout + r.stderr
-        start = [line for line in log.splitlines() if line.startswith(("starting", "resuming"))]
-        print(
-            f"exit {r.returncode} after {wall:.0f} s; " + (start[0].replace(tmp, "TMP") if start else log[-1500:]),
-            flush=True,
-        )
+        code, wall, start = _train(cmd, tmp, env)
+        print(f"exit {code} after {wall:.0f} s; {start}", flush=True)
         try:
             with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
                 lines = [json.loads(line) for line in f]
         except OSError:
             print("no metrics.jsonl", flush=True)
             return
-    for m in lines:
-        print(
-            f"  step {m['step']}: {m['tokens_per_s']:,.0f} tokens/s"
-            + (f", startup {m['startup_s']:.1f} s" if "startup_s" in m else ""),
-            flush=True,
-        )
-    later = [m["tokens_per_s"] for m in lines[1:]] or [m["tokens_per_s"] for m in lines]
-    rate = statistics.median(later)
-    line = f"cli {rows} rows: median {rate:,.0f} tokens/s over the log lines after the first"
-    try:
-        with open(os.path.join(args.out, f"step{rows}.json"), encoding="utf-8") as f:
-            step = json.load(f)
-        line += f", {100 * rate / step['tokens_per_s']:.0f}% of the step{rows} part's {step['tokens_per_s']:,.0f}"
-    except OSError:
-        pass
-    print(line, flush=True)
+        for m in lines:
+            print(
+                f"  step {m['step']}: {m['tokens_per_s']:,.0f} tokens/s"
+                + (f", startup {m['startup_s']:.1f} s" if "startup_s" in m else ""),
+                flush=True,
+            )
+        later = [m["tokens_per_s"] for m in lines[1:]] or [m["tokens_per_s"] for m in lines]
+        rate = statistics.median(later)
+        line = f"cli {rows} rows: median {rate:,.0f} tokens/s over the log lines after the first"
+        for part, path in ((f"saved{rows}", f"saved/step{rows}.json"), (f"step{rows}", f"step{rows}.json")):
+            try:
+                with open(os.path.join(args.out, path), encoding="utf-8") as f:
+                    step = json.load(f)
+                line += f", {100 * rate / step['tokens_per_s']:.0f}% of the {part} part's {step['tokens_per_s']:,.0f}"
+            except OSError:
+                pass
+        print(line, flush=True)
+        print(f"{count_files(os.path.join(run_dir, 'xla_autotune'))} files in RUN/xla_autotune", flush=True)
+        # The resume check: copies of the run without its last checkpoint, each resumed to the end.
+        digests = {"uninterrupted": params_digest(run_dir, steps)}
+        for name, extra in (
+            ("resumed, the run's saved kernels", ()),
+            ("resumed, --gpu-kernels tuned", ("--gpu-kernels", "tuned")),
+        ):
+            copy = os.path.join(tmp, f"copy{len(digests)}")
+            shutil.copytree(run_dir, copy)
+            shutil.rmtree(os.path.join(copy, "checkpoints", str(steps)))
+            for host in glob.glob(os.path.join(copy, "host_state", f"{steps}.p*")):
+                os.remove(host)
+            code, wall, start = _train(train(copy, *args.cli_flags, *extra), tmp, env)
+            print(f"{name}: exit {code} after {wall:.0f} s; {start}", flush=True)
+            digests[name] = params_digest(copy, steps) if code == 0 else "failed"
+        first = digests["uninterrupted"]
+        for name, digest in digests.items():
+            verdict = "" if name == "uninterrupted" else (": the same" if digest == first else ": DIFFERENT")
+            print(f"step {steps} parameters, {name}: sha256 {digest}{verdict}", flush=True)
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -318,13 +362,10 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    if part.startswith("nondet"):
-        return "nondet128"
-    if part.startswith("again"):
-        return "again128"
-    if part.startswith("step") and part != "step128":
-        return "step384"
-    return part
+    m = re.fullmatch(r"(step|saved_again|saved|baseline)(\d+)", part)
+    if m is None:
+        return part
+    return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
 
 
 def job_file(directory: str, tokens: int) -> tuple[str, int]:
@@ -372,9 +413,9 @@ def run_part(name: str, cmd: list[str], out: str, seconds: float, env: dict | No
 
 
 def determinism(out: str, rows: int) -> list[str]:
-    """Whether the parts that ran the same step twice, each in a fresh process, ended with the
-    same state (the ``sha256`` line of ``part_step``), with the deterministic-scatter flag and
-    without it."""
+    """Whether ``saved{rows}`` and ``saved_again{rows}``, each in a fresh process, the second
+    reading the first's autotuning directory, ended with the same state (``part_step``'s
+    ``sha256`` line)."""
 
     def digest(part: str) -> str | None:
         path = os.path.join(out, f"{part}.txt")
@@ -384,15 +425,12 @@ def determinism(out: str, rows: int) -> list[str]:
             found = re.findall(r"sha256 (\w+)", f.read())
         return found[-1] if found else None
 
-    lines = []
-    for first, second, what in (
-        (f"step{rows}", f"again{rows}", "under the flag"),
-        (f"nondet{rows}", f"nondet_again{rows}", "without the flag (the second with the first's autotuning)"),
-    ):
-        a, b = digest(first), digest(second)
-        verdict = "not both run" if a is None or b is None else ("the same" if a == b else "DIFFERENT")
-        lines.append(f"determinism {what}: {first} {a} and {second} {b}: {verdict}")
-    return lines
+    first, second = f"saved{rows}", f"saved_again{rows}"
+    a, b = digest(first), digest(second)
+    verdict = "not both run" if a is None or b is None else ("the same" if a == b else "DIFFERENT")
+    return [
+        f"determinism with saved kernels (the second start read the first's): {first} {a} and {second} {b}: {verdict}"
+    ]
 
 
 def drive(args) -> None:
@@ -402,54 +440,43 @@ def drive(args) -> None:
     work = tempfile.mkdtemp(prefix="gpu_measure_")
     job, job_tokens = job_file(work, s["job_tokens"])
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
-    # Under the flag XLA takes each matmul's first config instead of autotuning (so that runs agree);
-    # without it, the first run saves its autotuning results and the second loads them: the same
-    # kernels in both, so any difference in their states comes from the ops themselves.
-    r0 = s["rows"][0]
-    autotune = os.path.join(args.out, f"autotune{r0}.textproto")
-    flags = env.get("XLA_FLAGS", "")
-    dump = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_dump_autotune_results_to={autotune}".strip())
-    load = dict(env, XLA_FLAGS=f"{flags} --xla_gpu_load_autotune_results_from={autotune}".strip())
+    r0, r1 = s["rows"]
+    tuned = {r: os.path.join(work, f"tuned{r}") for r in s["rows"]}  # each a run directory's stand-in
 
     def step(rows: int, *extra: str) -> list[str]:
         return me + ["--part", "step", "--rows", str(rows), *extra]
 
+    def saved(rows: int, tag: str) -> list[str]:
+        return step(rows, "--kernels", "saved", "--autotune-dir", tuned[rows], "--tag", tag, "--digest")
+
+    # The previous commit's elmo_jax under this tree's benchmark code (the script's folder comes
+    # first on sys.path, PYTHONPATH next), right after this tree's same step, under the same flag.
+    base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline)) if args.baseline else None
+
+    def baseline(rows: int) -> list:
+        return [(f"baseline{rows}", step(rows, "--tag", "baseline"), base_env)] if args.baseline else []
+
     # --digest only where `determinism` compares it: it copies the whole state to the host.
     parts: list[tuple[str, list[str], dict]] = [
         ("roofline", me + ["--part", "roofline"], env),
-        *((f"step{r}", step(r, *(["--digest"] if r == r0 else [])), env) for r in s["rows"]),
-        # The same step without XLA's determinism flag: what the flag still costs.
-        (f"nondet{r0}", step(r0, "--nondeterministic", "--tag", "nondeterministic", "--digest"), dump),
-        # Each again in a fresh process, on the same data: whether two runs agree bit for bit
-        # with the flag and without it (`determinism` below compares the state digests).
-        (f"nondet_again{r0}", step(r0, "--nondeterministic", "--tag", "nondet_again", "--digest"), load),
-        (f"again{r0}", step(r0, "--tag", "again", "--digest"), env),
+        # Under XLA's deterministic-ops flag (--gpu-kernels fixed, the default before saved), then
+        # as `elmo-jax train` runs it now: autotuned, the choices saved, and read by a second start.
+        (f"step{r0}", step(r0), env),
+        *baseline(r0),
+        (f"saved{r0}", saved(r0, "saved"), env),
+        (f"saved_again{r0}", saved(r0, "saved_again"), env),
+        (f"step{r1}", step(r1), env),
+        *baseline(r1),
+        (f"saved{r1}", saved(r1, "saved"), env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
         (
             "extract",
-            [
-                sys.executable,
-                os.path.join(HERE, "bench_embed.py"),
-                "--shapes",
-                s["shape"],
-                "--job-only",
-                "--job-file",
-                job,
-                "--job-precisions",
-                "bfloat16",
-                "--job-repeats",
-                "2",
-            ],
+            [sys.executable, os.path.join(HERE, "bench_embed.py"), "--shapes", s["shape"], "--job-only"]
+            + ["--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2"],
             env,
         ),
         ("autodiff128", step(r0, "--autodiff", "--tag", "autodiff"), env),
     ]
-    if args.baseline:
-        # The previous commit's elmo_jax under this tree's benchmark code (the script's folder
-        # comes first on sys.path, PYTHONPATH next).
-        base_env = dict(env, PYTHONPATH=os.path.abspath(args.baseline))
-        cmd = " && ".join(" ".join(step(r, "--tag", "baseline")) for r in s["rows"])
-        parts.append(("baseline", ["bash", "-c", cmd], base_env))
     # The profile: with XLA's command buffers off, so that each kernel is its own trace event.
     no_graphs = dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip())
     parts.append(("profile", step(r0, "--profile"), no_graphs))
@@ -476,7 +503,10 @@ def drive(args) -> None:
 
 
 def main() -> None:
-    from elmo_jax.model.gather import SUMS  # jax imported, its backend not started: XLA_FLAGS still apply
+    try:  # jax imported, its backend not started: XLA_FLAGS still apply
+        from elmo_jax.model.gather import SUMS
+    except ImportError:  # a baseline tree from before the sorted row sums
+        SUMS = None
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_measure"), help="where the text files go")
@@ -495,7 +525,8 @@ def main() -> None:
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--autodiff", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--nondeterministic", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--kernels", choices=("saved", "fixed", "tuned"), default="fixed", help=argparse.SUPPRESS)
+    ap.add_argument("--autotune-dir", help=argparse.SUPPRESS)
     ap.add_argument("--hlo", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row-sums", choices=SUMS, help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)

@@ -19,6 +19,7 @@ _LAZY = {
     "with_bilm": "elmo_jax.modules.elmo",
     "load_pretrained": "elmo_jax.pretrained",
     "enable_compile_cache": "elmo_jax._util.runtime",
+    "set_gpu_kernels": "elmo_jax._util.runtime",
 }
 
 __all__ = [  # noqa: PLE0604 - *_LAZY unpacks its keys, all str

@@ -308,14 +308,13 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
         assert sorted(map(int, f)) == list(range(len(sentences)))
 
 
-def test_gpu_scatters_are_deterministic_unless_asked_fast(monkeypatch):
-    """`elmo-jax train` asks XLA for deterministic scatters (a GPU-only flag, set before the backend
-    starts) unless --gpu-scatters fast; the flag is added once, beside flags already set."""
+def test_gpu_kernels_are_saved_in_the_run_by_default_and_the_old_flag_still_parses(capsys):
+    """--gpu-kernels saved is the default; 0.x's --gpu-scatters maps onto fixed and tuned."""
     parser = commands.build_parser()
-    assert parser.parse_args(["train"]).gpu_scatters == "deterministic"
-    assert parser.parse_args(["train", "--gpu-scatters", "fast"]).gpu_scatters == "fast"
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-    commands.deterministic_gpu_flags()
-    commands.deterministic_gpu_flags()
-    flags = os.environ["XLA_FLAGS"].split()
-    assert flags == ["--xla_force_host_platform_device_count=1", "--xla_gpu_exclude_nondeterministic_ops=true"]
+    assert parser.parse_args(["train"]).gpu_kernels == "saved"
+    assert parser.parse_args(["train", "--gpu-kernels", "tuned"]).gpu_kernels == "tuned"
+    assert parser.parse_args(["train", "--gpu-scatters", "deterministic"]).gpu_kernels == "fixed"
+    assert parser.parse_args(["train", "--gpu-scatters", "fast"]).gpu_kernels == "tuned"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--gpu-scatters", "fixed"])
+    assert "invalid choice: 'fixed' (choose from deterministic, fast)" in capsys.readouterr().err

@@ -253,6 +253,7 @@ PUBLIC = [
     "preset",
     "save_hdf5",
     "scalar_mix",
+    "set_gpu_kernels",
     "token_to_ids",
     "with_bilm",
 ]

@@ -1,4 +1,9 @@
-"""elmo_jax._util.runtime: the compile cache for library users, and the unused-accelerator warning."""
+"""elmo_jax._util.runtime: the compile cache for library users, the GPU kernel flags, and the unused-accelerator
+warning."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -93,3 +98,84 @@ def test_the_readme_install_commands_use_the_pinned_jax():
     pin = re.search(r"^jax==(\S+)$", (root / "requirements.txt").read_text(), re.M).group(1)
     versions = re.findall(r'"jax\[(?:cuda12|tpu)\]==([^"]+)"', (root / "README.md").read_text())
     assert len(versions) == 2 and set(versions) == {pin}
+
+
+def test_saved_gpu_kernels_keep_xlas_autotuning_in_the_run_directory(tmp_path):
+    flags, note = runtime.gpu_kernel_flags("--xla_force_host_platform_device_count=2", "saved", tmp_path / "run")
+    cache = f"--xla_gpu_per_fusion_autotune_cache_dir={tmp_path / 'run' / 'xla_autotune'}"
+    assert flags.split() == ["--xla_force_host_platform_device_count=2", cache]
+    assert str(tmp_path / "run" / "xla_autotune") in note
+    assert runtime.gpu_kernel_flags(flags, "saved", tmp_path / "run")[0] == flags  # added once
+    # Another run's directory (an earlier call in this process) gives way to this run's.
+    other = runtime.gpu_kernel_flags(flags, "saved", tmp_path / "other")[0].split()
+    assert other == ["--xla_force_host_platform_device_count=2", cache.replace("/run/", "/other/")]
+
+
+def test_gpu_kernels_fall_back_to_xlas_deterministic_flag_where_they_cannot_be_saved(tmp_path):
+    fixed = "--xla_gpu_exclude_nondeterministic_ops=true"
+    for run_dir, several, why in (
+        ("gs://bucket/run", False, "gs://bucket/run is not a local path"),
+        (tmp_path / "my run", False, "has a space"),
+        (tmp_path / "run", True, "each of the run's processes would time its own candidates"),
+        (None, False, "no run directory"),
+    ):
+        flags, note = runtime.gpu_kernel_flags("", "saved", run_dir, several)
+        assert flags == fixed and "not saved: " in note and why in note, (run_dir, note)
+    assert runtime.gpu_kernel_flags("", "fixed", tmp_path)[0] == fixed
+    # A flag the user set is kept as set, not doubled or overridden.
+    mine = "--xla_gpu_exclude_nondeterministic_ops=false"
+    assert runtime.gpu_kernel_flags(mine, "fixed", tmp_path)[0] == mine
+    assert runtime.gpu_kernel_flags(" --a=1 ", "tuned", tmp_path)[0] == " --a=1 "
+    with pytest.raises(ValueError, match="expected one of saved, fixed, tuned"):
+        runtime.gpu_kernel_flags("", "fast", tmp_path)
+
+
+def test_xla_accepts_the_flags_of_every_gpu_kernels_mode(tmp_path):
+    """XLA aborts at start-up on a flag it does not know, GPU flags included, and a CPU build knows
+    them all: so a misspelt flag fails here, not first on a GPU. The negative control is one."""
+    program = "import jax.numpy as jnp; print(float((jnp.ones((4, 4)) @ jnp.ones((4, 4))).sum()))"
+
+    def run(flags: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+
+    for mode in runtime.GPU_KERNELS:
+        r = run(runtime.gpu_kernel_flags("", mode, tmp_path / "run")[0])
+        assert r.returncode == 0 and r.stdout.strip() == "64.0", (mode, r.stderr[-500:])
+    assert run("--xla_gpu_per_fusion_autotune_cache_dirr=/x").returncode != 0
+
+
+def test_set_gpu_kernels_sets_the_flags_and_keeps_jax_from_moving_the_autotuning_cache(tmp_path, monkeypatch):
+    """With its compilation cache on, jax points XLA's autotuning cache at a directory of its own
+    whenever this option names it; saved kernels need the run's directory to stand."""
+    before = jax.config.jax_persistent_cache_enable_xla_caches
+    assert "xla_gpu_per_fusion_autotune_cache_dir" in before  # jax's default: the override is on
+    monkeypatch.setenv("XLA_FLAGS", "--a=1")
+    try:
+        note = runtime.set_gpu_kernels("saved", tmp_path)
+        assert os.environ["XLA_FLAGS"] == runtime.gpu_kernel_flags("--a=1", "saved", tmp_path)[0] != "--a=1"
+        assert note == runtime.gpu_kernel_flags("--a=1", "saved", tmp_path)[1]
+        assert "xla_gpu_per_fusion_autotune_cache_dir" not in jax.config.jax_persistent_cache_enable_xla_caches
+    finally:
+        jax.config.update("jax_persistent_cache_enable_xla_caches", before)
+
+
+def test_saved_kernels_make_their_directory_where_an_nvidia_driver_is(tmp_path, monkeypatch):
+    """XLA needs the autotuning directory to exist; it is made only where a GPU may use it, and a
+    directory that cannot be made means the XLA flag instead (a file stands in its way here)."""
+    before = jax.config.jax_persistent_cache_enable_xla_caches
+    try:
+        monkeypatch.setenv("XLA_FLAGS", "")
+        monkeypatch.setattr(runtime, "_accelerator", lambda: None)
+        runtime.set_gpu_kernels("saved", tmp_path / "cpu_run")
+        assert not (tmp_path / "cpu_run").exists()  # no clutter in a CPU run's directory
+        monkeypatch.setattr(runtime, "_accelerator", lambda: "cuda12")
+        runtime.set_gpu_kernels("saved", tmp_path / "gpu_run")
+        assert (tmp_path / "gpu_run" / "xla_autotune").is_dir()
+        (tmp_path / "blocked").write_text("a file, not a directory")
+        monkeypatch.setenv("XLA_FLAGS", "")
+        note = runtime.set_gpu_kernels("saved", tmp_path / "blocked")
+        assert os.environ["XLA_FLAGS"] == "--xla_gpu_exclude_nondeterministic_ops=true"
+        assert f"(not saved: {tmp_path / 'blocked' / 'xla_autotune'}: " in note, note
+    finally:
+        jax.config.update("jax_persistent_cache_enable_xla_caches", before)

@@ -16,7 +16,13 @@ import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
 from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
-from elmo_jax._util.runtime import default_compile_cache, enable_compile_cache, warn_if_accelerator_unused
+from elmo_jax._util.runtime import (
+    GPU_KERNELS,
+    default_compile_cache,
+    enable_compile_cache,
+    set_gpu_kernels,
+    warn_if_accelerator_unused,
+)
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
@@ -118,17 +124,11 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
         )
 
 
-def deterministic_gpu_flags() -> None:
-    """Asks XLA for deterministic ops on GPUs (a no-op elsewhere, and once a backend is up).
-
-    A scatter-add of repeated rows uses atomics on a GPU by default, so two runs could differ in
-    the last bits. The GPU layout's train step has none left (``elmo_jax.model.gather``: its
-    repeated rows are summed in sorted order), but whether XLA's other choices without the flag
-    (its autotuned matmuls) repeat from run to run is not yet measured, so the flag stays the
-    default. Must be set before jax starts its backend."""
-    flag = "--xla_gpu_exclude_nondeterministic_ops=true"
-    if "xla_gpu_exclude_nondeterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+def _old_gpu_scatters(value: str) -> str:
+    names = {"deterministic": "fixed", "fast": "tuned"}
+    if value not in names:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from deterministic, fast)")
+    return names[value]
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -139,8 +139,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
 
-    if args.gpu_scatters == "deterministic":
-        deterministic_gpu_flags()
+    # Before jax starts its backend, which is when XLA reads its flags.
+    several = (args.num_processes or 1) > 1 or bool(args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    kernels = set_gpu_kernels(args.gpu_kernels, args.run_dir, several)
     train_files, heldout_files = args.train_files, args.heldout_files
     if train_files is None:
         train_files, sample_heldout = bundled_sample()
@@ -153,6 +154,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         shard_for_process(source, 0, args.num_processes)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     _maybe_distributed(args)
+    if jax.default_backend() == "gpu":
+        print(kernels)
     spec = TrainSpec(
         config=args.config,
         vocab=args.vocab,
@@ -464,14 +467,17 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         "checkpoint of the diverged state left as the newest (default), or warn once and go on",
     )
     tr.add_argument(
-        "--gpu-scatters",
-        choices=("deterministic", "fast"),
-        default="deterministic",
-        help="deterministic (default): XLA's deterministic ops on a GPU, so that two runs of one command "
-        "agree to the bit; fast: without that XLA flag (the step ran 1.7-2.1 ms faster at 128 rows on an H200, "
-        "most likely in how XLA emits its matmuls), and two runs may then differ in the last bits "
-        "(experiments/README.md, 'One H200 again'). No effect on a CPU or TPU",
+        "--gpu-kernels",
+        choices=GPU_KERNELS,
+        default="saved",
+        help="how XLA picks a GPU's matmul kernels, so that a resumed run repeats to the bit. saved (default): "
+        "autotuned once, the choices kept in RUN_DIR/xla_autotune and used by every start of the run (one "
+        "process and a local run directory; otherwise fixed); fixed: XLA's deterministic-ops flag, no "
+        "autotuning (1.7-2.1 ms a step slower at 128 rows on an H200); tuned: autotuned at every start, so a "
+        "resume may differ in the last bits. No effect on a CPU or TPU",
     )
+    # The name of 0.x, before the scatters were all unique: deterministic is fixed, fast is tuned.
+    tr.add_argument("--gpu-scatters", dest="gpu_kernels", type=_old_gpu_scatters, help=argparse.SUPPRESS)
     tr.add_argument(
         "--new-data",
         action="store_true",
