@@ -3,8 +3,10 @@
     PYTHONPATH=. python benchmarks/gpu_measure.py --out "$OUT" [--budget 465] [--baseline DIR]
     PYTHONPATH=. python benchmarks/gpu_measure.py --out /tmp/rehearsal --rehearse   # tiny shapes, a CPU
 
-Parts, in this order (``baseline128`` after ``step128``, ``baseline384`` after ``step384``), each a fresh process (so each peak memory is its own) under a timeout, each
-writing ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed):
+Parts, each a fresh process (so each peak memory is its own) under a timeout, each writing
+``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed). In this order:
+roofline, step128, baseline128, saved128, saved_again128, saved384, cli, step384, baseline384,
+extract, autodiff128, profile (a short budget skips the last first).
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
   and tf32 matmul rates at 8192^3 by the slope method, beside the datasheet's dense peaks; also
@@ -447,7 +449,8 @@ def drive(args) -> None:
         return me + ["--part", "step", "--rows", str(rows), *extra]
 
     def saved(rows: int, tag: str) -> list[str]:
-        return step(rows, "--kernels", "saved", "--autotune-dir", tuned[rows], "--tag", tag, "--digest")
+        digest = ["--digest"] if rows == r0 else []
+        return step(rows, "--kernels", "saved", "--autotune-dir", tuned[rows], "--tag", tag, *digest)
 
     # The previous commit's elmo_jax under this tree's benchmark code (the script's folder comes
     # first on sys.path, PYTHONPATH next), right after this tree's same step, under the same flag.
@@ -465,10 +468,12 @@ def drive(args) -> None:
         *baseline(r0),
         (f"saved{r0}", saved(r0, "saved"), env),
         (f"saved_again{r0}", saved(r0, "saved_again"), env),
-        (f"step{r1}", step(r1), env),
-        *baseline(r1),
         (f"saved{r1}", saved(r1, "saved"), env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
+        # The flag's cost at 384 rows, and the previous commit's step there: after the default's
+        # figures, where a short budget skips them first.
+        (f"step{r1}", step(r1), env),
+        *baseline(r1),
         (
             "extract",
             [sys.executable, os.path.join(HERE, "bench_embed.py"), "--shapes", s["shape"], "--job-only"]
