@@ -5,8 +5,8 @@
 
 Parts, each a fresh process (so each peak memory is its own) under a timeout, each writing
 ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed). In this order:
-roofline, step128, baseline128, saved128, saved_again128, saved384, cli, step384, baseline384,
-extract, autodiff128, profile (a short budget skips the last first).
+roofline, step128, axis2_128, baseline128, saved128, saved_again128, saved384, cli, step384,
+axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the last first).
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
   and tf32 matmul rates at 8192^3 by the slope method, beside the datasheet's dense peaks; also
@@ -16,23 +16,25 @@ extract, autodiff128, profile (a short budget skips the last first).
   on one device): median ms over 10 steps, tokens/s, TFLOP/s executed and MFU against both the
   datasheet peak and the measured matmul, peak device memory (``memory_stats``) and XLA's plan
   (``memory_analysis``), and the compiled program's scatters (unique or not), sorts and while
-  loops (``elmo_jax._util.hlo.scatter_census``). Under XLA's deterministic-ops flag: ``elmo-jax
-  train --gpu-kernels fixed``, the default before this commit.
+  loops (``elmo_jax._util.hlo.scatter_census``). Under XLA's deterministic-ops flag, as
+  ``elmo-jax train`` runs it by default (``--gpu-kernels fixed``).
+- ``axis2_128``, ``axis2_384``: ``step128`` and ``step384`` with the LSTM's per-step arrays
+  ``[2, B, T, ...]`` (``Layout.lstm_time_axis`` 2, the loop written out in Python): whether
+  sparing XLA the gate arrays' transposes is faster, in the same call.
 - ``baseline128``, ``baseline384``: with ``--baseline DIR`` (the previous commit's tree, from
   ``git archive``), right after ``step128`` and ``step384``: the same step, under the same flag,
   with that tree's ``elmo_jax`` and this tree's benchmark code.
-- ``saved128``, ``saved384``: the same steps as ``elmo-jax train`` runs them by default
-  (``--gpu-kernels saved``): autotuned, the choices written to a fresh per-fusion autotuning
-  directory. ``saved_again128`` runs ``saved128`` once more in a fresh process that reads that
+- ``saved128``, ``saved384``: the same steps as ``elmo-jax train --gpu-kernels saved`` runs them:
+  autotuned, the choices written to a fresh per-fusion autotuning directory. ``saved_again128`` runs ``saved128`` once more in a fresh process that reads that
   directory. Each prints a digest of the state its steps ended with; ``summary.txt`` says whether
   ``saved128`` and ``saved_again128`` agreed bit for bit.
-- ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16`` end to end
-  (the default ``--gpu-kernels saved``), 300 steps on a synthetic Zipfian corpus with a
+- ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16 --gpu-kernels
+  saved`` end to end, 300 steps on a synthetic Zipfian corpus with a
   793,471-word vocabulary (host pipeline, prefetch 2 by default), saving at steps 150 and 300:
   its start-up, tokens/s per log line from ``metrics.jsonl``, the ratio to ``saved384``, and the
   number of files in ``RUN/xla_autotune``. Then the resume check: two copies of the run
   directory without step 300, each resumed to 300 in a fresh process, one with the run's saved
-  kernels (the default) and one with ``--gpu-kernels tuned`` (autotuned afresh: the control);
+  kernels and one with ``--gpu-kernels tuned`` (autotuned afresh: the control);
   each one's step-300 parameters against the uninterrupted run's, by sha256.
 - ``extract``: ``bench_embed.py --job-only``, ``original``, bfloat16: a whole job of at least
   100,000 natural tokens (the experiments' held-out text where carried, else the first lines of
@@ -83,6 +85,8 @@ BUDGETS = {
     "extract": (110, 50),
     "autodiff128": (75, 40),
     "profile": (70, 40),
+    "axis2_128": (70, 35),
+    "axis2_384": (75, 40),
     "baseline128": (70, 35),
     "baseline384": (75, 40),
 }
@@ -187,6 +191,8 @@ def part_step(args, s: dict) -> None:
         layout = dataclasses.replace(layout, lstm_vjp=False)
     if args.row_sums:  # elmo_jax.model.gather: "scatter" is the GPU layout before the sorted row sums
         layout = dataclasses.replace(layout, row_sums=args.row_sums)
+    if args.time_axis is not None:  # Layout.lstm_time_axis: where the LSTM's per-step arrays keep time
+        layout = dataclasses.replace(layout, lstm_time_axis=args.time_axis)
     compute = Compute.from_policy("bfloat16", layout=layout)
     device = jax.devices()[0]
     tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
@@ -311,7 +317,7 @@ def part_cli(args, s: dict) -> None:
             ]  # fmt: skip
 
         run_dir = os.path.join(tmp, "run")
-        cmd = train(run_dir, *args.cli_flags)
+        cmd = train(run_dir, "--gpu-kernels", "saved", *args.cli_flags)
         print("$ elmo-jax " + " ".join(cmd[3:]).replace(tmp, "TMP"), flush=True)
         code, wall, start = _train(cmd, tmp, env)
         print(f"exit {code} after {wall:.0f} s; {start}", flush=True)
@@ -342,7 +348,7 @@ def part_cli(args, s: dict) -> None:
         # The resume check: copies of the run without its last checkpoint, each resumed to the end.
         digests = {"uninterrupted": params_digest(run_dir, steps)}
         for name, extra in (
-            ("resumed, the run's saved kernels", ()),
+            ("resumed, the run's saved kernels", ("--gpu-kernels", "saved")),
             ("resumed, --gpu-kernels tuned", ("--gpu-kernels", "tuned")),
         ):
             copy = os.path.join(tmp, f"copy{len(digests)}")
@@ -364,7 +370,7 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    m = re.fullmatch(r"(step|saved_again|saved|baseline)(\d+)", part)
+    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_)(\d+)", part)
     if m is None:
         return part
     return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
@@ -465,14 +471,17 @@ def drive(args) -> None:
         # Under XLA's deterministic-ops flag (--gpu-kernels fixed, the default before saved), then
         # as `elmo-jax train` runs it now: autotuned, the choices saved, and read by a second start.
         (f"step{r0}", step(r0), env),
+        # The same step with the LSTM's per-step arrays [2, B, T, ...] (Layout.lstm_time_axis 2).
+        (f"axis2_{r0}", step(r0, "--time-axis", "2", "--tag", "axis2"), env),
         *baseline(r0),
         (f"saved{r0}", saved(r0, "saved"), env),
         (f"saved_again{r0}", saved(r0, "saved_again"), env),
         (f"saved{r1}", saved(r1, "saved"), env),
         ("cli", me + ["--part", "cli", *(f"--cli-flag={x}" for x in args.cli_flags)], env),
-        # The flag's cost at 384 rows, and the previous commit's step there: after the default's
+        # The flag's cost at 384 rows, and the other LSTM time axis there: after the default's
         # figures, where a short budget skips them first.
         (f"step{r1}", step(r1), env),
+        (f"axis2_{r1}", step(r1, "--time-axis", "2", "--tag", "axis2"), env),
         *baseline(r1),
         (
             "extract",
@@ -535,6 +544,7 @@ def main() -> None:
     ap.add_argument("--hlo", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row-sums", choices=SUMS, help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--time-axis", type=int, choices=(0, 2), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

@@ -220,14 +220,12 @@ def test_lstm_layouts_agree_with_masks_state_and_gradients():
 
     # Jitted: run eagerly, every op of the backward pass compiled a program of its own.
     grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2), has_aux=True), static_argnums=0)
-    unrolled = lambda n: Compute(layout=Layout("rows", unroll=n))  # noqa: E731
+    unrolled = lambda n, t=0: Compute(layout=Layout("rows", unroll=n, lstm_time_axis=t))  # noqa: E731
     (l_cols, out_cols), g_cols = grad(functools.partial(lstm._layer_columns, compute=unrolled(1)), params, xs)
-    # Rows as the GPU runs them (unrolled: 3 does not divide 7 steps, so a remainder runs too).
-    for fn in (
-        functools.partial(lstm._layer_rows, compute=unrolled(1)),
-        functools.partial(lstm._layer_rows, compute=unrolled(3)),
-        functools.partial(lstm._layer_rows, compute=unrolled(20)),
-    ):
+    # Rows as the GPU runs them (unrolled: 3 does not divide 7 steps, so a remainder runs too),
+    # with time on axis 0 or 2 of the per-step arrays.
+    for n, t in ((1, 0), (3, 0), (20, 0), (3, 2), (20, 2)):
+        fn = functools.partial(lstm._layer_rows, compute=unrolled(n, t))
         (l_rows, out_rows), g_rows = grad(fn, params, xs)
         for a, b in zip(jax.tree_util.tree_leaves((out_rows, g_rows)), jax.tree_util.tree_leaves((out_cols, g_cols))):
             # Weight gradients sum over every step and row: float32 rounding differs in the last digits.

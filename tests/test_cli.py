@@ -308,10 +308,12 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
         assert sorted(map(int, f)) == list(range(len(sentences)))
 
 
-def test_gpu_kernels_are_saved_in_the_run_by_default_and_the_old_flag_still_parses(capsys):
-    """--gpu-kernels saved is the default; 0.x's --gpu-scatters maps onto fixed and tuned."""
+def test_gpu_kernels_are_fixed_by_default_and_the_old_flag_still_parses(capsys):
+    """--gpu-kernels fixed (XLA's deterministic-ops flag) is the default until a GPU confirms a
+    resume under saved; 0.x's --gpu-scatters maps onto fixed and tuned."""
     parser = commands.build_parser()
-    assert parser.parse_args(["train"]).gpu_kernels == "saved"
+    assert parser.parse_args(["train"]).gpu_kernels == "fixed"
+    assert parser.parse_args(["train", "--gpu-kernels", "saved"]).gpu_kernels == "saved"
     assert parser.parse_args(["train", "--gpu-kernels", "tuned"]).gpu_kernels == "tuned"
     assert parser.parse_args(["train", "--gpu-scatters", "deterministic"]).gpu_kernels == "fixed"
     assert parser.parse_args(["train", "--gpu-scatters", "fast"]).gpu_kernels == "tuned"

@@ -65,6 +65,8 @@ def test_a_wrong_sums_name_is_named():
         take_rows(jnp.zeros((2, 2)), jnp.zeros(3, int), sums="atomic")
     with pytest.raises(ValueError, match="row_sums must be one of"):
         Layout(row_sums="atomic")
+    with pytest.raises(ValueError, match="lstm_time_axis must be 0 or 2"):
+        Layout(lstm_time_axis=1)
 
 
 @pytest.mark.parametrize("sums", ["scatter", "sorted"])

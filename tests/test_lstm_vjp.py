@@ -61,8 +61,8 @@ def _setup(n_layers: int, clip: bool):
     return config, params, xs, state, mask, run_kw, weights
 
 
-def _grads(vjp: bool, config, params, xs, state, mask, run_kw, weights, unroll: int = 1):
-    compute = Compute(layout=Layout("rows", unroll=unroll, lstm_vjp=vjp))
+def _grads(vjp: bool, config, params, xs, state, mask, run_kw, weights, unroll: int = 1, time_axis: int = 0):
+    compute = Compute(layout=Layout("rows", unroll=unroll, lstm_vjp=vjp, lstm_time_axis=time_axis))
 
     def loss(params, xs, state):
         out, final = lstm.run(params, config, xs, mask, state, compute=compute, **run_kw)
@@ -92,14 +92,14 @@ def _clipped(config, params, xs, mask, run_kw) -> tuple[int, int]:
     """How many (cell, projection) values layer 0 clips in the run above (unmasked steps only)."""
     l = config.lstm
     inp = lstm.dropout(jnp.where(mask[None, :, :, None], xs, 0.0), run_kw["dropout_rate"], run_kw["dropout_keys"], 0)
-    gx = jnp.einsum("dbti,dig->dbtg", inp, params[0]["w_x"]) + params[0]["b"][:, None, None, :]
-    r = run_kw["resets"][..., None]
+    gx = jnp.einsum("dbti,dig->tdbg", inp, params[0]["w_x"]) + params[0]["b"][None, :, None, :]
+    r = run_kw["resets"].transpose(2, 0, 1)[..., None]
     c0, h0 = jnp.zeros((2, B, DIM)), jnp.zeros((2, B, P))
     _, (z, c, _, p), _, _ = lstm._rows_scan(
         params[0]["w_h"],
         params[0]["w_proj"],
         gx,
-        mask[:, :, None],
+        mask.T[:, :, None],
         r,
         c0,
         h0,
@@ -110,7 +110,7 @@ def _clipped(config, params, xs, mask, run_kw) -> tuple[int, int]:
     )
     i, j, f, _ = jnp.split(z, 4, axis=-1)
     c_raw = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j)
-    m = np.asarray(mask[None, :, :, None])
+    m = np.asarray(mask.T[:, None, :, None])
     return (
         int((np.abs(np.asarray(c_raw)) > l.cell_clip).__and__(m).sum()),
         int((np.abs(np.asarray(p)) > l.proj_clip).__and__(m).sum()),
@@ -135,16 +135,28 @@ def test_custom_vjp_equals_autodiff_of_the_scan(n_layers, clip):
     assert not np.asarray(g_xs[:, 3]).any()  # the empty row's inputs are masked out
 
 
-@pytest.mark.parametrize("unroll", [3, 20])
-def test_custom_vjp_unrolled_equals_autodiff(unroll):
-    """Unrolled as the GPU runs it: 3 does not divide 7 steps (a remainder runs too), and 20
-    covers them all (the loop written out in Python, time kept on axis 2)."""
+def test_custom_vjp_unrolled_equals_autodiff():
+    """Unrolled as the GPU runs it (3 does not divide 7 steps: a remainder runs too)."""
     setup = _setup(2, True)
-    _assert_same(_grads(True, *setup, unroll=unroll), _reference(2, True))
+    _assert_same(_grads(True, *setup, unroll=3), _reference(2, True))
 
 
-@pytest.mark.parametrize("term", ["dbg,dpg->dbp", "dbtc,dbtp->dcp"], ids=["recurrent-dh", "dW_proj"])
-def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term):
+@pytest.mark.parametrize("vjp", [True, False], ids=["vjp", "autodiff"])
+@pytest.mark.parametrize("unroll", [1, 3, 20])
+def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
+    """``Layout.lstm_time_axis`` 2 (the per-step arrays ``[2, B, T, ...]``): scanned (1, and 3 with
+    a remainder) or written out in Python (20 covers the 7 steps), by the hand-written backward
+    pass or by autodiff, against autodiff of the time-major scan."""
+    setup = _setup(2, True)
+    _assert_same(_grads(vjp, *setup, unroll=unroll, time_axis=2), _reference(2, True))
+
+
+@pytest.mark.parametrize(
+    "term, time_axis",
+    [("dbg,dpg->dbp", 0), ("tdbc,tdbp->dcp", 0), ("dbtc,dbtp->dcp", 2)],
+    ids=["recurrent-dh", "dW_proj", "dW_proj-time-axis-2"],
+)
+def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term, time_axis):
     """Negative control: the comparison above catches a backward pass missing one term."""
     setup, reference = _setup(2, True), _reference(2, True)
     mm = lstm._mm
@@ -155,7 +167,7 @@ def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term):
 
     monkeypatch.setattr(lstm, "_mm", without_term)
     with pytest.raises(AssertionError):
-        _assert_same(_grads(True, *setup), reference)
+        _assert_same(_grads(True, *setup, unroll=20, time_axis=time_axis), reference)
 
 
 def _loss_fn(compute, config, xs, state, mask, run_kw, weights):

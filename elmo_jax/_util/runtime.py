@@ -81,7 +81,7 @@ def gpu_kernel_flags(
       ``run_dir`` whose path has no spaces (``XLA_FLAGS`` is split on them), and one process
       (``several_processes``: each would time its own candidates); otherwise "fixed".
     - "fixed": ``--xla_gpu_exclude_nondeterministic_ops``: XLA takes each matmul's first candidate
-      untimed. No files, but slower (1.7-2.1 ms a step at 128 rows on an H200,
+      untimed. No files, but slower (1.5-2.1 ms a step at 128 rows on an H200,
       ``experiments/README.md``).
     - "tuned": neither; a resume may differ in the last bits.
 

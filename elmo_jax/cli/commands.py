@@ -469,11 +469,12 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--gpu-kernels",
         choices=GPU_KERNELS,
-        default="saved",
-        help="how XLA picks a GPU's matmul kernels, so that a resumed run repeats to the bit. saved (default): "
-        "autotuned once, the choices kept in RUN_DIR/xla_autotune and used by every start of the run (one "
-        "process and a local run directory; otherwise fixed); fixed: XLA's deterministic-ops flag, no "
-        "autotuning (1.7-2.1 ms a step slower at 128 rows on an H200); tuned: autotuned at every start, so a "
+        default="fixed",
+        help="how XLA picks a GPU's matmul kernels. fixed (default): XLA's deterministic-ops flag, no autotuning, "
+        "so that two runs of one command agree to the bit; saved: autotuned once, the choices kept in "
+        "RUN_DIR/xla_autotune and read by every later start of the run, so that a resume runs the same kernels "
+        "(one process and a local run directory, else fixed; the step ran 1.5-2.1 ms faster at 128 rows on an "
+        "H200, and a resume's bit-exactness on a GPU awaits a GPU check); tuned: autotuned at every start, so a "
         "resume may differ in the last bits. No effect on a CPU or TPU",
     )
     # The name of 0.x, before the scatters were all unique: deterministic is fixed, fast is tuned.

@@ -135,46 +135,51 @@ def _layer_rows(
     layout = compute.resolved_layout()
     # The input half of W_0 needs no state: one large matmul over all steps, outside the scan
     # (autodiff of it is already one matmul each for dW_x and dX, whichever way the scan is differentiated).
-    # Time stays the third axis of everything per step ([2, B, T, ...], as xs): the matmuls over
-    # all steps (this one, and the backward pass's dX, dW_x, dW_h, dW_proj) then have the
-    # direction as their leading batch axis and (B, T) as contiguous rows, so XLA needs no
-    # transposes of the [2, B, T, 4D] gate arrays around them (each 0.2-0.4 ms on an H200).
-    gx = (
-        jnp.einsum(
-            "dbti,dig->dbtg", xs.astype(compute.dtype), params["w_x"].astype(compute.dtype), precision=compute.precision
-        ).astype(jnp.float32)
-        + params["b"][:, None, None, :]
-    )
-    m = mask[:, :, None]  # [B, T, 1]
-    r = None if resets is None else resets[..., None]  # [2, B, T, 1]
-    if layout.lstm_vjp:
-        scan = _rows_scan_vjp(config, compute, layout.unroll)
+    # With ``lstm_time_axis`` 2 time stays the third axis of everything per step ([2, B, T, ...],
+    # as xs): the matmuls over all steps (this one, and the backward pass's dX, dW_x, dW_h,
+    # dW_proj) then have the direction as their leading batch axis and (B, T) as contiguous rows,
+    # so XLA needs no transposes of the [.., 4D] gate arrays around them. With 0 they are
+    # time-major, as lax.scan stacks them.
+    ta = layout.lstm_time_axis
+    gx = jnp.einsum(
+        "dbti,dig->" + ("dbtg" if ta else "tdbg"),
+        xs.astype(compute.dtype),
+        params["w_x"].astype(compute.dtype),
+        precision=compute.precision,
+    ).astype(jnp.float32) + (params["b"][:, None, None, :] if ta else params["b"][None, :, None, :])
+    m = mask[None, :, :, None] if ta else mask.T[:, :, None]  # [1, B, T, 1] or [T, B, 1]
+    if resets is not None:
+        r = resets[..., None] if ta else resets.transpose(2, 0, 1)[..., None]  # [2, B, T, 1] or [T, 2, B, 1]
     else:
-        scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=layout.unroll, save=False)
+        r = None
+    if layout.lstm_vjp:
+        scan = _rows_scan_vjp(config, compute, layout.unroll, ta)
+    else:
+        scan = functools.partial(
+            _rows_scan, config=config, compute=compute, unroll=layout.unroll, time_axis=ta, save=False
+        )
     ys, c, h = scan(params["w_h"], params["w_proj"], gx, m, r, c0, h0)[:3]
-    return ys, c, h
+    return (ys if ta else ys.transpose(1, 2, 0, 3)), c, h
 
 
-def _steps(step, carry, inputs: tuple, axes: tuple, *, unroll: int, reverse: bool = False):
-    """``lax.scan`` of ``step`` over time, where ``inputs[k]``'s time axis is ``axes[k]``; the
-    per-step outputs are stacked on axis 2 (``[2, B, T, ...]``).
-
-    When ``unroll`` covers every step, the loop is written out in Python: each step reads its
-    slice where it lies and writes its outputs into the time axis where the matmuls after the
-    loop want it. (A scan stacks on axis 0, and XLA would transpose to and from it.) Otherwise a
-    scan over time-major copies.
+def _steps(step, carry, inputs: tuple, time_axis: int, *, unroll: int, reverse: bool = False):
+    """``lax.scan`` of ``step`` over time, which is axis ``time_axis`` of every input and output:
+    0 (time-major, as a scan stacks) or 2 (``[2, B, T, ...]``, masks ``[1, B, T, 1]``). With 2,
+    when ``unroll`` covers every step the loop is written out in Python, each step reading its
+    slices where they lie and its outputs stacked where the matmuls after the loop want them;
+    otherwise it scans time-major copies.
     """
-    n = inputs[0].shape[axes[0]]
+    if time_axis == 0:
+        return jax.lax.scan(step, carry, inputs, unroll=unroll, reverse=reverse)
+    n = inputs[0].shape[time_axis]
     if unroll >= n:
         outs = [None] * n
         for t in range(n - 1, -1, -1) if reverse else range(n):
-            carry, outs[t] = step(
-                carry, tuple(jax.lax.index_in_dim(x, t, a, keepdims=False) for x, a in zip(inputs, axes))
-            )
-        return carry, jax.tree.map(lambda *ys: jnp.stack(ys, axis=2), *outs)
-    inputs = tuple(jnp.moveaxis(x, a, 0) for x, a in zip(inputs, axes))
+            carry, outs[t] = step(carry, tuple(jax.lax.index_in_dim(x, t, time_axis, keepdims=False) for x in inputs))
+        return carry, jax.tree.map(lambda *ys: jnp.stack(ys, axis=time_axis), *outs)
+    inputs = tuple(jnp.moveaxis(x, time_axis, 0) for x in inputs)
     carry, ys = jax.lax.scan(step, carry, inputs, unroll=unroll, reverse=reverse)
-    return carry, jax.tree.map(lambda y: jnp.moveaxis(y, 0, 2), ys)
+    return carry, jax.tree.map(lambda y: jnp.moveaxis(y, 0, time_axis), ys)
 
 
 def _rows_scan(
@@ -189,14 +194,16 @@ def _rows_scan(
     config: ModelConfig,
     compute: Compute,
     unroll: int,
+    time_axis: int = 0,
     save: bool,
 ) -> tuple:
-    """The rows layout's recurrence over ``gx [2, B, T, 4D]`` (input half and bias applied), masks
-    ``m [B, T, 1]`` and resets ``r [2, B, T, 1]`` (or None), from state ``c0 [2, B, D]``, ``h0 [2, B, P]``.
+    """The rows layout's recurrence over ``gx [T, 2, B, 4D]`` (input half and bias applied), masks
+    ``m [T, B, 1]`` and resets ``r [T, 2, B, 1]`` (or None), from state ``c0 [2, B, D]``, ``h0 [2, B, P]``
+    (with ``time_axis`` 2: ``gx [2, B, T, 4D]``, ``m [1, B, T, 1]``, ``r [2, B, T, 1]``, and so the outputs).
 
-    Returns ``(ys [2, B, T, P], c, h)``, and with ``save`` also what ``_rows_scan_vjp``'s backward
-    reads, per step: the gate pre-activations ``z [2, B, T, 4D]``, the state each step started from
-    (after its reset) ``c [2, B, T, D]`` and ``h [2, B, T, P]``, the unclipped projection ``[2, B, T, P]``.
+    Returns ``(ys [T, 2, B, P], c, h)``, and with ``save`` also what ``_rows_scan_vjp``'s backward
+    reads, per step: the gate pre-activations ``z [T, 2, B, 4D]``, the state each step started from
+    (after its reset) ``c [T, 2, B, D]`` and ``h [T, 2, B, P]``, the unclipped projection ``[T, 2, B, P]``.
     """
     precision, dtype = compute.precision, compute.dtype
     w_h, w_proj = w_h.astype(dtype), w_proj.astype(dtype)
@@ -213,8 +220,8 @@ def _rows_scan(
         (carry, y), p = _cell(z, c, h, m, project, config, -1)
         return carry, ((y, (z, c, h, p)) if save else y)
 
-    per_step, axes = (gx, m) + (() if r is None else (r,)), (2, 1, 2)
-    (c, h), out = _steps(step, (c0, h0), per_step, axes, unroll=unroll)
+    per_step = (gx, m) + (() if r is None else (r,))
+    (c, h), out = _steps(step, (c0, h0), per_step, time_axis, unroll=unroll)
     return (*out, c, h) if save else (out, c, h)
 
 
@@ -230,15 +237,15 @@ def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
     )
 
 
-def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
+def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis: int = 0):
     """``_rows_scan`` (``save=False``) with a hand-written backward pass, split as cuDNN splits it.
 
     Autodiff of ``lax.scan`` transposes the step, so every backward step would add
     ``h_{t-1}^T dz_t`` and ``a_t^T dp_t`` into loop-carried weight gradients (a small matmul and
     a rewrite of a ``[P, 4D]`` accumulator per step). Here the reverse scan carries only the
-    state's gradients ``dc``, ``dh`` and emits the per-step gate gradients ``dz [2, B, T, 4D]`` and
-    projection gradients ``dp [2, B, T, P]``; ``dW_h`` and ``dW_proj`` are then one matmul each
-    over all ``T x B`` rows, and ``dz`` is the gradient of ``gx``, so autodiff of the input matmul
+    state's gradients ``dc``, ``dh`` and emits the per-step gate gradients ``dz [T, 2, B, 4D]`` and
+    projection gradients ``dp [T, 2, B, P]`` (time on axis 2 with ``time_axis`` 2); ``dW_h`` and
+    ``dW_proj`` are then one matmul each over all ``T x B`` rows, and ``dz`` is the gradient of ``gx``, so autodiff of the input matmul
     outside (``_layer_rows``) gives ``dW_x``, ``db`` and ``dX`` as one matmul or sum each.
 
     The step's elementwise part (gates, clips) is differentiated with ``jax.vjp`` of the same
@@ -246,7 +253,7 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
     including ``jnp.clip``'s (0 outside the range, 1/2 exactly at its ends).
     """
     l = config.lstm
-    fwd_scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=unroll)
+    fwd_scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=unroll, time_axis=time_axis)
 
     @jax.custom_vjp
     def scan(w_h, w_proj, gx, m, r, c0, h0):
@@ -258,7 +265,7 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
 
     def bwd(residuals, cotangents):
         w_h, w_proj, m, r, (z, c, h, p) = residuals
-        dys, dc, dh = cotangents  # [2, B, T, P]; the final state's [2, B, D], [2, B, P]
+        dys, dc, dh = cotangents  # [T, 2, B, P] (or [2, B, T, P]); the final state's [2, B, D], [2, B, P]
 
         def step(carry, inputs):
             dc, dh = carry  # the gradients of the state this step passed on
@@ -274,11 +281,12 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int):
                 dc_in, dh_in = jnp.where(r[0], 0.0, dc_in), jnp.where(r[0], 0.0, dh_in)
             return (dc_in, dh_in), (dz, dp, a)
 
-        per_step, axes = (dys, z, c, p, m) + (() if r is None else (r,)), (2, 2, 2, 2, 1, 2)
-        (dc0, dh0), (dz, dp, a) = _steps(step, (dc, dh), per_step, axes, unroll=unroll, reverse=True)
+        per_step = (dys, z, c, p, m) + (() if r is None else (r,))
+        (dc0, dh0), (dz, dp, a) = _steps(step, (dc, dh), per_step, time_axis, unroll=unroll, reverse=True)
         # The weight gradients, each one matmul over all steps and rows.
-        dw_h = _mm("dbtp,dbtg->dpg", h, dz, compute)
-        dw_proj = _mm("dbtc,dbtp->dcp", a, dp, compute)
+        rows = "dbt" if time_axis else "tdb"
+        dw_h = _mm(f"{rows}p,{rows}g->dpg", h, dz, compute)
+        dw_proj = _mm(f"{rows}c,{rows}p->dcp", a, dp, compute)
         return dw_h, dw_proj, dz, None, None, dc0, dh0
 
     scan.defvjp(fwd, bwd)
