@@ -139,9 +139,13 @@ def test_xla_accepts_the_flags_of_every_gpu_kernels_mode(tmp_path):
         env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
         return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
 
-    for mode in runtime.GPU_KERNELS:
-        r = run(runtime.gpu_kernel_flags("", mode, tmp_path / "run")[0])
-        assert r.returncode == 0 and r.stdout.strip() == "64.0", (mode, r.stderr[-500:])
+    every = " ".join(runtime.gpu_kernel_flags("", mode, tmp_path / "run")[0] for mode in runtime.GPU_KERNELS)
+    assert {f.split("=")[0] for f in every.split()} == {
+        "--xla_gpu_per_fusion_autotune_cache_dir",
+        "--xla_gpu_exclude_nondeterministic_ops",
+    }
+    r = run(every)
+    assert r.returncode == 0 and r.stdout.strip() == "64.0", r.stderr[-500:]
     assert run("--xla_gpu_per_fusion_autotune_cache_dirr=/x").returncode != 0
 
 

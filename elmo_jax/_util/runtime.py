@@ -95,7 +95,7 @@ def gpu_kernel_flags(
     if mode == "tuned":
         return xla_flags, "GPU kernels: autotuned at every start; a resume may differ in the last bits"
     why = _why_not_saved(run_dir, several_processes) if mode == "saved" else None
-    if mode == "saved" and why is None:
+    if mode == "saved" and why is None and run_dir is not None:  # _why_not_saved rules out None
         cache = os.path.join(os.path.abspath(os.fspath(run_dir)), AUTOTUNE_DIR)
         flags = [f for f in flags if f.split("=")[0] != _CACHE_DIR] + [f"{_CACHE_DIR}={cache}"]
         note = f"GPU kernels: autotuned once, the choices kept in {cache}: every start of this run uses them"

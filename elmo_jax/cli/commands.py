@@ -477,7 +477,7 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         "H200, and a resume's bit-exactness on a GPU awaits a GPU check); tuned: autotuned at every start, so a "
         "resume may differ in the last bits. No effect on a CPU or TPU",
     )
-    # The name of 0.x, before the scatters were all unique: deterministic is fixed, fast is tuned.
+    # The option's earlier name, kept for scripts that use it: deterministic is fixed, fast is tuned.
     tr.add_argument("--gpu-scatters", dest="gpu_kernels", type=_old_gpu_scatters, help=argparse.SUPPRESS)
     tr.add_argument(
         "--new-data",
