@@ -464,6 +464,20 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+# Process 1 reaches the run's saved options 5 s after process 0 (the CLI, one function wrapped).
+LATE_TO_SAVED_OPTIONS = """
+import sys, time
+from elmo_jax import cli
+from elmo_jax.training import setup
+real = setup._run_options
+def late(*args, **kwargs):
+    time.sleep(5)
+    return real(*args, **kwargs)
+setup._run_options = late
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def _start_workers(
     tmp_path,
     seed,
@@ -657,6 +671,19 @@ def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, wor
     assert [f["step"] for f in finals] == [2, 2], finals
     assert load_run(str(run_dir))[3] == 2
     assert all((run_dir / "host_state" / f"2.p{p}.npz").exists() for p in range(2))
+
+
+@pytest.mark.slow
+def test_a_fresh_run_starts_when_one_process_looks_for_checkpoints_late(tmp_path, worker_cache):
+    """Whether a run dir has checkpoints is agreed, not looked up by each process alone: a process
+    that looked late used to find the checkpoints/ folder that the other had just made for the
+    fresh run, open it, and mismatch the other's collective (seen in CI). Without the agreement in
+    ``saved_options`` this test fails so."""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "2"])
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", LATE_TO_SAVED_OPTIONS])
+    texts = _wait_workers(procs, logs, timeout=240)
+    assert "from scratch to step 2" in texts[0], texts[0]
+    assert load_run(str(run_dir))[3] == 2
 
 
 @pytest.mark.slow

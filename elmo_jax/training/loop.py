@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
+from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
@@ -281,8 +282,12 @@ def _recipe(t: TrainConfig, meta: dict | None) -> str:
 
 def saved_options(run_dir: str) -> dict | None:
     """The options dict (bilm-tf's layout) the newest readable checkpoint of ``run_dir`` was saved
-    with, or None when it has none."""
-    if not epath.Path(run_dir, "checkpoints").is_dir():
+    with, or None when it has none.
+
+    In a multi-host run every process must open the checkpoints (a collective) or none: each looks,
+    then all agree. Looking alone raced: a process that had gone on to make ``checkpoints/`` for a
+    fresh run made another, still looking, open it, and their next collectives mismatched."""
+    if not agree_max([int(epath.Path(run_dir, "checkpoints").is_dir())])[0]:
         return None
     ckpt = Checkpointer(run_dir, read_only=True)
     try:
