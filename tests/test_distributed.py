@@ -659,31 +659,23 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
 @pytest.mark.slow
 def test_one_process_out_of_data_first_stops_both_at_the_same_step(tmp_path, worker_cache):
     """--epochs 1 and each process reads its own shards: process 1's ends after 2 windows,
-    process 0's after 8. Both save step 2 and exit 0."""
+    process 0's after 8. Both save step 2 and exit 0.
+
+    Process 1 also reaches the run's saved options 5 s late. Whether a run dir has checkpoints is
+    agreed, not looked up by each process alone: a process that looked late used to find the
+    checkpoints/ folder the other had just made for the fresh run, open it, and mismatch the
+    other's collective (seen in CI). Without the agreement in ``saved_options`` this test fails so."""
     long_shard = "\n".join(SHARDS * 4)  # 8 sentences, one window each
     run_dir, args = _scenario(
         tmp_path, [long_shard, SHARDS[1] + "\n" + SHARDS[0]], n_train_tokens=10_000, stop=["--epochs", "1"]
     )
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", LATE_TO_SAVED_OPTIONS])
     texts = _wait_workers(procs, logs, timeout=240)
     assert "end of data at step 2" in texts[0], texts[0]
     finals = [json.loads([l for l in t.splitlines() if l.startswith("{")][-1]) for t in texts]
     assert [f["step"] for f in finals] == [2, 2], finals
     assert load_run(str(run_dir))[3] == 2
     assert all((run_dir / "host_state" / f"2.p{p}.npz").exists() for p in range(2))
-
-
-@pytest.mark.slow
-def test_a_fresh_run_starts_when_one_process_looks_for_checkpoints_late(tmp_path, worker_cache):
-    """Whether a run dir has checkpoints is agreed, not looked up by each process alone: a process
-    that looked late used to find the checkpoints/ folder that the other had just made for the
-    fresh run, open it, and mismatch the other's collective (seen in CI). Without the agreement in
-    ``saved_options`` this test fails so."""
-    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "2"])
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", LATE_TO_SAVED_OPTIONS])
-    texts = _wait_workers(procs, logs, timeout=240)
-    assert "from scratch to step 2" in texts[0], texts[0]
-    assert load_run(str(run_dir))[3] == 2
 
 
 @pytest.mark.slow
