@@ -142,7 +142,9 @@ def test_custom_vjp_unrolled_equals_autodiff():
 
 
 @pytest.mark.parametrize(
-    "unroll, vjp", [(3, True), (20, True), pytest.param(20, False, marks=pytest.mark.slow)], ids=str
+    "unroll, vjp",
+    [pytest.param(3, True, marks=pytest.mark.slow), (20, True), pytest.param(20, False, marks=pytest.mark.slow)],
+    ids=str,
 )
 def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
     """``Layout.lstm_time_axis`` 2 (the per-step arrays ``[2, B, T, ...]``): scanned over
@@ -155,7 +157,7 @@ def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
 
 @pytest.mark.parametrize(
     "term, time_axis",
-    [("dbg,dpg->dbp", 0), ("tdbc,tdbp->dcp", 0), ("dbtc,dbtp->dcp", 2)],
+    [("dbg,dpg->dbp", 0), ("tdbc,tdbp->dcp", 0), pytest.param("dbtc,dbtp->dcp", 2, marks=pytest.mark.slow)],
     ids=["recurrent-dh", "dW_proj", "dW_proj-time-axis-2"],
 )
 def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term, time_axis):
