@@ -148,10 +148,9 @@ def _layer_rows(
         precision=compute.precision,
     ).astype(jnp.float32) + (params["b"][:, None, None, :] if ta else params["b"][None, :, None, :])
     m = mask[None, :, :, None] if ta else mask.T[:, :, None]  # [1, B, T, 1] or [T, B, 1]
-    if resets is not None:
-        r = resets[..., None] if ta else resets.transpose(2, 0, 1)[..., None]  # [2, B, T, 1] or [T, 2, B, 1]
-    else:
-        r = None
+    r = (
+        None if resets is None else (resets if ta else resets.transpose(2, 0, 1))[..., None]
+    )  # [2, B, T, 1] or [T, 2, B, 1]
     if layout.lstm_vjp:
         scan = _rows_scan_vjp(config, compute, layout.unroll, ta)
     else:
@@ -245,8 +244,9 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
     a rewrite of a ``[P, 4D]`` accumulator per step). Here the reverse scan carries only the
     state's gradients ``dc``, ``dh`` and emits the per-step gate gradients ``dz [T, 2, B, 4D]`` and
     projection gradients ``dp [T, 2, B, P]`` (time on axis 2 with ``time_axis`` 2); ``dW_h`` and
-    ``dW_proj`` are then one matmul each over all ``T x B`` rows, and ``dz`` is the gradient of ``gx``, so autodiff of the input matmul
-    outside (``_layer_rows``) gives ``dW_x``, ``db`` and ``dX`` as one matmul or sum each.
+    ``dW_proj`` are then one matmul each over all ``T x B`` rows, and ``dz`` is the gradient of
+    ``gx``, so autodiff of the input matmul outside (``_layer_rows``) gives ``dW_x``, ``db`` and
+    ``dX`` as one matmul or sum each.
 
     The step's elementwise part (gates, clips) is differentiated with ``jax.vjp`` of the same
     functions the forward runs, from the saved pre-activations: the same derivatives as autodiff,
