@@ -12,39 +12,44 @@ import numpy as np
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
-# The suite compiles many small programs, and on CPU LLVM's optimisation passes are much of the
-# compile time. At -O1 without LLVM's expensive passes the suite takes about a fifth less time
-# (test_lstm_vjp.py and test_bilm.py: 125 s at the default level, 85 s at -O1, then 108 s against
-# 97 s without those passes on a slower hour). XLA's HLO passes are the same; the reference-fixture
-# tests pass at both levels, and ELMO_JAX_TEST_XLA_OPT=default runs the suite at the level users
-# get. Not -O0: there a two-device evaluation test aborted, its devices not meeting at a collective
-# within XLA's 40 s. XLA:CPU's older fusion emitters (--xla_cpu_use_fusion_emitters=false) compile
-# the biLM's programs about a third faster again: test_bilm, test_lstm_vjp and test_embed's fast
-# tests spent 141 s in 640 backend compiles, 91 s with them (3:08 -> 2:20 for the three files;
-# benchmarks/pytest_compile_time.py adds those up).
-# They lower a scatter to a loop, so compiled CPU text has none (test_hlo reads lowered HLO).
-OPT_FLAGS = (
-    ""
-    if os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default"
-    else "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
-)
+# The suite compiles many small programs (about 1,100 backend compiles in the fast tier), and on
+# CPU LLVM's optimisation passes are most of each compile: at -O1 without LLVM's expensive passes
+# the suite took about a fifth less time than at the default level. XLA:CPU's older fusion
+# emitters (--xla_cpu_use_fusion_emitters=false) compile the biLM's programs about a third faster
+# again (they also lower a scatter to a loop, so compiled CPU text has none: test_hlo reads
+# lowered HLO). XLA's HLO passes are the same at every level, and the reference-fixture tests pass
+# at each; ELMO_JAX_TEST_XLA_OPT=default runs the suite at the level users get.
+#
+# A process with one device compiles at -O0, which halves the compiles again (the fast tier, all
+# at -O0: 75 s of backend compiles against 159 s at -O1, benchmarks/pytest_compile_time.py).
+# Not with two devices: there -O0 code made a two-device evaluation stop at a collective until
+# XLA's 40 s limit aborted the process (test_bilm_tf_training_check alone: 2 runs of 3 at -O0,
+# none of 3 at -O1). And ``long_run``, for a process that trains or embeds long (the collapse
+# recipe's 100 steps: 69 s at -O0), keeps -O1, where the code runs several times faster.
+_COMMON = "--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+_DEFAULT_OPT = os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default"
 
 
-def xla_flags(devices: int) -> str:
-    """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices."""
-    return f"--xla_force_host_platform_device_count={devices} {OPT_FLAGS}".strip()
+def xla_flags(devices: int, long_run: bool = False) -> str:
+    """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices;
+    ``long_run``: for a process whose run time is its programs', not their compiles (see above)."""
+    level = 0 if devices == 1 and not long_run else 1
+    opt = "" if _DEFAULT_OPT else f"--xla_backend_optimization_level={level} {_COMMON}"
+    return f"--xla_force_host_platform_device_count={devices} {opt}".strip()
 
 
-def run_elmo_jax(*args, devices: int = 1, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """``python -m elmo_jax ARGS`` as a user runs it, with ``devices`` CPU devices and ``env`` added
-    to the environment: its exit code, and its whole stdout and stderr (what finalizers print at
-    exit included)."""
+def run_elmo_jax(
+    *args, devices: int = 1, timeout: float = 600, long_run: bool = False, **env: str
+) -> subprocess.CompletedProcess:
+    """``python -m elmo_jax ARGS`` as a user runs it, with ``devices`` CPU devices (``long_run``:
+    see ``xla_flags``) and ``env`` added to the environment: its exit code, and its whole stdout
+    and stderr (what finalizers print at exit included)."""
     return subprocess.run(
         [sys.executable, "-m", "elmo_jax", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "XLA_FLAGS": xla_flags(devices), **env},
+        env={**os.environ, "XLA_FLAGS": xla_flags(devices, long_run), **env},
     )
 
 

@@ -171,6 +171,7 @@ def make_train_step(module, tx):
     return step
 
 
+@pytest.mark.slow
 def test_frozen_bilm_is_not_a_param_and_survives_a_weight_decay_step(model):
     config, params, char_ids = model
     tagger = Tagger(Elmo(config, dropout=0.1))

@@ -26,7 +26,7 @@ def test_a_loop_invariant_matmul_is_hoisted_and_measures_nothing():
     40 iterations take about as long as 8 (the chain's matmuls are what the slope method times).
 
     Timed in a subprocess compiled as users compile, not at the suite's lower optimisation level
-    (``helpers.OPT_FLAGS``), where the loop's elementwise add costs more beside the matmul."""
+    (``helpers.xla_flags``), where the loop's elementwise add costs more beside the matmul."""
     script = """
 import json, harness
 hoisted = harness.matmul_slope(128, "float32", counts=(8, 40), repeats=3, dependent=False)

@@ -47,6 +47,7 @@ def test_released_names_round_trip(trained_run, released):
     _same(warm.softmax, params["softmax"])
 
 
+@pytest.mark.slow
 def test_every_source_gives_the_same_weights_and_only_a_run_its_accumulators(trained_run, released, tmp_path):
     run_dir, options, vocab = trained_run
     plain = tmp_path / "plain"
