@@ -21,35 +21,37 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 # at each; ELMO_JAX_TEST_XLA_OPT=default runs the suite at the level users get.
 #
 # A process with one device compiles at -O0, which halves the compiles again (the fast tier, all
-# at -O0: 75 s of backend compiles against 159 s at -O1, benchmarks/pytest_compile_time.py).
-# Not with two devices: there -O0 code made a two-device evaluation stop at a collective until
-# XLA's 40 s limit aborted the process (test_bilm_tf_training_check alone: 2 runs of 3 at -O0,
-# none of 3 at -O1). And ``long_run``, for a process that trains or embeds long (the collapse
-# recipe's 100 steps: 69 s at -O0), keeps -O1, where the code runs several times faster.
+# at -O0: 75 s of backend compiles against 159 s at -O1, benchmarks/pytest_compile_time.py;
+# benchmarks/results/cpu/test_opt_levels.txt). Not with two devices: there -O0 code made a
+# two-device evaluation stop at a collective until XLA's 40 s limit aborted the process
+# (test_bilm_tf_training_check alone: 2 runs of 3 at -O0, none of 3 at -O1). A caller asks for
+# ``level=1`` where a one-device process trains or embeds long (-O1 code runs several times
+# faster: the collapse recipe's 100 steps took 69 s at -O0), or where its numbers are compared bit
+# for bit with this process's (-O0 and -O1 round a few sums differently).
 _COMMON = "--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
 _DEFAULT_OPT = os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default"
 
 
-def xla_flags(devices: int, long_run: bool = False) -> str:
-    """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices;
-    ``long_run``: for a process whose run time is its programs', not their compiles (see above)."""
-    level = 0 if devices == 1 and not long_run else 1
+def xla_flags(devices: int, level: int | None = None) -> str:
+    """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices, at
+    XLA's optimisation ``level`` (default: 0 with one device, else 1; see above)."""
+    level = (0 if devices == 1 else 1) if level is None else level
     opt = "" if _DEFAULT_OPT else f"--xla_backend_optimization_level={level} {_COMMON}"
     return f"--xla_force_host_platform_device_count={devices} {opt}".strip()
 
 
 def run_elmo_jax(
-    *args, devices: int = 1, timeout: float = 600, long_run: bool = False, **env: str
+    *args, devices: int = 1, timeout: float = 600, level: int | None = None, **env: str
 ) -> subprocess.CompletedProcess:
-    """``python -m elmo_jax ARGS`` as a user runs it, with ``devices`` CPU devices (``long_run``:
-    see ``xla_flags``) and ``env`` added to the environment: its exit code, and its whole stdout
-    and stderr (what finalizers print at exit included)."""
+    """``python -m elmo_jax ARGS`` as a user runs it, with ``devices`` CPU devices (``level``: see
+    ``xla_flags``) and ``env`` added to the environment: its exit code, and its whole stdout and
+    stderr (what finalizers print at exit included)."""
     return subprocess.run(
         [sys.executable, "-m", "elmo_jax", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "XLA_FLAGS": xla_flags(devices, long_run), **env},
+        env={**os.environ, "XLA_FLAGS": xla_flags(devices, level), **env},
     )
 
 

@@ -649,7 +649,7 @@ def _peak_rss_kb(tmp_path, n_lines, options, weights):
     )
     # glibc: arrays above 16 KB get their own mmap, returned to the OS when freed, so the peak RSS
     # follows live memory (by default the heap's fragmentation grows it ~70 MB over 10k lines, then stops).
-    env = {**os.environ, "XLA_FLAGS": xla_flags(1, long_run=True), "MALLOC_MMAP_THRESHOLD_": "16384"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1, level=1), "MALLOC_MMAP_THRESHOLD_": "16384"}  # a long run
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     return int(r.stdout.strip().splitlines()[-1])
