@@ -41,9 +41,8 @@ axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the 
   the bundled sample's ``train.txt``), cold and twice warm, each pass split by phase (the token
   table, the host's share of the biLSTM calls, the waits for the device). Then the same job with
   ``layers="top"``, a third of the bytes to copy off the device and into the outputs: if it runs
-  much faster, the job is bound by those bytes, not by the biLSTM's work. (In the third H200
-  call the host worked 714 ms over the 10 calls and waited 332 ms for the device: either could
-  fill those waits.)
+  much faster, the job is bound by those bytes, not by the biLSTM's work (experiments/README.md,
+  "The GPU calls, prepared", says why this is open).
 - ``autodiff128``: ``step128`` with the LSTM differentiated by autodiff of the scan (the
   layout's ``lstm_vjp=False``): what the hand-written backward pass gains, in one call.
 - ``profile``: ``step128`` again with XLA's command buffers off (each kernel its own trace event),
