@@ -12,7 +12,7 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
   package has no coroutines of its own, so every such warning is Orbax's.
 
 Futures and coroutines say theirs when they are collected, so the block ends by collecting until
-Orbax's coroutines are gone, while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
+the Orbax coroutines it made are gone, while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
 everything else print as before.
 """
 
@@ -29,6 +29,7 @@ import time
 import traceback
 import types
 import warnings
+import weakref
 from collections.abc import Iterator
 
 # Where a finalizer's traceback must run through for its "Exception ignored" to be Orbax's.
@@ -52,10 +53,11 @@ def orbax_log(path: str | None) -> Iterator[None]:
     sys.stderr = _ForeignThreadsTo(handler, stderr)
     sys.unraisablehook = _OrbaxFinalizersTo(handler, unraisable)
     warnings.showwarning = _UnawaitedTo(handler, showwarning)
+    earlier = weakref.WeakSet(_orbax_coroutines())
     try:
         yield
     finally:
-        _settle()
+        _settle(earlier)
         sys.stderr, sys.unraisablehook, warnings.showwarning = stderr, unraisable, showwarning
         for logger, p in zip(loggers, propagate):
             logger.removeHandler(handler)
@@ -63,19 +65,28 @@ def orbax_log(path: str | None) -> Iterator[None]:
         handler.close()
 
 
-def _settle(timeout: float = 5.0) -> None:
-    """Collects garbage until no coroutine of Orbax's is left, or for ``timeout`` seconds.
+def _orbax_coroutines() -> list[types.CoroutineType]:
+    return [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, types.CoroutineType) and f"{os.sep}orbax{os.sep}" in o.cr_code.co_filename
+    ]
+
+
+def _settle(earlier: weakref.WeakSet, timeout: float = 5.0) -> None:
+    """Collects garbage until no coroutine of Orbax's is left but ``earlier`` (those alive when
+    the block began), or for ``timeout`` seconds.
 
     After a failed read or write, tensorstore still holds the coroutines of the reads and writes it
     had in flight (their callbacks), for as long as those take; they are finalized, and print,
-    when it lets go. A run that failed nothing has none left, and this is one collection."""
+    when it lets go. A run that failed nothing has none left, and this is one collection. A write
+    that never ends (a disk that stays full) keeps its coroutine for the life of the process, so
+    the block that made it waits out the timeout once; later blocks (a notebook's next run, every
+    ``load_run``) leave it to the block that made it instead of each waiting the timeout again."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
-        alive = any(
-            isinstance(o, types.CoroutineType) and f"{os.sep}orbax{os.sep}" in o.cr_code.co_filename
-            for o in gc.get_objects()
-        )
+        alive = any(o not in earlier for o in _orbax_coroutines())
         if not alive or time.monotonic() > deadline:
             return
         time.sleep(0.05)
