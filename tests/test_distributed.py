@@ -478,6 +478,23 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+# Process 1's Orbax read of step 4's state fails, as where its shards are damaged (the CLI, with
+# Orbax's item handler patched); process 0 reads it.
+ORBAX_READ_OF_STEP_4_FAILS = """
+import sys
+import orbax.checkpoint as ocp
+from elmo_jax import cli
+real = ocp.CompositeCheckpointHandler.restore
+def damaged(self, directory, *args, **kwargs):
+    items = kwargs.get("args") if "args" in kwargs else (args[0] if args else None)
+    if str(directory).rstrip("/").endswith("/4") and items is not None and "state" in items.keys():
+        raise ValueError("injected: step 4's shards are damaged on this process")
+    return real(self, directory, *args, **kwargs)
+ocp.CompositeCheckpointHandler.restore = damaged
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def _start_workers(
     tmp_path,
     seed,
@@ -753,3 +770,25 @@ def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step
     assert "checkpoint 4 is unreadable (ValueError: " in texts[1], texts[1][-3000:]
     assert load_run(str(run_dir))[3] == 6
     assert sorted(p.name for p in (run_dir / "unreadable" / "4").iterdir()) == ["4.p0.npz", "4.p1.npz", "checkpoint"]
+
+
+@pytest.mark.slow
+def test_an_orbax_read_failing_on_one_process_makes_both_fall_back_at_once(tmp_path, worker_cache):
+    """Step 4's Orbax read fails on process 1 only: both fall back to step 2 together, within
+    seconds. (Before, the failing process skipped Orbax's restore barrier and went on alone: it
+    died in a mismatched collective, sync_global_devices in ``set_aside``, with a traceback, while
+    process 0 waited at the barrier until the test killed both after 240 s.)"""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
+    args = args[:-2] + ["--save-every", "2"]
+    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
+    at = args.index("--steps")
+    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
+    t0 = time.monotonic()
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", ORBAX_READ_OF_STEP_4_FAILS])
+    texts = _wait_workers(procs, logs, timeout=240)
+    assert time.monotonic() - t0 < 90, texts[0][-3000:]
+    assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
+    assert "checkpoint 4 is unreadable (another process could not read it)" in texts[0], texts[0][-3000:]
+    assert "checkpoint 4 is unreadable (ValueError: injected: step 4's shards are damaged" in texts[1], texts[1][-3000:]
+    assert load_run(str(run_dir))[3] == 6

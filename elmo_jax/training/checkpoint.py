@@ -141,6 +141,36 @@ def _release_stranded_writes() -> int:
     return len(stranded)
 
 
+class _FailedRead:
+    """What a process's Orbax read returns in place of raising: see ``_reach_the_barrier_on_failure``."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _reach_the_barrier_on_failure(manager: ocp.CheckpointManager) -> None:
+    """Makes a read that fails on this process still reach Orbax's restore barrier.
+
+    Orbax's restore reads, then waits at a barrier for every process. A process whose read raised
+    skipped the barrier and went on to agree on a fall-back (``restore_latest``) while the others
+    still waited there: their collectives mismatched, and the run died with a traceback. Here the
+    read's exception is returned instead, as a ``_FailedRead``, through the barrier, and
+    ``Checkpointer._read`` raises it after. Orbax's internals (0.12:
+    ``CheckpointManager._checkpointer._restore``); under a version without them, the mismatch stays."""
+    inner = getattr(manager, "_checkpointer", None)
+    read = getattr(inner, "_restore", None)
+    if read is None:
+        return
+
+    def read_or_failure(directory, args):
+        try:
+            return read(directory, args=args)
+        except Exception as e:  # noqa: BLE001 - raised again by Checkpointer._read, past the barrier
+            return _FailedRead(e)
+
+    inner._restore = read_or_failure  # type: ignore[union-attr]
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -173,6 +203,7 @@ class Checkpointer:
             self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
         finally:
             absl.setLevel(level)
+        _reach_the_barrier_on_failure(self.manager)
 
     def _host_path(self, step: int, process: int) -> epath.Path:
         return self.host_dir / f"{step}.p{process}.npz"
@@ -289,8 +320,15 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
+    def _read(self, step: int, **items) -> Any:
+        """Orbax's restore of ``items`` (``ocp.args``) at ``step``, raising what its read raised."""
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        if isinstance(restored, _FailedRead):
+            raise restored.error
+        return restored
+
     def meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        return self._read(step, meta=ocp.args.JsonRestore())["meta"]
 
     def latest_meta(self) -> dict | None:
         for step in reversed(self.steps()):
@@ -319,7 +357,7 @@ class Checkpointer:
         items = {"state": ocp.args.StandardRestore(target_state)}
         if target_lstm is not None and meta.get("format", 1) >= 2:
             items["lstm"] = ocp.args.StandardRestore(target_lstm)
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        restored = self._read(step, **items)
         host = None
         if with_host:
             # Read whole (a few KB to MB): np.load wants a seekable file, which a remote one may not be.
