@@ -495,6 +495,21 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+# Process 1's host file of step 4 cannot be written (an I/O error); process 0's can.
+HOST_FILE_OF_STEP_4_FAILS = """
+import errno, sys
+import numpy as np
+from elmo_jax import cli
+real = np.savez
+def failing(file, *args, **kwargs):
+    if "4.p1" in str(file):
+        raise OSError(errno.EIO, "Input/output error")
+    return real(file, *args, **kwargs)
+np.savez = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def _start_workers(
     tmp_path,
     seed,
@@ -791,4 +806,27 @@ def test_an_orbax_read_failing_on_one_process_makes_both_fall_back_at_once(tmp_p
     assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
     assert "checkpoint 4 is unreadable (another process could not read it)" in texts[0], texts[0][-3000:]
     assert "checkpoint 4 is unreadable (ValueError: injected: step 4's shards are damaged" in texts[1], texts[1][-3000:]
+    assert load_run(str(run_dir))[3] == 6
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_process_stops_both_in_one_line_each(tmp_path, worker_cache):
+    """Process 1 cannot write its host file of step 4: neither process enters Orbax's save of it,
+    both stop with one line and exit 1, and the same command resumes from step 2. (Before, process
+    1 skipped the save alone while process 0 entered Orbax's barriers: both aborted in a
+    mismatched collective, with gloo's and XLA's traces.)"""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "6"])
+    args = args[:-2] + ["--save-every", "2"]
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", HOST_FILE_OF_STEP_4_FAILS])
+    texts = _wait_workers(procs, logs, timeout=240, expect_ok=False)
+    assert [p.returncode for p in procs] == [1, 1], texts
+    lines = [[l for l in t.splitlines() if "error:" in l] for t in texts]
+    assert all(len(x) == 1 for x in lines), lines
+    intact = "step(s) 2 are intact; once the cause is fixed, rerun the same command to resume from step 2"
+    assert f"step 4 not saved: another process could not save it; {intact}" in lines[0][0], lines
+    assert f"step 4 not saved: OSError: [Errno 5] Input/output error; {intact}" in lines[1][0], lines
+    assert not any("Traceback" in t or "mismatch" in t for t in texts), texts
+    assert Checkpointer(run_dir, read_only=True).steps() == [2]
+    texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+    assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
     assert load_run(str(run_dir))[3] == 6

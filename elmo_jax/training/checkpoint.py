@@ -214,24 +214,37 @@ class Checkpointer:
 
         Raises ``DiskFull`` when this save, or the async one before it, runs out of space, and
         ``SaveFailed`` when the file system fails it otherwise."""
-        self.wait()  # the previous save's failure is reported as that step's
         self.nbytes = checkpoint_bytes(shared, lstm)
-        failed = None
+        failed, host_error = None, None
         try:
+            self.wait()  # the previous save's failure is reported as that step's
             with atomic_path(self._host_path(step, jax.process_index())) as tmp:
                 np.savez(tmp, **_flatten(host))  # type: ignore[arg-type]  # numpy's stub: **kwds could be allow_pickle
-            self.manager.save(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(shared),
-                    lstm=ocp.args.StandardSave(lstm),
-                    meta=ocp.args.JsonSave({**meta, "format": FORMAT}),
-                ),
-                force=True,
-            )
-        except Exception as e:
-            if (failed := self._failure(step, e)) is None:
-                raise
+        except Exception as e:  # noqa: BLE001 - raised below, once every process knows
+            host_error = e
+        # Orbax's save is collective (its barriers): a process whose previous save or host file
+        # failed must not skip it alone, or it goes on while the others wait there, and the next
+        # collective mismatches. So all skip it together, and the others say another one failed.
+        if agree_max([int(host_error is not None)])[0] and host_error is None:
+            if self._failed is None:
+                self._failed = self._save_failed(step, errno.EIO, "another process could not save it")
+            failed = self._failed
+        else:
+            try:
+                if host_error is not None:
+                    raise host_error
+                self.manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(shared),
+                        lstm=ocp.args.StandardSave(lstm),
+                        meta=ocp.args.JsonSave({**meta, "format": FORMAT}),
+                    ),
+                    force=True,
+                )
+            except Exception as e:
+                if (failed := self._failure(step, e)) is None:
+                    raise
         if failed is not None:
             raise failed
         self._in_flight = step
