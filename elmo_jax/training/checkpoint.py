@@ -226,9 +226,7 @@ class Checkpointer:
         # failed must not skip it alone, or it goes on while the others wait there, and the next
         # collective mismatches. So all skip it together, and the others say another one failed.
         if agree_max([int(host_error is not None)])[0] and host_error is None:
-            if self._failed is None:
-                self._failed = self._save_failed(step, errno.EIO, "another process could not save it")
-            failed = self._failed
+            failed = self._fail_once(step, errno.EIO, "another process could not save it")
         else:
             try:
                 if host_error is not None:
@@ -263,8 +261,12 @@ class Checkpointer:
         code = space if space is not None else os_errno(e)
         if code is None:
             return None
+        return self._fail_once(step, code, None if space is not None else innermost_message(e))
+
+    def _fail_once(self, step: int, code: int, error: str | None) -> SaveFailed:
+        """``_save_failed``'s error, made at the first failure only: a second is the same one."""
         if self._failed is None:
-            self._failed = self._save_failed(step, code, None if space is not None else innermost_message(e))
+            self._failed = self._save_failed(step, code, error)
         return self._failed
 
     def _save_failed(self, step: int, code: int, error: str | None) -> SaveFailed:
