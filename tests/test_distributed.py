@@ -509,6 +509,53 @@ np.savez = failing
 sys.exit(cli.main(sys.argv[1:]))
 """
 
+# Process 1's array writes of step 4 fail in Orbax's background commit; process 0's go through.
+ARRAY_WRITES_OF_STEP_4_FAIL = """
+import errno, json, sys
+from orbax.checkpoint._src.serialization import serialization
+from elmo_jax import cli
+real = serialization.async_serialize_from_host
+async def failing(rslices, spec, *args, **kwargs):
+    if "/4.orbax-checkpoint-tmp" in json.dumps(spec, default=str):
+        raise OSError(errno.EIO, "Input/output error")
+    return await real(rslices, spec, *args, **kwargs)
+serialization.async_serialize_from_host = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# The blocking phase of Orbax's save of step 4's arrays (before their writes go to the background)
+# fails on process 1. This is past the directory barriers of Orbax's composite handler: before
+# them, or between them, a failure on one process still aborts both (docs/faults.md).
+BLOCKING_SAVE_OF_STEP_4_FAILS = """
+import errno, sys
+import orbax.checkpoint as ocp
+from elmo_jax import cli
+real = ocp.StandardCheckpointHandler.async_save
+async def failing(self, directory, *args, **kwargs):
+    if "/4.orbax-checkpoint-tmp" in str(directory):
+        raise OSError(errno.EIO, "Input/output error")
+    return await real(self, directory, *args, **kwargs)
+ocp.StandardCheckpointHandler.async_save = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# Process 0, Orbax's primary, cannot make step 4's temporary directory (it does so in the
+# background, and the other processes' writes wait for its word that it did).
+STEP_4_DIRECTORY_FAILS_ON_PROCESS_0 = """
+import errno, sys
+from orbax.checkpoint._src.path import atomicity
+from elmo_jax import cli
+real = atomicity._create_paths
+async def failing(tmp_paths, *args, **kwargs):
+    if sys.argv[sys.argv.index("--process-id") + 1] == "0" and any(
+        "/4.orbax-checkpoint-tmp" in str(p.get()) for p in tmp_paths
+    ):
+        raise OSError(errno.EIO, "Input/output error")
+    return await real(tmp_paths, *args, **kwargs)
+atomicity._create_paths = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
 
 def _start_workers(
     tmp_path,
@@ -810,23 +857,44 @@ def test_an_orbax_read_failing_on_one_process_makes_both_fall_back_at_once(tmp_p
 
 
 @pytest.mark.slow
-def test_a_save_failing_on_one_process_stops_both_in_one_line_each(tmp_path, worker_cache):
-    """Process 1 cannot write its host file of step 4: neither process enters Orbax's save of it,
-    both stop with one line and exit 1, and the same command resumes from step 2. (Before, process
-    1 skipped the save alone while process 0 entered Orbax's barriers: both aborted in a
-    mismatched collective, with gloo's and XLA's traces.)"""
+@pytest.mark.parametrize(
+    ("injected", "failing"),
+    [
+        pytest.param(HOST_FILE_OF_STEP_4_FAILS, 1, id="host-file"),
+        pytest.param(ARRAY_WRITES_OF_STEP_4_FAIL, 1, id="array-writes-in-orbax-background"),
+        pytest.param(BLOCKING_SAVE_OF_STEP_4_FAILS, 1, id="orbax-blocking-phase"),
+        pytest.param(STEP_4_DIRECTORY_FAILS_ON_PROCESS_0, 0, id="step-directory-on-the-primary"),
+    ],
+)
+def test_a_save_failing_on_one_process_stops_both_in_one_line_each(tmp_path, worker_cache, injected, failing):
+    """Step 4's save fails on one process only: in its host file, in Orbax's background writes, in
+    Orbax's blocking phase, or where the primary makes the step's directory. Both processes stop
+    with one line each and exit 1, within seconds; step 4 is not committed, and the same command
+    resumes from step 2.
+
+    Before (the negative controls): with the host file, process 1 skipped Orbax's save alone, and
+    both aborted in a mismatched collective, with gloo's and XLA's traces; with the blocking phase,
+    both aborted too (exit -6). With the background writes or the directory, both were still
+    running when the test killed them at 240 s: process 0 waited at Orbax's commit barrier, or
+    process 1's writes waited for the directory. Without the release of those writes, the run
+    ended only after their 300 s, in 311 s."""
     run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "6"])
     args = args[:-2] + ["--save-every", "2"]
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", HOST_FILE_OF_STEP_4_FAILS])
+    t0 = time.monotonic()
+    how = {"process_1": ["-c", injected]} if failing == 1 else {"both": ["-c", injected]}
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, **how)
     texts = _wait_workers(procs, logs, timeout=240, expect_ok=False)
+    assert time.monotonic() - t0 < 90, texts
     assert [p.returncode for p in procs] == [1, 1], texts
     lines = [[l for l in t.splitlines() if "error:" in l] for t in texts]
     assert all(len(x) == 1 for x in lines), lines
     intact = "step(s) 2 are intact; once the cause is fixed, rerun the same command to resume from step 2"
-    assert f"step 4 not saved: another process could not save it; {intact}" in lines[0][0], lines
-    assert f"step 4 not saved: OSError: [Errno 5] Input/output error; {intact}" in lines[1][0], lines
+    assert f"step 4 not saved: OSError: [Errno 5] Input/output error; {intact}" in lines[failing][0], lines
+    assert f"step 4 not saved: another process could not save it; {intact}" in lines[1 - failing][0], lines
     assert not any("Traceback" in t or "mismatch" in t for t in texts), texts
     assert Checkpointer(run_dir, read_only=True).steps() == [2]
-    texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
-    assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
-    assert load_run(str(run_dir))[3] == 6
+    assert not list((run_dir / "checkpoints").glob("4*")), "the failed step's partial files are removed"
+    if injected is HOST_FILE_OF_STEP_4_FAILS:  # the rerun is the same whatever failed
+        texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+        assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
+        assert load_run(str(run_dir))[3] == 6

@@ -26,14 +26,17 @@ host file held the process's LSTM rows too. ``restore_latest`` reads both format
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
 import io
+import itertools
 import logging
 import os
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -171,6 +174,161 @@ def _reach_the_barrier_on_failure(manager: ocp.CheckpointManager) -> None:
     inner._restore = read_or_failure  # type: ignore[union-attr]
 
 
+class _PeerSaveFailed(Exception):
+    """What a process's save raises when its own writes went through and another process's did not."""
+
+
+class _FailedWrite:
+    """A commit future that raises ``error``: the handler's blocking phase failed (see below)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def result(self, timeout: float | None = None) -> None:
+        raise self.error
+
+    def cancel(self) -> None:
+        pass
+
+
+class _AgreedCommit:
+    """The one commit future Orbax's background thread waits for, in place of a save's own ones
+    (see ``_commit_only_if_every_process_wrote``): it waits for them, keeping their failure, says
+    in the key-value store under ``key`` whether this process wrote, and reads the others' word."""
+
+    def __init__(self, client: Any, key: str, futures: list):
+        self.client, self.key, self.futures = client, key, futures
+        self.me = jax.process_index()
+        self.others = [p for p in range(jax.process_count()) if p != self.me]
+        self.failed: list[BaseException] = []  # this process's own failure
+        self.peers_failed: list[int] = []
+
+    def result(self, timeout: float | None = None) -> None:
+        start = time.monotonic()
+
+        def left() -> float:
+            return 300.0 if timeout is None else timeout - (time.monotonic() - start)
+
+        try:
+            for f in self.futures:
+                while True:
+                    try:
+                        f.result(timeout=max(0.0, min(1.0, left())))
+                        break
+                    except TimeoutError:
+                        if left() <= 0:
+                            raise  # Orbax's own timeout, in its own words
+                        # A write waiting for a directory that another process failed to make
+                        # would wait out Orbax's timeout: once a peer has said it failed, this
+                        # save is lost, and its waiting writes are let go without writing.
+                        if not self.peers_failed and (said := self._failed_by_word(blocking_ms=None)):
+                            self.peers_failed = said
+                            _release_stranded_writes()
+        except TimeoutError:
+            raise
+        except concurrent.futures.CancelledError:
+            if not self.peers_failed:
+                raise  # cancelled by Orbax: its own clean path
+        except Exception as e:  # noqa: BLE001 - raised by this process's next wait, past the barriers
+            self.failed.append(e)
+        self.client.key_value_set(f"{self.key}/{self.me}", "failed" if self.failed else "wrote", allow_overwrite=True)
+        if not self.peers_failed:
+            self.peers_failed = self._failed_by_word(blocking_ms=max(1, int(left() * 1000)))
+
+    def _failed_by_word(self, blocking_ms: int | None) -> list[int]:
+        """The other processes that said they failed; with ``blocking_ms``, after each has said."""
+        said = []
+        for p in self.others:
+            try:
+                if blocking_ms is None:
+                    word = self.client.key_value_try_get(f"{self.key}/{p}")
+                else:
+                    word = self.client.blocking_key_value_get(f"{self.key}/{p}", blocking_ms)
+            except Exception:  # noqa: BLE001 - not said yet (try_get); a timeout is Orbax's barrier's to report
+                continue
+            if word != "wrote":
+                said.append(p)
+        return said
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
+
+    def every_process_wrote(self) -> bool:
+        return not self.failed and not self.peers_failed
+
+    def error(self) -> BaseException | None:
+        if self.failed:
+            return self.failed[0]
+        return _PeerSaveFailed(f"process(es) {self.peers_failed}") if self.peers_failed else None
+
+    def forget(self) -> None:
+        """Deletes this process's word. Every process read it before Orbax's write barrier, which
+        comes before its commit barrier: past both, it can go."""
+        with contextlib.suppress(Exception):
+            self.client.key_value_delete(f"{self.key}/{self.me}")
+
+
+def _commit_only_if_every_process_wrote(manager: ocp.CheckpointManager) -> None:
+    """Makes an Orbax save that fails on one process of several end alike on all of them.
+
+    Orbax's async save has each process write its shards in a background thread, which then waits
+    at a barrier for every process before the primary commits the step. A process whose writes
+    failed skipped that barrier: the others waited there for Orbax's 300 s timeout, and the run
+    hung past it. A failure in the handler's blocking phase skipped the main thread's later
+    barriers (collectives) instead, and both processes aborted in the mismatch. Here:
+
+    - a failure of the handler's blocking phase becomes a failed commit future, so the main thread
+      goes through the rest of Orbax's save as the other processes do;
+    - each background thread waits for its futures, keeping their failure rather than raising it,
+      says in the distributed key-value store whether its writes went through, and reads the other
+      processes' word before Orbax's barrier (``_AgreedCommit``). Writes still waiting for a step
+      directory that the primary failed to make are let go once it has said so, rather than
+      waiting out Orbax's timeout;
+    - the primary commits the step only if every process wrote, and every process's save then
+      fails alike: with its own error, or ``_PeerSaveFailed``.
+
+    Orbax's internals (0.12: the ``AsyncCheckpointer``'s ``_handler.async_save`` and
+    ``_async_manager._thread_func``); under a version without them, the hang stays. One process
+    has nothing to agree with, and is left as it is."""
+    from jax._src import distributed
+
+    inner = getattr(manager, "_checkpointer", None)
+    handler = getattr(inner, "_handler", None)
+    background: Any = getattr(inner, "_async_manager", None)
+    blocking_save = getattr(handler, "async_save", None)
+    run_in_background = getattr(background, "_thread_func", None)
+    client = distributed.global_state.client
+    if jax.process_count() == 1 or client is None or blocking_save is None or run_in_background is None:
+        return
+
+    async def save_or_fail_in_background(directory, *args, **kwargs):
+        try:
+            return await blocking_save(directory, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - raised by the background thread, past the barriers
+            return [_FailedWrite(e)]
+
+    saves = itertools.count()  # the same on every process: saves are collective
+
+    def commit_if_every_process_wrote(directory, commit_futures, on_commit_callback):
+        # The step's name, not its path: each host may mount the run dir elsewhere.
+        agreed = _AgreedCommit(client, f"elmo_jax/save/{epath.Path(directory).name}/{next(saves)}", commit_futures)
+
+        def commit() -> None:
+            if agreed.every_process_wrote():
+                on_commit_callback()
+
+        try:
+            run_in_background(directory, [agreed], commit)
+        finally:
+            agreed.forget()
+        if background._exception is None and (error := agreed.error()) is not None:
+            background._exception = error
+
+    handler.async_save = save_or_fail_in_background  # type: ignore[union-attr]
+    background._thread_func = commit_if_every_process_wrote
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -204,6 +362,8 @@ class Checkpointer:
         finally:
             absl.setLevel(level)
         _reach_the_barrier_on_failure(self.manager)
+        if not read_only:
+            _commit_only_if_every_process_wrote(self.manager)
 
     def _host_path(self, step: int, process: int) -> epath.Path:
         return self.host_dir / f"{step}.p{process}.npz"
@@ -257,6 +417,8 @@ class Checkpointer:
         exception holds the failed save's asyncio futures (through its traceback's frames), and
         those must be collectable inside the run (``loop._orbax_log``) for what they log when
         collected to go to ``orbax.log`` rather than after the run's one-line error."""
+        if isinstance(e, _PeerSaveFailed):
+            return self._fail_once(step, errno.EIO, "another process could not save it")
         space = out_of_space_errno(e)
         code = space if space is not None else os_errno(e)
         if code is None:
