@@ -17,6 +17,7 @@ import dataclasses
 import re
 import subprocess
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,28 +60,36 @@ _DTYPES = {
 }
 
 
-def matmul_slope(
-    n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 40), repeats: int = 5, dependent: bool = True
-) -> MatmulRate:
-    """The ``dtype`` matmul rate of the default device at ``n``^3, by the slope method (module doc).
+def matmul_chain(n: int, dtype: str = "float32", dependent: bool = True) -> tuple[Callable[[int], Callable], jax.Array]:
+    """(``chain``, ``x``): ``chain(count)`` is the jitted loop of ``count`` ``dtype`` matmuls at
+    ``n``^3 that ``matmul_slope`` times, on ``x`` ``[n, n]``.
 
-    Each chain is one compiled program; its times are medians of ``repeats`` runs after one warm-up,
-    the two chains' runs interleaved so that a drift of the machine's speed hits both.
-    ``dependent=False`` is the mistake the method avoids, kept for its test: a loop body
-    ``x + a @ b`` whose matmul XLA hoists out of the loop, so that the chains take the same time."""
+    ``dependent=False`` is the mistake the slope method avoids, kept for its test: a loop body
+    ``x + a @ b`` whose matmul XLA takes out of the loop (it folds ``a @ b``, two constants of the
+    program, into one), so that the chains take the same time."""
     array_dtype, precision = _DTYPES[dtype]
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(k1, (n, n), jnp.float32).astype(array_dtype)
     # Entries of variance 1/n: x @ b keeps x's scale on average, so no chain over- or underflows.
     b = (jax.random.normal(k2, (n, n), jnp.float32) / np.sqrt(n)).astype(array_dtype)
 
-    def chain(count):
+    def chain(count: int) -> Callable:
         if dependent:
             body = lambda _, x: jnp.matmul(x, b, precision=precision).astype(array_dtype)  # noqa: E731
         else:
             body = lambda _, x: x + jnp.matmul(a, b, precision=precision).astype(array_dtype)  # noqa: E731
-        return jax.jit(lambda a: jax.lax.fori_loop(0, count, body, a))
+        return jax.jit(lambda x: jax.lax.fori_loop(0, count, body, x))
 
+    return chain, a
+
+
+def matmul_slope(n: int, dtype: str = "float32", counts: tuple[int, int] = (8, 40), repeats: int = 5) -> MatmulRate:
+    """The ``dtype`` matmul rate of the default device at ``n``^3, by the slope method (module doc).
+
+    Each chain is one compiled program (``matmul_chain``); its times are medians of ``repeats`` runs
+    after one warm-up, the two chains' runs interleaved so that a drift of the machine's speed hits
+    both."""
+    chain, a = matmul_chain(n, dtype)
     runs = [chain(c) for c in counts]
     for run in runs:
         run(a).block_until_ready()

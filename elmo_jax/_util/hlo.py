@@ -4,7 +4,8 @@ embeds, read from its text.
 For tests that check a step's communication (no softmax-sized gather) and for the benchmarks'
 bytes per device per step. Only the partitioned program (``jit(...).lower(...).compile()``) has
 collectives; a program lowered against an abstract mesh has not been partitioned yet.
-``constant_sizes`` is for tests that check that weights reach a program as arguments.
+``constant_sizes`` is for tests that check that weights reach a program as arguments, and
+``loop_body_ops`` for those that check what XLA left inside a loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def _op_line(ops: tuple[str, ...]) -> re.Pattern:
 _LINE = _op_line(_OPS)
 _SCATTER_LOWERING = _op_line(("scatter", "sort", "while"))
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
+_INSTRUCTION_OP = re.compile(r"=\s*(?:\(.*?\)|\S+)\s+(?P<op>[a-z][\w\-]*)\(")
+_CALLED = re.compile(r"\b(?:calls|body|to_apply|condition)=%(?P<name>[\w.\-]+)")
 _STABLEHLO_CONSTANT = re.compile(r"constant dense<[^>]*>\s*:\s*tensor<((?:\d+x)*)[a-z]+\d*>")
 
 
@@ -120,3 +124,31 @@ def constant_sizes(stablehlo_text: str) -> list[int]:
     return [
         _count(tuple(int(d) for d in m.group(1).split("x") if d)) for m in _STABLEHLO_CONSTANT.finditer(stablehlo_text)
     ]
+
+
+def loop_body_ops(hlo_text: str) -> set[str]:
+    """The ops that the bodies of a compiled program's while loops run (``compiled.as_text()``),
+    through the computations they call (fusions, nested loops): an op that XLA hoisted out of a
+    loop, or folded into a constant, is not among them."""
+    bodies: dict[str, list[str]] = {}
+    name = None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            name = m.group("name")
+            bodies[name] = []
+        elif name is not None:
+            bodies[name].append(line)
+    todo = [m.group(1) for m in re.finditer(r"\bbody=%([\w.\-]+)", hlo_text)]
+    seen: set[str] = set()
+    ops: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in bodies:
+            continue
+        seen.add(name)
+        for line in bodies[name]:
+            if m := _INSTRUCTION_OP.search(line):
+                ops.add(m.group("op"))
+            todo += [c.group("name") for c in _CALLED.finditer(line)]
+    return ops
