@@ -270,6 +270,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
             "the options say n_tokens_vocab 99 but",
         ),
         (["--config", "huge"], "neither a preset"),
+        (["--num-processes", "2", "--process-id", "2"], "--process-id must be 0 to 1 (--num-processes - 1); got 2"),
     ]
     for args, message in cases:
         r = _cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress", *args, check=False)

@@ -8,13 +8,15 @@ import json
 import os
 import re
 import shlex
+import socket
 import sys
+import threading
 import warnings
 from importlib import resources
 
 import numpy as np
 
-from elmo_jax._util.arguments import arguments_of
+from elmo_jax._util.arguments import about, arguments_of
 from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
 from elmo_jax._util.runtime import (
     GPU_KERNELS,
@@ -115,13 +117,64 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 def _maybe_distributed(args: argparse.Namespace) -> None:
     import jax
 
-    if args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not address:
+        return
+    # jax.distributed waits for every process to join, and past its initialization timeout it
+    # aborts the process from C++ (a stack trace that says "another task died"). This watchdog
+    # says what is missing in one line a little before that, and exits: nothing is written yet.
+    joined = threading.Event()
+    watchdog = threading.Timer(args.init_timeout, _not_joined, (args, address, joined))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
         jax.distributed.initialize(
             coordinator_address=args.coordinator,
             num_processes=args.num_processes,
             process_id=args.process_id,
+            initialization_timeout=args.init_timeout + 30,
             heartbeat_timeout_seconds=args.heartbeat_timeout,
         )
+    finally:
+        joined.set()
+        watchdog.cancel()
+
+
+def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event) -> None:
+    """The watchdog's end (``_maybe_distributed``): one line on stderr, then exit 1 at once."""
+    if joined.is_set():
+        return
+    n = f" {args.num_processes}" if args.num_processes else ""
+    if args.process_id not in (None, 0) and not _listens(address):
+        why = (
+            f"no coordinator answered there within {args.init_timeout} s (process 0 starts it); start process 0 "
+            "with the same --coordinator, check the host and port, or raise --init-timeout"
+        )
+    else:
+        why = (
+            f"not all of the{n} processes joined the run within {args.init_timeout} s; start each one with the "
+            f"same --coordinator and --num-processes and its own --process-id, or raise --init-timeout"
+        )
+    print(f"elmo-jax {args.command}: error: --coordinator {address}: {why}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _listens(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _seconds(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, 1 or more: {value!r}")
+    return int(value)
 
 
 def _old_gpu_scatters(value: str) -> str:
@@ -148,6 +201,13 @@ def cmd_train(args: argparse.Namespace) -> None:
         heldout_files = heldout_files or sample_heldout
         print(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
+    if args.num_processes and args.process_id is not None and not 0 <= args.process_id < args.num_processes:
+        # Checked here: jax.distributed aborts such a process from C++ ("Unexpected task").
+        raise about(
+            ConfigError(f"process_id must be 0 to {args.num_processes - 1} (num_processes - 1); got {args.process_id}"),
+            "process_id",
+            "num_processes",
+        )
     if args.num_processes:
         # Before jax.distributed starts: once it has, a process that stops leaves the others to
         # abort in the coordination service (a C++ stack trace) instead of printing this line.
@@ -497,6 +557,14 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="multi-host: a process silent this long is taken for dead and every process stops "
         "(jax.distributed's heartbeat timeout)",
+    )
+    tr.add_argument(
+        "--init-timeout",
+        type=_seconds,
+        default=300,
+        metavar="SECONDS",
+        help="multi-host: how long each process waits at start for all of them to join before it stops "
+        "with one line saying what is missing (jax.distributed's initialization timeout is 300 s)",
     )
 
 
