@@ -1,5 +1,6 @@
-"""What a long run meets besides kill -9, through the CLI as a user meets it: a diverging loss and
-training files that changed between sessions (the full disk is in test_disk_full.py).
+"""What a long run meets besides kill -9, through the CLI as a user meets it: a diverging loss,
+training files that changed between sessions, and a device out of memory (the full disk is in
+test_disk_full.py).
 
 Each test checks the one-line message, the exit code, the checkpoints left, and that the command
 the message names goes on from the last good step.
@@ -10,6 +11,7 @@ import math
 import pathlib
 import shutil
 
+import jax
 import pytest
 from helpers import FIXTURES, run_elmo_jax
 from test_pretrain import _write_tiny_options
@@ -235,3 +237,64 @@ def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_run_goes_on_fr
     assert f"resuming {run} from step 10" in capsys.readouterr().out
     assert _steps(run) == [10, 20, 30]  # step 20 saved again, from the resumed run
     assert (run / "unreadable" / "20" / "checkpoint").is_dir()  # kept for a look, not deleted
+
+
+def _out_of_memory_at(monkeypatch, where: str, at_call: int) -> None:
+    """The ``at_call``-th training step (``where="step"``) or held-out evaluation raises XLA's
+    out-of-memory error, as a device too small for the batch does."""
+    from elmo_jax.training import loop
+    from elmo_jax.training.evaluate import HeldoutEvaluator
+
+    calls = [0]
+    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB.")
+
+    def failing(real):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at_call:
+                raise error
+            return real(*args, **kwargs)
+
+        return call
+
+    if where == "step":
+        real_make = loop.make_train_step
+        monkeypatch.setattr(loop, "make_train_step", lambda *a, **k: failing(real_make(*a, **k)))
+    else:
+        real_eval = HeldoutEvaluator.__call__
+        monkeypatch.setattr(HeldoutEvaluator, "__call__", lambda self, *a: failing(lambda *b: real_eval(self, *b))(*a))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "at_call", "intact"),
+    [("step", 25, "10, 20"), ("evaluation", 3, "10, 20, 30")],
+    ids=["in-a-step", "in-the-held-out-evaluation"],
+)
+def test_out_of_device_memory_stops_in_one_line_naming_the_batch_size(
+    tmp_path, monkeypatch, capsys, where, at_call, intact
+):
+    """A device too small for the batch: one line with XLA's words and --batch-size, exit 1, every
+    checkpoint saved before kept (after an evaluation's failure, the step it ran at too: the
+    training state is sound). A lower --batch-size resumes from the newest."""
+    run = tmp_path / "run"
+    heldout = ["--heldout-files", str(TRAIN / "data.txt"), "--eval-every", "10"] if where == "evaluation" else []
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "40", *heldout)
+    _out_of_memory_at(monkeypatch, where, at_call)
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    [line] = _error_lines(err)
+    assert "Traceback" not in err
+    newest = intact.split(", ")[-1]
+    assert line == (
+        f"elmo-jax train: error: {run}: the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while "
+        "trying to allocate 4.00GiB.); --batch-size 2 rows per device is more than it holds: lower --batch-size, "
+        f"or spread the rows over more devices; step(s) {intact} are intact: rerun with a lower --batch-size to "
+        f"resume from step {newest}"
+    )
+    assert _steps(run) == [int(s) for s in intact.split(", ")]
+    if where == "step":
+        monkeypatch.undo()
+        assert cli.main([*args, "--batch-size", "1"]) == 0
+        assert f"resuming {run} from step {newest} " in capsys.readouterr().out
+        assert _steps(run)[-1] == 40

@@ -747,8 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from elmo_jax.training.global_batches import PeerFailed
         from elmo_jax.training.hooks import Diverged
+        from elmo_jax.training.loop import OutOfDeviceMemory
 
-        if not isinstance(e, (PeerFailed, Diverged)):
+        if not isinstance(e, (PeerFailed, Diverged, OutOfDeviceMemory)):
             raise
         return _failed(args, e, 1)
     return 0

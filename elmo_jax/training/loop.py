@@ -440,8 +440,38 @@ def pretrain(
             raise about(
                 Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
             ) from None
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            # Raised below, outside this clause: XLA's traceback is not the message, and its
+            # frames hold the run's device arrays.
+            said = _out_of_memory(run, e)
         finally:
             run.ckpt.close()
+    raise about(OutOfDeviceMemory(said), "batch_size")
+
+
+class OutOfDeviceMemory(RuntimeError):
+    """A step (or the held-out evaluation) needed more device memory than there is."""
+
+
+def _out_of_memory(run: _Run, e: BaseException) -> str:
+    """What ``OutOfDeviceMemory`` says: XLA's first line, the knob, and what is kept."""
+    xla = str(e).strip().splitlines()[0][:200]
+    with contextlib.suppress(Exception):  # a save in flight is kept if it completes
+        run.ckpt.wait()
+    steps = run.ckpt.steps()
+    rows = run.options.training.batch_size
+    said = (
+        f"{run.settings.run_dir}: the device ran out of memory ({xla}); batch_size {rows} rows per device is "
+        "more than it holds: lower batch_size, or spread the rows over more devices"
+    )
+    if not steps:
+        return said + "; no checkpoint was saved before it"
+    return (
+        said
+        + f"; step(s) {', '.join(map(str, steps))} are intact: rerun with a lower batch_size to resume from step {steps[-1]}"
+    )
 
 
 def _orbax_log(run_dir: str):
