@@ -6,6 +6,7 @@ Each test checks the one-line message, the exit code, the checkpoints left, and 
 the message names goes on from the last good step.
 """
 
+import errno
 import json
 import math
 import pathlib
@@ -298,3 +299,36 @@ def test_out_of_device_memory_stops_in_one_line_naming_the_batch_size(
         assert cli.main([*args, "--batch-size", "1"]) == 0
         assert f"resuming {run} from step {newest} " in capsys.readouterr().out
         assert _steps(run)[-1] == 40
+
+
+@pytest.mark.slow
+def test_a_training_file_unreadable_mid_run_stops_in_one_line_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):
+    """The training file fails to read mid-run (a failing disk or mount, a file gone since the
+    glob): one line naming it, exit 2, the step reached saved; the same command resumes from it.
+    (Before: the OSError's traceback.)"""
+    from elmo_jax.text import sources
+
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "60")
+
+    def failing_open(path, mode="r", *a, **k):
+        # The first read after step 10 is on disk (each row's stream reads the file at each epoch).
+        if str(path).endswith("data.txt") and mode == "rb" and (run / "checkpoints" / "10").exists():
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return open(path, mode, *a, **k)
+
+    monkeypatch.setattr(sources, "open", failing_open, raising=False)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    [line] = _error_lines(err)
+    assert "Traceback" not in err
+    assert line == (
+        f"elmo-jax train: error: {TRAIN / 'data.txt'}: cannot be read (OSError: Input/output error); once it can, "
+        "rerun the same command (a training run resumes from its newest checkpoint)"
+    )
+    saved = _steps(run)
+    assert saved and 10 < saved[-1] < 60, saved  # the step reached, past step 10, saved
+    monkeypatch.undo()
+    assert cli.main(args) == 0
+    assert f"resuming {run} from step {saved[-1]} " in capsys.readouterr().out
+    assert _steps(run)[-1] == 60

@@ -56,20 +56,26 @@ class TextFiles:
         a regenerated file almost always changes its size or its ends)."""
         out = []
         for path in self.files:
-            size = os.path.getsize(path)
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                h.update(f.read(_ENDS))
-                if size > _ENDS:
-                    f.seek(max(_ENDS, size - _ENDS))
+            try:
+                size = os.path.getsize(path)
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
                     h.update(f.read(_ENDS))
+                    if size > _ENDS:
+                        f.seek(max(_ENDS, size - _ENDS))
+                        h.update(f.read(_ENDS))
+            except OSError as e:
+                raise _unreadable(path, e) from None
             out.append({"name": os.path.basename(path), "size": size, "sha256_ends": h.hexdigest()[:16]})
         return out
 
     def read(self, shard: int) -> list[str]:
         path = self.files[shard]
-        with open(path, "rb") as f:
-            data = f.read()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:  # gone since the glob, a failing disk or mount, no longer readable
+            raise _unreadable(path, e) from None
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError:
@@ -82,6 +88,13 @@ class TextFiles:
                         f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})", stacklevel=2
                     )
         return [line for line in lines if line.strip()]
+
+
+def _unreadable(path: str, e: OSError) -> DataError:
+    return DataError(
+        f"{path}: cannot be read ({type(e).__name__}: {e.strerror or e}); once it can, rerun the same command "
+        "(a training run resumes from its newest checkpoint)"
+    )
 
 
 class Lines:
