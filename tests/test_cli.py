@@ -309,6 +309,39 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
         assert sorted(map(int, f)) == list(range(len(sentences)))
 
 
+def test_embed_out_of_device_memory_is_one_line_naming_batch_tokens_and_leaves_no_file(
+    tmp_path, monkeypatch, capsys, sentences
+):
+    """XLA's out-of-memory error after three sentences (injected: a CPU has the host's memory):
+    one line with XLA's words and --batch-tokens, exit 1, nothing under the output's name.
+    (Before: XLA's traceback.)"""
+    import jax
+
+    from elmo_jax.extract.embedder import Embedder
+
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    real = Embedder.embed_stream
+
+    def too_big(self, *args, **kwargs):
+        for i, x in enumerate(real(self, *args, **kwargs)):
+            if i == 3:
+                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2.00GiB.")
+            yield x
+
+    monkeypatch.setattr(Embedder, "embed_stream", too_big)
+    out = tmp_path / "o.hdf5"
+    assert (
+        run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3", "--batch-tokens", "64") == 1
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"elmo-jax embed: error: {out}: not written: the device ran out of memory (RESOURCE_EXHAUSTED: Out of "
+        "memory while trying to allocate 2.00GiB.); --batch-tokens 64 per device is more than it holds: lower "
+        "--batch-tokens and rerun"
+    ], err
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
 def test_gpu_kernels_are_fixed_by_default_and_the_old_flag_still_parses(capsys):
     """--gpu-kernels fixed (XLA's deterministic-ops flag) is the default until a GPU confirms a
     resume under saved; 0.x's --gpu-scatters maps onto fixed and tuned."""

@@ -17,6 +17,7 @@ from importlib import resources
 import numpy as np
 
 from elmo_jax._util.arguments import about, arguments_of
+from elmo_jax._util.device_memory import OutOfDeviceMemory
 from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
 from elmo_jax._util.runtime import (
     GPU_KERNELS,
@@ -747,7 +748,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from elmo_jax.training.global_batches import PeerFailed
         from elmo_jax.training.hooks import Diverged
-        from elmo_jax.training.loop import OutOfDeviceMemory
 
         if not isinstance(e, (PeerFailed, Diverged, OutOfDeviceMemory)):
             raise

@@ -29,6 +29,7 @@ import numpy as np
 from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
@@ -120,7 +121,9 @@ def embed_file(
 
     ``embedder``: an ``Embedder``, or a function of no arguments returning one, called after the
     paths are checked. Raises ``DataError`` (input missing or not UTF-8, output directory missing),
-    ``ConfigError`` (``layers`` that do not fit the model) or ``disk_full.OutOfSpaceError``.
+    ``ConfigError`` (``layers`` that do not fit the model), ``disk_full.OutOfSpaceError`` or
+    ``OutOfDeviceMemory`` (``batch_tokens`` too many for the device); nothing is left under
+    ``output_path`` then.
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     if not os.path.isfile(input_path):
@@ -149,8 +152,21 @@ def embed_file(
             pass
     lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
     mine = len(range(start, total, step))
-    with disk_full.reported(output):
-        empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
+    xla = None
+    try:
+        with disk_full.reported(output):
+            empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
+    except RuntimeError as e:
+        if (xla := out_of_memory(e)) is None:
+            raise
+    if xla is not None:  # raised here, outside the clause: XLA's traceback is not the message
+        raise about(
+            OutOfDeviceMemory(
+                f"{output}: not written: the device ran out of memory ({xla}); batch_tokens "
+                f"{embedder.batch_tokens} per device is more than it holds: lower batch_tokens and rerun"
+            ),
+            "batch_tokens",
+        )
     if manifest:
         extra = dict(
             layers=layers if isinstance(layers, str) else layers.tolist(),

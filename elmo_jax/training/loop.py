@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
+from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
 from elmo_jax.model import lstm
@@ -441,23 +442,18 @@ def pretrain(
                 Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
             ) from None
         except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
+            if (xla := out_of_memory(e)) is None:
                 raise
             # Raised below, outside this clause: XLA's traceback is not the message, and its
             # frames hold the run's device arrays.
-            said = _out_of_memory(run, e)
+            said = _out_of_memory(run, xla)
         finally:
             run.ckpt.close()
     raise about(OutOfDeviceMemory(said), "batch_size")
 
 
-class OutOfDeviceMemory(RuntimeError):
-    """A step (or the held-out evaluation) needed more device memory than there is."""
-
-
-def _out_of_memory(run: _Run, e: BaseException) -> str:
+def _out_of_memory(run: _Run, xla: str) -> str:
     """What ``OutOfDeviceMemory`` says: XLA's first line, the knob, and what is kept."""
-    xla = str(e).strip().splitlines()[0][:200]
     with contextlib.suppress(Exception):  # a save in flight is kept if it completes
         run.ckpt.wait()
     steps = run.ckpt.steps()
