@@ -332,3 +332,36 @@ def test_a_training_file_unreadable_mid_run_stops_in_one_line_and_the_rerun_resu
     assert cli.main(args) == 0
     assert f"resuming {run} from step {saved[-1]} " in capsys.readouterr().out
     assert _steps(run)[-1] == 60
+
+
+@pytest.mark.slow
+def test_a_metrics_line_the_disk_refuses_stops_in_one_line_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):
+    """metrics.jsonl cannot be appended to at the second logged step (the disk fills, here for that
+    file only): one line, exit 1, the step reached saved; the same command resumes from it.
+    (Before: the OSError's traceback.)"""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "40")
+    appended = [0]
+
+    def full(path, mode="r", *a, **k):
+        if str(path).endswith("metrics.jsonl") and mode == "ab":
+            appended[0] += 1
+            if appended[0] == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return open(path, mode, *a, **k)
+
+    monkeypatch.setattr(hooks, "open", full, raising=False)
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    [line] = _error_lines(err)
+    assert "Traceback" not in err
+    assert line == (
+        f"elmo-jax train: error: {run / 'metrics.jsonl'}: not written: the disk is full; free space and rerun "
+        "the same command: the run resumes from its newest checkpoint"
+    )
+    assert _steps(run) == [10, 20]  # the step reached (the second logged one) saved
+    monkeypatch.undo()
+    assert cli.main(args) == 0
+    assert f"resuming {run} from step 20 " in capsys.readouterr().out
+    logged = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [10, 30, 40]  # step 20's record, refused by the disk, is lost: its step does not run again

@@ -11,6 +11,7 @@ The held-out evaluator (``evaluate.HeldoutEvaluator``) and the checkpointer are 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import signal
@@ -20,6 +21,14 @@ import jax
 import numpy as np
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
+from elmo_jax._util.disk_full import (
+    OutOfSpaceError,
+    WriteFailed,
+    innermost_message,
+    os_errno,
+    out_of_space_errno,
+    reason,
+)
 
 
 class MetricsWindow:
@@ -133,15 +142,28 @@ class MetricsFile:
 
     def add(self, record: dict) -> None:
         line = json.dumps(record).encode("utf-8")
-        if self.local:
-            with open(self.path, "ab") as f:
-                f.write(line + b"\n")
-        else:
-            self.lines.append(line)
-            self._rewrite()
+        try:
+            if self.local:
+                with open(self.path, "ab") as f:
+                    f.write(line + b"\n")
+            else:
+                self.lines.append(line)
+                self._rewrite()
+        except OSError as e:  # a full disk, a quota, a failing mount: the loop saves, then stops
+            raise _not_logged(self.path, e) from None
 
     def _rewrite(self) -> None:
         write_bytes_atomic(self.path, b"".join(line + b"\n" for line in self.lines))
+
+
+def _not_logged(path: str, e: OSError) -> WriteFailed:
+    """The one-line error for a metrics line the file system refused (``e``)."""
+    space = out_of_space_errno(e)
+    code = space if space is not None else (os_errno(e) or errno.EIO)
+    why = reason(space) if space is not None else innermost_message(e)
+    fix = "free space and" if space is not None else "once the cause is fixed,"
+    said = f"{path}: not written: {why}; {fix} rerun the same command: the run resumes from its newest checkpoint"
+    return OutOfSpaceError(said, path, code) if space is not None else WriteFailed(said, path, code)
 
 
 def _logged_after(line: bytes, start: int) -> bool:
