@@ -15,6 +15,7 @@ from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 from elmo_jax import cli
 from elmo_jax._util.arguments import about
+from elmo_jax._util.device_memory import OutOfDeviceMemory
 from elmo_jax.cli import commands
 from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
@@ -354,3 +355,35 @@ def test_gpu_kernels_are_fixed_by_default_and_the_old_flag_still_parses(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--gpu-scatters", "fixed"])
     assert "invalid choice: 'fixed' (choose from deterministic, fast)" in capsys.readouterr().err
+
+
+def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
+    """XLA's out-of-memory error in the held-out evaluation (injected) becomes one line that names
+    eval's --batch-size; any other runtime error is left as it is."""
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.training import evaluate as evaluate_module
+
+    raised = [jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.")]
+
+    class Evaluator:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __call__(self, params):
+            raise raised[0]
+
+    monkeypatch.setattr(evaluate_module, "HeldoutEvaluator", Evaluator)
+    params = {"softmax": {"w": jnp.zeros((4, 2)), "b": jnp.zeros(4)}}
+    with pytest.raises(OutOfDeviceMemory) as e:
+        evaluate_module.evaluate(params, None, None, None, batch_size=64)
+    flags = commands.build_parser().parse_args(["eval", "--run-dir", "r", "--files", "f"]).flags
+    assert commands.error_line(e.value, flags) == (
+        "the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.); "
+        "--batch-size 64 rows is more than it holds: lower --batch-size (the perplexity with carried state "
+        "depends on it: compare models at one --batch-size)"
+    )
+    raised[0] = jax.errors.JaxRuntimeError("INTERNAL: something else")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):  # the negative control
+        evaluate_module.evaluate(params, None, None, None, batch_size=64)

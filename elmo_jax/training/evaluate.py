@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.arguments import about
+from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
@@ -91,7 +92,19 @@ def evaluate(
         block=block,
         scored=scored,
     )
-    return evaluator(params)
+    xla = None
+    try:
+        return evaluator(params)
+    except jax.errors.JaxRuntimeError as e:
+        if (xla := out_of_memory(e)) is None:
+            raise
+    raise about(  # outside the clause: XLA's traceback is not the message
+        OutOfDeviceMemory(
+            f"the device ran out of memory ({xla}); batch_size {batch_size} rows is more than it holds: lower "
+            "batch_size (the perplexity with carried state depends on it: compare models at one batch_size)"
+        ),
+        "batch_size",
+    )
 
 
 class HeldoutEvaluator:
