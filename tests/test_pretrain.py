@@ -1,6 +1,7 @@
 """Pretraining end to end: bilm-tf's training check, resume, export/fine-tune, bad input."""
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -489,7 +490,7 @@ def test_distinct_word_buckets_are_few_and_waste_little_of_the_char_cnn():
 def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 
-    from elmo_jax.text.sources import TfdsSource, open_source
+    from elmo_jax.text.sources import DataError, TfdsSource, open_source
     from elmo_jax.text.vocab import build_vocab, count_tokens
 
     with tfds.testing.mock_data(num_examples=24):
@@ -505,6 +506,14 @@ def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     assert batch["inputs"].shape == (2, 2, 2, 4) and batch["targets"].shape == (2, 2, 2, 4)
     assert batch["rows"].tolist() == [[0, 1], [2, 3]]
     assert n_sentences == 24 and n_tokens == sum(len(l.split()) for l in lines)
+
+    class Failing:  # its prepared files failing since the run started
+        def __getitem__(self, i):
+            raise OSError(errno.EIO, "Input/output error")
+
+    source.source = Failing()
+    with pytest.raises(DataError, match=r"^tfds:lm1b/train\[8:16\]: cannot be read \(OSError: Input/output error\)"):
+        source.read(1)
 
 
 def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, fixtures_dir):

@@ -156,10 +156,13 @@ class TfdsSource:
 
     def read(self, shard: int) -> list[str]:
         lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
-        try:  # one batched read of the shard's records
-            records = self.source.__getitems__(list(range(lo, hi)))
-        except (AttributeError, TypeError):  # sources without batched reads (tfds's mock data)
-            records = [self.source[i] for i in range(lo, hi)]
+        try:
+            try:  # one batched read of the shard's records
+                records = self.source.__getitems__(list(range(lo, hi)))
+            except (AttributeError, TypeError):  # sources without batched reads (tfds's mock data)
+                records = [self.source[i] for i in range(lo, hi)]
+        except OSError as e:  # its ArrayRecord files gone or failing since the run started
+            raise _unreadable(self.name(shard), e) from None
         out = []
         for r in records:
             text = r[self.feature]
