@@ -273,11 +273,14 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
         (["--config", "huge"], "neither a preset"),
         (["--num-processes", "2", "--process-id", "2"], "--process-id must be 0 to 1 (--num-processes - 1); got 2"),
     ]
-    for args, message in cases:
-        r = _cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress", *args, check=False)
+    for i, (args, message) in enumerate(cases):
+        run = tmp_path / f"run{i}"
+        r = _cli("train", "--run-dir", str(run), "--steps", "1", "--no-progress", *args, check=False)
         assert r.returncode == 2, (args, r.stderr)
         lines = [l for l in r.stderr.splitlines() if l.startswith("elmo-jax train: error:")]
         assert len(lines) == 1 and message in lines[0], (args, r.stderr)
+        if args[:2] == ["--config", "huge"]:  # refused before the vocabulary is built into the run dir
+            assert not run.exists()
         assert "Traceback" not in r.stderr
 
 

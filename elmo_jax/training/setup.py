@@ -63,6 +63,8 @@ def train(spec: TrainSpec, source, settings: RunSettings, heldout=None, say: Cal
             "prefetch",
             "host_workers",
         )
+    if spec.config is not None and spec.config not in PRESETS:
+        _options_file(spec.config)  # checked before the vocabulary is built and written
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
         warm = read_warmstart(spec.init_from)
@@ -175,13 +177,8 @@ def training_options(
         options = Options(model=model, train=_recipe_train(len(vocab)))
     elif config in PRESETS:
         options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
-    elif os.path.isfile(config):
-        options = Options.load(config)
     else:
-        raise about(
-            ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file"),
-            "config",
-        )
+        options = _options_file(config)
     overrides: tuple[tuple[str, Any], ...] = (
         ("batch_size", batch_size),
         ("reset_state_prob", reset_state_prob),
@@ -194,6 +191,16 @@ def training_options(
                 train=dataclasses.replace(options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}),
             )
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
+
+
+def _options_file(config: str) -> Options:
+    """The options.json ``config`` names; a ``ConfigError`` when it is neither that nor a preset."""
+    if not os.path.isfile(config):
+        raise about(
+            ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file"),
+            "config",
+        )
+    return Options.load(config)
 
 
 def _config_sets(config: str | None, key: str) -> bool:
