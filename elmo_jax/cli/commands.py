@@ -115,6 +115,21 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     )
 
 
+def _check_processes(args: argparse.Namespace, source) -> None:
+    """The multi-host flags against each other and the shards, before jax.distributed starts: once
+    it has, a process that stops leaves the others to abort in the coordination service (a C++
+    stack trace), and it aborts a process whose id is out of range itself ("Unexpected task")."""
+    from elmo_jax.text.sources import shard_for_process
+
+    n, i = args.num_processes, args.process_id
+    if n and i is not None and not 0 <= i < n:
+        raise about(
+            ConfigError(f"process_id must be 0 to {n - 1} (num_processes - 1); got {i}"), "process_id", "num_processes"
+        )
+    if n:
+        shard_for_process(source, 0, n)
+
+
 def _maybe_distributed(args: argparse.Namespace) -> None:
     import jax
 
@@ -189,7 +204,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     """``elmo_jax.training.setup.train`` on the data, vocabulary and options the flags give."""
     import jax
 
-    from elmo_jax.text.sources import open_source, shard_for_process
+    from elmo_jax.text.sources import open_source
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
 
@@ -202,17 +217,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         heldout_files = heldout_files or sample_heldout
         print(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
-    if args.num_processes and args.process_id is not None and not 0 <= args.process_id < args.num_processes:
-        # Checked here: jax.distributed aborts such a process from C++ ("Unexpected task").
-        raise about(
-            ConfigError(f"process_id must be 0 to {args.num_processes - 1} (num_processes - 1); got {args.process_id}"),
-            "process_id",
-            "num_processes",
-        )
-    if args.num_processes:
-        # Before jax.distributed starts: once it has, a process that stops leaves the others to
-        # abort in the coordination service (a C++ stack trace) instead of printing this line.
-        shard_for_process(source, 0, args.num_processes)
+    _check_processes(args, source)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     _maybe_distributed(args)
     if jax.default_backend() == "gpu":
@@ -495,11 +500,12 @@ def _add_train(sub) -> None:
         "holds a checkpoint",
     )
     _add_train_run_args(tr)
+    _add_multihost_args(tr)
     tr.set_defaults(func=cmd_train)
 
 
 def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
-    """elmo-jax train: checkpoints, logging, devices, multi-host."""
+    """elmo-jax train: checkpoints, logging, devices."""
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
@@ -546,6 +552,10 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         help="resume on training files other than the run's: keep the weights and optimizer state, start "
         "the data position afresh (without it such a resume is refused)",
     )
+
+
+def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
+    """elmo-jax train: one process per host under jax.distributed."""
     tr.add_argument(
         "--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)"
     )
