@@ -798,15 +798,17 @@ def test_a_divergence_stops_both_processes_at_the_same_step_with_the_same_line(t
 
 @pytest.mark.slow
 def test_a_process_left_alone_at_start_says_what_is_missing_in_one_line(tmp_path):
-    """Process 1 started with no coordinator at its address, and process 0 started with no process
-    1 to join it: each stops after --init-timeout with one line naming the coordinator and what to
-    do, exit 1. (Before, jax.distributed aborted each one from C++ at its initialization timeout,
-    300 s by default: SIGABRT, with a stack trace saying "another task died".)"""
-    _, args = _scenario(tmp_path, SHARDS)
+    """Processes 0 and 1 of 3 started (process 2 never comes), and a process 1 started with no
+    coordinator at its address: each stops after --init-timeout with one line naming the
+    coordinator and what to do, exit 1. (Before, jax.distributed aborted each one from C++ at its
+    initialization timeout, 300 s by default: SIGABRT, with a stack trace saying "another task
+    died".)"""
+    _, args = _scenario(tmp_path, (*SHARDS, "a third shard"))
     env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    shared, alone = _free_port(), _free_port()
     procs = []
-    for i in (0, 1):
-        where = ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2", "--process-id", str(i)]
+    for port, i in ((shared, 0), (shared, 1), (alone, 1)):
+        where = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "3", "--process-id", str(i)]
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "elmo_jax", *args, *where, "--init-timeout", "3"],
@@ -818,11 +820,12 @@ def test_a_process_left_alone_at_start_says_what_is_missing_in_one_line(tmp_path
             )
         )
     outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [1, 1], outs
+    assert [p.returncode for p in procs] == [1, 1, 1], outs
     for out in outs:
         assert len(out.strip().splitlines()) == 1 and "Terminating" not in out, out
-    assert "not all of the 2 processes joined the run within 3 s; start each one with the same" in outs[0], outs
-    assert "no coordinator answered there within 3 s (process 0 starts it); start process 0" in outs[1], outs
+    joined = "not all of the 3 processes joined the run within 3 s; start each one with the same"
+    assert f"127.0.0.1:{shared}: {joined}" in outs[0] and f"127.0.0.1:{shared}: {joined}" in outs[1], outs
+    assert "no coordinator answered there within 3 s (process 0 starts it); start process 0" in outs[2], outs
 
 
 @pytest.mark.slow
