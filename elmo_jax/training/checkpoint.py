@@ -236,15 +236,19 @@ class _AgreedCommit:
             self.peers_failed = self._failed_by_word(blocking_ms=max(1, int(left() * 1000)))
 
     def _failed_by_word(self, blocking_ms: int | None) -> list[int]:
-        """The other processes that said they failed; with ``blocking_ms``, after each has said."""
+        """The other processes that said they failed: of those that have said so far (one read of
+        the key's directory, however many processes), or with ``blocking_ms``, once each has."""
+        if blocking_ms is None:
+            try:
+                words = dict(self.client.key_value_dir_get(self.key))
+            except Exception:  # noqa: BLE001 - the store unreachable: the barrier after this says so
+                return []
+            return [p for p in self.others if words.get(f"{self.key}/{p}", "wrote") != "wrote"]
         said = []
         for p in self.others:
             try:
-                if blocking_ms is None:
-                    word = self.client.key_value_try_get(f"{self.key}/{p}")
-                else:
-                    word = self.client.blocking_key_value_get(f"{self.key}/{p}", blocking_ms)
-            except Exception:  # noqa: BLE001 - not said yet (try_get); a timeout is Orbax's barrier's to report
+                word = self.client.blocking_key_value_get(f"{self.key}/{p}", blocking_ms)
+            except Exception:  # noqa: BLE001 - a timeout is Orbax's barrier's to report, after this
                 continue
             if word != "wrote":
                 said.append(p)
