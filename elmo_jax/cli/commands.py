@@ -140,7 +140,10 @@ def _maybe_distributed(args: argparse.Namespace) -> None:
     # aborts the process from C++ (a stack trace that says "another task died"). This watchdog
     # says what is missing in one line a little before that, and exits: nothing is written yet.
     joined = threading.Event()
-    watchdog = threading.Timer(args.init_timeout, _not_joined, (args, address, joined))
+    # Process 0 runs the coordinator, and waits a little longer: the processes that did join must
+    # say so first, as a process that finds the coordinator gone says nothing answered there.
+    wait = args.init_timeout + (min(15.0, max(2.0, args.init_timeout / 10)) if args.process_id in (0, None) else 0.0)
+    watchdog = threading.Timer(wait, _not_joined, (args, address, joined))
     watchdog.daemon = True
     watchdog.start()
     try:
