@@ -92,7 +92,6 @@ def evaluate(
         block=block,
         scored=scored,
     )
-    xla = None
     try:
         return evaluator(params)
     except jax.errors.JaxRuntimeError as e:
