@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import re
 import shlex
-import socket
 import sys
-import threading
 import warnings
 from importlib import resources
 
 import numpy as np
 
-from elmo_jax._util.arguments import about, arguments_of
+from elmo_jax._util.arguments import arguments_of
 from elmo_jax._util.device_memory import OutOfDeviceMemory
 from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
 from elmo_jax._util.runtime import (
@@ -26,6 +25,7 @@ from elmo_jax._util.runtime import (
     set_gpu_kernels,
     warn_if_accelerator_unused,
 )
+from elmo_jax.cli import multihost
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
@@ -115,79 +115,28 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     )
 
 
-def _check_processes(args: argparse.Namespace, source) -> None:
-    """The multi-host flags against each other and the shards, before jax.distributed starts: once
-    it has, a process that stops leaves the others to abort in the coordination service (a C++
-    stack trace), and it aborts a process whose id is out of range itself ("Unexpected task")."""
-    from elmo_jax.text.sources import shard_for_process
+@contextlib.contextmanager
+def _watched(watch: multihost.PeerWatch | None, args: argparse.Namespace):
+    """Tells the other processes how this one's training ended (``watch``: None for one process).
+    An error the command line has no line for waits to see whether another process died first (a
+    collective that lost its peer raises here), and then that process's line is the one said."""
+    from elmo_jax.training.global_batches import PeerFailed
 
-    n, i = args.num_processes, args.process_id
-    if n and i is not None and not 0 <= i < n:
-        raise about(
-            ConfigError(f"process_id must be 0 to {n - 1} (num_processes - 1); got {i}"), "process_id", "num_processes"
-        )
-    if n:
-        shard_for_process(source, 0, n)
-
-
-def _maybe_distributed(args: argparse.Namespace) -> None:
-    import jax
-
-    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if not address:
+    if watch is None:
+        yield
         return
-    # jax.distributed waits for every process to join, and past its initialization timeout it
-    # aborts the process from C++ (a stack trace that says "another task died"). This watchdog
-    # says what is missing in one line a little before that, and exits: nothing is written yet.
-    joined = threading.Event()
-    # Process 0 runs the coordinator, and waits a little longer: the processes that did join must
-    # say so first, as a process that finds the coordinator gone says nothing answered there.
-    wait = args.init_timeout + (min(15.0, max(2.0, args.init_timeout / 10)) if args.process_id in (0, None) else 0.0)
-    watchdog = threading.Timer(wait, _not_joined, (args, address, joined))
-    watchdog.daemon = True
-    watchdog.start()
     try:
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator,
-            num_processes=args.num_processes,
-            process_id=args.process_id,
-            initialization_timeout=args.init_timeout + 30,
-            heartbeat_timeout_seconds=args.heartbeat_timeout,
-        )
-    finally:
-        joined.set()
-        watchdog.cancel()
-
-
-def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event) -> None:
-    """The watchdog's end (``_maybe_distributed``): one line on stderr, then exit 1 at once."""
-    if joined.is_set():
-        return
-    n = f" {args.num_processes}" if args.num_processes else ""
-    if args.process_id not in (None, 0) and not _listens(address):
-        why = (
-            f"no coordinator answered there within {args.init_timeout} s (process 0 starts it); start process 0 "
-            "with the same --coordinator, check the host and port, or raise --init-timeout"
-        )
-    else:
-        why = (
-            f"not all of the{n} processes joined the run within {args.init_timeout} s; start each one with the "
-            f"same --coordinator and --num-processes and its own --process-id, or raise --init-timeout"
-        )
-    print(f"elmo-jax {args.command}: error: --coordinator {address}: {why}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def _listens(address: str) -> bool:
-    """Whether something accepts a TCP connection at ``host:port``."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
-            return True
-    except (OSError, ValueError):
-        return False
+        yield
+    except Exception as e:
+        if _exit_code(e) is not None:
+            watch.failed(error_line(e, args.flags), follow=isinstance(e, PeerFailed))
+        else:
+            watch.failed(f"{type(e).__name__}: {e}", wait=True)
+        raise
+    except BaseException:
+        watch.failed("interrupted")
+        raise
+    watch.ended()
 
 
 def _seconds(value: str) -> int:
@@ -208,8 +157,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     import jax
 
     from elmo_jax.text.sources import open_source
-    from elmo_jax.training.loop import RunSettings
-    from elmo_jax.training.setup import TrainSpec, train
 
     # Before jax starts its backend, which is when XLA reads its flags.
     several = (args.num_processes or 1) > 1 or bool(args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"))
@@ -220,11 +167,22 @@ def cmd_train(args: argparse.Namespace) -> None:
         heldout_files = heldout_files or sample_heldout
         print(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
-    _check_processes(args, source)
+    multihost.check_processes(args, source)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
-    _maybe_distributed(args)
-    if jax.default_backend() == "gpu":
-        print(kernels)
+    with _watched(multihost.start(args), args):
+        if jax.default_backend() == "gpu":
+            print(kernels)
+        last = _train(args, source, heldout)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
+    if jax.process_index() == 0:
+        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+
+
+def _train(args: argparse.Namespace, source, heldout) -> dict:
+    """``setup.train`` with the flags' spec and settings; the last metrics."""
+    from elmo_jax.training.loop import RunSettings
+    from elmo_jax.training.setup import TrainSpec, train
+
     spec = TrainSpec(
         config=args.config,
         vocab=args.vocab,
@@ -252,12 +210,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         on_divergence=args.on_divergence,
         new_data=args.new_data,
     )
-    last = train(
+    return train(
         spec, source, settings, heldout=heldout, say=lambda text, *names: print(flag_text(text, names, args.flags))
     )
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
-    if jax.process_index() == 0:
-        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
@@ -569,8 +524,9 @@ def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
         type=int,
         default=100,
         metavar="SECONDS",
-        help="multi-host: a process silent this long is taken for dead and every process stops "
-        "(jax.distributed's heartbeat timeout)",
+        help="multi-host: a process silent this long is taken for dead, and every other process stops with one "
+        "line naming it and the step to resume from (jax.distributed's own heartbeat timeout, a backstop, is set "
+        "to twice this plus 10 s)",
     )
     tr.add_argument(
         "--init-timeout",
@@ -744,10 +700,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         enable_compile_cache(args.compile_cache)
         args.func(args)
-    except USER_ERRORS as e:
-        return _failed(args, e, 2)
-    except WriteFailed as e:  # the input was fine; the machine ran out of room, or its file system failed
-        return _failed(args, e, 1)
     except KeyboardInterrupt:
         print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
         if argv is None and args.command == "embed":
@@ -759,13 +711,24 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(130)
         return 130
     except Exception as e:
-        from elmo_jax.training.global_batches import PeerFailed
-        from elmo_jax.training.hooks import Diverged
-
-        if not isinstance(e, (PeerFailed, Diverged, OutOfDeviceMemory)):
+        if (code := _exit_code(e)) is None:
             raise
-        return _failed(args, e, 1)
+        return _failed(args, e, code)
     return 0
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    """The exit code of an error said in one line: 2 for the user's input, 1 for what the machine or
+    the run met; None for an error the command line has no line for (a bug: its traceback)."""
+    from elmo_jax.training.global_batches import PeerFailed
+    from elmo_jax.training.hooks import Diverged
+
+    if isinstance(exc, USER_ERRORS):
+        return 2
+    # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
+    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory)):
+        return 1
+    return None
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

@@ -77,10 +77,16 @@ def train(spec: TrainSpec, source, settings: RunSettings, heldout=None, say: Cal
 
 def has_checkpoint(run_dir: str) -> bool:
     """Whether ``run_dir`` (local or gs://) holds a checkpoint."""
+    return bool(saved_steps(run_dir))
+
+
+def saved_steps(run_dir: str) -> list[int]:
+    """The committed checkpoints' steps in ``run_dir`` (local or gs://), by their directories alone,
+    without opening Orbax: a save in flight is a temporary directory until it commits."""
     from etils import epath
 
     checkpoints = epath.Path(run_dir, "checkpoints")
-    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.is_dir() else []
 
 
 def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say) -> str:

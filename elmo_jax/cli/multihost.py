@@ -1,0 +1,293 @@
+"""``elmo-jax train`` across processes (jax.distributed): the start, and a watch on the other processes.
+
+jax.distributed ends a process from C++ (SIGABRT, with a stack trace that blames "another task")
+when the processes do not all join in time, or when one of them stops sending heartbeats. Both
+deadlines are kept here from Python a little before jax's own, so that every process stops with
+one line that names the process at fault and the checkpoint to resume from.
+
+Not covered: process 0 runs jax's coordination service, and when it dies the others are ended by
+jax at once, from a C++ thread that no Python code can stand in for (a Python
+``missed_heartbeat_callback`` cannot be handed the error: ``std::bad_cast``)."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from elmo_jax._util.arguments import about
+from elmo_jax.config import ConfigError
+
+# jax.distributed's own heartbeat timeout, as a multiple of --heartbeat-timeout (plus 10 s): a
+# backstop, late enough that this watch has stopped every process first.
+JAX_HEARTBEAT_FACTOR = 2
+KEY = "elmo_jax/alive"
+
+
+def check_processes(args: argparse.Namespace, source) -> None:
+    """The multi-host flags against each other and the shards, before jax.distributed starts: once
+    it has, a process that stops leaves the others to abort in the coordination service (a C++
+    stack trace), and it aborts a process whose id is out of range itself ("Unexpected task")."""
+    from elmo_jax.text.sources import shard_for_process
+
+    n, i = args.num_processes, args.process_id
+    if n and i is not None and not 0 <= i < n:
+        raise about(
+            ConfigError(f"process_id must be 0 to {n - 1} (num_processes - 1); got {i}"), "process_id", "num_processes"
+        )
+    if n:
+        shard_for_process(source, 0, n)
+
+
+def start(args: argparse.Namespace) -> PeerWatch | None:
+    """jax.distributed for ``--coordinator`` (or JAX_COORDINATOR_ADDRESS), and the watch on the other
+    processes; None for a single-process run."""
+    import jax
+    from jax._src import distributed
+
+    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not address:
+        return None
+    # jax.distributed waits for every process to join, and past its initialization timeout it
+    # aborts the process from C++. This watchdog says what is missing in one line a little before
+    # that, and exits: nothing is written yet.
+    joined = threading.Event()
+    # Process 0 runs the coordinator, and waits a little longer: the processes that did join must
+    # say so first, as a process that finds the coordinator gone says nothing answered there.
+    wait = args.init_timeout + (min(15.0, max(2.0, args.init_timeout / 10)) if args.process_id in (0, None) else 0.0)
+    watchdog = threading.Timer(wait, _not_joined, (args, address, joined))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            initialization_timeout=args.init_timeout + 30,
+            heartbeat_timeout_seconds=JAX_HEARTBEAT_FACTOR * args.heartbeat_timeout + 10,
+        )
+    finally:
+        joined.set()
+        watchdog.cancel()
+    if jax.process_count() == 1 or distributed.global_state.client is None:
+        return None
+    watch = PeerWatch(
+        distributed.global_state.client, jax.process_index(), jax.process_count(), args.heartbeat_timeout, args.run_dir
+    )
+    watch.start()
+    return watch
+
+
+def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event) -> None:
+    """The start watchdog's end (``start``): one line on stderr, then exit 1 at once."""
+    if joined.is_set():
+        return
+    n = f" {args.num_processes}" if args.num_processes else ""
+    if args.process_id not in (None, 0) and not _listens(address):
+        why = (
+            f"no coordinator answered there within {args.init_timeout} s (process 0 starts it); start process 0 "
+            "with the same --coordinator, check the host and port, or raise --init-timeout"
+        )
+    else:
+        why = (
+            f"not all of the{n} processes joined the run within {args.init_timeout} s; start each one with the "
+            f"same --coordinator and --num-processes and its own --process-id, or raise --init-timeout"
+        )
+    _leave(f"elmo-jax {args.command}: error: --coordinator {address}: {why}")
+
+
+def _listens(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _leave(line: str, code: int = 1) -> None:
+    """``line`` on stderr, then exit at once: past jax's deadlines, the interpreter's teardown
+    would wait on jax.distributed's shutdown barrier for a process that is not coming."""
+    if line:
+        print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class PeerWatch:
+    """Whether the other processes of the run are still there, through jax.distributed's key-value
+    store. Every ``period`` seconds each process writes ``KEY/<its id>`` = ``"<count> <state>"``
+    (``running``, ``ended``, or ``failed own|follow <its error line>``) and reads everyone's.
+
+    While this process works, a background thread stops it with one line (exit 1) when another
+    process has not counted on for ``timeout`` seconds (killed, out of memory, its host lost), or
+    has failed and this one is still working ``grace`` seconds later (an error of its own that no
+    collective carried here). A process that has ended or failed is never taken for dead: it has
+    said what happened to it.
+
+    ``client``: jax.distributed's client (``key_value_set``, ``key_value_dir_get``)."""
+
+    def __init__(self, client: Any, me: int, n: int, timeout: float, run_dir: str):
+        self.client, self.me, self.n, self.timeout, self.run_dir = client, me, n, float(timeout), run_dir
+        self.period = max(0.25, min(5.0, self.timeout / 20))
+        self.grace = max(5.0, self.timeout / 4)
+        self.state = "running"
+        self.count = 0
+        self.started = time.monotonic()
+        self.seen: dict[int, tuple[str, float]] = {}  # the other's word, and when it last changed
+        self.failed_at: dict[int, float] = {}  # when the other was first seen failed
+        self.lock = threading.Lock()
+        self.quit = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="elmo-jax peer watch", daemon=True)
+
+    def start(self) -> None:
+        self._tick()
+        self.thread.start()
+        # Before the interpreter's teardown destroys jax.distributed's client under the thread.
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        self.quit.set()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=2 * self.period + 5)
+
+    def ended(self) -> None:
+        """This process's work ended well: it is never taken for dead from now on."""
+        self._unless_stopping()
+        self._say("ended")
+
+    def failed(self, line: str, follow: bool = False, wait: bool = False) -> None:
+        """This process's work ended with an error, ``line`` (``follow``: because another failed).
+
+        ``wait``: an error this code did not foresee, which a peer's death can cause (a collective
+        that lost its peer). Waits until every other process has said how it ended, or until the
+        watch has taken one for dead and stopped this process with that line instead."""
+        self._unless_stopping()
+        self._say(f"failed {'follow' if follow else 'own'} {' '.join(line.split())}")
+        deadline = time.monotonic() + self.timeout + 3 * self.period
+        while wait and time.monotonic() < deadline and not all(self._ended(k) for k in self._others()):
+            time.sleep(self.period)
+            self._unless_stopping()
+
+    def _unless_stopping(self) -> None:
+        """Waits for the exit when the watch is stopping the process: its shutdown cancels what the
+        main thread waits on, whose error is then no news."""
+        if self.stopping.is_set():
+            threading.Event().wait()
+
+    def _say(self, state: str) -> None:
+        with self.lock:
+            self.state = state
+        self._tick()
+
+    def _run(self) -> None:
+        while not self.quit.wait(self.period):
+            self._tick()
+            with self.lock:
+                working = self.state == "running"
+            for k in self._others():
+                verdict = self._verdict(k, working)
+                if verdict is not None:
+                    self._stop(verdict)
+
+    def _tick(self) -> None:
+        """Counts on in the store, and reads everyone's word."""
+        with self.lock:
+            self.count += 1
+            word = f"{self.count} {self.state}"
+        try:
+            self.client.key_value_set(f"{KEY}/{self.me}", word, allow_overwrite=True)
+            words = self.client.key_value_dir_get(KEY)
+        except Exception:  # noqa: BLE001 - the store unreachable is no word, as a silent process is
+            return
+        now = time.monotonic()
+        with self.lock:
+            for key, value in words:
+                k = int(key.rsplit("/", 1)[1])
+                if k != self.me and (k not in self.seen or self.seen[k][0] != value):
+                    self.seen[k] = (value, now)
+                    if value.split(" ")[1] == "failed":
+                        self.failed_at.setdefault(k, now)
+
+    def _others(self) -> list[int]:
+        return [k for k in range(self.n) if k != self.me]
+
+    def _ended(self, k: int) -> bool:
+        with self.lock:
+            return k in self.seen and self.seen[k][0].split(" ")[1] in ("ended", "failed")
+
+    def _verdict(self, k: int, working: bool) -> tuple[bool, str] | None:
+        """Whether process ``k`` stops this one: (dead, what to say), or None.
+
+        ``working``: this process's own work goes on, so a failure of ``k`` that no collective
+        brought here after ``grace`` seconds stops it; once its own work has ended (well or not),
+        only ``k``'s death does."""
+        now = time.monotonic()
+        with self.lock:
+            word, since = self.seen.get(k, ("0 running", self.started))
+            failed_at = self.failed_at.get(k, now)
+        _, state, *said = word.split(" ", 3)
+        if state == "failed" and working and now - failed_at >= self.grace:
+            return False, f"process {k} of {self.n} stopped with an error: {said[1] if len(said) > 1 else '?'}"
+        if state == "running" and now - since > self.timeout:
+            return True, (
+                f"process {k} of {self.n} stopped answering: no word from it for {self.timeout:g} s "
+                "(--heartbeat-timeout); it was killed, ran out of memory, or lost its host"
+            )
+        return None
+
+    def _stop(self, verdict: tuple[bool, str]) -> None:
+        """Says the verdict and exits 1 (does not return).
+
+        Every process must leave so that jax.distributed ends none of them from C++. With one
+        dead, the others cannot pass its shutdown barrier: they leave at once, process 0 last, as
+        its exit (the coordination service's) would end those still there. With all of them alive
+        (one failed), they leave together through the barrier, where the failed one waits."""
+        self.stopping.set()
+        dead, why = verdict
+        # A failed process's own line says what it kept, as a single process's would.
+        then = _kept(self.run_dir) if dead else "once its cause is fixed, restart every process with the same command"
+        print(f"elmo-jax train: error: {why}; {then}", file=sys.stderr, flush=True)
+        self._say(f"failed follow {why}")
+        if not dead:
+            import jax
+
+            with contextlib.suppress(Exception):
+                jax.distributed.shutdown()
+        elif self.me == 0:
+            deadline = time.monotonic() + self.grace + 3 * self.period
+            while time.monotonic() < deadline and not all(self._gone(k) for k in self._others()):
+                time.sleep(self.period)
+                self._tick()
+            time.sleep(self.period)  # those that have said so are leaving
+        _leave("")
+
+    def _gone(self, k: int) -> bool:
+        """Whether process ``k`` has said how it ended, or is dead."""
+        verdict = self._verdict(k, working=False)
+        return self._ended(k) or (verdict is not None and verdict[0])
+
+
+def _kept(run_dir: str) -> str:
+    """What a restart resumes from, in words."""
+    from elmo_jax.training.setup import saved_steps
+
+    try:
+        steps = saved_steps(run_dir)
+    except OSError:
+        steps = []
+    if not steps:
+        return "no checkpoint was saved before it: restart every process with the same command"
+    return (
+        f"step(s) {', '.join(map(str, steps))} are intact: restart every process with the same command to resume "
+        f"from step {steps[-1]}"
+    )
