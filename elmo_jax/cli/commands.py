@@ -521,7 +521,7 @@ def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument("--process-id", type=int)
     tr.add_argument(
         "--heartbeat-timeout",
-        type=int,
+        type=_seconds,
         default=100,
         metavar="SECONDS",
         help="multi-host: a process silent this long is taken for dead, and every other process stops with one "
