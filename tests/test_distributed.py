@@ -933,26 +933,28 @@ sys.exit(cli.main(sys.argv[1:]))
     ids=["before-training", "out-of-memory-in-a-step"],
 )
 def test_a_process_failing_alone_stops_the_others_with_its_line(tmp_path, worker_cache, program, code, said):
-    """Process 1 stops with its one-line error where no agreement carries it: before training, or
-    out of device memory in a step. Process 0, waiting in a collective, stops too, within seconds,
-    with one line quoting process 1's. (Before: before training, process 0's collective timed out
-    30 s later with a traceback from inside jax; in a step, process 0 waited in the step's
-    collective until jax.distributed aborted both from C++.)"""
-    run_dir, args = _scenario(tmp_path, SHARDS)
+    """Process 1 of 3 stops with its one-line error where no agreement carries it: before
+    training, or out of device memory in a step. Processes 0 and 2, waiting in a collective, stop
+    too, within seconds, with one line quoting process 1's; all three leave through jax's shutdown
+    barrier. (Before, with 2 processes: before training, process 0's collective timed out 30 s
+    later with a traceback from inside jax; in a step, it waited in the step's collective past the
+    test's 120 s.)"""
+    run_dir, args = _scenario(tmp_path, (*SHARDS, "a third shard"))
     args = args[:-2] + ["--save-every", "5", "--heartbeat-timeout", "20"]
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", program])
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", program], n=3)
     t0 = time.monotonic()
     texts = _wait_workers(procs, logs, timeout=120, expect_ok=False)
     assert time.monotonic() - t0 < 25
-    assert [p.returncode for p in procs] == [1, code], texts
+    assert [p.returncode for p in procs] == [1, code, 1], texts
     said = said.format(run=run_dir)
     [line] = [x for x in texts[1].splitlines() if "error" in x]
     assert line == f"elmo-jax train: error: {said}", texts[1]
-    [line] = [x for x in texts[0].splitlines() if "error" in x]
-    assert line == (
-        f"elmo-jax train: error: process 1 of 2 stopped with an error: {said}; once its cause is fixed, restart "
-        "every process with the same command"
-    ), texts[0]
+    for text in texts[0], texts[2]:
+        [line] = [x for x in text.splitlines() if "error" in x]
+        assert line == (
+            f"elmo-jax train: error: process 1 of 3 stopped with an error: {said}; once its cause is fixed, "
+            "restart every process with the same command"
+        ), text
     assert not any("Traceback" in text or "Terminating" in text for text in texts), texts
 
 

@@ -3,7 +3,9 @@
 jax.distributed ends a process from C++ (SIGABRT, with a stack trace that blames "another task")
 when the processes do not all join in time, or when one of them stops sending heartbeats. Both
 deadlines are kept here from Python a little before jax's own, so that every process stops with
-one line that names the process at fault and the checkpoint to resume from.
+one line that names the process at fault and the checkpoint to resume from. A process that fails
+alone, where the training loop's agreement cannot carry its error, tells the others through the
+same key-value store instead of leaving them in a collective that will not complete.
 
 Not covered: process 0 runs jax's coordination service, and when it dies the others are ended by
 jax at once, from a C++ thread that no Python code can stand in for (a Python
@@ -31,9 +33,9 @@ KEY = "elmo_jax/alive"
 
 
 def check_processes(args: argparse.Namespace, source) -> None:
-    """The multi-host flags against each other and the shards, before jax.distributed starts: once
-    it has, a process that stops leaves the others to abort in the coordination service (a C++
-    stack trace), and it aborts a process whose id is out of range itself ("Unexpected task")."""
+    """The multi-host flags against each other and the shards, before jax.distributed starts: so
+    every process refuses them at once and alike, and jax never meets a process id out of range
+    (it aborts that process itself, "Unexpected task")."""
     from elmo_jax.text.sources import shard_for_process
 
     n, i = args.num_processes, args.process_id
@@ -75,6 +77,7 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     finally:
         joined.set()
         watchdog.cancel()
+    # jax has no public handle on its distributed client; checkpoint.py reads the same one.
     if jax.process_count() == 1 or distributed.global_state.client is None:
         return None
     watch = PeerWatch(
