@@ -33,7 +33,7 @@ class Store:
 
 def _watch(store: Store, me: int = 0, n: int = 3, timeout: float = 0.6) -> PeerWatch:
     watch = PeerWatch(store, me, n, timeout, "/nonexistent/run")
-    watch.grace = 0.3
+    watch.grace = 0.5
     return watch
 
 
@@ -76,7 +76,7 @@ def test_a_failed_process_stops_this_one_after_the_grace_while_it_works_with_its
     _word(store, 1, "3 failed own [Errno 2] No such file or directory: 'vocab.txt'")
     watch._tick()
     assert watch._verdict(1, working=True) is None  # within the grace: a collective may bring it here
-    time.sleep(0.35)
+    time.sleep(0.55)
     watch._tick()
     assert watch._verdict(1, working=True) == (
         False,
