@@ -273,6 +273,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
         (["--config", "huge"], "neither a preset"),
         (["--num-processes", "2", "--process-id", "2"], "--process-id must be 0 to 1 (--num-processes - 1); got 2"),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: expected a whole number of seconds, 1 or more"),
+        (["--stall-timeout", "-1"], "argument --stall-timeout: expected a whole number of seconds (0: off): '-1'"),
     ]
     for i, (args, message) in enumerate(cases):
         run = tmp_path / f"run{i}"

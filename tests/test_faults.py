@@ -9,12 +9,15 @@ the message names goes on from the last good step.
 import errno
 import json
 import math
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
-from helpers import FIXTURES, run_elmo_jax
+from helpers import FIXTURES, READ_NEVER_RETURNS, run_elmo_jax, xla_flags
 from test_pretrain import _write_tiny_options
 
 from elmo_jax import cli
@@ -364,3 +367,43 @@ def test_a_metrics_line_the_disk_refuses_stops_in_one_line_and_the_rerun_resumes
     assert f"resuming {run} from step 20 " in capsys.readouterr().out
     logged = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert logged == [10, 30, 40]  # step 20's record, refused by the disk, is lost: its step does not run again
+
+
+@pytest.mark.slow
+def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_resumes(tmp_path):
+    """No step completes for --stall-timeout seconds (the reader hangs; nothing raises): one line
+    naming the file that holds every thread's stack, exit 1; that file shows the hanging reader;
+    the same command, once the reader answers, resumes from the newest checkpoint. (Without the
+    watch the run waits for ever: the negative control below, with --stall-timeout 0.)"""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "60", "--stall-timeout", "3")
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    hung = subprocess.run(
+        [sys.executable, "-c", READ_NEVER_RETURNS, *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert hung.returncode == 1, hung.stderr[-3000:]
+    intact = _steps(run)
+    assert intact and intact[-1] >= 10, intact
+    [line] = _error_lines(hung.stderr)
+    assert "Traceback" not in hung.stderr
+    assert line == (
+        f"elmo-jax train: error: {run}: no training step completed for 3 s (--stall-timeout): the run is stuck (a "
+        "read that never returns, a deadlock, a device that no longer answers); every thread's stack is in "
+        f"{run / 'stalled.txt'}; step(s) {', '.join(map(str, intact))} are intact: rerun the same command to resume "
+        f"from step {intact[-1]}"
+    )
+    stacks = (run / "stalled.txt").read_text()
+    assert stacks.startswith("no training step completed for 3 s; every thread's Python stack:")
+    assert "in next_batch_or_hang" in stacks and "prefetch.py" in stacks, stacks
+
+    again = run_elmo_jax(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {run} from step {intact[-1]} " in again.stdout
+    assert _steps(run)[-1] == 60
+
+    with pytest.raises(subprocess.TimeoutExpired):  # the negative control: no watch, no end
+        subprocess.run(
+            [sys.executable, "-c", READ_NEVER_RETURNS, *args[:-2], "--run-dir", str(tmp_path / "off"),
+             "--stall-timeout", "0"],
+            capture_output=True, text=True, timeout=15, env=env,
+        )  # fmt: skip

@@ -132,7 +132,7 @@ def test_an_unforeseen_error_waits_until_every_other_process_has_said_how_it_end
 
 
 def test_the_watch_stops_the_process_with_the_dead_ones_line_and_what_is_kept(tmp_path, monkeypatch, capsys):
-    """The thread itself: a silent process ends this one through ``_leave`` (``os._exit`` in the
+    """The thread itself: a silent process ends this one through ``leave`` (``os._exit`` in the
     program), with the checkpoints on disk named."""
     for step in ("4", "8", "12.orbax-checkpoint-tmp-1700000000"):
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_the_watch_stops_the_process_with_the_dead_ones_line_and_what_is_kept(tm
         left.append(code)
         watch.quit.set()  # ends the watch's thread, as os._exit ends the program
 
-    monkeypatch.setattr(multihost, "_leave", leave)
+    monkeypatch.setattr(multihost, "leave", leave)
     store = Store()
     watch = PeerWatch(store, 1, 2, 0.5, str(tmp_path))
     _word(store, 0, "1 running")

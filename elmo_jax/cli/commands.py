@@ -26,6 +26,7 @@ from elmo_jax._util.runtime import (
     warn_if_accelerator_unused,
 )
 from elmo_jax.cli import multihost
+from elmo_jax.cli.stall import StallWatch
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
@@ -145,6 +146,12 @@ def _seconds(value: str) -> int:
     return int(value)
 
 
+def _seconds_or_off(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds (0: off): {value!r}")
+    return int(value)
+
+
 def _old_gpu_scatters(value: str) -> str:
     names = {"deterministic": "fixed", "fast": "tuned"}
     if value not in names:
@@ -169,16 +176,24 @@ def cmd_train(args: argparse.Namespace) -> None:
     source = open_source(train_files, args.tfds_data_dir)
     multihost.check_processes(args, source)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
-    with _watched(multihost.start(args), args):
-        if jax.default_backend() == "gpu":
-            print(kernels)
-        last = _train(args, source, heldout)
+    peers = multihost.start(args)
+    stall = StallWatch(args.stall_timeout, args.run_dir, peers) if args.stall_timeout else None
+    try:
+        with _watched(peers, args):
+            if jax.default_backend() == "gpu":
+                print(kernels)
+            if stall is not None:
+                stall.start()
+            last = _train(args, source, heldout, None if stall is None else stall.beat)
+    finally:
+        if stall is not None:
+            stall.close()
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
-def _train(args: argparse.Namespace, source, heldout) -> dict:
+def _train(args: argparse.Namespace, source, heldout, on_progress) -> dict:
     """``setup.train`` with the flags' spec and settings; the last metrics."""
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
@@ -210,9 +225,8 @@ def _train(args: argparse.Namespace, source, heldout) -> dict:
         on_divergence=args.on_divergence,
         new_data=args.new_data,
     )
-    return train(
-        spec, source, settings, heldout=heldout, say=lambda text, *names: print(flag_text(text, names, args.flags))
-    )
+    say = lambda text, *names: print(flag_text(text, names, args.flags))  # noqa: E731
+    return train(spec, source, settings, heldout=heldout, say=say, on_progress=on_progress)
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
@@ -466,6 +480,15 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     """elmo-jax train: checkpoints, logging, devices."""
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--save-every", type=int, default=500)
+    tr.add_argument(
+        "--stall-timeout",
+        type=_seconds_or_off,
+        default=1800,
+        metavar="SECONDS",
+        help="when no training step (or held-out window) completes for this long, write every thread's stack to "
+        "RUN/stalled.txt, say so in one line and exit 1, so that the run can be restarted from its newest "
+        "checkpoint (0: wait for ever); armed after the first step",
+    )
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     tr.add_argument(
         "--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)"

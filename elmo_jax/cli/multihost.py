@@ -102,7 +102,7 @@ def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event)
             f"not all of the{n} processes joined the run within {args.init_timeout} s; start each one with the "
             f"same --coordinator and --num-processes and its own --process-id, or raise --init-timeout"
         )
-    _leave(f"elmo-jax {args.command}: error: --coordinator {address}: {why}")
+    leave(f"elmo-jax {args.command}: error: --coordinator {address}: {why}")
 
 
 def _listens(address: str) -> bool:
@@ -115,7 +115,7 @@ def _listens(address: str) -> bool:
         return False
 
 
-def _leave(line: str, code: int = 1) -> None:
+def leave(line: str, code: int = 1) -> None:
     """``line`` on stderr, then exit at once: past jax's deadlines, the interpreter's teardown
     would wait on jax.distributed's shutdown barrier for a process that is not coming."""
     if line:
@@ -249,18 +249,26 @@ class PeerWatch:
         return None
 
     def _stop(self, verdict: tuple[bool, str]) -> None:
-        """Says the verdict and exits 1 (does not return).
+        """Says the verdict and exits 1 (does not return)."""
+        dead, why = verdict
+        # A failed process's own line says what it kept, as a single process's would.
+        then = (
+            resume_from(self.run_dir)
+            if dead
+            else "once its cause is fixed, restart every process with the same command"
+        )
+        self.stop(f"{why}; {then}", follow=True, dead=dead)
+
+    def stop(self, line: str, follow: bool = False, dead: bool = False) -> None:
+        """Says ``line`` as this process's error, tells the others, and exits 1 (does not return).
 
         Every process must leave so that jax.distributed ends none of them from C++. With one
         dead, the others cannot pass its shutdown barrier: they leave at once, process 0 last, as
         its exit (the coordination service's) would end those still there. With all of them alive
         (one failed), they leave together through the barrier, where the failed one waits."""
         self.stopping.set()
-        dead, why = verdict
-        # A failed process's own line says what it kept, as a single process's would.
-        then = _kept(self.run_dir) if dead else "once its cause is fixed, restart every process with the same command"
-        print(f"elmo-jax train: error: {why}; {then}", file=sys.stderr, flush=True)
-        self._say(f"failed follow {why}")
+        print(f"elmo-jax train: error: {line}", file=sys.stderr, flush=True)
+        self._say(f"failed {'follow' if follow else 'own'} {line}")
         if not dead:
             import jax
 
@@ -272,7 +280,7 @@ class PeerWatch:
                 time.sleep(self.period)
                 self._tick()
             time.sleep(self.period)  # those that have said so are leaving
-        _leave("")
+        leave("")
 
     def _gone(self, k: int) -> bool:
         """Whether process ``k`` has said how it ended, or is dead."""
@@ -280,17 +288,15 @@ class PeerWatch:
         return self._ended(k) or (verdict is not None and verdict[0])
 
 
-def _kept(run_dir: str) -> str:
-    """What a restart resumes from, in words."""
+def resume_from(run_dir: str, processes: int = 2) -> str:
+    """What a restart resumes from, in words: of every process, or of the one (``processes``)."""
     from elmo_jax.training.setup import saved_steps
 
+    again = "restart every process with the same command" if processes > 1 else "rerun the same command"
     try:
         steps = saved_steps(run_dir)
-    except OSError:
-        steps = []
+    except Exception:  # noqa: BLE001 - a listing that fails (a remote store gone) leaves the steps unsaid
+        return f"{again} to resume from its newest checkpoint"
     if not steps:
-        return "no checkpoint was saved before it: restart every process with the same command"
-    return (
-        f"step(s) {', '.join(map(str, steps))} are intact: restart every process with the same command to resume "
-        f"from step {steps[-1]}"
-    )
+        return f"no checkpoint was saved before it: {again}"
+    return f"step(s) {', '.join(map(str, steps))} are intact: {again} to resume from step {steps[-1]}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -183,8 +184,9 @@ class HeldoutEvaluator:
             )
         self.unk_rate = unks / max(positions, 1)
 
-    def __call__(self, params: dict) -> dict:
-        """``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens", "unk_rate"}`` of ``params``."""
+    def __call__(self, params: dict, on_window: Callable[[], None] | None = None) -> dict:
+        """``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens", "unk_rate"}`` of ``params``
+        (``on_window``: called as each window is dispatched, a sign of progress)."""
         w, b, valid, rows = _softmax_table(params["softmax"], self.layout, self.mesh.size, self.block_limit)
         block = _divisor_at_most(rows // self.mesh.size, self.block_limit)
         placed = {
@@ -201,6 +203,8 @@ class HeldoutEvaluator:
             if self.carried:
                 state = carried
             sums.append(s)  # read back at the end: the host puts the next window meanwhile
+            if on_window is not None:
+                on_window()
         fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / self.count
         return {
             "perplexity": math.exp(0.5 * (fwd + bwd)),

@@ -2,7 +2,7 @@
 
 - ``MetricsWindow``: sums the step metrics between two logged steps and times them;
 - ``MetricsFile``: ``metrics.jsonl``, one line per logged step, kept exact across resumes;
-- ``Progress``: the tqdm bar;
+- ``Progress``: the tqdm bar, and a beat at each step for whoever watches for a stuck run;
 - ``SignalStop``: SIGTERM/SIGINT become a request to save and stop at the next step boundary;
 - ``DivergenceGuard``: a blown-up training loss stops the run (``Diverged``) or is warned about.
 
@@ -16,6 +16,7 @@ import json
 import math
 import signal
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -200,10 +201,13 @@ class SignalStop:
 
 
 class Progress:
-    """The tqdm bar of process 0 (nothing elsewhere, or when ``enabled`` is False)."""
+    """The run's progress: the tqdm bar of process 0 (nothing elsewhere, or when ``enabled`` is
+    False), and ``on_progress`` (every process), called at each step boundary and each held-out
+    window, so that a watcher can tell a slow run from a stuck one."""
 
-    def __init__(self, enabled: bool, total: int | None, start: int):
+    def __init__(self, enabled: bool, total: int | None, start: int, on_progress: Callable[[], None] | None = None):
         self.bar = None
+        self.on_progress = on_progress
         if enabled:
             from tqdm.auto import tqdm
 
@@ -212,6 +216,11 @@ class Progress:
     def update(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
+        self.beat()
+
+    def beat(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress()
 
     def show(self, record: dict) -> None:
         if self.bar is not None:

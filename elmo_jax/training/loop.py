@@ -426,17 +426,19 @@ def pretrain(
     init_state: dict | None = None,
     on_metrics: Callable[[dict], None] | None = None,
     fixed_candidates: bool = False,
+    on_progress: Callable[[], None] | None = None,
 ) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
     ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
     from instead of a fresh init (fine-tuning). ``on_metrics``: called with each logged record.
+    ``on_progress``: called at each step boundary and each held-out window (``hooks.Progress``).
     """
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
     with _orbax_log(settings.run_dir):
         try:
-            return _train(run, source, heldout, init_state, on_metrics, fixed_candidates)
+            return _train(run, source, heldout, init_state, fixed_candidates, on_metrics, on_progress)
         except Diverged as e:
             raise about(
                 Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
@@ -502,8 +504,9 @@ def _train(
     source: Source,
     heldout: Source | None,
     init_state: dict | None,
-    on_metrics: Callable[[dict], None] | None,
     fixed_candidates: bool,
+    on_metrics: Callable[[dict], None] | None,
+    on_progress: Callable[[], None] | None,
 ) -> dict:
     """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
     settings, t, model = run.settings, run.options.training, run.options.model
@@ -525,7 +528,7 @@ def _train(
     guard = DivergenceGuard(
         t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
     )
-    progress = Progress(settings.progress and run.lead, run.total, start)
+    progress = Progress(settings.progress and run.lead, run.total, start, on_progress)
     save = _Saver(run, batches, guard, start)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
     on_log = _on_log(run, heldout, guard, progress, start, on_metrics)
@@ -639,7 +642,7 @@ def _on_log(
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
         if evaluator is not None and step % settings.eval_every == 0:
-            record.update({f"heldout_{k}": v for k, v in evaluator(state.params).items()})
+            record.update({f"heldout_{k}": v for k, v in evaluator(state.params, progress.beat).items()})
         if metrics is not None:
             metrics.add(record)
         progress.show(record)

@@ -51,7 +51,14 @@ def _print(text: str, *arguments: str) -> None:
     print(text)
 
 
-def train(spec: TrainSpec, source, settings: RunSettings, heldout=None, say: Callable[..., None] = _print) -> dict:
+def train(
+    spec: TrainSpec,
+    source,
+    settings: RunSettings,
+    heldout=None,
+    say: Callable[..., None] = _print,
+    on_progress: Callable[[], None] | None = None,
+) -> dict:
     """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics."""
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
@@ -72,7 +79,7 @@ def train(spec: TrainSpec, source, settings: RunSettings, heldout=None, say: Cal
     vocab = Vocabulary.load(vocab_path)
     options = _run_options(spec, settings, vocab, vocab_path, warm, say)
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
-    return pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state)
+    return pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state, on_progress=on_progress)
 
 
 def has_checkpoint(run_dir: str) -> bool:

@@ -1,0 +1,76 @@
+"""``elmo-jax train``'s watch for a stuck run: no training step completed for ``--stall-timeout`` s.
+
+A run can stop making progress without failing: a read from a network file system that never
+returns, a deadlock, a device that no longer answers; across hosts, any of these on one process
+leaves the others waiting in a collective. Nothing raises, and jax.distributed's heartbeats go on
+(a C++ thread sends them), so the run would wait for ever. This watch writes every thread's
+Python stack to a file, says so in one line, and exits 1, so that a person or a scheduler can
+restart the run from its newest checkpoint."""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import tempfile
+import threading
+import time
+
+from elmo_jax._util.atomic import is_local
+from elmo_jax.cli import multihost
+
+
+class StallWatch:
+    """Stops the process when ``beat`` (``pretrain``'s ``on_progress``: each step boundary and
+    each held-out window) has not been called for ``timeout`` seconds. It is armed by the first
+    beat, after the first step, so that building a vocabulary or the first compile, however long,
+    is not taken for a stall.
+
+    ``peers``: the multi-host watch, through which the other processes are told and every process
+    leaves together; None for one process."""
+
+    def __init__(self, timeout: float, run_dir: str, peers: multihost.PeerWatch | None = None):
+        self.timeout, self.run_dir, self.peers = float(timeout), run_dir, peers
+        self.period = max(0.1, min(5.0, self.timeout / 20))
+        self.last: float | None = None
+        self.quit = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="elmo-jax stall watch", daemon=True)
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def start(self) -> None:
+        self.thread.start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        self.quit.set()
+
+    def _run(self) -> None:
+        while not self.quit.wait(self.period):
+            if self.last is not None and time.monotonic() - self.last > self.timeout:
+                self._stalled()
+                return
+
+    def _stalled(self) -> None:
+        """Writes the stacks, says where, and exits 1 (through ``peers`` with several processes)."""
+        name = "stalled.txt" if self.peers is None else f"stalled.p{self.peers.me}.txt"
+        path = os.path.join(self.run_dir if is_local(self.run_dir) else tempfile.gettempdir(), name)
+        try:
+            with open(path, "w") as f:
+                f.write(f"no training step completed for {self.timeout:g} s; every thread's Python stack:\n\n")
+                f.flush()
+                faulthandler.dump_traceback(f, all_threads=True)
+            where = f"every thread's stack is in {path}"
+        except OSError as e:
+            where = f"its threads' stacks could not be written to {path} ({e.strerror or e})"
+        here = "" if self.peers is None else f"process {self.peers.me} of {self.peers.n}: "
+        n = 1 if self.peers is None else self.peers.n
+        line = (
+            f"{self.run_dir}: {here}no training step completed for {self.timeout:g} s (--stall-timeout): the run "
+            f"is stuck (a read that never returns, a deadlock, a device that no longer answers); {where}; "
+            f"{multihost.resume_from(self.run_dir, n)}"
+        )
+        if self.peers is not None:
+            self.peers.stop(line)
+        multihost.leave(f"elmo-jax train: error: {line}")

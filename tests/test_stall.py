@@ -1,0 +1,87 @@
+"""The watch for a stuck run (``elmo_jax.cli.stall.StallWatch``), in this process, with its exit
+recorded instead of taken. Through the program: ``test_faults.py`` (one process) and
+``test_distributed.py`` (one of two stuck)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from elmo_jax.cli import multihost, stall
+from elmo_jax.cli.stall import StallWatch
+
+
+class Left(list):
+    """The lines the watch left with; ``done`` is set at the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.done = threading.Event()
+
+    def __call__(self, line: str, code: int = 1) -> None:
+        self.append(line)
+        self.done.set()
+
+
+@pytest.fixture
+def left(monkeypatch) -> Left:
+    """``multihost.leave``, which is ``os._exit`` in the program, recorded instead."""
+    lines = Left()
+    monkeypatch.setattr(multihost, "leave", lines)
+    return lines
+
+
+def waiting_on_a_read_that_never_returns(done: threading.Event) -> None:
+    done.wait(10)
+
+
+def test_a_run_without_a_beat_for_the_timeout_is_stopped_with_its_stacks_in_the_run_dir(tmp_path, left):
+    for step in ("10", "20", "30.orbax-checkpoint-tmp-1700000000"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+    watch = StallWatch(0.3, str(tmp_path))
+    watch.start()
+    watch.beat()
+    waiting_on_a_read_that_never_returns(left.done)
+    watch.close()
+    assert left == [
+        f"elmo-jax train: error: {tmp_path}: no training step completed for 0.3 s (--stall-timeout): the run is "
+        "stuck (a read that never returns, a deadlock, a device that no longer answers); every thread's stack is in "
+        f"{tmp_path / 'stalled.txt'}; step(s) 10, 20 are intact: rerun the same command to resume from step 20"
+    ]
+    stacks = (tmp_path / "stalled.txt").read_text()
+    assert stacks.startswith("no training step completed for 0.3 s; every thread's Python stack:\n")
+    assert "in waiting_on_a_read_that_never_returns" in stacks and "in _stalled" in stacks, stacks
+
+
+def test_beats_keep_it_quiet_and_it_is_armed_only_by_the_first(tmp_path, left):
+    watch = StallWatch(0.3, str(tmp_path))
+    watch.start()
+    time.sleep(0.8)  # no beat yet: a first compile or a vocabulary may take as long as it takes
+    for _ in range(8):
+        watch.beat()
+        time.sleep(0.1)
+    watch.close()
+    time.sleep(0.3)
+    assert left == [] and not (tmp_path / "stalled.txt").exists()
+
+
+def test_stacks_that_cannot_be_written_are_said_to_be_so_and_the_run_still_stops(tmp_path, left):
+    run = tmp_path / "not-a-dir"
+    run.write_text("")
+    watch = StallWatch(0.2, str(run))
+    watch.start()
+    watch.beat()
+    assert left.done.wait(10)
+    watch.close()
+    [line] = left
+    assert f"its threads' stacks could not be written to {run / 'stalled.txt'} (Not a directory)" in line, line
+    assert line.endswith("no checkpoint was saved before it: rerun the same command")
+
+
+def test_the_check_comes_often_enough_to_stop_near_the_timeout():
+    for timeout in (1, 60, 1800, 86400):
+        watch = StallWatch(timeout, "run")
+        assert watch.period <= max(0.1, timeout / 20) and watch.period <= 5.0
+    assert stall.StallWatch(1800, "run").period == 5.0
