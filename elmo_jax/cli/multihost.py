@@ -266,7 +266,11 @@ class PeerWatch:
         dead, the others cannot pass its shutdown barrier: they leave at once, process 0 last, as
         its exit (the coordination service's) would end those still there. With all of them alive
         (one failed), they leave together through the barrier, where the failed one waits."""
-        self.stopping.set()
+        with self.lock:  # the peer watch and the stall watch may both come here: the first says it
+            first = not self.stopping.is_set()
+            self.stopping.set()
+        if not first:
+            threading.Event().wait()
         print(f"elmo-jax train: error: {line}", file=sys.stderr, flush=True)
         self._say(f"failed {'follow' if follow else 'own'} {line}")
         if not dead:
