@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 import warnings
+from collections.abc import Callable
 from importlib import resources
 
 import numpy as np
@@ -193,7 +194,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
-def _train(args: argparse.Namespace, source, heldout, on_progress) -> dict:
+def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[], None] | None) -> dict:
     """``setup.train`` with the flags' spec and settings; the last metrics."""
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train

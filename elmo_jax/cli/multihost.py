@@ -197,10 +197,16 @@ class PeerWatch:
             self._tick()
             with self.lock:
                 working = self.state == "running"
-            for k in self._others():
-                verdict = self._verdict(k, working)
-                if verdict is not None:
-                    self._stop(verdict)
+            verdict = self._first_verdict(working)
+            if verdict is not None:
+                dead, line = verdict
+                self.stop(line, kind="dead" if dead else "follow", dead=dead)
+
+    def _first_verdict(self, working: bool) -> tuple[bool, str] | None:
+        """The verdict (``_verdict``) that stops this process, a death before a failure: with a
+        process dead, the others must not wait for it at jax's shutdown barrier."""
+        verdicts = [v for k in self._others() if (v := self._verdict(k, working)) is not None]
+        return max(verdicts, key=lambda v: v[0]) if verdicts else None
 
     def _tick(self) -> None:
         """Counts on in the store, and reads everyone's word."""
@@ -229,50 +235,48 @@ class PeerWatch:
             return k in self.seen and self.seen[k][0].split(" ")[1] in ("ended", "failed")
 
     def _verdict(self, k: int, working: bool) -> tuple[bool, str] | None:
-        """Whether process ``k`` stops this one: (dead, what to say), or None.
+        """Whether process ``k`` stops this one: (a death, the line to say), or None.
 
         ``working``: this process's own work goes on, so a failure of ``k`` that no collective
         brought here after ``grace`` seconds stops it; once its own work has ended (well or not),
-        only ``k``'s death does."""
+        only a death does: ``k``'s, or one that ``k`` found and said."""
         now = time.monotonic()
         with self.lock:
             word, since = self.seen.get(k, ("0 running", self.started))
             failed_at = self.failed_at.get(k, now)
         _, state, *said = word.split(" ", 3)
+        kind, line = (*said, "", "")[:2]
+        if state == "failed" and kind == "dead":
+            return True, line
         if state == "failed" and working and now - failed_at >= self.grace:
-            return False, f"process {k} of {self.n} stopped with an error: {said[1] if len(said) > 1 else '?'}"
+            return False, (
+                f"process {k} of {self.n} stopped with an error: {line}; once its cause is fixed, restart every "
+                "process with the same command"
+            )
         if state == "running" and now - since > self.timeout:
             return True, (
                 f"process {k} of {self.n} stopped answering: no word from it for {self.timeout:g} s "
-                "(--heartbeat-timeout); it was killed, ran out of memory, or lost its host"
+                f"(--heartbeat-timeout); it was killed, ran out of memory, or lost its host; {resume_from(self.run_dir)}"
             )
         return None
 
-    def _stop(self, verdict: tuple[bool, str]) -> None:
-        """Says the verdict and exits 1 (does not return)."""
-        dead, why = verdict
-        # A failed process's own line says what it kept, as a single process's would.
-        then = (
-            resume_from(self.run_dir)
-            if dead
-            else "once its cause is fixed, restart every process with the same command"
-        )
-        self.stop(f"{why}; {then}", follow=True, dead=dead)
-
-    def stop(self, line: str, follow: bool = False, dead: bool = False) -> None:
+    def stop(self, line: str, kind: str = "own", dead: bool = False) -> None:
         """Says ``line`` as this process's error, tells the others, and exits 1 (does not return).
 
         Every process must leave so that jax.distributed ends none of them from C++. With one
         dead, the others cannot pass its shutdown barrier: they leave at once, process 0 last, as
         its exit (the coordination service's) would end those still there. With all of them alive
-        (one failed), they leave together through the barrier, where the failed one waits."""
+        (one failed), they leave together through the barrier, where the failed one waits.
+
+        ``kind``: ``own`` (this process's error), ``follow`` (another's), ``dead`` (another died)."""
         with self.lock:  # the peer watch and the stall watch may both come here: the first says it
             first = not self.stopping.is_set()
             self.stopping.set()
         if not first:
             threading.Event().wait()
         print(f"elmo-jax train: error: {line}", file=sys.stderr, flush=True)
-        self._say(f"failed {'follow' if follow else 'own'} {line}")
+        self._say(f"failed {kind} {line}")
+        dead = dead or any(self._gone(k, dead_only=True) for k in self._others())
         if not dead:
             import jax
 
@@ -286,10 +290,11 @@ class PeerWatch:
             time.sleep(self.period)  # those that have said so are leaving
         leave("")
 
-    def _gone(self, k: int) -> bool:
-        """Whether process ``k`` has said how it ended, or is dead."""
+    def _gone(self, k: int, dead_only: bool = False) -> bool:
+        """Whether process ``k`` is dead (or said that one is), or (unless ``dead_only``) has said
+        how it ended."""
         verdict = self._verdict(k, working=False)
-        return self._ended(k) or (verdict is not None and verdict[0])
+        return (verdict is not None and verdict[0]) or (not dead_only and self._ended(k))
 
 
 def resume_from(run_dir: str, processes: int = 2) -> str:
