@@ -100,7 +100,7 @@ def test_a_death_another_process_found_is_taken_at_once_and_before_any_failure()
     watch._tick()
     assert watch._verdict(1, working=True) == (True, said)
     assert watch._verdict(2, working=True) is None  # not silent long enough here
-    assert watch._gone(1, dead_only=True) and not watch._gone(2, dead_only=True)
+    assert watch._dead(1) and not watch._dead(2)
 
     store = Store()
     watch = _watch(store, me=0, n=3)

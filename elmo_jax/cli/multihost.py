@@ -175,7 +175,7 @@ class PeerWatch:
         that lost its peer). Waits until every other process has said how it ended, or until the
         watch has taken one for dead and stopped this process with that line instead."""
         self._unless_stopping()
-        self._say(f"failed {'follow' if follow else 'own'} {' '.join(line.split())}")
+        self._say(f"failed {'follow' if follow else 'own'} {line}")
         deadline = time.monotonic() + self.timeout + 3 * self.period
         while wait and time.monotonic() < deadline and not all(self._ended(k) for k in self._others()):
             time.sleep(self.period)
@@ -189,7 +189,7 @@ class PeerWatch:
 
     def _say(self, state: str) -> None:
         with self.lock:
-            self.state = state
+            self.state = " ".join(state.split())  # one line in the store, whatever the error said
         self._tick()
 
     def _run(self) -> None:
@@ -224,7 +224,7 @@ class PeerWatch:
                 k = int(key.rsplit("/", 1)[1])
                 if k != self.me and (k not in self.seen or self.seen[k][0] != value):
                     self.seen[k] = (value, now)
-                    if value.split(" ")[1] == "failed":
+                    if _parse(value)[0] == "failed":
                         self.failed_at.setdefault(k, now)
 
     def _others(self) -> list[int]:
@@ -232,7 +232,20 @@ class PeerWatch:
 
     def _ended(self, k: int) -> bool:
         with self.lock:
-            return k in self.seen and self.seen[k][0].split(" ")[1] in ("ended", "failed")
+            return k in self.seen and _parse(self.seen[k][0])[0] in ("ended", "failed")
+
+    def _word(self, k: int) -> tuple[str, str, str, float, float]:
+        """Process ``k``'s (state, kind, line), when its word last changed, and when it was first
+        seen failed (now if never)."""
+        with self.lock:
+            word, since = self.seen.get(k, ("0 running", self.started))
+            failed_at = self.failed_at.get(k, time.monotonic())
+        return (*_parse(word), since, failed_at)
+
+    def _dead(self, k: int) -> bool:
+        """Whether process ``k`` is silent past the timeout, or said that another one died."""
+        state, kind, _, since, _ = self._word(k)
+        return kind == "dead" or (state == "running" and time.monotonic() - since > self.timeout)
 
     def _verdict(self, k: int, working: bool) -> tuple[bool, str] | None:
         """Whether process ``k`` stops this one: (a death, the line to say), or None.
@@ -240,23 +253,19 @@ class PeerWatch:
         ``working``: this process's own work goes on, so a failure of ``k`` that no collective
         brought here after ``grace`` seconds stops it; once its own work has ended (well or not),
         only a death does: ``k``'s, or one that ``k`` found and said."""
-        now = time.monotonic()
-        with self.lock:
-            word, since = self.seen.get(k, ("0 running", self.started))
-            failed_at = self.failed_at.get(k, now)
-        _, state, *said = word.split(" ", 3)
-        kind, line = (*said, "", "")[:2]
-        if state == "failed" and kind == "dead":
+        state, kind, line, _, failed_at = self._word(k)
+        if kind == "dead":
             return True, line
-        if state == "failed" and working and now - failed_at >= self.grace:
+        if self._dead(k):
+            return True, (
+                f"process {k} of {self.n} stopped answering: no word from it for {self.timeout:g} s "
+                "(--heartbeat-timeout); it was killed, ran out of memory, or lost its host; "
+                f"{resume_from(self.run_dir, self.n)}"
+            )
+        if state == "failed" and working and time.monotonic() - failed_at >= self.grace:
             return False, (
                 f"process {k} of {self.n} stopped with an error: {line}; once its cause is fixed, restart every "
                 "process with the same command"
-            )
-        if state == "running" and now - since > self.timeout:
-            return True, (
-                f"process {k} of {self.n} stopped answering: no word from it for {self.timeout:g} s "
-                f"(--heartbeat-timeout); it was killed, ran out of memory, or lost its host; {resume_from(self.run_dir)}"
             )
         return None
 
@@ -276,7 +285,7 @@ class PeerWatch:
             threading.Event().wait()
         print(f"elmo-jax train: error: {line}", file=sys.stderr, flush=True)
         self._say(f"failed {kind} {line}")
-        dead = dead or any(self._gone(k, dead_only=True) for k in self._others())
+        dead = dead or any(self._dead(k) for k in self._others())
         if not dead:
             import jax
 
@@ -284,20 +293,21 @@ class PeerWatch:
                 jax.distributed.shutdown()
         elif self.me == 0:
             deadline = time.monotonic() + self.grace + 3 * self.period
-            while time.monotonic() < deadline and not all(self._gone(k) for k in self._others()):
+            while time.monotonic() < deadline and not all(self._dead(k) or self._ended(k) for k in self._others()):
                 time.sleep(self.period)
                 self._tick()
             time.sleep(self.period)  # those that have said so are leaving
         leave("")
 
-    def _gone(self, k: int, dead_only: bool = False) -> bool:
-        """Whether process ``k`` is dead (or said that one is), or (unless ``dead_only``) has said
-        how it ended."""
-        verdict = self._verdict(k, working=False)
-        return (verdict is not None and verdict[0]) or (not dead_only and self._ended(k))
+
+def _parse(word: str) -> tuple[str, str, str]:
+    """(state, kind, line) of a process's word in the store, ``"<count> <state> [<kind> <line>]"``."""
+    _, state, *said = word.split(" ", 3)
+    kind, line = (*said, "", "")[:2]
+    return state, kind, line
 
 
-def resume_from(run_dir: str, processes: int = 2) -> str:
+def resume_from(run_dir: str, processes: int) -> str:
     """What a restart resumes from, in words: of every process, or of the one (``processes``)."""
     from elmo_jax.training.setup import saved_steps
 

@@ -71,6 +71,7 @@ class StallWatch:
             f"is stuck (a read that never returns, a deadlock, a device that no longer answers); {where}; "
             f"{multihost.resume_from(self.run_dir, n)}"
         )
-        if self.peers is not None:
+        if self.peers is None:
+            multihost.leave(f"elmo-jax train: error: {line}")
+        else:
             self.peers.stop(line)
-        multihost.leave(f"elmo-jax train: error: {line}")
