@@ -90,9 +90,10 @@ def embed_sentences() -> list[list[str]]:
     return out + [[], ["x" * 70, "東京", "🙂"], ["a"]]
 
 
-# The training data's reader never returns from its 25th batch (a network file system that
-# stopped answering): the CLI, with one method patched, run as a program (python -c).
-READ_NEVER_RETURNS = """
+def read_never_returns(at: int = 25) -> str:
+    """A program: the CLI, whose training data reader never returns from its ``at``-th batch (a
+    network file system that stopped answering), with one method patched (for ``python -c``)."""
+    return f"""
 import sys, time
 from elmo_jax import cli
 from elmo_jax.training import batches
@@ -100,7 +101,7 @@ real = batches.LMBatcher.next
 calls = [0]
 def next_batch_or_hang(self, *args, **kwargs):
     calls[0] += 1
-    while calls[0] >= 25:
+    while calls[0] >= {at}:
         time.sleep(3600)
     return real(self, *args, **kwargs)
 batches.LMBatcher.next = next_batch_or_hang

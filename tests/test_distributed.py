@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,7 +39,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, READ_NEVER_RETURNS, xla_flags
+from helpers import FIXTURES, read_never_returns, xla_flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -966,20 +967,23 @@ def test_a_process_stuck_alone_stops_every_process_each_with_its_stacks(tmp_path
     shutdown barrier. (Without the watch, both wait for ever: test_faults.py has that control.)"""
     run_dir, args = _scenario(tmp_path, SHARDS)
     args = args[:-2] + ["--save-every", "5", "--stall-timeout", "3"]
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", READ_NEVER_RETURNS])
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", read_never_returns()])
     texts = _wait_workers(procs, logs, timeout=120, expect_ok=False)
     assert [p.returncode for p in procs] == [1, 1], texts
     assert not any("Traceback" in text or "Terminating" in text for text in texts), texts
     intact = saved_steps(str(run_dir))
+    lines = [[x for x in text.splitlines() if "error" in x] for text in texts]
+    # Both stop in the same step: process 0 waits in its agreement for process 1's batch.
+    stuck = re.search(r" while (running step (\d+)): ", "".join(lines[0]))
+    assert stuck and int(stuck[2]) > intact[-1], lines
     for i, text in enumerate(texts):
-        [line] = [x for x in text.splitlines() if "error" in x]
-        assert line == (
-            f"elmo-jax train: error: {run_dir}: process {i} of 2: no training step completed for 3 s "
-            "(--stall-timeout): the run is stuck (a read that never returns, a deadlock, a device that no longer "
-            f"answers); every thread's stack is in {run_dir / f'stalled.p{i}.txt'}; step(s) "
-            f"{', '.join(map(str, intact))} are intact: restart every process with the same command to resume from "
-            f"step {intact[-1]}"
-        ), text
+        assert lines[i] == [
+            f"elmo-jax train: error: {run_dir}: process {i} of 2: no progress for 3 s (--stall-timeout) while "
+            f"{stuck[1]}: "
+            "the run is stuck (a read that never returns, a deadlock, a device that no longer answers); every "
+            f"thread's stack is in {run_dir / f'stalled.p{i}.txt'}; step(s) {', '.join(map(str, intact))} are "
+            f"intact: restart every process with the same command to resume from step {intact[-1]}"
+        ], text
     assert "in next_batch_or_hang" in (run_dir / "stalled.p1.txt").read_text()
     assert "in next_batch_or_hang" not in (run_dir / "stalled.p0.txt").read_text()
 

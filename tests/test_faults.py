@@ -11,13 +11,14 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 
 import jax
 import pytest
-from helpers import FIXTURES, READ_NEVER_RETURNS, run_elmo_jax, xla_flags
+from helpers import FIXTURES, read_never_returns, run_elmo_jax, xla_flags
 from test_pretrain import _write_tiny_options
 
 from elmo_jax import cli
@@ -370,40 +371,55 @@ def test_a_metrics_line_the_disk_refuses_stops_in_one_line_and_the_rerun_resumes
 
 
 @pytest.mark.slow
-def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_resumes(tmp_path):
-    """No step completes for --stall-timeout seconds (the reader hangs; nothing raises): one line
-    naming the file that holds every thread's stack, exit 1; that file shows the hanging reader;
-    the same command, once the reader answers, resumes from the newest checkpoint. (Without the
-    watch the run waits for ever: the negative control below, with --stall-timeout 0.)"""
+@pytest.mark.parametrize("at", [25, 1], ids=["later", "first-batch"])
+def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_resumes(tmp_path, at):
+    """No progress for --stall-timeout seconds (the reader hangs at its ``at``-th batch; nothing
+    raises): one line naming the step it hung in and the file that holds every thread's stack,
+    exit 1; that file shows the hanging reader; the same command, once the reader answers,
+    resumes from the newest checkpoint. The watch is armed from the start, so a hang before the
+    first step (its batch, its compile) is stopped too. (Without the watch the run waits for ever:
+    the negative control below, with --stall-timeout 0.)"""
     run = tmp_path / "run"
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "60", "--stall-timeout", "3")
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     hung = subprocess.run(
-        [sys.executable, "-c", READ_NEVER_RETURNS, *args], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", read_never_returns(at), *args], capture_output=True, text=True, timeout=300, env=env
     )
     assert hung.returncode == 1, hung.stderr[-3000:]
     intact = _steps(run)
-    assert intact and intact[-1] >= 10, intact
     [line] = _error_lines(hung.stderr)
     assert "Traceback" not in hung.stderr
+    doing = re.search(r"\(--stall-timeout\) while (.*?): the run", line)
+    assert doing is not None, line
+    if at == 1:
+        assert intact == [] and doing[1] == "running step 1, this run's first (its batch, then its compile)", line
+        resume, rerun = "no checkpoint was saved before it: rerun the same command", f"starting {run} from scratch "
+    else:
+        stuck = re.fullmatch(r"running step (\d+)", doing[1])
+        assert intact and intact[-1] >= 10 and stuck and int(stuck[1]) > intact[-1], line
+        resume = (
+            f"step(s) {', '.join(map(str, intact))} are intact: rerun the same command to resume from step {intact[-1]}"
+        )
+        rerun = f"resuming {run} from step {intact[-1]} "
     assert line == (
-        f"elmo-jax train: error: {run}: no training step completed for 3 s (--stall-timeout): the run is stuck (a "
+        f"elmo-jax train: error: {run}: no progress for 3 s (--stall-timeout) while {doing[1]}: the run is stuck (a "
         "read that never returns, a deadlock, a device that no longer answers); every thread's stack is in "
-        f"{run / 'stalled.txt'}; step(s) {', '.join(map(str, intact))} are intact: rerun the same command to resume "
-        f"from step {intact[-1]}"
+        f"{run / 'stalled.txt'}; {resume}"
     )
     stacks = (run / "stalled.txt").read_text()
-    assert stacks.startswith("no training step completed for 3 s; every thread's Python stack:")
+    assert stacks.startswith(f"no progress for 3 s while {doing[1]}; every thread's Python stack:")
     assert "in next_batch_or_hang" in stacks and "prefetch.py" in stacks, stacks
 
     again = run_elmo_jax(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming {run} from step {intact[-1]} " in again.stdout
+    assert rerun in again.stdout
     assert _steps(run)[-1] == 60
 
+    if at == 1:
+        return
     with pytest.raises(subprocess.TimeoutExpired):  # the negative control: no watch, no end
         subprocess.run(
-            [sys.executable, "-c", READ_NEVER_RETURNS, *args[:-2], "--run-dir", str(tmp_path / "off"),
+            [sys.executable, "-c", read_never_returns(at), *args[:-2], "--run-dir", str(tmp_path / "off"),
              "--stall-timeout", "0"],
             capture_output=True, text=True, timeout=15, env=env,
         )  # fmt: skip

@@ -931,3 +931,77 @@ def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir)
     assert load_run(str(run))[3] == 2
     export_run(str(run), str(tmp_path / "export"))
     assert (in_flight / "lstm.orbax-checkpoint-tmp" / "part").read_bytes() == b"being written"
+
+
+def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save(tmp_path):
+    """What a watcher for a stuck run is told (``elmo-jax train --stall-timeout`` names it in its
+    line): the restore, the first step (batch and compile), every step, each held-out window and
+    the last save, on a fresh run and on its resumption."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    run = tmp_path / "run"
+    quiet = {"progress": False, "devices": 1, "async_save": False}
+
+    def doings(steps: int) -> list[str]:
+        said: list[str] = []
+        pretrain(
+            options,
+            vocab,
+            TextFiles(str(TRAIN / "data.txt")),
+            RunSettings(run_dir=str(run), steps=steps, log_every=2, eval_every=2, save_every=2, **quiet),
+            heldout=TextFiles(str(TRAIN / "data.txt")),
+            on_progress=said.append,
+        )
+        return said
+
+    def evaluation(step: int, windows: int) -> list[str]:
+        at = f"evaluating the held-out data at step {step}"
+        return [f"{at} (its first window)"] + [f"{at} (after window {k})" for k in range(1, windows + 1)]
+
+    fresh = doings(4)
+    windows = sum(d.startswith("evaluating the held-out data at step 2 (after") for d in fresh)
+    assert windows >= 1
+    assert fresh == [
+        "initialising the model",
+        "running step 1, this run's first (its batch, then its compile)",
+        "running step 2",
+        *evaluation(2, windows),
+        "running step 3",
+        "running step 4",
+        *evaluation(4, windows),
+        "ending the run at step 4",
+        "saving step 4, the last",
+    ], fresh
+    assert doings(6) == [
+        f"restoring the newest checkpoint in {run}",
+        "running step 5, this run's first (its batch, then its compile)",
+        "running step 6",
+        *evaluation(6, windows),
+        "ending the run at step 6",
+        "saving step 6, the last",
+    ]
+
+
+def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_builds(tmp_path):
+    from elmo_jax.training.setup import TrainSpec, train
+
+    for i in (1, 2):
+        (tmp_path / f"part-{i}.txt").write_text((TRAIN / "data.txt").read_text())
+    said: list[str] = []
+    run = tmp_path / "run"
+    train(
+        TrainSpec(),  # the tiny preset, whose vocabulary size follows the data's
+        TextFiles(str(tmp_path / "part-*.txt")),
+        RunSettings(run_dir=str(run), steps=1, progress=False, devices=1, async_save=False),
+        say=lambda *a: None,
+        on_progress=said.append,
+    )
+    assert said == [
+        f"counting the words of {tmp_path / 'part-1.txt'} for the vocabulary (shard 1 of 2)",
+        f"counting the words of {tmp_path / 'part-2.txt'} for the vocabulary (shard 2 of 2)",
+        "initialising the model",
+        "running step 1, this run's first (its batch, then its compile)",
+        "ending the run at step 1",
+        "saving step 1, the last",
+    ]
+    assert (run / "vocab.txt").exists()

@@ -42,29 +42,41 @@ def test_a_run_without_a_beat_for_the_timeout_is_stopped_with_its_stacks_in_the_
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
     watch = StallWatch(0.3, str(tmp_path))
     watch.start()
-    watch.beat()
+    watch.beat("running step 21")
     waiting_on_a_read_that_never_returns(left.done)
     watch.close()
     assert left == [
-        f"elmo-jax train: error: {tmp_path}: no training step completed for 0.3 s (--stall-timeout): the run is "
-        "stuck (a read that never returns, a deadlock, a device that no longer answers); every thread's stack is in "
-        f"{tmp_path / 'stalled.txt'}; step(s) 10, 20 are intact: rerun the same command to resume from step 20"
+        f"elmo-jax train: error: {tmp_path}: no progress for 0.3 s (--stall-timeout) while running step 21: the run "
+        "is stuck (a read that never returns, a deadlock, a device that no longer answers); every thread's stack is "
+        f"in {tmp_path / 'stalled.txt'}; step(s) 10, 20 are intact: rerun the same command to resume from step 20"
     ]
     stacks = (tmp_path / "stalled.txt").read_text()
-    assert stacks.startswith("no training step completed for 0.3 s; every thread's Python stack:\n")
+    assert stacks.startswith("no progress for 0.3 s while running step 21; every thread's Python stack:\n")
     assert "in waiting_on_a_read_that_never_returns" in stacks and "in _stalled" in stacks, stacks
 
 
-def test_beats_keep_it_quiet_and_it_is_armed_only_by_the_first(tmp_path, left):
+def test_beats_keep_it_quiet(tmp_path, left):
     watch = StallWatch(0.3, str(tmp_path))
     watch.start()
-    time.sleep(0.8)  # no beat yet: a first compile or a vocabulary may take as long as it takes
-    for _ in range(8):
-        watch.beat()
+    for step in range(12):
+        watch.beat(f"running step {step}")
         time.sleep(0.1)
     watch.close()
     time.sleep(0.3)
     assert left == [] and not (tmp_path / "stalled.txt").exists()
+
+
+def test_it_is_armed_from_the_start_before_any_beat(tmp_path, left):
+    """A read that hangs before the first step (the first batch, the checkpoint) is stopped too."""
+    watch = StallWatch(0.3, str(tmp_path))
+    watch.start()
+    assert left.done.wait(10)
+    watch.close()
+    [line] = left
+    assert line.startswith(
+        f"elmo-jax train: error: {tmp_path}: no progress for 0.3 s (--stall-timeout) while starting "
+    )
+    assert line.endswith("no checkpoint was saved before it: rerun the same command")
 
 
 def test_stacks_that_cannot_be_written_are_said_to_be_so_and_the_run_still_stops(tmp_path, left):
@@ -72,7 +84,6 @@ def test_stacks_that_cannot_be_written_are_said_to_be_so_and_the_run_still_stops
     run.write_text("")
     watch = StallWatch(0.2, str(run))
     watch.start()
-    watch.beat()
     assert left.done.wait(10)
     watch.close()
     [line] = left

@@ -194,7 +194,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
-def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[], None] | None) -> dict:
+def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str], None] | None) -> dict:
     """``setup.train`` with the flags' spec and settings; the last metrics."""
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
@@ -486,9 +486,10 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         type=_seconds_or_off,
         default=1800,
         metavar="SECONDS",
-        help="when no training step (or held-out window) completes for this long, write every thread's stack to "
-        "RUN/stalled.txt, say so in one line and exit 1, so that the run can be restarted from its newest "
-        "checkpoint (0: wait for ever); armed after the first step",
+        help="when the run makes no progress for this long (no training step, held-out window or vocabulary shard "
+        "completes, from the start on), write every thread's stack to RUN/stalled.txt, say so in one line and exit "
+        "1, so that the run can be restarted from its newest checkpoint (0: wait for ever); it must exceed the "
+        "first step's compile",
     )
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     tr.add_argument(

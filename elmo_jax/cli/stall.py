@@ -1,4 +1,4 @@
-"""``elmo-jax train``'s watch for a stuck run: no training step completed for ``--stall-timeout`` s.
+"""``elmo-jax train``'s watch for a stuck run: no progress for ``--stall-timeout`` s.
 
 A run can stop making progress without failing: a read from a network file system that never
 returns, a deadlock, a device that no longer answers; across hosts, any of these on one process
@@ -21,10 +21,11 @@ from elmo_jax.cli import multihost
 
 
 class StallWatch:
-    """Stops the process when ``beat`` (``pretrain``'s ``on_progress``: each step boundary and
-    each held-out window) has not been called for ``timeout`` seconds. It is armed by the first
-    beat, after the first step, so that building a vocabulary or the first compile, however long,
-    is not taken for a stall.
+    """Stops the process when ``beat`` (``pretrain``'s ``on_progress``) has not been called for
+    ``timeout`` seconds. Armed by ``start``, before the vocabulary, the checkpoint and the first
+    step: a read that hangs there is as stuck as one later. So the timeout must exceed the longest
+    wait between beats that is not a stall: the first step's compile, a held-out evaluation's first
+    window (its compile), a vocabulary shard's count.
 
     ``peers``: the multi-host watch, through which the other processes are told and every process
     leaves together; None for one process."""
@@ -32,14 +33,17 @@ class StallWatch:
     def __init__(self, timeout: float, run_dir: str, peers: multihost.PeerWatch | None = None):
         self.timeout, self.run_dir, self.peers = float(timeout), run_dir, peers
         self.period = max(0.1, min(5.0, self.timeout / 20))
-        self.last: float | None = None
+        self.last = 0.0  # set by start
+        self.doing = "starting the run"
         self.quit = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elmo-jax stall watch", daemon=True)
 
-    def beat(self) -> None:
-        self.last = time.monotonic()
+    def beat(self, doing: str) -> None:
+        """``doing``: what the run does from now on, for the line said if it stops there."""
+        self.last, self.doing = time.monotonic(), doing
 
     def start(self) -> None:
+        self.last = time.monotonic()
         self.thread.start()
         atexit.register(self.close)
 
@@ -48,17 +52,18 @@ class StallWatch:
 
     def _run(self) -> None:
         while not self.quit.wait(self.period):
-            if self.last is not None and time.monotonic() - self.last > self.timeout:
+            if time.monotonic() - self.last > self.timeout:
                 self._stalled()
                 return
 
     def _stalled(self) -> None:
         """Writes the stacks, says where, and exits 1 (through ``peers`` with several processes)."""
+        doing = self.doing
         name = "stalled.txt" if self.peers is None else f"stalled.p{self.peers.me}.txt"
         path = os.path.join(self.run_dir if is_local(self.run_dir) else tempfile.gettempdir(), name)
         try:
             with open(path, "w") as f:
-                f.write(f"no training step completed for {self.timeout:g} s; every thread's Python stack:\n\n")
+                f.write(f"no progress for {self.timeout:g} s while {doing}; every thread's Python stack:\n\n")
                 f.flush()
                 faulthandler.dump_traceback(f, all_threads=True)
             where = f"every thread's stack is in {path}"
@@ -67,7 +72,7 @@ class StallWatch:
         here = "" if self.peers is None else f"process {self.peers.me} of {self.peers.n}: "
         n = 1 if self.peers is None else self.peers.n
         line = (
-            f"{self.run_dir}: {here}no training step completed for {self.timeout:g} s (--stall-timeout): the run "
+            f"{self.run_dir}: {here}no progress for {self.timeout:g} s (--stall-timeout) while {doing}: the run "
             f"is stuck (a read that never returns, a deadlock, a device that no longer answers); {where}; "
             f"{multihost.resume_from(self.run_dir, n)}"
         )

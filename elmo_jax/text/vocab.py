@@ -26,7 +26,7 @@ import json
 import numbers
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
@@ -41,8 +41,11 @@ def _describe(files: Source) -> str:
     return ", ".join(names) + (f" ... ({len(files)} files)" if len(files) > 5 else "")
 
 
-def count_tokens(files: TextFiles | Source) -> tuple[collections.Counter, int, int]:
-    """Word counts, number of tokens and number of sentences, in one pass over all shards.
+def count_tokens(
+    files: TextFiles | Source, on_shard: Callable[[int], None] | None = None
+) -> tuple[collections.Counter, int, int]:
+    """Word counts, number of tokens and number of sentences, in one pass over all shards
+    (``on_shard(i)``: called as shard ``i`` is read, a sign of progress over a large corpus).
 
     Sentences are the non-blank lines ``files.read`` returns (non-UTF-8 lines are skipped there
     with a warning); tokens are ``line.split()``. ``<S>``, ``</S>`` and ``<UNK>`` occurring in the
@@ -51,6 +54,8 @@ def count_tokens(files: TextFiles | Source) -> tuple[collections.Counter, int, i
     counts: collections.Counter = collections.Counter()
     n_sentences = 0
     for shard in range(len(files)):
+        if on_shard is not None:
+            on_shard(shard)
         lines = files.read(shard)
         n_sentences += len(lines)
         # One C-level update per shard: much faster than an update per line.

@@ -202,25 +202,32 @@ class SignalStop:
 
 class Progress:
     """The run's progress: the tqdm bar of process 0 (nothing elsewhere, or when ``enabled`` is
-    False), and ``on_progress`` (every process), called at each step boundary and each held-out
-    window, so that a watcher can tell a slow run from a stuck one."""
+    False), and ``on_progress(doing)`` (every process), called with what the run does next at
+    each step boundary and each held-out window, so that a watcher can tell a slow run from a
+    stuck one, and say where it stuck."""
 
-    def __init__(self, enabled: bool, total: int | None, start: int, on_progress: Callable[[], None] | None = None):
+    def __init__(self, enabled: bool, total: int | None, start: int, on_progress: Callable[[str], None] | None = None):
         self.bar = None
+        self.step, self.total = start, total
         self.on_progress = on_progress
         if enabled:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        # The first step reads the first batch and compiles: the longest wait of most runs.
+        self.beat(f"running step {start + 1}, this run's first (its batch, then its compile)")
 
     def update(self) -> None:
+        """A step completed."""
+        self.step += 1
         if self.bar is not None:
             self.bar.update(1)
-        self.beat()
+        last = self.total is not None and self.step >= self.total
+        self.beat(f"ending the run at step {self.step}" if last else f"running step {self.step + 1}")
 
-    def beat(self) -> None:
+    def beat(self, doing: str) -> None:
         if self.on_progress is not None:
-            self.on_progress()
+            self.on_progress(doing)
 
     def show(self, record: dict) -> None:
         if self.bar is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -426,13 +427,14 @@ def pretrain(
     init_state: dict | None = None,
     on_metrics: Callable[[dict], None] | None = None,
     fixed_candidates: bool = False,
-    on_progress: Callable[[], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
     ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
     from instead of a fresh init (fine-tuning). ``on_metrics``: called with each logged record.
-    ``on_progress``: called at each step boundary and each held-out window (``hooks.Progress``).
+    ``on_progress``: called with what the run does next (``"running step 12"``), before the
+    restore, at each step boundary, each held-out window and the last save (``hooks.Progress``).
     """
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
@@ -506,13 +508,19 @@ def _train(
     init_state: dict | None,
     fixed_candidates: bool,
     on_metrics: Callable[[dict], None] | None,
-    on_progress: Callable[[], None] | None,
+    on_progress: Callable[[str], None] | None,
 ) -> dict:
     """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
     settings, t, model = run.settings, run.options.training, run.options.model
     batcher = _batcher(run, source)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
     shardings = state_shardings(abstract, run.mesh)
+    if on_progress is not None:
+        on_progress(
+            f"restoring the newest checkpoint in {settings.run_dir}"
+            if run.meta is not None
+            else "initialising the model"
+        )
     start, state, capacity = _restore_or_init(
         run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
     )
@@ -537,6 +545,7 @@ def _train(
     )
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
+    progress.beat(f"saving step {step}, the last")
     _finish(run, step, state, reason, error or batches.error, save)
     return {**window.last, "step": step}
 
@@ -642,7 +651,13 @@ def _on_log(
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
         if evaluator is not None and step % settings.eval_every == 0:
-            record.update({f"heldout_{k}": v for k, v in evaluator(state.params, progress.beat).items()})
+            windows = itertools.count(1)
+            progress.beat(f"evaluating the held-out data at step {step} (its first window)")
+            scores = evaluator(
+                state.params,
+                lambda: progress.beat(f"evaluating the held-out data at step {step} (after window {next(windows)})"),
+            )
+            record.update({f"heldout_{k}": v for k, v in scores.items()})
         if metrics is not None:
             metrics.add(record)
         progress.show(record)

@@ -57,9 +57,11 @@ def train(
     settings: RunSettings,
     heldout=None,
     say: Callable[..., None] = _print,
-    on_progress: Callable[[], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics."""
+    """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics.
+    ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
+    read and as each shard is counted for the vocabulary."""
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
     if settings.prefetch < 0 or settings.host_workers < 0:
@@ -72,10 +74,12 @@ def train(
         )
     if spec.config is not None and spec.config not in PRESETS:
         _options_file(spec.config)  # checked before the vocabulary is built and written
+    beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
+        beat(f"reading {spec.init_from} (init_from)")
         warm = read_warmstart(spec.init_from)
-    vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say)
+    vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
     options = _run_options(spec, settings, vocab, vocab_path, warm, say)
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
@@ -96,7 +100,7 @@ def saved_steps(run_dir: str) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.is_dir() else []
 
 
-def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say) -> str:
+def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[[str], None]) -> str:
     """``spec.vocab``, or the run dir's vocab.txt, built from the training text (and ``warm``'s words) when missing."""
     from etils import epath
 
@@ -107,7 +111,12 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say) -> str:
     vocab_path = os.path.join(run_dir, "vocab.txt")
     if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
         epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
-        counts, n_tokens, n_sentences = count_tokens(source)
+        counts, n_tokens, n_sentences = count_tokens(
+            source,
+            lambda i: beat(
+                f"counting the words of {source.name(i)} for the vocabulary (shard {i + 1} of {len(source)})"
+            ),
+        )
         # Continuing a model: its words keep their softmax rows, the new text's words are added.
         old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
         write_vocab(
