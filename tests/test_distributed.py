@@ -960,6 +960,34 @@ def test_a_process_failing_alone_stops_the_others_with_its_line(tmp_path, worker
 
 
 @pytest.mark.slow
+def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_path, worker_cache):
+    """A scheduler suspends the job (SIGSTOP to every process, as SLURM's suspend does) for 8 s,
+    past --heartbeat-timeout 3: once resumed, no process takes another for dead (each watch leaves
+    out the time it could not run), and the run goes on until SIGTERM stops it with its
+    checkpoint. (Before: both stopped, each saying process 0 had stopped answering.)"""
+    run_dir, args = _scenario(tmp_path, SHARDS)
+    args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "3"]
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
+    deadline = time.monotonic() + 240
+    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    for p in procs:
+        os.kill(p.pid, signal.SIGSTOP)
+    time.sleep(8)
+    for p in procs:
+        os.kill(p.pid, signal.SIGCONT)
+    time.sleep(6)  # two timeouts: a death would have been said by now
+    assert all(p.poll() is None for p in procs), "a worker stopped after the suspend"
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    texts = _wait_workers(procs, logs, timeout=60)
+    for text in texts:
+        assert "stopped answering" not in text and "Traceback" not in text, text[-3000:]
+    stopped = [int(re.search(r"^stopped at step (\d+); checkpoint saved", t, re.M)[1]) for t in texts]  # type: ignore[index]
+    assert stopped[0] == stopped[1] > 4, stopped
+
+
+@pytest.mark.slow
 def test_a_process_stuck_alone_stops_every_process_each_with_its_stacks(tmp_path, worker_cache):
     """Process 1's reader never returns; process 0 waits in the next step's agreement. Nothing
     raises and jax's heartbeats go on. After --stall-timeout, each process writes its threads'

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from test_stall import PausedWait
 
 from elmo_jax.cli import multihost
 from elmo_jax.cli.multihost import KEY, PeerWatch
@@ -200,3 +201,20 @@ def test_jax_s_own_heartbeat_comes_after_every_process_has_stopped_itself(timeou
     watch = PeerWatch(Store(), 0, 2, timeout, "run")
     slowest = timeout + 2 * watch.period + watch.grace + 4 * watch.period
     assert slowest < multihost.JAX_HEARTBEAT_FACTOR * timeout + 10
+
+
+def test_a_pause_of_the_whole_run_is_not_a_silence_of_its_peers():
+    """Every process stopped together (a scheduler's suspend of the job, SIGSTOP then SIGCONT):
+    when this watch runs again, a peer that has not yet counted on is not dead for the pause,
+    which the watch's thread did not see pass. The same time, seen, is a death (the control)."""
+    store = Store()
+    watch = _watch(store, n=2)
+    _word(store, 1, "1 running")
+    watch._tick()
+    assert not watch.clock.wait(PausedWait(1.5))  # 2.5 times the timeout
+    watch._tick()
+    assert watch._verdict(1, working=True) is None
+    time.sleep(0.7)
+    watch._tick()
+    dead, line = watch._verdict(1, working=True)
+    assert dead and line.startswith("process 1 of 2 stopped answering"), line

@@ -4,11 +4,16 @@ recorded instead of taken. Through the program: ``test_faults.py`` (one process)
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+from elmo_jax._util.clock import WatchClock
 from elmo_jax.cli import multihost, stall
 from elmo_jax.cli.stall import StallWatch
 
@@ -96,3 +101,63 @@ def test_the_check_comes_often_enough_to_stop_near_the_timeout():
         watch = StallWatch(timeout, "run")
         assert watch.period <= max(0.1, timeout / 20) and watch.period <= 5.0
     assert stall.StallWatch(1800, "run").period == 5.0
+
+
+SUSPENDED_PROGRAM = """
+import sys, time
+from elmo_jax.cli.stall import StallWatch
+watch = StallWatch(2, sys.argv[1])
+watch.start()
+watch.beat("running step 1")
+print("ready", flush=True)
+sys.stdin.readline()  # the next beat waits for the test: after the pause, the watch looks first
+watch.beat("running step 2")
+time.sleep(0.5)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_stuck_when_it_goes_on(tmp_path):
+    """Ctrl-Z or a scheduler's suspend (SIGSTOP, then SIGCONT) for 4 s, twice the timeout: the
+    watch did not see that time pass, so it does not count it. (Before: the run woke up and was
+    stopped as stuck at once, the monotonic clock having run on through the pause.)"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUSPENDED_PROGRAM, str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(4)
+    os.kill(proc.pid, signal.SIGCONT)
+    time.sleep(0.5)  # the watch has looked by now: every 0.1 s
+    out, err = proc.communicate("go\n", timeout=60)
+    assert (proc.returncode, out, err) == (0, "done\n", ""), err
+    assert not (tmp_path / "stalled.txt").exists()
+
+
+class PausedWait(threading.Event):
+    """An event whose ``wait`` returns ``pause`` seconds late, as it does in a thread that could not
+    run (its process stopped)."""
+
+    def __init__(self, pause: float):
+        super().__init__()
+        self.pause = pause
+
+    def wait(self, timeout: float | None = None) -> bool:
+        time.sleep((timeout or 0) + self.pause)
+        return False
+
+
+def test_the_watch_clock_leaves_out_a_pause_of_its_thread_and_not_its_period():
+    clock = WatchClock(0.1)
+    start = clock.now()
+    assert not clock.wait(threading.Event())
+    assert 0.1 <= clock.now() - start < 0.5  # an ordinary period counts
+    before = clock.now()
+    assert not clock.wait(PausedWait(1.5))
+    assert clock.now() - before < 0.5  # 1.6 s passed, of which the thread saw 0.1
+    ended = threading.Event()
+    ended.set()
+    assert clock.wait(ended)

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from elmo_jax._util.arguments import about
+from elmo_jax._util.clock import WatchClock
 from elmo_jax.config import ConfigError
 
 # jax.distributed's own heartbeat timeout, as a multiple of --heartbeat-timeout (plus 10 s): a
@@ -141,10 +142,12 @@ class PeerWatch:
     def __init__(self, client: Any, me: int, n: int, timeout: float, run_dir: str):
         self.client, self.me, self.n, self.timeout, self.run_dir = client, me, n, float(timeout), run_dir
         self.period = max(0.25, min(5.0, self.timeout / 20))
+        # Silences are measured on it: after a suspend of the whole run, no process is dead.
+        self.clock = WatchClock(self.period)
         self.grace = max(5.0, self.timeout / 4)
         self.state = "running"
         self.count = 0
-        self.started = time.monotonic()
+        self.started = self.clock.now()
         self.seen: dict[int, tuple[str, float]] = {}  # the other's word, and when it last changed
         self.failed_at: dict[int, float] = {}  # when the other was first seen failed
         self.lock = threading.Lock()
@@ -193,7 +196,7 @@ class PeerWatch:
         self._tick()
 
     def _run(self) -> None:
-        while not self.quit.wait(self.period):
+        while not self.clock.wait(self.quit):
             self._tick()
             with self.lock:
                 working = self.state == "running"
@@ -218,7 +221,7 @@ class PeerWatch:
             words = self.client.key_value_dir_get(KEY)
         except Exception:  # noqa: BLE001 - the store unreachable is no word, as a silent process is
             return
-        now = time.monotonic()
+        now = self.clock.now()
         with self.lock:
             for key, value in words:
                 k = int(key.rsplit("/", 1)[1])
@@ -239,13 +242,13 @@ class PeerWatch:
         seen failed (now if never)."""
         with self.lock:
             word, since = self.seen.get(k, ("0 running", self.started))
-            failed_at = self.failed_at.get(k, time.monotonic())
+            failed_at = self.failed_at.get(k, self.clock.now())
         return (*_parse(word), since, failed_at)
 
     def _dead(self, k: int) -> bool:
         """Whether process ``k`` is silent past the timeout, or said that another one died."""
         state, kind, _, since, _ = self._word(k)
-        return kind == "dead" or (state == "running" and time.monotonic() - since > self.timeout)
+        return kind == "dead" or (state == "running" and self.clock.now() - since > self.timeout)
 
     def _verdict(self, k: int, working: bool) -> tuple[bool, str] | None:
         """Whether process ``k`` stops this one: (a death, the line to say), or None.
@@ -262,7 +265,7 @@ class PeerWatch:
                 "(--heartbeat-timeout); it was killed, ran out of memory, or lost its host; "
                 f"{resume_from(self.run_dir, self.n)}"
             )
-        if state == "failed" and working and time.monotonic() - failed_at >= self.grace:
+        if state == "failed" and working and self.clock.now() - failed_at >= self.grace:
             return False, (
                 f"process {k} of {self.n} stopped with an error: {line}; once its cause is fixed, restart every "
                 "process with the same command"

@@ -14,9 +14,9 @@ import faulthandler
 import os
 import tempfile
 import threading
-import time
 
 from elmo_jax._util.atomic import is_local
+from elmo_jax._util.clock import WatchClock
 from elmo_jax.cli import multihost
 
 
@@ -33,6 +33,7 @@ class StallWatch:
     def __init__(self, timeout: float, run_dir: str, peers: multihost.PeerWatch | None = None):
         self.timeout, self.run_dir, self.peers = float(timeout), run_dir, peers
         self.period = max(0.1, min(5.0, self.timeout / 20))
+        self.clock = WatchClock(self.period)  # a suspended run (Ctrl-Z, SLURM) is not a stuck one
         self.last = 0.0  # set by start
         self.doing = "starting the run"
         self.quit = threading.Event()
@@ -40,10 +41,10 @@ class StallWatch:
 
     def beat(self, doing: str) -> None:
         """``doing``: what the run does from now on, for the line said if it stops there."""
-        self.last, self.doing = time.monotonic(), doing
+        self.last, self.doing = self.clock.now(), doing
 
     def start(self) -> None:
-        self.last = time.monotonic()
+        self.last = self.clock.now()
         self.thread.start()
         atexit.register(self.close)
 
@@ -51,8 +52,8 @@ class StallWatch:
         self.quit.set()
 
     def _run(self) -> None:
-        while not self.quit.wait(self.period):
-            if time.monotonic() - self.last > self.timeout:
+        while not self.clock.wait(self.quit):
+            if self.clock.now() - self.last > self.timeout:
                 self._stalled()
                 return
 

@@ -1,0 +1,55 @@
+"""A probe of a multi-host run suspended as a whole, for longer than jax's own heartbeat timeout:
+run by hand, not by the suite (the file name does not match ``test_*.py``).
+
+    python tests/probe_suspend.py 30      # seconds of suspend
+
+Two CLI processes (as ``test_distributed.py`` starts them) with ``--heartbeat-timeout 5``, so
+jax.distributed's own timeout is 20 s (``multihost.JAX_HEARTBEAT_FACTOR``). Once step 4 is saved,
+both get SIGSTOP, then SIGCONT after the given seconds; 12 s later each still running gets SIGTERM.
+It prints whether they ran on and how they ended, and asserts nothing: the suite's
+``test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived`` suspends for 8 s, within
+jax's timeout, to keep the suite short.
+"""
+
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from test_distributed import SHARDS, _scenario, _start_workers, _wait_workers
+
+from elmo_jax.training.setup import saved_steps
+
+
+def main(pause: float) -> None:
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    run_dir, args = _scenario(tmp, SHARDS)
+    args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "5"]
+    procs, logs = _start_workers(tmp, 0, args, str(tmp / "cache"))
+    deadline = time.monotonic() + 240
+    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    print(f"saved {saved_steps(str(run_dir))}; suspending both for {pause:g} s", flush=True)
+    for p in procs:
+        os.kill(p.pid, signal.SIGSTOP)
+    time.sleep(pause)
+    for p in procs:
+        os.kill(p.pid, signal.SIGCONT)
+    time.sleep(12)
+    print(f"12 s after the resume, exit codes (None: running): {[p.poll() for p in procs]}", flush=True)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    texts = _wait_workers(procs, logs, timeout=60, expect_ok=False)
+    print(f"exit codes: {[p.returncode for p in procs]}")
+    for i, text in enumerate(texts):
+        said = [line for line in text.splitlines() if line.startswith(("stopped at step", "elmo-jax train: error"))]
+        print(f"process {i}: {said}")
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]))
