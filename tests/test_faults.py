@@ -423,3 +423,29 @@ def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_res
              "--stall-timeout", "0"],
             capture_output=True, text=True, timeout=15, env=env,
         )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gone", ["stdout", "both"])
+def test_a_reader_of_its_output_that_goes_away_does_not_stop_the_run(tmp_path, gone):
+    """``elmo-jax train | head -1``, a ``tee`` that was killed: the pipe of standard output (and,
+    with ``2>&1``, of standard error) closes under the run. It goes on to its last step and saves
+    it, saying so once on standard error where that is still there. (Before: BrokenPipeError's
+    traceback out of the next print, and the run stopped.)"""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "30", "--save-every", "10")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmo_jax", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if gone == "stdout" else subprocess.STDOUT, text=True,
+        env={**os.environ, "XLA_FLAGS": xla_flags(1)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader goes before the first line
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    assert proc.wait(timeout=300) == 0, err[-3000:]
+    assert _steps(run)[-1] == 30
+    if gone == "stdout":
+        assert "Traceback" not in err
+        assert "warning: elmo-jax train: its standard output is gone (its reader closed it); going on without it" in (
+            err.splitlines()
+        ), err[-3000:]

@@ -28,6 +28,7 @@ from elmo_jax._util.runtime import (
 )
 from elmo_jax.cli import multihost
 from elmo_jax.cli.stall import StallWatch
+from elmo_jax.cli.streams import outliving_reader
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
@@ -722,6 +723,12 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = _one_line_warning
     if args.command in COMPUTE_COMMANDS:
         warn_if_accelerator_unused()
+    with outliving_reader(args.command):
+        return _run(args, argv)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """The command, its one-line errors and their exit codes."""
     try:
         enable_compile_cache(args.compile_cache)
         args.func(args)
