@@ -538,14 +538,21 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP", "SIGHUP under nohup"])
+def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
+    """SIGTERM (a scheduler, a preemption notice) and SIGHUP (the terminal closed: an ssh session
+    dropped) save the step reached and stop, exit 0. (Before, SIGHUP ended the process at once,
+    losing the steps since the last checkpoint.) Under nohup, which ignores SIGHUP, a hangup is
+    ignored as asked, and the run goes on until SIGTERM."""
     import signal
     import time
 
+    nohup = sent == "SIGHUP under nohup"
     options = _write_tiny_options(tmp_path / "options.json")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [
+            *(["nohup"] if nohup else []),
             sys.executable,
             "-m",
             "elmo_jax",
@@ -576,7 +583,14 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
         while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        if nohup:
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(2)
+            assert proc.poll() is None, proc.communicate()
+            logged = len(metrics.read_text().splitlines())
+            time.sleep(1)
+            assert len(metrics.read_text().splitlines()) > logged  # still training
+        proc.send_signal(signal.SIGTERM if nohup else getattr(signal, sent))
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

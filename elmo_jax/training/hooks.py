@@ -3,7 +3,7 @@
 - ``MetricsWindow``: sums the step metrics between two logged steps and times them;
 - ``MetricsFile``: ``metrics.jsonl``, one line per logged step, kept exact across resumes;
 - ``Progress``: the tqdm bar, and a beat at each step for whoever watches for a stuck run;
-- ``SignalStop``: SIGTERM/SIGINT become a request to save and stop at the next step boundary;
+- ``SignalStop``: SIGTERM/SIGINT/SIGHUP become a request to save and stop at the next step boundary;
 - ``DivergenceGuard``: a blown-up training loss stops the run (``Diverged``) or is warned about.
 
 The held-out evaluator (``evaluate.HeldoutEvaluator``) and the checkpointer are the others.
@@ -176,14 +176,21 @@ def _logged_after(line: bytes, start: int) -> bool:
 
 
 class SignalStop:
-    """SIGTERM/SIGINT ask the loop to save and stop at the next step boundary."""
+    """SIGTERM, SIGINT and SIGHUP ask the loop to save and stop at the next step boundary.
+
+    SIGHUP is the terminal going away (an ssh session that dropped): by default it ends the
+    process at once, losing the steps since the last checkpoint. Under ``nohup``, which ignores
+    it so that the run outlives its terminal, it stays ignored."""
 
     def __init__(self):
         self.requested = False
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        hangup = getattr(signal, "SIGHUP", None)  # none on Windows
+        for sig in (signal.SIGTERM, signal.SIGINT, hangup):
+            if sig is None or (sig == hangup and signal.getsignal(sig) == signal.SIG_IGN):
+                continue
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (e.g. inside a notebook worker)
