@@ -980,9 +980,11 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         "running step 1, this run's first (its batch, then its compile)",
         "running step 2",
         *evaluation(2, windows),
+        "saving step 2",
         "running step 3",
         "running step 4",
         *evaluation(4, windows),
+        "saving step 4",
         "ending the run at step 4",
         "saving step 4, the last",
     ], fresh
@@ -991,6 +993,7 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         "running step 5, this run's first (its batch, then its compile)",
         "running step 6",
         *evaluation(6, windows),
+        "saving step 6",
         "ending the run at step 6",
         "saving step 6, the last",
     ]

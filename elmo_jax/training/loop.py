@@ -706,9 +706,10 @@ def _steps(
                 if step % settings.log_every == 0 or step == total:
                     on_log(step, state, window.close(step, batches.epoch()))
                     window.restart_clock()
-                progress.update()
                 if step % settings.save_every == 0:
+                    progress.beat(f"saving step {step}")  # a save waits for the one before it to commit
                     save(step, state)
+                progress.update()
             except Exception as e:  # noqa: BLE001
                 error = e
     window.flush()
