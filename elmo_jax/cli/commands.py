@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from elmo_jax._util.runtime import (
     warn_if_accelerator_unused,
 )
 from elmo_jax.cli import multihost
+from elmo_jax.cli.signals import Terminated, interrupting_signals
 from elmo_jax.cli.stall import StallWatch
 from elmo_jax.cli.streams import outliving_reader
 from elmo_jax.compat.hdf5 import WeightsError
@@ -723,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = _one_line_warning
     if args.command in COMPUTE_COMMANDS:
         warn_if_accelerator_unused()
-    with outliving_reader(args.command):
+    with outliving_reader(args.command), interrupting_signals():
         return _run(args, argv)
 
 
@@ -732,16 +734,19 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         enable_compile_cache(args.compile_cache)
         args.func(args)
-    except KeyboardInterrupt:
-        print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # The shell's convention: 128 + the signal's number (SIGINT 2, SIGHUP 1, SIGTERM 15).
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        by = f" ({signal.Signals(signum).name})" if isinstance(e, Terminated) else ""
+        print(f"elmo-jax {args.command}: interrupted{by}", file=sys.stderr)
         if argv is None and args.command == "embed":
             # Run as the program, with its partial output already removed: leave without the
             # interpreter's teardown, in which XLA can crash (SIGSEGV)
             # when Ctrl-C landed while a program compiled. (train saves and returns on a signal.)
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130)
-        return 130
+            os._exit(128 + signum)
+        return 128 + signum
     except Exception as e:
         if (code := _exit_code(e)) is None:
             raise
