@@ -994,7 +994,9 @@ def test_a_process_stuck_alone_stops_every_process_each_with_its_stacks(tmp_path
     stacks (process 1's show the hanging reader), says so in one line, and both exit 1 through jax's
     shutdown barrier. (Without the watch, both wait for ever: test_faults.py has that control.)"""
     run_dir, args = _scenario(tmp_path, SHARDS)
-    args = args[:-2] + ["--save-every", "5", "--stall-timeout", "3"]
+    # The watch is armed from the start: its timeout covers the first step's compile, here two
+    # processes compiling at once on the suite's two cores, beside whatever else the machine runs.
+    args = args[:-2] + ["--save-every", "5", "--stall-timeout", "10"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", read_never_returns()])
     texts = _wait_workers(procs, logs, timeout=120, expect_ok=False)
     assert [p.returncode for p in procs] == [1, 1], texts
@@ -1006,7 +1008,7 @@ def test_a_process_stuck_alone_stops_every_process_each_with_its_stacks(tmp_path
     assert stuck and int(stuck[2]) > intact[-1], lines
     for i, text in enumerate(texts):
         assert lines[i] == [
-            f"elmo-jax train: error: {run_dir}: process {i} of 2: no progress for 3 s (--stall-timeout) while "
+            f"elmo-jax train: error: {run_dir}: process {i} of 2: no progress for 10 s (--stall-timeout) while "
             f"{stuck[1]}: "
             "the run is stuck (a read that never returns, a deadlock, a device that no longer answers); every "
             f"thread's stack is in {run_dir / f'stalled.p{i}.txt'}; step(s) {', '.join(map(str, intact))} are "

@@ -179,8 +179,9 @@ class SignalStop:
     """SIGTERM, SIGINT and SIGHUP ask the loop to save and stop at the next step boundary.
 
     SIGHUP is the terminal going away (an ssh session that dropped): by default it ends the
-    process at once, losing the steps since the last checkpoint. Under ``nohup``, which ignores
-    it so that the run outlives its terminal, it stays ignored."""
+    process at once, losing the steps since the last checkpoint. SIGTERM or SIGHUP ignored when
+    the loop starts stays ignored (SIGHUP under ``nohup``, so that the run outlives its terminal),
+    as ``elmo_jax.cli.signals`` leaves it outside the loop."""
 
     def __init__(self):
         self.requested = False
@@ -189,7 +190,7 @@ class SignalStop:
     def __enter__(self):
         hangup = getattr(signal, "SIGHUP", None)  # none on Windows
         for sig in (signal.SIGTERM, signal.SIGINT, hangup):
-            if sig is None or (sig == hangup and signal.getsignal(sig) == signal.SIG_IGN):
+            if sig is None or (sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN):
                 continue
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
