@@ -1,12 +1,13 @@
 """Host memory of a long `elmo-jax train` run: whether its resident set levels off or keeps growing.
 
     python benchmarks/host_memory.py [--epochs 25] [--every 10] [--out FILE] [-- TRAIN FLAGS...]
+    python benchmarks/host_memory.py --summarise FILE    # the summary of a report written before
 
 A run that grows a little every step is ended by the kernel's out-of-memory killer days into a
 pretraining run, long after any test has finished. This runs `elmo-jax train` on the bundled sample
 (the `tiny` preset, a checkpoint every 200 steps, held-out perplexity every 100: every host path of
 a real run) as its own process, reads its resident set (VmRSS) every ``--every`` seconds, and
-prints it by step, with the growth over each quarter of the run. Flags after ``--`` go to
+prints it by step, then each quarter of the run's median and largest reading. Flags after ``--`` go to
 `elmo-jax train` (they override the defaults above).
 """
 
@@ -41,12 +42,37 @@ def last_step(metrics: str) -> int | None:
         return None
 
 
+def summary(readings: list[tuple[float, int, float]]) -> list[str]:
+    """Per quarter of the run, the median and the largest reading: single readings swing by tens
+    of MiB with the allocator's state, so a growth shows in the medians, not in two readings."""
+    quarter = len(readings) // 4
+    lines = []
+    for q in range(4):
+        part = readings[q * quarter : (q + 1) * quarter]
+        rss = sorted(m for _, _, m in part)
+        lines.append(
+            f"# quarter {q + 1}: steps {part[0][1]}-{part[-1][1]}: median {rss[len(rss) // 2]:.0f} MiB, "
+            f"largest {rss[-1]:.0f} MiB"
+        )
+    return lines
+
+
+def read_report(path: str) -> list[tuple[float, int, float]]:
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip() and not line.startswith("#")]
+    return [(float(t), int(s), float(m)) for t, s, m in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=float, default=25)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between readings")
     parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--summarise", metavar="REPORT", help="only print the summary of a report written before")
     args, extra = parser.parse_known_args()
+    if args.summarise:
+        print("\n".join(summary(read_report(args.summarise))))
+        return
     extra = [a for a in extra if a != "--"]
     run_dir = tempfile.mkdtemp(prefix="host_memory_")
     cmd = [
@@ -68,14 +94,7 @@ def main() -> None:
         )
     report = [f"# {' '.join(cmd[2:])}", "# seconds  step  VmRSS MiB"]
     report += [f"{t:8.0f} {s:6d} {m:9.1f}" for t, s, m in readings]
-    quarter = len(readings) // 4
-    for q in range(4):
-        part = readings[q * quarter : (q + 1) * quarter + 1]
-        (_, s0, m0), (_, s1, m1) = part[0], part[-1]
-        per_k = (m1 - m0) / max(s1 - s0, 1) * 1000
-        report.append(f"# quarter {q + 1}: steps {s0}-{s1}, {m0:.0f} -> {m1:.0f} MiB ({per_k:+.1f} MiB per 1000 steps)")
-    peak = max(m for _, _, m in readings)
-    report.append(f"# peak {peak:.0f} MiB at step {max(readings, key=lambda r: r[2])[1]}; {readings[-1][1]} steps")
+    report += summary(readings)
     text = "\n".join(report)
     print(text)
     if args.out:
