@@ -107,3 +107,13 @@ def next_batch_or_hang(self, *args, **kwargs):
 batches.LMBatcher.next = next_batch_or_hang
 sys.exit(cli.main(sys.argv[1:]))
 """
+
+
+# `python -c AS_FROM_A_TERMINAL ARGS` runs the CLI as `python -m elmo_jax ARGS` does, with SIGINT and
+# SIGHUP handled as in a process started from a terminal, whatever the test runner ignores: a runner
+# started under nohup ignores SIGHUP and a background one SIGINT, and children inherit that. (Not
+# with preexec_fn: a fork of a process that runs jax's threads may deadlock.)
+AS_FROM_A_TERMINAL = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL); from elmo_jax.cli import main; sys.exit(main())"
+)

@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from helpers import embed_sentences, model_files, run_elmo_jax, xla_flags
+from helpers import AS_FROM_A_TERMINAL, embed_sentences, model_files, run_elmo_jax, xla_flags
 from test_pretrain import TRAIN, _cli, _write_tiny_options
 
 from elmo_jax import cli
@@ -129,8 +129,8 @@ def test_ctrl_c_or_sigterm_in_a_real_run_exits_128_plus_it_and_leaves_no_file(tm
     # The compile cache off: Ctrl-C lands while programs compile, which could crash the exit.
     cmd = [
         sys.executable,
-        "-m",
-        "elmo_jax",
+        "-c",
+        AS_FROM_A_TERMINAL,
         "--compile-cache",
         "none",
         "embed",
@@ -146,10 +146,7 @@ def test_ctrl_c_or_sigterm_in_a_real_run_exits_128_plus_it_and_leaves_no_file(tm
         "--window",
         "200",
     ]
-    # SIGINT's default handler is restored: a process started in the background may inherit it ignored.
-    p = subprocess.Popen(
-        cmd, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
-    )
+    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not any(f.endswith(".tmp.hdf5") for f in os.listdir(tmp_path)) and time.time() < deadline:
         time.sleep(0.05)

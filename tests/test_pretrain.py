@@ -15,7 +15,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, run_elmo_jax, xla_flags
+from helpers import AS_FROM_A_TERMINAL, FIXTURES, run_elmo_jax, xla_flags
 from jax.sharding import Mesh
 from test_config import BILM_TF_TRAIN_OPTIONS
 
@@ -552,10 +552,8 @@ def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [
-            *(["nohup"] if nohup else []),
-            sys.executable,
-            "-m",
-            "elmo_jax",
+            # nohup ignores SIGHUP; otherwise SIGHUP is as a terminal leaves it, whatever the runner's.
+            *(["nohup", sys.executable, "-m", "elmo_jax"] if nohup else [sys.executable, "-c", AS_FROM_A_TERMINAL]),
             "train",
             "--config",
             str(options),
