@@ -35,7 +35,8 @@ def rss_mib(pid: int) -> float | None:
 
 def last_step(metrics: str) -> int | None:
     try:
-        with open(metrics, "rb") as f:
+        with open(metrics, "rb") as f:  # its last line only: the file grows with the run
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = f.read().splitlines()
         return json.loads(lines[-1])["step"] if lines else None
     except (OSError, ValueError, KeyError):

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from test_distributed import SHARDS, _scenario, _start_workers, _wait_workers
+from test_distributed import SHARDS, _scenario, _start_workers, _wait_for_a_checkpoint, _wait_workers
 
 from elmo_jax.training.setup import saved_steps
 
@@ -30,9 +30,7 @@ def main(pause: float) -> None:
     run_dir, args = _scenario(tmp, SHARDS)
     args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "5"]
     procs, logs = _start_workers(tmp, 0, args, str(tmp / "cache"))
-    deadline = time.monotonic() + 240
-    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.2)
+    _wait_for_a_checkpoint(run_dir, procs)
     print(f"saved {saved_steps(str(run_dir))}; suspending both for {pause:g} s", flush=True)
     for p in procs:
         os.kill(p.pid, signal.SIGSTOP)

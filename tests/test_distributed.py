@@ -710,6 +710,13 @@ def _wait_for_metrics(run_dir, procs, lines: int) -> None:
         time.sleep(0.2)
 
 
+def _wait_for_a_checkpoint(run_dir, procs) -> None:
+    """Until a step is saved in ``run_dir``, or a worker has exited."""
+    deadline = time.monotonic() + 240
+    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, worker_cache):
     """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
@@ -844,9 +851,7 @@ def test_a_killed_process_stops_the_others_in_one_line_naming_it_and_the_step_to
     run_dir, args = _scenario(tmp_path, shards)
     args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "5"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache, n=3)
-    deadline = time.monotonic() + 240
-    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.2)
+    _wait_for_a_checkpoint(run_dir, procs)
     assert all(p.poll() is None for p in procs), "a worker stopped early"
     procs[2].kill()
     t0 = time.monotonic()
@@ -968,9 +973,7 @@ def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_pat
     run_dir, args = _scenario(tmp_path, SHARDS)
     args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "3"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
-    deadline = time.monotonic() + 240
-    while not saved_steps(str(run_dir)) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        time.sleep(0.2)
+    _wait_for_a_checkpoint(run_dir, procs)
     for p in procs:
         os.kill(p.pid, signal.SIGSTOP)
     time.sleep(8)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+
+from elmo_jax._util.signals import HANGUP, handling
 
 
 class Terminated(KeyboardInterrupt):
@@ -25,21 +26,8 @@ def _raise(signum: int, frame) -> None:
     raise Terminated(signum)
 
 
-@contextlib.contextmanager
-def interrupting_signals() -> Iterator[None]:
+def interrupting_signals() -> contextlib.AbstractContextManager:
     """SIGTERM and SIGHUP raise ``Terminated`` while the command runs; the handlers before are
-    restored after. A signal ignored when the command starts stays ignored (SIGHUP under
-    ``nohup``: the command outlives its terminal, as asked)."""
-    old = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):  # no SIGHUP on Windows
-        if sig is None or signal.getsignal(sig) == signal.SIG_IGN:
-            continue
-        try:
-            old[sig] = signal.signal(sig, _raise)
-        except ValueError:  # not the main thread: a caller's, which keeps its own handling
-            pass
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    restored after, and an ignored one stays ignored (SIGHUP under ``nohup``: the command outlives
+    its terminal, as asked)."""
+    return handling(_raise, (signal.SIGTERM, HANGUP))

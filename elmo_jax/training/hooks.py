@@ -30,6 +30,7 @@ from elmo_jax._util.disk_full import (
     out_of_space_errno,
     reason,
 )
+from elmo_jax._util.signals import HANGUP, handling
 
 
 class MetricsWindow:
@@ -179,23 +180,16 @@ class SignalStop:
     """SIGTERM, SIGINT and SIGHUP ask the loop to save and stop at the next step boundary.
 
     SIGHUP is the terminal going away (an ssh session that dropped): by default it ends the
-    process at once, losing the steps since the last checkpoint. SIGTERM or SIGHUP ignored when
-    the loop starts stays ignored (SIGHUP under ``nohup``, so that the run outlives its terminal),
-    as ``elmo_jax.cli.signals`` leaves it outside the loop."""
+    process at once, losing the steps since the last checkpoint. An ignored SIGTERM or SIGHUP
+    (``nohup``) stays ignored (``elmo_jax._util.signals.handling``, whose rule the command line
+    shares outside the loop)."""
 
     def __init__(self):
         self.requested = False
-        self._old = {}
+        self._handling = handling(self._handle, (signal.SIGTERM, signal.SIGINT, HANGUP))
 
     def __enter__(self):
-        hangup = getattr(signal, "SIGHUP", None)  # none on Windows
-        for sig in (signal.SIGTERM, signal.SIGINT, hangup):
-            if sig is None or (sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN):
-                continue
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. inside a notebook worker)
-                pass
+        self._handling.__enter__()
         return self
 
     def _handle(self, signum, frame):
@@ -204,8 +198,7 @@ class SignalStop:
         self.requested = True
 
     def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+        self._handling.__exit__(*exc)
 
 
 class Progress:
