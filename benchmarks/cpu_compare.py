@@ -48,14 +48,24 @@ for name, sents, calls in (("random 32x20", random_sentences(32, 20), 10), ("nat
     out[name] = sum(len(s) for s in sents) / statistics.median(times)
     # The best call: what the code can do when the shared machine leaves it alone.
     out[name + " best"] = sum(len(s) for s in sents) / min(times)
+import elmo_jax
+out["from"] = elmo_jax.__file__
 print(json.dumps(out))
 """
 
 
 def extraction(tree: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    r = subprocess.run([sys.executable, "-c", CHILD, HERE], env=env, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    # In the tree: `python -c` puts its working directory first on sys.path, ahead of PYTHONPATH,
+    # so from this repository's root both children would import this tree's elmo_jax.
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, HERE], env=env, cwd=tree, capture_output=True, text=True, check=True
+    )
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    where = out.pop("from")
+    if not os.path.abspath(where).startswith(os.path.abspath(tree) + os.sep):
+        raise SystemExit(f"the child for {tree} imported elmo_jax from {where}, not from that tree")
+    return out
 
 
 def train(tree: str) -> float:

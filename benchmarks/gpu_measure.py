@@ -5,7 +5,7 @@
 
 Parts, each a fresh process (so each peak memory is its own) under a timeout, each writing
 ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed). In this order:
-roofline, step128, axis2_128, baseline128, saved128, saved_again128, saved384, cli, step384,
+roofline, step128, axis2_128, cnnvjp128, baseline128, saved128, saved_again128, saved384, cli, step384,
 axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the last first).
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
@@ -21,6 +21,9 @@ axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the 
 - ``axis2_128``, ``axis2_384``: ``step128`` and ``step384`` with the LSTM's per-step arrays
   ``[2, B, T, ...]`` (``Layout.lstm_time_axis`` 2, the loop written out in Python): whether
   sparing XLA the gate arrays' transposes is faster, in the same call.
+- ``cnnvjp128``: ``step128`` with each char-CNN filter's max differentiated by its hand-written
+  backward pass (``Layout.cnn_vjp``, a bool mask of where the maxima lie instead of autodiff's
+  float one; measured faster on the CPU, where it is the default): whether it is on the GPU too.
 - ``baseline128``, ``baseline384``: with ``--baseline DIR`` (the previous commit's tree, from
   ``git archive``), right after ``step128`` and ``step384``: the same step, under the same flag,
   with that tree's ``elmo_jax`` and this tree's benchmark code.
@@ -90,6 +93,7 @@ BUDGETS = {
     "profile": (70, 40),
     "axis2_128": (70, 35),
     "axis2_384": (75, 40),
+    "cnnvjp128": (70, 35),
     "baseline128": (70, 35),
     "baseline384": (75, 40),
 }
@@ -196,6 +200,8 @@ def part_step(args, s: dict) -> None:
         layout = dataclasses.replace(layout, row_sums=args.row_sums)
     if args.time_axis is not None:  # Layout.lstm_time_axis: where the LSTM's per-step arrays keep time
         layout = dataclasses.replace(layout, lstm_time_axis=args.time_axis)
+    if args.cnn_vjp:  # Layout.cnn_vjp: the char CNN's max by its hand-written backward pass
+        layout = dataclasses.replace(layout, cnn_vjp=True)
     compute = Compute.from_policy("bfloat16", layout=layout)
     device = jax.devices()[0]
     tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
@@ -373,7 +379,7 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_)(\d+)", part)
+    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp)(\d+)", part)
     if m is None:
         return part
     return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
@@ -476,6 +482,7 @@ def drive(args) -> None:
         (f"step{r0}", step(r0), env),
         # The same step with the LSTM's per-step arrays [2, B, T, ...] (Layout.lstm_time_axis 2).
         (f"axis2_{r0}", step(r0, "--time-axis", "2", "--tag", "axis2"), env),
+        (f"cnnvjp{r0}", step(r0, "--cnn-vjp", "--tag", "cnnvjp"), env),
         *baseline(r0),
         (f"saved{r0}", saved(r0, "saved"), env),
         (f"saved_again{r0}", saved(r0, "saved_again"), env),
@@ -548,6 +555,7 @@ def main() -> None:
     ap.add_argument("--row-sums", choices=SUMS, help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--time-axis", type=int, choices=(0, 2), help=argparse.SUPPRESS)
+    ap.add_argument("--cnn-vjp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

@@ -49,9 +49,43 @@ def _activation(name: str):
     return jax.nn.relu if name == "relu" else jnp.tanh
 
 
-def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Compute) -> jax.Array:
+def _dot_max(cols: jax.Array, w: jax.Array, precision) -> jax.Array:
+    """``[N, positions, K] @ [K, n]``, max over positions: ``[N, n]`` (one filter, no bias)."""
+    return jnp.dot(cols, w, precision=precision).max(axis=1)
+
+
+# ``_dot_max`` differentiated by hand (``Layout.cnn_vjp``), with autodiff's rule for a max (jax's
+# reduce-max JVP, as TF's for bilm-tf): the gradient goes to the position of the maximum, split
+# evenly where positions tie (e.g. the identical all-padding windows past a short word).
+# Autodiff keeps where the maxima lie as a float mask of the outputs' size, and its backward
+# multiplies by it; here they are kept as a bool mask (a quarter of the bytes in float32) that
+# the backward selects with: on XLA:CPU about 40 % off the char CNN's gradient
+# (``benchmarks/bench_grad.py --part cnn``).
+_window_max = jax.custom_vjp(_dot_max, nondiff_argnums=(2,))
+
+
+def _window_max_fwd(cols, w, precision):
+    y = jnp.dot(cols, w, precision=precision)
+    top = y.max(axis=1)
+    return top, (cols, w, y == top[:, None, :])
+
+
+def _window_max_bwd(precision, residuals, g):
+    cols, w, at_max = residuals  # at_max: [N, positions, n] bool
+    share = g / at_max.sum(axis=1).astype(g.dtype)
+    dy = jnp.where(at_max, share[:, None, :], jnp.zeros((), g.dtype))
+    f32 = jnp.float32
+    dw = jnp.einsum("npk,npf->kf", cols, dy, precision=precision, preferred_element_type=f32)
+    dcols = jnp.einsum("npf,kf->npk", dy, w, precision=precision, preferred_element_type=f32)
+    return dcols.astype(cols.dtype), dw.astype(w.dtype)
+
+
+_window_max.defvjp(_window_max_fwd, _window_max_bwd)
+
+
+def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Compute, vjp: bool = False) -> jax.Array:
     """``[N, chars, E] -> [N, F]``: each filter's VALID convolution + bias, max over positions
-    (``x`` already in ``compute.dtype``).
+    (``x`` already in ``compute.dtype``); ``vjp``: differentiated by ``_window_max``'s backward.
 
     Each filter is one matmul over an im2col view: XLA's CPU convolution runs at about 45 % of
     its matmul rate, the matmuls at about 70 %. One im2col at the widest width serves every
@@ -64,12 +98,9 @@ def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Comp
     cols = jnp.concatenate([xp[:, k : k + n_chars] for k in range(wmax)], axis=-1)  # [N, chars, wmax*E]
     outs = []
     for layer, (width, n) in zip(conv, c.filters):
-        y = jnp.dot(
-            cols[:, : n_chars - width + 1, : width * e],
-            layer["w"].reshape(width * e, n).astype(x.dtype),
-            precision=compute.precision,
-        )
-        outs.append(y.max(axis=1) + layer["b"].astype(x.dtype))
+        window, w = cols[:, : n_chars - width + 1, : width * e], layer["w"].reshape(width * e, n).astype(x.dtype)
+        y = (_window_max if vjp else _dot_max)(window, w, compute.precision)
+        outs.append(y + layer["b"].astype(x.dtype))
     return jnp.concatenate(outs, axis=-1)
 
 
@@ -137,13 +168,13 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Co
             f"char_ids have {ids.shape[-1]} chars per token; the model takes at most {c.max_characters_per_token}"
         )
 
-    sums = compute.resolved_layout().row_sums
+    layout = compute.resolved_layout()
 
     def encode(block):
-        x = take_rows(params["char_embed"], block, sums=sums).astype(dtype)  # [n, chars, E]
-        return _conv_max(x, params["conv"], c, compute=compute)
+        x = take_rows(params["char_embed"], block, sums=layout.row_sums).astype(dtype)  # [n, chars, E]
+        return _conv_max(x, params["conv"], c, compute=compute, vjp=layout.cnn_vjp)
 
-    h = _token_chunks(encode, ids, compute.resolved_layout().cnn_chunk)
+    h = _token_chunks(encode, ids, layout.cnn_chunk)
     if ids.shape[-1] < c.max_characters_per_token:
         # A char axis cut by trim_char_ids: add back the all-padding windows it dropped.
         h = jnp.maximum(h, _pad_window_values(params, c, compute))

@@ -4,11 +4,11 @@ Every layout computes the same function (tests compare them). The table below is
 ``benchmarks/bench_bilm.py`` (CPU) and ``benchmarks/bench_variants.py`` (GPU) print the figures
 behind each entry, and experiments/README.md records them.
 
-| backend | lstm      | unroll | cnn_chunk | row_sums | measured |
-|---------|-----------|--------|-----------|----------|----------|
-| cpu     | "columns" | 1      | 32        | scatter  | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; row sums alike within this machine's noise (`small`, 32 x 20: 1,661-1,827 ms a step with scatter, 1,692-1,879 sorted, `benchmarks/results/cpu/row_sums.txt`), so XLA's scatter-add stays |
-| gpu     | "rows"    | 20     | 0         | sorted   | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20; H200, same step under XLA's deterministic-scatter flag (as `elmo-jax train` runs): 16.39 ms with scatter, 13.64 with sorted (`benchmarks/results/gpu_h200/s4_row_sums.txt`) |
-| tpu     | "rows"    | 20     | 0         | scatter  | not measured: the GPU's choice, except the row sums, which stay XLA's scatter-add until a TPU times the sorted ones |
+| backend | lstm      | unroll | cnn_chunk | row_sums | cnn_vjp | measured |
+|---------|-----------|--------|-----------|----------|---------|----------|
+| cpu     | "columns" | 1      | 32        | scatter  | True    | batch-minor matmuls run faster on XLA:CPU; blocks of 32 words keep the conv outputs in cache; row sums alike within this machine's noise (`small`, 32 x 20: 1,661-1,827 ms a step with scatter, 1,692-1,879 sorted, `benchmarks/results/cpu/row_sums.txt`), so XLA's scatter-add stays |
+| gpu     | "rows"    | 20     | 0         | sorted   | False   | H100, `original`, 128 x 20, bfloat16: 29.9 ms a step with (rows, 1, 32), 20.6 with chunk 0, 18.3 with unroll 5, 15.0 with unroll 20; H200, same step under XLA's deterministic-scatter flag (as `elmo-jax train` runs): 16.39 ms with scatter, 13.64 with sorted (`benchmarks/results/gpu_h200/s4_row_sums.txt`) |
+| tpu     | "rows"    | 20     | 0         | scatter  | False   | not measured: the GPU's choice, except the row sums, which stay XLA's scatter-add until a TPU times the sorted ones |
 
 Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
 of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
@@ -21,7 +21,7 @@ of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per dev
 
 The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
 gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
-(``benchmarks/bench_lstm_grad.py``, ``benchmarks/results/cpu/lstm_grad.txt``), the biLSTM's gradient at
+(``benchmarks/bench_grad.py``, ``benchmarks/results/cpu/lstm_grad.txt``), the biLSTM's gradient at
 `small`, 32 x 20: rows with it 285 ms, rows by autodiff 386, columns by autodiff 357; at 128 rows
 2,226, 2,610 and 2,225. The CPU keeps columns (not a clear win at 128 rows, and extraction's forward
 pass prefers columns); on a GPU it is not yet measured.
@@ -57,7 +57,10 @@ class Layout:
     (``[T, 2, B, ...]``, as ``lax.scan`` stacks them), or 2 (``[2, B, T, ...]``, as the layer's
     input; the loop written out in Python when ``unroll`` covers every step), which spares XLA
     the transposes of the ``[.., 4D]`` gate arrays around the matmuls over all steps (0.2-0.4
-    ms each in an H200 profile of the 128-row step) but is not yet timed on a GPU."""
+    ms each in an H200 profile of the 128-row step) but is not yet timed on a GPU. ``cnn_vjp``:
+    each char-CNN filter's max over positions is differentiated by its hand-written backward
+    pass (``char_cnn._window_max``: the filter's outputs recomputed, not a saved mask of where
+    the maxima lie); the same gradients, ties split as autodiff splits them."""
 
     lstm: str = "rows"
     unroll: int = 1
@@ -67,6 +70,7 @@ class Layout:
     lstm_vjp: bool = True
     row_sums: str = "scatter"
     lstm_time_axis: int = 0
+    cnn_vjp: bool = False
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
@@ -82,7 +86,7 @@ class Layout:
 
 
 BY_BACKEND = {
-    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096),
+    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096, cnn_vjp=True),
     "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="sorted"),
     "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="scatter"),
 }
