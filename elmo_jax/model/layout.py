@@ -26,6 +26,13 @@ gradients as one matmul after the reverse scan, not accumulated in it). On this 
 2,226, 2,610 and 2,225. The CPU keeps columns (not a clear win at 128 rows, and extraction's forward
 pass prefers columns); on a GPU it is not yet measured.
 
+The char CNN's max over positions is differentiated by hand where ``cnn_vjp`` is set (the
+positions of the maxima kept as a bool mask, not autodiff's float one). On the 2-core CPU
+(``benchmarks/bench_grad.py --part cnn``, ``benchmarks/results/cpu/cnn_grad.txt``), the char
+CNN's gradient over 512 words at `small`: 173 ms with it, 309 by autodiff (best of 5 rounds); the
+`small` train step at 32 rows ran 33.7 % faster (``benchmarks/results/cpu/compare_3a7f5a2.txt``).
+The GPU keeps autodiff until a GPU times it (``gpu_measure.py``'s ``cnnvjp128`` part).
+
 On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
 kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
 bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
