@@ -156,6 +156,13 @@ def table(ks: list[Kernel], hlo_text: str, steps: int, wall_s: float) -> list[st
     for op, ns in by_op.most_common(15):
         name, scope = where[op]
         lines.append(f"  {ns / 1e6 / steps:7.2f}  {op[:32]:<32} {name:<50} {scope}")
+    # "other" is what no part's pattern claims, and the kernels the name stacks do not know:
+    # its own top ops say which of the two it is, and what to name next.
+    other = [(op, ns) for op, ns in by_op.most_common() if part_of(scopes.get(op, ""))[0] == "other"][:10]
+    lines.append("top 10 ops of 'other' (ms per step, kernel, name stack or '(not in the name stacks)'):")
+    for op, ns in other:
+        name, scope = where[op]
+        lines.append(f"  {ns / 1e6 / steps:7.2f}  {op[:32]:<32} {name:<50} {scope or '(not in the name stacks)'}")
     return lines
 
 
