@@ -195,7 +195,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     included (``gpu_projection.py`` builds on them)."""
     import numpy as np
 
-    from elmo_jax.extract.embedder import new_outputs, pack_sentences
+    from elmo_jax.extract.embedder import copy_threads, new_outputs, pack_sentences
     from elmo_jax.model.layout import BY_BACKEND
 
     sents = sample_sentences(path)
@@ -209,9 +209,10 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     t1 = time.perf_counter()
     pack.streams(token_rows, len(slot), len(slot) + 1)
     common = {"packing": t1 - t, "index streams": time.perf_counter() - t1}
+    threads = min(layout.extract_copy_threads, os.cpu_count() or 1)  # as Embedder.embed picks them
     print(
         f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
-        f"{pack.calls} calls of {pack.rows} x {pack.steps}: "
+        f"{pack.calls} calls of {pack.rows} x {pack.steps}, {threads} copy thread(s): "
         + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()),
         flush=True,
     )
@@ -233,14 +234,15 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
                 times["piece sums"] = time.perf_counter() - t
                 gb = pack.calls * sums.nbytes / 1e9
             else:
-                t = time.perf_counter()
-                out = new_outputs(table, token_rows, n_out if form == "all" else 1)
-                times["new arrays" + (" and layer 0" if form == "all" else "")] = time.perf_counter() - t
-                ys = np.zeros((n_out - 1 if form == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
-                t = time.perf_counter()
-                for c in range(pack.calls):
-                    pack.scatter(out, c, ys)
-                times["biLSTM layers" if form == "all" else "the mixed layer"] = time.perf_counter() - t
+                with copy_threads(threads) as copier:
+                    t = time.perf_counter()
+                    out = new_outputs(table, token_rows, n_out if form == "all" else 1, copier)
+                    times["new arrays" + (" and layer 0" if form == "all" else "")] = time.perf_counter() - t
+                    ys = np.zeros((n_out - 1 if form == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
+                    t = time.perf_counter()
+                    for c in range(pack.calls):
+                        pack.scatter(out, c, ys, copier)
+                    times["biLSTM layers" if form == "all" else "the mixed layer"] = time.perf_counter() - t
                 gb = sum(x.nbytes for x in out) / 1e9
                 del out
             print(

@@ -1,11 +1,14 @@
 """Embedding extraction: Embedder (stateless, stateful, cache, bf16) and the files `elmo-jax embed` writes
 (its flags, messages and exit codes: test_cli.py)."""
 
+import contextlib
+import dataclasses
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
 
 import h5py
 import jax
@@ -65,6 +68,59 @@ def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences,
     # words and rows run in blocks and batches of other shapes, ~1e-6 apart on CPU).
     again = embedder.embed([sentences[order[0]]])[0]
     np.testing.assert_allclose(again, out[0], atol=1e-5, rtol=0)
+
+
+def test_copy_threads_give_the_same_arrays_and_do_the_copies(model, sentences, monkeypatch):
+    """Outputs copied into the sentences' arrays by several threads (``Layout.extract_copy_threads``)
+    equal, bit for bit, those copied by the calling thread alone; and the copies did run in the
+    copy threads (else the comparison would hold vacuously)."""
+    from elmo_jax.extract import embedder as module
+
+    config, params = model
+    used: list[int] = []
+    where: set[str] = set()
+    made = module.copy_threads
+
+    @contextlib.contextmanager
+    def watched(threads):
+        used.append(threads)
+        with made(threads) as run:
+
+            def run_watched(fn, items):
+                def fn_watched(part):
+                    where.add(threading.current_thread().name)
+                    fn(part)
+
+                run(fn_watched, items)
+
+            yield run_watched
+
+    monkeypatch.setattr(module, "copy_threads", watched)
+    layout = Layout("columns", 1, 32, extract_steps=4, extract_tokens=64)  # many calls: sentences cross them
+    out = {
+        threads: {
+            layers: Embedder(config, params, layout=dataclasses.replace(layout, extract_copy_threads=threads)).embed(
+                sentences, layers=layers
+            )
+            for layers in ("all", "top")
+        }
+        for threads in (1, 2)
+    }
+    assert used == [1, 1, 2, 2] and any(n.startswith("elmo-copy") for n in where) and "MainThread" in where
+    for layers in ("all", "top"):
+        for a, b in zip(out[1][layers], out[2][layers]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_error_in_a_copy_thread_reaches_the_caller():
+    from elmo_jax.extract.embedder import copy_threads
+
+    def fail(part):
+        if 3 in part:
+            raise MemoryError("no room for the copy")
+
+    with pytest.raises(MemoryError, match="no room"), copy_threads(2) as run:
+        run(fail, np.arange(8))
 
 
 def test_two_devices_give_the_vectors_of_one(model):

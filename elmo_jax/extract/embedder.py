@@ -35,6 +35,7 @@ outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -44,6 +45,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import jax
@@ -302,6 +304,34 @@ def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]
     return row, start, int(load.max(initial=0))
 
 
+Runner = Callable[[Callable[[np.ndarray], None], np.ndarray], None]  # run(fn, items): fn over parts of items
+
+
+def serial(fn: Callable[[np.ndarray], None], items: np.ndarray) -> None:
+    fn(items)
+
+
+@contextlib.contextmanager
+def copy_threads(threads: int) -> Iterator[Runner]:
+    """For one call of ``embed``: ``run(fn, items)`` calls ``fn(part)`` on ``threads`` parts of
+    ``items`` (sentence indices) at once, each in a thread of its own (``serial`` for one).
+
+    For the host's copies into the sentences' arrays: numpy lets go of the GIL while it copies a
+    block, and a first write into new memory also pays the kernel's page faults, so a few threads
+    copy and fault in parallel. Each sentence is in one part only, so no two threads write one array.
+    """
+    if threads <= 1:
+        yield serial
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="elmo-copy") as pool:
+
+        def run(fn: Callable[[np.ndarray], None], items: np.ndarray) -> None:
+            for done in [pool.submit(fn, part) for part in np.array_split(items, threads) if len(part)]:
+                done.result()
+
+        yield run
+
+
 @dataclasses.dataclass(frozen=True)
 class Packing:
     """Sentences laid end to end in ``rows`` streams, run ``steps`` at a time in ``calls`` calls.
@@ -335,19 +365,24 @@ class Packing:
                 starts[r, s] = True
         return index, mask, starts
 
-    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray) -> None:
+    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray, run: Runner = serial) -> None:
         """Copies call ``call``'s outputs ``ys [L, 2, rows, steps, P]`` into the last ``L`` layers of
-        the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order."""
+        the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order.
+        ``run``: see ``copy_threads``."""
         lo, hi = call * self.steps, (call + 1) * self.steps
         first = out[0].shape[0] - ys.shape[0] if out else 0
         p = ys.shape[-1]
-        # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
-        for i in np.flatnonzero((self.start + 1 < hi) & (self.start + self.length + 1 > lo) & (self.length > 0)):
-            n, r, s = self.length[i], self.row[i], self.start[i]
-            a, b = max(s + 1, lo), min(s + n + 1, hi)
-            if a < b:
-                out[i][first:, a - s - 1 : b - s - 1, :p] = ys[:, 0, r, a - lo : b - lo]
-                out[i][first:, s + n - b + 1 : s + n - a + 1, p:] = ys[:, 1, r, a - lo : b - lo][:, ::-1]
+
+        def copy(sentences: np.ndarray) -> None:
+            # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
+            for i in sentences:
+                n, r, s = self.length[i], self.row[i], self.start[i]
+                a, b = max(s + 1, lo), min(s + n + 1, hi)
+                if a < b:
+                    out[i][first:, a - s - 1 : b - s - 1, :p] = ys[:, 0, r, a - lo : b - lo]
+                    out[i][first:, s + n - b + 1 : s + n - a + 1, p:] = ys[:, 1, r, a - lo : b - lo][:, ::-1]
+
+        run(copy, np.flatnonzero((self.start + 1 < hi) & (self.start + self.length + 1 > lo) & (self.length > 0)))
 
     def pieces(self, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
         """For pooling on the device: the part of a sentence's tokens that one call runs is a piece.
@@ -411,15 +446,24 @@ def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     return out
 
 
-def new_outputs(table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int) -> list[np.ndarray]:
+def new_outputs(
+    table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int, run: Runner = serial
+) -> list[np.ndarray]:
     """Each sentence's ``[layers, n, 2P]`` float32 array, for ``table [words, P]`` and each
     sentence's rows in it; with every layer (``layers > 1``), layer 0 is filled in: each token's
-    vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``."""
+    vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``. ``run``: see
+    ``copy_threads``."""
     p = table.shape[1]
-    out = [np.empty((layers, len(ids), 2 * p), np.float32) for ids in token_rows]
-    if layers > 1:
-        for x, ids in zip(out, token_rows):
-            x[0, :, :p] = x[0, :, p:] = table[ids]
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(token_rows)
+
+    def make(sentences: np.ndarray) -> None:
+        for i in sentences:
+            ids = token_rows[i]
+            x = out[i] = np.empty((layers, len(ids), 2 * p), np.float32)
+            if layers > 1:
+                x[0, :, :p] = x[0, :, p:] = table[ids]
+
+    run(make, np.arange(len(token_rows)))
     return out
 
 
@@ -772,14 +816,16 @@ class Embedder:
             pooled = self._pool_packed(pack, table, token_rows, layers, weights, pool)
             return [x[0].copy() if weights is not None else x.copy() for x in pooled]
         outputs: list[list[np.ndarray]] = []
+        threads = min(self.layout.extract_copy_threads, os.cpu_count() or 1)
+        with copy_threads(threads) as run:
 
-        def take(c: int, ys: np.ndarray) -> None:
-            if not outputs:  # made only now, while the device runs the first calls
-                outputs.append(new_outputs(table, token_rows, layers))
-            pack.scatter(outputs[0], c, ys)
+            def take(c: int, ys: np.ndarray) -> None:
+                if not outputs:  # made only now, while the device runs the first calls
+                    outputs.append(new_outputs(table, token_rows, layers, run))
+                pack.scatter(outputs[0], c, ys, run)
 
-        self._run_packed(pack, table, token_rows, take, weights)
-        out = outputs[0] if outputs else new_outputs(table, token_rows, layers)
+            self._run_packed(pack, table, token_rows, take, weights)
+            out = outputs[0] if outputs else new_outputs(table, token_rows, layers, run)
         return out if weights is None else [x[0] for x in out]
 
     def _pool_packed(

@@ -11,13 +11,14 @@ behind each entry, and experiments/README.md records them.
 | tpu     | "rows"    | 20     | 0         | scatter  | False   | not measured: the GPU's choice, except the row sums, which stay XLA's scatter-add until a TPU times the sorted ones |
 
 Extraction (``elmo_jax.extract.embedder``) packs sentences end to end into rows and runs the biLSTM in calls
-of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device:
+of ``extract_steps`` steps over ``extract_tokens // extract_steps`` rows per device, and copies
+each call's outputs into the sentences' arrays in ``extract_copy_threads`` threads:
 
-| backend | extract_steps | extract_tokens | measured |
-|---------|---------------|----------------|----------|
-| cpu     | 16            | 4096           | `small`, the experiments' held-out job, warm (`benchmarks/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps |
-| gpu     | 40            | 16384          | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU") |
-| tpu     | 40            | 16384          | not measured: the GPU's choice |
+| backend | extract_steps | extract_tokens | extract_copy_threads | measured |
+|---------|---------------|----------------|----------------------|----------|
+| cpu     | 16            | 4096           | 1                    | `small`, the experiments' held-out job, warm (`benchmarks/results/cpu/extract_packing.txt`): 16 steps a call (256 rows) 7,963-8,226 tokens/s, 32 (128 rows) 7,994-8,120, 64 (64 rows) 6,890-8,289: alike within this machine's noise (807c246's length-bucketed batches: 6,099, same session); 16 has the fewest sequential steps. One copy thread: XLA's own threads run the biLSTM on the same cores, and the copies are a small share of a CPU job (`small`, the sample's 45,668 held-out tokens: 31-81 ms with no device work, ``--host-only cpu``, against about 2.4 s for the whole job warm, `compare_3a7f5a2.txt`) |
+| gpu     | 40            | 16384          | 4                    | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU"). The copies: on the 2-core CPU with no device work (``bench_embed.py --host-only gpu``, `original`, the sample's 45,668 held-out tokens, every layer), 2 threads took the host's share from 218-221 ms to 114-143 (``benchmarks/results/cpu/extract_host_threads.txt``); an H200's host spent 650-665 ms of a 1.24 s job on them |
+| tpu     | 40            | 16384          | 4                    | not measured: the GPU's choice |
 
 The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
 gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
@@ -67,7 +68,10 @@ class Layout:
     ms each in an H200 profile of the 128-row step) but is not yet timed on a GPU. ``cnn_vjp``:
     each char-CNN filter's max over positions is differentiated by its hand-written backward
     pass (``char_cnn._window_max``: the filter's outputs recomputed, not a saved mask of where
-    the maxima lie); the same gradients, ties split as autodiff splits them."""
+    the maxima lie); the same gradients, ties split as autodiff splits them.
+    ``extract_copy_threads``: threads (at most the host's CPUs) that copy extraction's outputs
+    into the sentences' arrays, ``Embedder.embed`` with every layer or one (1: the calling
+    thread alone)."""
 
     lstm: str = "rows"
     unroll: int = 1
@@ -78,6 +82,7 @@ class Layout:
     row_sums: str = "scatter"
     lstm_time_axis: int = 0
     cnn_vjp: bool = False
+    extract_copy_threads: int = 4
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
@@ -86,14 +91,26 @@ class Layout:
             raise ValueError(f"Layout.lstm_time_axis must be 0 or 2, got {self.lstm_time_axis!r}")
         if self.row_sums not in SUMS:
             raise ValueError(f"Layout.row_sums must be one of {SUMS}, got {self.row_sums!r}")
-        if self.unroll < 1 or self.cnn_chunk < 0 or self.extract_steps < 1 or self.extract_tokens < 1:
+        if (
+            min(self.unroll, self.extract_steps, self.extract_tokens, self.extract_copy_threads) < 1
+            or self.cnn_chunk < 0
+        ):
             raise ValueError(
-                f"Layout needs unroll, extract_steps and extract_tokens >= 1 and cnn_chunk >= 0, got {self}"
+                "Layout needs unroll, extract_steps, extract_tokens and extract_copy_threads >= 1 and "
+                f"cnn_chunk >= 0, got {self}"
             )
 
 
 BY_BACKEND = {
-    "cpu": Layout(lstm="columns", unroll=1, cnn_chunk=32, extract_steps=16, extract_tokens=4096, cnn_vjp=True),
+    "cpu": Layout(
+        lstm="columns",
+        unroll=1,
+        cnn_chunk=32,
+        extract_steps=16,
+        extract_tokens=4096,
+        cnn_vjp=True,
+        extract_copy_threads=1,
+    ),
     "gpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="sorted"),
     "tpu": Layout(lstm="rows", unroll=20, cnn_chunk=0, extract_steps=40, extract_tokens=16384, row_sums="scatter"),
 }
