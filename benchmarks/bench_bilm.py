@@ -52,8 +52,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    peak = matmul_gflops()
-    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
+    peak, limit = matmul_gflops()
+    print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}; {limit}: {peak:.1f} GFLOP/s")
     sentences = random_sentences(args.batch, args.length)
     n_tokens = args.batch * args.length
     for name in args.shapes:

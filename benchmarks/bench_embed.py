@@ -304,8 +304,8 @@ def main() -> None:
         for name in args.shapes:
             bench_host(name, preset(name), args.job_file, args.host_only)
         return
-    peak = matmul_gflops()
-    print(f"device: {jax.devices()[0].device_kind} x1; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
+    peak, limit = matmul_gflops()
+    print(f"device: {jax.devices()[0].device_kind} x1; {limit}: {peak:.1f} GFLOP/s")
     inputs = {"32x20 random words": random_sentences(32, 20), "30 natural sentences": natural_sentences()}
     for name in args.shapes:
         config = preset(name)

@@ -466,10 +466,10 @@ def main() -> None:
                     + " | ".join(f"{sec * 1e3:5.1f} ms/step {128 * 20 / sec:9,.0f} tokens/s" for sec in rates)
                 )
             return
-        peak = matmul_gflops()
+        peak, limit = matmul_gflops()
         n = args.devices
         mesh = Mesh(np.array(jax.local_devices()[:n]), (AXIS,))
-        print(f"device: {jax.devices()[0].device_kind} x {n}; float32 matmul (2048^3): {peak:.1f} GFLOP/s")
+        print(f"device: {jax.devices()[0].device_kind} x {n}; {limit}: {peak:.1f} GFLOP/s")
         for v in args.vocabs:
             model, tc = model_and_config(args, v)
             batches, width, capacity = device_batches(args, model, tc, vocab, path, mesh)

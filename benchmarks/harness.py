@@ -6,8 +6,9 @@ The roofline (``roofline``) is the slope of dependent matmuls inside one jitted 
 a chain of N and of M matmuls, each the previous one's result times a fixed matrix, timed to
 ``block_until_ready``; the rate is ``2 n^3 (M - N) / (t_M - t_N)``. The dispatch, the launch and
 the copies cost the same in both chains and drop out of the difference, and no matmul can be
-hoisted out of the loop or skipped, since each needs the one before. ``matmul_gflops`` times one
-jitted call, which on a GPU mostly measures dispatch at 2048^3.
+hoisted out of the loop or skipped, since each needs the one before. (One jitted call timed
+alone, as the benchmarks' ``matmul_gflops`` once did at 2048^3, mostly measures dispatch on a
+GPU.) ``matmul_gflops`` gives the benchmarks' float32 limit by the same method.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import numpy as np
 from elmo_jax.config import ModelConfig
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 20, dtype=jnp.float32) -> float:
-    """The measured ``dtype`` matmul rate of the default device, GFLOP/s (best of ``repeats``)."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-    f = jax.jit(lambda a: a @ a)
-    f(a).block_until_ready()
-    best = min(_time(lambda: f(a).block_until_ready()) for _ in range(repeats))
-    return 2 * n**3 / best / 1e9
+def matmul_gflops(dtype: str = "float32") -> tuple[float, str]:
+    """The default device's ``dtype`` matmul rate in GFLOP/s by the slope method, at the
+    roofline's size for the backend (1024^3 on a CPU, 8192^3 elsewhere), and a label for it."""
+    n = 1024 if jax.default_backend() == "cpu" else 8192
+    r = matmul_slope(n, dtype)
+    return r.tflops * 1e3, f"{dtype} {n}^3 matmul by the slope of {r.counts[0]} and {r.counts[1]} dependent matmuls"
 
 
 @dataclasses.dataclass(frozen=True)
