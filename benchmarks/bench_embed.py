@@ -195,7 +195,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     included (``gpu_projection.py`` builds on them)."""
     import numpy as np
 
-    from elmo_jax.extract.embedder import copy_threads, new_outputs, pack_sentences
+    from elmo_jax.extract.embedder import copy_thread_count, copy_threads, new_outputs, pack_sentences
     from elmo_jax.model.layout import BY_BACKEND
 
     sents = sample_sentences(path)
@@ -209,7 +209,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     t1 = time.perf_counter()
     pack.streams(token_rows, len(slot), len(slot) + 1)
     common = {"packing": t1 - t, "index streams": time.perf_counter() - t1}
-    threads = min(layout.extract_copy_threads, os.cpu_count() or 1)  # as Embedder.embed picks them
+    threads = copy_thread_count(layout)  # as Embedder.embed picks them
     print(
         f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
         f"{pack.calls} calls of {pack.rows} x {pack.steps}, {threads} copy thread(s): "

@@ -311,6 +311,12 @@ def serial(fn: Callable[[np.ndarray], None], items: np.ndarray) -> None:
     fn(items)
 
 
+def copy_thread_count(layout: Layout) -> int:
+    """``layout.extract_copy_threads``, at most the CPUs this process may run on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(layout.extract_copy_threads, cpus))
+
+
 @contextlib.contextmanager
 def copy_threads(threads: int) -> Iterator[Runner]:
     """For one call of ``embed``: ``run(fn, items)`` calls ``fn(part)`` on ``threads`` parts of
@@ -816,8 +822,7 @@ class Embedder:
             pooled = self._pool_packed(pack, table, token_rows, layers, weights, pool)
             return [x[0].copy() if weights is not None else x.copy() for x in pooled]
         outputs: list[list[np.ndarray]] = []
-        threads = min(self.layout.extract_copy_threads, os.cpu_count() or 1)
-        with copy_threads(threads) as run:
+        with copy_threads(copy_thread_count(self.layout)) as run:
 
             def take(c: int, ys: np.ndarray) -> None:
                 if not outputs:  # made only now, while the device runs the first calls
