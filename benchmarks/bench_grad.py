@@ -4,9 +4,10 @@
                                     [--words 512] [--rounds 5]
 
 ``--part lstm`` (the default): ``jax.grad`` of a loss on ``lstm.run``'s outputs and final state
-(both layers and directions, all parameters and the inputs; no unrolling, dropout off), three
-ways: rows with the hand-written VJP, rows by autodiff, columns by autodiff. The figures behind
-``Layout.lstm_vjp`` and behind the CPU keeping autodiff in its columns layout.
+(both layers and directions, all parameters and the inputs; no unrolling, dropout off), four
+ways: rows with the hand-written VJP, rows by autodiff, columns by autodiff, and the rows
+layout's layers in one wavefront scan (``Layout.lstm_wavefront``, its own hand-written VJP). The
+figures behind ``Layout.lstm_vjp`` and behind the CPU keeping autodiff in its columns layout.
 
 ``--part cnn``: ``jax.grad`` of a loss on ``char_cnn.apply`` (every parameter, the char
 embeddings included) over ``--words`` distinct words of the bundled sample at the full 50 char
@@ -39,6 +40,7 @@ LSTM_VARIANTS = {
     "rows, custom VJP": Layout("rows", unroll=1, lstm_vjp=True),
     "rows, autodiff": Layout("rows", unroll=1, lstm_vjp=False),
     "columns, autodiff": Layout("columns", unroll=1),
+    "rows, wavefront": Layout("rows", unroll=1, lstm_wavefront=True),
 }
 
 

@@ -5,8 +5,9 @@
 
 Parts, each a fresh process (so each peak memory is its own) under a timeout, each writing
 ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed). In this order:
-roofline, step128, axis2_128, cnnvjp128, baseline128, saved128, saved_again128, saved384, cli, step384,
-axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the last first).
+roofline, step128, axis2_128, cnnvjp128, wave128, baseline128, saved128, saved_again128, saved384, cli,
+step384, wave384, baseline384, extract, axis2_384, autodiff128, profile (a short budget skips the last
+first).
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
   and tf32 matmul rates at 8192^3 by the slope method, beside the datasheet's dense peaks; also
@@ -24,6 +25,8 @@ axis2_384, baseline384, extract, autodiff128, profile (a short budget skips the 
 - ``cnnvjp128``: ``step128`` with each char-CNN filter's max differentiated by its hand-written
   backward pass (``Layout.cnn_vjp``, a bool mask of where the maxima lie instead of autodiff's
   float one; measured faster on the CPU, where it is the default): whether it is on the GPU too.
+- ``wave128``, ``wave384``: ``step128`` and ``step384`` with the LSTM's layers in one wavefront scan
+  (``Layout.lstm_wavefront``: 21 sequential steps of both layers instead of 40 of one).
 - ``baseline128``, ``baseline384``: with ``--baseline DIR`` (the previous commit's tree, from
   ``git archive``), right after ``step128`` and ``step384``: the same step, under the same flag,
   with that tree's ``elmo_jax`` and this tree's benchmark code.
@@ -94,6 +97,8 @@ BUDGETS = {
     "axis2_128": (70, 35),
     "axis2_384": (75, 40),
     "cnnvjp128": (70, 35),
+    "wave128": (70, 35),
+    "wave384": (75, 40),
     "baseline128": (70, 35),
     "baseline384": (75, 40),
 }
@@ -202,6 +207,8 @@ def part_step(args, s: dict) -> None:
         layout = dataclasses.replace(layout, lstm_time_axis=args.time_axis)
     if args.cnn_vjp:  # Layout.cnn_vjp: the char CNN's max by its hand-written backward pass
         layout = dataclasses.replace(layout, cnn_vjp=True)
+    if args.wavefront:  # Layout.lstm_wavefront: the LSTM's layers in one scan
+        layout = dataclasses.replace(layout, lstm_wavefront=True)
     compute = Compute.from_policy("bfloat16", layout=layout)
     device = jax.devices()[0]
     tree = os.path.dirname(os.path.dirname(os.path.abspath(policy.__file__)))
@@ -379,7 +386,7 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp)(\d+)", part)
+    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp|wave)(\d+)", part)
     if m is None:
         return part
     return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
@@ -483,6 +490,7 @@ def drive(args) -> None:
         # The same step with the LSTM's per-step arrays [2, B, T, ...] (Layout.lstm_time_axis 2).
         (f"axis2_{r0}", step(r0, "--time-axis", "2", "--tag", "axis2"), env),
         (f"cnnvjp{r0}", step(r0, "--cnn-vjp", "--tag", "cnnvjp"), env),
+        (f"wave{r0}", step(r0, "--wavefront", "--tag", "wave"), env),
         *baseline(r0),
         (f"saved{r0}", saved(r0, "saved"), env),
         (f"saved_again{r0}", saved(r0, "saved_again"), env),
@@ -491,7 +499,7 @@ def drive(args) -> None:
         # The flag's cost at 384 rows, and the other LSTM time axis there: after the default's
         # figures, where a short budget skips them first.
         (f"step{r1}", step(r1), env),
-        (f"axis2_{r1}", step(r1, "--time-axis", "2", "--tag", "axis2"), env),
+        (f"wave{r1}", step(r1, "--wavefront", "--tag", "wave"), env),
         *baseline(r1),
         (
             "extract",
@@ -499,6 +507,7 @@ def drive(args) -> None:
             + ["--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2", "--job-layers", "all", "top"],
             env,
         ),
+        (f"axis2_{r1}", step(r1, "--time-axis", "2", "--tag", "axis2"), env),
         ("autodiff128", step(r0, "--autodiff", "--tag", "autodiff"), env),
     ]
     # The profile: with XLA's command buffers off, so that each kernel is its own trace event.
@@ -556,6 +565,7 @@ def main() -> None:
     ap.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--time-axis", type=int, choices=(0, 2), help=argparse.SUPPRESS)
     ap.add_argument("--cnn-vjp", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--wavefront", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

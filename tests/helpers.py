@@ -12,6 +12,17 @@ import numpy as np
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
+
+def gpu_candidates():
+    """The GPU's layout with every switch a GPU has yet to time (``gpu_measure.py``'s variant
+    parts): the train-step tests run it here, so a GPU session can flip any of them on."""
+    import dataclasses
+
+    from elmo_jax.model.layout import BY_BACKEND
+
+    return dataclasses.replace(BY_BACKEND["gpu"], lstm_wavefront=True, cnn_vjp=True)
+
+
 # The suite compiles many small programs (about 1,100 backend compiles in the fast tier), and on
 # CPU LLVM's optimisation passes are most of each compile: at -O1 without LLVM's expensive passes
 # the suite took about a fifth less time than at the default level. XLA:CPU's older fusion

@@ -39,7 +39,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, read_never_returns, xla_flags
+from helpers import FIXTURES, gpu_candidates, read_never_returns, xla_flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -131,9 +131,12 @@ def _mesh(n: int) -> Mesh:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [None, BY_BACKEND["gpu"]], ids=["backend", "gpu-layout"])
+@pytest.mark.parametrize(
+    "layout", [None, BY_BACKEND["gpu"], gpu_candidates()], ids=["backend", "gpu-layout", "gpu-candidates"]
+)
 def test_mesh_two_devices_equals_one(tmp_path, layout):
-    """Also under the GPU's layout (rows, with the LSTM's hand-written backward pass), run here."""
+    """Also under the GPU's layout (rows, with the LSTM's hand-written backward pass), and with
+    the switches a GPU has yet to time (the wavefront LSTM, the char CNN's max backward), run here."""
     _two_local_devices()
     compute = Compute(layout=layout)
     vocab, t, source = _setup(tmp_path)

@@ -53,6 +53,7 @@ def expected(model, sentences):
         {"batch_tokens": 40},
         {"batch_tokens": 100000},
         {"layout": Layout("rows", 3, 0, extract_steps=5, extract_tokens=10)},
+        {"layout": Layout("rows", 3, 0, extract_steps=5, extract_tokens=10, lstm_wavefront=True)},
     ],
 )
 def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences, expected, kw):

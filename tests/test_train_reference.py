@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import gpu_candidates
 
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
 from elmo_jax.model import char_cnn, lstm
@@ -352,10 +353,17 @@ def _reference_step(state, batch, tc: TrainConfig):
 
 
 @pytest.mark.parametrize(
-    "layout", [None, pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow)], ids=["backend", "gpu-layout"]
+    "layout",
+    [
+        None,
+        pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow),
+        pytest.param(gpu_candidates(), marks=pytest.mark.slow),
+    ],
+    ids=["backend", "gpu-layout", "gpu-candidates"],
 )
 def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
-    """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), run here."""
+    """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), and with the
+    switches a GPU has yet to time, run here."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
     # both target and candidate once, with its summed gradient) scales every update.
     tc = TrainConfig(

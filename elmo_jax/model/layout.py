@@ -71,7 +71,11 @@ class Layout:
     the maxima lie); the same gradients, ties split as autodiff splits them.
     ``extract_copy_threads``: threads (at most the host's CPUs) that copy extraction's outputs
     into the sentences' arrays, ``Embedder.embed`` with every layer or one (1: the calling
-    thread alone)."""
+    thread alone). ``lstm_wavefront``: the rows layout runs all LSTM layers in one scan, layer
+    ``l``'s step ``t`` at step ``t + l`` (``elmo_jax.model.wavefront``): ``T + n_layers - 1``
+    sequential steps instead of ``n_layers x T``, each a matmul over every layer; the same
+    function, not yet timed on a GPU. It is time-major and has its own backward pass, so
+    ``lstm_time_axis`` and ``lstm_vjp`` do not apply to it."""
 
     lstm: str = "rows"
     unroll: int = 1
@@ -83,6 +87,7 @@ class Layout:
     lstm_time_axis: int = 0
     cnn_vjp: bool = False
     extract_copy_threads: int = 4
+    lstm_wavefront: bool = False
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):

@@ -372,10 +372,25 @@ def run(
       ``[n_layers, 2, batch, time, P]`` outputs and the final state.
     """
     l = config.lstm
-    if state is None:
-        state = zero_state(config, xs.shape[1])
     if dropout_rate > 0.0 and dropout_keys is None:
         raise ValueError("lstm.run: dropout_rate > 0 needs dropout_keys ([batch] keys, one per row)")
+    layout = compute.resolved_layout()
+    if layout.lstm == "rows" and layout.lstm_wavefront:
+        from elmo_jax.model import wavefront  # it builds on this module's cell
+
+        return wavefront.run(
+            params,
+            config,
+            xs,
+            mask,
+            state,
+            compute=compute,
+            dropout_rate=dropout_rate,
+            dropout_keys=dropout_keys,
+            resets=resets,
+        )
+    if state is None:
+        state = zero_state(config, xs.shape[1])
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
@@ -417,11 +432,16 @@ def apply(
     return jnp.concatenate([out[:, 0], bwd], axis=-1), new_state
 
 
-def dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
-    """Inverted dropout on ``x [2, B, T, F]``; row b's mask comes from ``row_keys[b]`` and ``salt``."""
+def dropout_mask(shape: tuple[int, ...], rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
+    """``[2, B, T, F]`` bool, True where ``dropout`` keeps ``x`` of that shape; row b's mask comes
+    from ``row_keys[b]`` and ``salt``, so it does not depend on which device holds the row."""
 
     def row_mask(key):
-        return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (x.shape[0],) + x.shape[2:])
+        return jax.random.bernoulli(jax.random.fold_in(key, salt), 1.0 - rate, (shape[0],) + tuple(shape[2:]))
 
-    keep = jax.vmap(row_mask, out_axes=1)(row_keys)  # [2, B, T, F]
-    return jnp.where(keep, x / (1.0 - rate), 0.0)
+    return jax.vmap(row_mask, out_axes=1)(row_keys)
+
+
+def dropout(x: jax.Array, rate: float, row_keys: jax.Array, salt: int) -> jax.Array:
+    """Inverted dropout on ``x [2, B, T, F]``; the mask is ``dropout_mask``'s."""
+    return jnp.where(dropout_mask(x.shape, rate, row_keys, salt), x / (1.0 - rate), 0.0)
