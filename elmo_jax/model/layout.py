@@ -34,6 +34,11 @@ CNN's gradient over 512 words at `small`: 173 ms with it, 309 by autodiff (best 
 `small` train step at 32 rows ran 33.7 % faster (``benchmarks/results/cpu/compare_3a7f5a2.txt``).
 The GPU keeps autodiff until a GPU times it (``gpu_measure.py``'s ``cnnvjp128`` part).
 
+``lstm_wavefront`` (``elmo_jax.model.wavefront``) is off everywhere until a GPU times it
+(``wave128``, ``wave384``). On the 2-core CPU the biLSTM's gradient at `small`, 32 x 20, took
+147.3 ms with it against 138.0 with the rows layout's layers one after the other (best of 5,
+``benchmarks/results/cpu/lstm_grad_wavefront.txt``): a CPU pays for FLOPs, not for steps.
+
 On a GPU the char CNN in blocks is a serial loop of small kernels, and each scan iteration costs
 kernel launches and loop bookkeeping that the step's small matmuls cannot hide; unroll 20 (a whole
 bilm-tf window) makes the training scan straight-line code, and longer extraction sequences run
