@@ -57,7 +57,8 @@ first).
   idle) and the top ops.
 
 A part starts only with at least its minimum time left of ``--budget`` seconds, and runs for at
-most its own share or what is left; what is skipped or cut short is said in ``summary.txt``.
+most its own share or what is left; what is skipped or cut short is said in ``summary.txt``,
+which ends with each variant step part against the default step of its rows (``comparisons``).
 ``--rehearse`` runs the same parts with tiny shapes (the ``tiny`` preset, 4 and 12 rows, V = 2,000,
 a 256^3 roofline, a 3,000-token job; the step parts under the GPU layout) to check the script on a
 CPU in about 5 minutes.
@@ -386,7 +387,7 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp|wave)(\d+)", part)
+    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp|wave|autodiff)(\d+)", part)
     if m is None:
         return part
     return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
@@ -436,18 +437,54 @@ def run_part(name: str, cmd: list[str], out: str, seconds: float, env: dict | No
     return f"{outcome}, {time.perf_counter() - t:.0f} s"
 
 
+def _last_match(out: str, part: str, pattern: str) -> str | None:
+    """The first group of ``pattern``'s last match in ``OUT/<part>.txt`` (None: no file or match)."""
+    path = os.path.join(out, f"{part}.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        found = re.findall(pattern, f.read())
+    return found[-1] if found else None
+
+
+# The step parts that change one thing against step<rows> (same flag, same call), and what.
+VARIANTS = {
+    "axis2_": "Layout.lstm_time_axis 2",
+    "cnnvjp": "Layout.cnn_vjp",
+    "wave": "Layout.lstm_wavefront",
+    "autodiff": "the LSTM by autodiff",
+    "baseline": "the previous commit",
+}
+
+
+def comparisons(out: str, rows: tuple[int, ...]) -> list[str]:
+    """Each variant step part against ``step<rows>`` of the same call: ms a step and the change,
+    the line a session reads to decide whether a switch becomes the GPU's default."""
+    lines = []
+    for r in rows:
+        base = _last_match(out, f"step{r}", rf"step {r} rows: ([\d.]+) ms/step")
+        for prefix, what in VARIANTS.items():
+            ms = _last_match(out, f"{prefix}{r}", rf"step {r} rows: ([\d.]+) ms/step")
+            if ms is None:
+                continue
+            if base is None:
+                lines.append(f"{prefix}{r} ({what}): {float(ms):.2f} ms a step; step{r} did not run")
+                continue
+            change = 100 * (float(base) - float(ms)) / float(base)
+            lines.append(
+                f"{prefix}{r} ({what}): {float(ms):.2f} ms a step against step{r}'s {float(base):.2f}: "
+                f"{abs(change):.1f} % {'faster' if change > 0 else 'slower'}"
+            )
+    return lines
+
+
 def determinism(out: str, rows: int) -> list[str]:
     """Whether ``saved{rows}`` and ``saved_again{rows}``, each in a fresh process, the second
     reading the first's autotuning directory, ended with the same state (``part_step``'s
     ``sha256`` line)."""
 
     def digest(part: str) -> str | None:
-        path = os.path.join(out, f"{part}.txt")
-        if not os.path.exists(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            found = re.findall(r"sha256 (\w+)", f.read())
-        return found[-1] if found else None
+        return _last_match(out, part, r"sha256 (\w+)")
 
     first, second = f"saved{rows}", f"saved_again{rows}"
     a, b = digest(first), digest(second)
@@ -508,7 +545,7 @@ def drive(args) -> None:
             env,
         ),
         (f"axis2_{r1}", step(r1, "--time-axis", "2", "--tag", "axis2"), env),
-        ("autodiff128", step(r0, "--autodiff", "--tag", "autodiff"), env),
+        (f"autodiff{r0}", step(r0, "--autodiff", "--tag", "autodiff"), env),
     ]
     # The profile: with XLA's command buffers off, so that each kernel is its own trace event.
     no_graphs = dict(env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip())
@@ -529,6 +566,7 @@ def drive(args) -> None:
             continue
         summary.append(f"{name}: " + run_part(name, cmd, args.out, min(most, left), part_env))
     summary.extend(determinism(args.out, r0))
+    summary.extend(comparisons(args.out, s["rows"]))
     summary.append(f"total {time.perf_counter() - start:.0f} s")
     with open(os.path.join(args.out, "summary.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(summary) + "\n")

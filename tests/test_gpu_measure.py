@@ -30,3 +30,19 @@ def test_every_part_of_a_measurement_or_rehearsal_has_a_budget():
             assert gpu_measure.budget_key(name) in gpu_measure.BUDGETS, name
     assert gpu_measure.budget_key("saved_again4") == "saved_again128" and gpu_measure.budget_key("step12") == "step384"
     assert gpu_measure.budget_key("saved384") == "saved384" and gpu_measure.budget_key("saved4") == "saved128"
+
+
+def test_each_variant_is_set_against_the_step_of_its_rows(tmp_path):
+    def part(name, rows, ms):
+        (tmp_path / f"{name}.txt").write_text(f"step {rows} rows: {ms} ms/step (median of 10), 1 tokens/s\n")
+
+    part("step128", 128, "13.00")
+    part("wave128", 128, "11.70")
+    part("cnnvjp128", 128, "13.65")
+    part("wave384", 384, "20.00")  # its base did not run
+    lines = gpu_measure.comparisons(str(tmp_path), (128, 384))
+    assert lines == [
+        "cnnvjp128 (Layout.cnn_vjp): 13.65 ms a step against step128's 13.00: 5.0 % slower",
+        "wave128 (Layout.lstm_wavefront): 11.70 ms a step against step128's 13.00: 10.0 % faster",
+        "wave384 (Layout.lstm_wavefront): 20.00 ms a step; step384 did not run",
+    ]
