@@ -155,6 +155,18 @@ def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
     _assert_same(_grads(vjp, *setup, unroll=unroll, time_axis=2), _reference(2, True))
 
 
+def drop_term(monkeypatch, module, term: str) -> None:
+    """Makes ``module._mm`` (a hand-written backward pass's matmuls) return zeros for the
+    einsum ``term``: a backward pass that forgets that term."""
+    mm = module._mm
+
+    def without_term(spec, a, b, compute):
+        out = mm(spec, a, b, compute)
+        return jnp.zeros_like(out) if spec == term else out
+
+    monkeypatch.setattr(module, "_mm", without_term)
+
+
 @pytest.mark.parametrize(
     "term, time_axis",
     [("dbg,dpg->dbp", 0), ("tdbc,tdbp->dcp", 0), pytest.param("dbtc,dbtp->dcp", 2, marks=pytest.mark.slow)],
@@ -163,13 +175,7 @@ def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
 def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term, time_axis):
     """Negative control: the comparison above catches a backward pass missing one term."""
     setup, reference = _setup(2, True), _reference(2, True)
-    mm = lstm._mm
-
-    def without_term(spec, a, b, compute):
-        out = mm(spec, a, b, compute)
-        return jnp.zeros_like(out) if spec == term else out
-
-    monkeypatch.setattr(lstm, "_mm", without_term)
+    drop_term(monkeypatch, lstm, term)
     with pytest.raises(AssertionError):
         _assert_same(_grads(True, *setup, unroll=20, time_axis=time_axis), reference)
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_lstm_vjp import _config, _setup
+from test_lstm_vjp import _config, _setup, drop_term
 
 from elmo_jax.model import lstm, wavefront
 from elmo_jax.model.compute import Compute
@@ -83,13 +83,7 @@ def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term):
     """Negative control: the comparison above catches a backward pass missing one term."""
     setup = _setup(2, True)
     want = _run(PLAIN, setup)
-    mm = wavefront._mm
-
-    def without_term(spec, a, b, compute):
-        out = mm(spec, a, b, compute)
-        return jnp.zeros_like(out) if spec == term else out
-
-    monkeypatch.setattr(wavefront, "_mm", without_term)
+    drop_term(monkeypatch, wavefront, term)
     with pytest.raises(AssertionError):
         _assert_same(_run(Layout("rows", unroll=1, lstm_wavefront=True), setup), want)
 

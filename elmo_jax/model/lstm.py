@@ -374,24 +374,17 @@ def run(
     l = config.lstm
     if dropout_rate > 0.0 and dropout_keys is None:
         raise ValueError("lstm.run: dropout_rate > 0 needs dropout_keys ([batch] keys, one per row)")
+    if state is None:
+        state = zero_state(config, xs.shape[1])
+    xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     layout = compute.resolved_layout()
     if layout.lstm == "rows" and layout.lstm_wavefront:
         from elmo_jax.model import wavefront  # it builds on this module's cell
 
-        return wavefront.run(
-            params,
-            config,
-            xs,
-            mask,
-            state,
-            compute=compute,
-            dropout_rate=dropout_rate,
-            dropout_keys=dropout_keys,
-            resets=resets,
-        )
-    if state is None:
-        state = zero_state(config, xs.shape[1])
-    xs = jnp.where(mask[None, :, :, None], xs, 0.0)
+        keep = None
+        if dropout_keys is not None and dropout_rate > 0.0:
+            keep = jnp.stack([dropout_mask(xs.shape, dropout_rate, dropout_keys, k) for k in range(len(params))])
+        return wavefront.run(params, config, xs, mask, state, keep, 1.0 - dropout_rate, resets, compute)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_keys is not None and dropout_rate > 0.0 else xs

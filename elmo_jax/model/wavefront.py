@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.compute import Compute
-from elmo_jax.model.lstm import _clip, _gates, _mm, dropout_mask, zero_state
+from elmo_jax.model.lstm import _clip, _gates, _mm
 
 
 def run(
@@ -37,35 +37,30 @@ def run(
     config: ModelConfig,
     xs: jax.Array,
     mask: jax.Array,
-    state: dict | None = None,
-    *,
-    compute: Compute = Compute(),
-    dropout_rate: float = 0.0,
-    dropout_keys: jax.Array | None = None,
-    resets: jax.Array | None = None,
+    state: dict,
+    keep: jax.Array | None,
+    kept: float,
+    resets: jax.Array | None,
+    compute: Compute,
 ) -> tuple[jax.Array, dict]:
-    """``lstm.run`` (the same arguments and results) as one wavefront scan over the layers."""
+    """``lstm.run``'s layers as one wavefront scan, from its arguments once it has masked ``xs``
+    (0 at padding) and drawn each layer's dropout mask: ``keep [L, 2, B, T, P]`` bool (None: no
+    dropout), ``kept`` the keep probability. Returns what ``lstm.run`` returns."""
     n, t = len(params), xs.shape[2]
-    state = zero_state(config, xs.shape[1]) if state is None else state
-    xs = jnp.where(mask[None, :, :, None], xs, 0.0)
     # Layer l's step t runs at wavefront step k = t + l: each layer's per-step inputs shift by l.
     steps = t + n - 1
     m = jnp.stack([_shift(mask[:, :, None], i, steps) for i in range(n)], axis=1)  # [K, L, B, 1]
     r = None
     if resets is not None:
         r = jnp.stack([_shift(resets[..., None], i, steps) for i in range(n)], axis=1)  # [K, L, 2, B, 1]
-    keep = None
-    if dropout_keys is not None and dropout_rate > 0.0:
-        keep = jnp.stack(  # [K, L, 2, B, P]
-            [_shift(dropout_mask(xs.shape, dropout_rate, dropout_keys, i), i, steps) for i in range(n)], axis=1
-        )
+    kp = None if keep is None else jnp.stack([_shift(keep[i], i, steps) for i in range(n)], axis=1)  # [K, L, 2, B, P]
     x0 = jnp.moveaxis(jnp.pad(xs, ((0, 0), (0, 0), (0, n - 1), (0, 0))), 2, 0)  # [K, 2, B, P]
     w = jnp.stack([jnp.concatenate([layer["w_x"], layer["w_h"]], axis=1) for layer in params])  # [L, 2, in + P, 4D]
     bias = jnp.stack([layer["b"] for layer in params])[:, :, None, :]  # [L, 2, 1, 4D]
     w_proj = jnp.stack([layer["w_proj"] for layer in params])  # [L, 2, D, P]
-    scan = _scan_vjp(config, compute, compute.resolved_layout().unroll, 1.0 - dropout_rate)
+    scan = _scan_vjp(config, compute, compute.resolved_layout().unroll, kept)
     c0, h0 = state["c"].transpose(1, 0, 2, 3), state["h"].transpose(1, 0, 2, 3)  # [L, 2, B, ...]
-    outs, c, h = scan(w, bias, w_proj, x0, m, r, keep, c0, h0)  # outs [K, L, 2, B, P]
+    outs, c, h = scan(w, bias, w_proj, x0, m, r, kp, c0, h0)  # outs [K, L, 2, B, P]
     ys = jnp.stack([outs[i : i + t, i] for i in range(n)])  # [L, T, 2, B, P]
     return ys.transpose(0, 2, 3, 1, 4), {"c": c.transpose(1, 0, 2, 3), "h": h.transpose(1, 0, 2, 3)}
 
