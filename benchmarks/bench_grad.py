@@ -1,6 +1,6 @@
 """A model part's gradient under the layouts that differentiate it differently, in alternating rounds.
 
-    python benchmarks/bench_grad.py [--part lstm|cnn] [--shape small] [--batch 32] [--length 20]
+    python benchmarks/bench_grad.py [--part lstm|cnn|softmax] [--shape small] [--batch 32] [--length 20]
                                     [--words 512] [--rounds 5]
 
 ``--part lstm`` (the default): ``jax.grad`` of a loss on ``lstm.run``'s outputs and final state
@@ -13,6 +13,11 @@ figures behind ``Layout.lstm_vjp`` and behind the CPU keeping autodiff in its co
 embeddings included) over ``--words`` distinct words of the bundled sample at the full 50 char
 slots, as the training step encodes them, in the backend's layout with and without
 ``Layout.cnn_vjp`` (the filters' max differentiated by hand, or by autodiff).
+
+``--part softmax``: ``jax.grad`` of the sampled softmax loss (``training.softmax``) over
+``--batch`` x ``--length`` x 2 positions and 8,192 candidates at the shape's projection, w.r.t.
+the positions' vectors and the target and candidate rows, against the same loss through
+``jax.nn.logsumexp`` of the concatenated ``[N, 1 + S]`` logits (how it was written before).
 
 float32 throughout. Each variant is compiled first; then every round times each variant once (the
 best of ``--repeats`` calls), so a busy machine slows them alike. Prints the best and median ms.
@@ -91,9 +96,40 @@ def cnn_grads(config, args) -> tuple[str, dict]:
     return what, {name: grad_fn(layout) for name, layout in variants.items()}
 
 
+def concatenated_loss(h, targets, true_w, true_b, cand_ids, cand_w, cand_b, num_tries, vocab_size):
+    """The sampled softmax loss as written before: logsumexp of the ``[N, 1 + S]`` logits."""
+    from elmo_jax.training.softmax import expected_count
+
+    true_logit = jnp.sum(h * true_w, axis=-1) + true_b - jnp.log(expected_count(targets, num_tries, vocab_size))
+    sampled = jnp.dot(h, cand_w.T, precision="highest") + cand_b
+    sampled = sampled - jnp.log(expected_count(cand_ids, num_tries, vocab_size))
+    sampled = jnp.where(cand_ids[None, :] == targets[:, None], jnp.finfo(sampled.dtype).min, sampled)
+    return jax.nn.logsumexp(jnp.concatenate([true_logit[:, None], sampled], axis=1), axis=1) - true_logit
+
+
+def softmax_grads(config, args) -> tuple[str, dict]:
+    from elmo_jax.training.softmax import sampled_softmax_loss
+
+    n, s, v, p = 2 * args.batch * args.length, 8192, 100_000, config.lstm.projection_dim
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    h, true_w, cand_w = (jax.random.normal(key, shape) for key, shape in zip(k, ((n, p), (n, p), (s, p))))
+    true_b, cand_b = jax.random.normal(k[3], (n,)), jax.random.normal(k[4], (s,))
+    targets, cand_ids = jnp.arange(n) * 13 % v, jnp.arange(s) * 7  # some targets among the candidates
+
+    def grad_fn(loss_fn):
+        def loss(h, true_w, cand_w):
+            return loss_fn(h, targets, true_w, true_b, cand_ids, cand_w, cand_b, 9000.0, v).sum()
+
+        f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return lambda: jax.block_until_ready(f(h, true_w, cand_w))
+
+    fns = {"this tree": grad_fn(sampled_softmax_loss), "concatenated": grad_fn(concatenated_loss)}
+    return f"{n} positions x {s} candidates, grad of the sampled softmax loss", fns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("lstm", "cnn"), default="lstm")
+    ap.add_argument("--part", choices=("lstm", "cnn", "softmax"), default="lstm")
     ap.add_argument("--shape", default="small")
     ap.add_argument("--batch", type=int, default=32, help="lstm: rows")
     ap.add_argument("--length", type=int, default=20, help="lstm: steps")
@@ -102,7 +138,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="calls per variant and round (the best counts)")
     args = ap.parse_args()
 
-    what, fns = (lstm_grads if args.part == "lstm" else cnn_grads)(preset(args.shape), args)
+    parts = {"lstm": lstm_grads, "cnn": cnn_grads, "softmax": softmax_grads}
+    what, fns = parts[args.part](preset(args.shape), args)
     for fn in fns.values():
         fn()  # compile
     times: dict[str, list[float]] = {name: [] for name in fns}
