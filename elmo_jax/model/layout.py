@@ -72,8 +72,8 @@ class Layout:
     the transposes of the ``[.., 4D]`` gate arrays around the matmuls over all steps (0.2-0.4
     ms each in an H200 profile of the 128-row step) but is not yet timed on a GPU. ``cnn_vjp``:
     each char-CNN filter's max over positions is differentiated by its hand-written backward
-    pass (``char_cnn._window_max``: the filter's outputs recomputed, not a saved mask of where
-    the maxima lie); the same gradients, ties split as autodiff splits them.
+    pass (``char_cnn._window_max``: where the maxima lie kept as a bool mask, not autodiff's
+    float one); the same gradients, ties split as autodiff splits them.
     ``extract_copy_threads``: threads (at most the host's CPUs) that copy extraction's outputs
     into the sentences' arrays, ``Embedder.embed`` with every layer or one (1: the calling
     thread alone). ``lstm_wavefront``: the rows layout runs all LSTM layers in one scan, layer

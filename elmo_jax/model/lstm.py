@@ -19,7 +19,8 @@ recurrence by reversing each row within its own length first (so it starts at th
 
 Gradients: the rows layout (GPU/TPU) has a hand-written backward pass (``_rows_scan_vjp``, on by
 ``Layout.lstm_vjp``) that takes the weight gradients out of the reverse scan; the columns layout
-(CPU) is differentiated by autodiff of its scan.
+(CPU) is differentiated by autodiff of its scan. With ``Layout.lstm_wavefront`` the rows layout
+runs all layers in one scan instead (``elmo_jax.model.wavefront``).
 """
 
 from __future__ import annotations
