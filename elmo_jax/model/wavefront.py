@@ -58,7 +58,10 @@ def run(
     w = jnp.stack([jnp.concatenate([layer["w_x"], layer["w_h"]], axis=1) for layer in params])  # [L, 2, in + P, 4D]
     bias = jnp.stack([layer["b"] for layer in params])[:, :, None, :]  # [L, 2, 1, 4D]
     w_proj = jnp.stack([layer["w_proj"] for layer in params])  # [L, 2, D, P]
-    scan = _scan_vjp(config, compute, compute.resolved_layout().unroll, kept)
+    unroll = compute.resolved_layout().unroll
+    # A layout that writes out a whole window (unroll >= T) writes out the wavefront's T + L - 1
+    # steps too, rather than a loop of one unrolled body and a remainder.
+    scan = _scan_vjp(config, compute, steps if unroll >= t else unroll, kept)
     c0, h0 = state["c"].transpose(1, 0, 2, 3), state["h"].transpose(1, 0, 2, 3)  # [L, 2, B, ...]
     outs, c, h = scan(w, bias, w_proj, x0, m, r, kp, c0, h0)  # outs [K, L, 2, B, P]
     ys = jnp.stack([outs[i : i + t, i] for i in range(n)])  # [L, T, 2, B, P]
