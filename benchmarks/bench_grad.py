@@ -98,12 +98,9 @@ def cnn_grads(config, args) -> tuple[str, dict]:
 
 def concatenated_loss(h, targets, true_w, true_b, cand_ids, cand_w, cand_b, num_tries, vocab_size):
     """The sampled softmax loss as written before: logsumexp of the ``[N, 1 + S]`` logits."""
-    from elmo_jax.training.softmax import expected_count
+    from elmo_jax.training.softmax import sampled_logits
 
-    true_logit = jnp.sum(h * true_w, axis=-1) + true_b - jnp.log(expected_count(targets, num_tries, vocab_size))
-    sampled = jnp.dot(h, cand_w.T, precision="highest") + cand_b
-    sampled = sampled - jnp.log(expected_count(cand_ids, num_tries, vocab_size))
-    sampled = jnp.where(cand_ids[None, :] == targets[:, None], jnp.finfo(sampled.dtype).min, sampled)
+    true_logit, sampled = sampled_logits(h, targets, true_w, true_b, cand_ids, cand_w, cand_b, num_tries, vocab_size)
     return jax.nn.logsumexp(jnp.concatenate([true_logit[:, None], sampled], axis=1), axis=1) - true_logit
 
 

@@ -237,6 +237,23 @@ def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
     )
 
 
+def _cell_bwd(dout, dc, dh, z, c, p, m, w_proj, config: ModelConfig, compute: Compute) -> tuple:
+    """The backward pass of ``_cell`` (gates on the last axis; any leading axes before the rows,
+    ``w_proj [..., D, P]``), from the gradients of the step's output ``dout`` and of the state it
+    passed on (``dc``, ``dh``) and what its forward saved (``z``, ``c`` after any reset, the
+    unclipped projection ``p``, the mask ``m``). Returns the gate pre-activations' gradient
+    ``dz``, the gradient of the cell state the step started from ``dc_in``, the unclipped
+    projection's ``dp`` and the projection's input ``a``. The recurrent part of the gradient of
+    ``h`` is the caller's, as only it knows how ``h`` entered the gates' matmul."""
+    l = config.lstm
+    dh_new = jnp.where(m, dh + dout, 0.0)  # the step's h reaches both its output and its state
+    dp = jax.vjp(lambda q: _clip(q, l.proj_clip), p)[1](dh_new)[0]
+    (_, a), gates_vjp = jax.vjp(lambda z, c: _gates(z, c, l.cell_clip, -1), z, c)
+    dz, dc_in = gates_vjp((jnp.where(m, dc, 0.0), _mm("...bp,...cp->...bc", dp, w_proj, compute)))
+    # At padding the state passed through (and the gates' cotangents above are 0).
+    return dz, dc_in + jnp.where(m, 0.0, dc), dp, a
+
+
 def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis: int = 0):
     """``_rows_scan`` (``save=False``) with a hand-written backward pass, split as cuDNN splits it.
 
@@ -253,7 +270,6 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
     functions the forward runs, from the saved pre-activations: the same derivatives as autodiff,
     including ``jnp.clip``'s (0 outside the range, 1/2 exactly at its ends).
     """
-    l = config.lstm
     fwd_scan = functools.partial(_rows_scan, config=config, compute=compute, unroll=unroll, time_axis=time_axis)
 
     @jax.custom_vjp
@@ -271,12 +287,7 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
         def step(carry, inputs):
             dc, dh = carry  # the gradients of the state this step passed on
             dy, z, c, p, m, *r = inputs
-            dh_new = jnp.where(m, dh + dy, 0.0)  # the step's h reaches both its output and its state
-            dp = jax.vjp(lambda p: _clip(p, l.proj_clip), p)[1](dh_new)[0]
-            (_, a), gates_vjp = jax.vjp(lambda z, c: _gates(z, c, l.cell_clip, -1), z, c)
-            dz, dc_in = gates_vjp((jnp.where(m, dc, 0.0), _mm("dbp,dcp->dbc", dp, w_proj, compute)))
-            # At padding the state passed through (and the gates' cotangents above are 0).
-            dc_in = dc_in + jnp.where(m, 0.0, dc)
+            dz, dc_in, dp, a = _cell_bwd(dy, dc, dh, z, c, p, m, w_proj, config, compute)
             dh_in = jnp.where(m, 0.0, dh) + _mm("dbg,dpg->dbp", dz, w_h, compute)
             if r:  # a reset state was a constant: nothing flows back to the previous step
                 dc_in, dh_in = jnp.where(r[0], 0.0, dc_in), jnp.where(r[0], 0.0, dh_in)
@@ -378,17 +389,18 @@ def run(
     if state is None:
         state = zero_state(config, xs.shape[1])
     xs = jnp.where(mask[None, :, :, None], xs, 0.0)
+    keys = dropout_keys if dropout_rate > 0.0 else None  # None: no dropout
     layout = compute.resolved_layout()
     if layout.lstm == "rows" and layout.lstm_wavefront:
         from elmo_jax.model import wavefront  # it builds on this module's cell
 
         keep = None
-        if dropout_keys is not None and dropout_rate > 0.0:
-            keep = jnp.stack([dropout_mask(xs.shape, dropout_rate, dropout_keys, k) for k in range(len(params))])
+        if keys is not None:
+            keep = jnp.stack([dropout_mask(xs.shape, dropout_rate, keys, k) for k in range(len(params))])
         return wavefront.run(params, config, xs, mask, state, keep, 1.0 - dropout_rate, resets, compute)
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
-        inp = dropout(xs, dropout_rate, dropout_keys, k) if dropout_keys is not None and dropout_rate > 0.0 else xs
+        inp = dropout(xs, dropout_rate, keys, k) if keys is not None else xs
         ys, c, h = _layer(layer, config, inp, mask, state["c"][:, k], state["h"][:, k], compute=compute, resets=resets)
         if l.use_skip_connections and k > 0:
             ys = ys + inp  # both are 0 at padding

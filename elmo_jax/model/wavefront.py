@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model.compute import Compute
-from elmo_jax.model.lstm import _clip, _gates, _mm
+from elmo_jax.model.lstm import _cell, _cell_bwd, _mm
 
 
 def run(
@@ -82,10 +82,12 @@ def _forward(w, bias, w_proj, x0, m, r, kp, c0, h0, *, config: ModelConfig, comp
     Returns ``(outs [K, L, 2, B, P], c, h)``, and with ``save`` also per step the matmul's input
     ``[u, h]``, the gate pre-activations, the cell state the step started from and the unclipped
     projection (what ``_scan_vjp``'s backward reads)."""
-    l, n = config.lstm, w.shape[0]
     dtype, precision = compute.dtype, compute.precision
     wc, wpc = w.astype(dtype), w_proj.astype(dtype)
-    skip = jnp.asarray([0.0] + [1.0 if l.use_skip_connections else 0.0] * (n - 1))[:, None, None, None]
+    skip = _skip(config, w.shape[0])
+
+    def project(a):
+        return jnp.einsum("ldbc,ldcp->ldbp", a.astype(dtype), wpc, precision=precision)
 
     def step(carry, inputs):
         c, h, prev = carry  # [L, 2, B, D], [L, 2, B, P], each layer's last output [L, 2, B, P]
@@ -96,23 +98,25 @@ def _forward(w, bias, w_proj, x0, m, r, kp, c0, h0, *, config: ModelConfig, comp
             c, h = jnp.where(rk, 0.0, c), jnp.where(rk, 0.0, h)
         uh = jnp.concatenate([u, h], axis=-1)
         z = jnp.einsum("ldbi,ldig->ldbg", uh.astype(dtype), wc, precision=precision).astype(jnp.float32) + bias
-        c_new, a = _gates(z, c, l.cell_clip, -1)
-        pr = jnp.einsum("ldbc,ldcp->ldbp", a.astype(dtype), wpc, precision=precision).astype(jnp.float32)
-        h_new = _clip(pr, l.proj_clip)
-        mk = mk[:, None]  # [L, 1, B, 1]
-        out = jnp.where(mk, h_new, 0.0) + skip * u  # a skip adds the layer's input (0 at padding)
-        carry = (jnp.where(mk, c_new, c), jnp.where(mk, h_new, h), out)
-        return carry, ((out, (uh, z, c, pr)) if save else out)
+        ((c_next, h_next), y), pr = _cell(z, c, h, mk[:, None], project, config, -1)  # mask [L, 1, B, 1]
+        out = y + skip * u  # a skip adds the layer's input (0 at padding)
+        return (c_next, h_next, out), ((out, (uh, z, c, pr)) if save else out)
 
     prev0 = jnp.zeros_like(h0)
     (c, h, _), ys = jax.lax.scan(step, (c0, h0, prev0), (x0, m, r, kp), unroll=unroll)
     return (*ys, c, h) if save else (ys, c, h)
 
 
+def _skip(config: ModelConfig, n: int) -> jax.Array:
+    """``[L, 1, 1, 1]``: 1 where a layer's output adds its input (every layer but the first, with
+    skip connections), else 0."""
+    skip = [0.0] + [1.0 if config.lstm.use_skip_connections else 0.0] * (n - 1)
+    return jnp.asarray(skip)[:, None, None, None]
+
+
 def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
     """``_forward`` with a hand-written backward pass (see the module doc); ``kept``: the dropout
     keep probability, by which a kept input is divided (as ``lstm.dropout`` does)."""
-    l = config.lstm
     fwd_scan = functools.partial(_forward, config=config, compute=compute, unroll=unroll, kept=kept)
 
     @jax.custom_vjp
@@ -126,19 +130,14 @@ def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
     def bwd(residuals, cotangents):
         w, w_proj, m, r, kp, (uh, z, c, pr) = residuals
         douts, dc, dh = cotangents  # [K, L, 2, B, P]; the final state's [L, 2, B, D], [L, 2, B, P]
-        n, p = w.shape[0], w_proj.shape[-1]
-        skip = jnp.asarray([0.0] + [1.0 if l.use_skip_connections else 0.0] * (n - 1))[:, None, None, None]
+        p, skip = w_proj.shape[-1], _skip(config, w.shape[0])
 
         def step(carry, inputs):
             dc, dh, dnext = carry  # dnext[i]: the gradient of layer i's output sent back by layer i + 1's input
             dout, z, c, pr, mk, rk, keep = inputs
             mk = mk[:, None]
             dout = dout + jnp.concatenate([dnext[1:], jnp.zeros_like(dnext[:1])])
-            dh_new = jnp.where(mk, dh + dout, 0.0)
-            dpr = jax.vjp(lambda q: _clip(q, l.proj_clip), pr)[1](dh_new)[0]
-            (_, a), gates_vjp = jax.vjp(lambda z, c: _gates(z, c, l.cell_clip, -1), z, c)
-            dz, dc_in = gates_vjp((jnp.where(mk, dc, 0.0), _mm("ldbp,ldcp->ldbc", dpr, w_proj, compute)))
-            dc_in = dc_in + jnp.where(mk, 0.0, dc)
+            dz, dc_in, dpr, a = _cell_bwd(dout, dc, dh, z, c, pr, mk, w_proj, config, compute)
             duh = _mm("ldbg,ldig->ldbi", dz, w, compute)
             du, dh_in = duh[..., :p] + skip * dout, jnp.where(mk, 0.0, dh) + duh[..., p:]
             if rk is not None:

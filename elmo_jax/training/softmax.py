@@ -118,6 +118,30 @@ def _first_draws(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(first[ids] == at)
 
 
+def sampled_logits(
+    h: jax.Array,
+    targets: jax.Array,
+    true_w: jax.Array,
+    true_b: jax.Array,
+    cand_ids: jax.Array,
+    cand_w: jax.Array,
+    cand_b: jax.Array,
+    num_tries,
+    vocab_size: int,
+    *,
+    precision: Precision = "highest",
+) -> tuple[jax.Array, jax.Array]:
+    """The logits of ``sampled_softmax_loss`` (same arguments): each position's true logit
+    ``[N]`` and its candidates' ``[N, S]``, both less ``log Q``, accidental hits at float32's
+    minimum (see there)."""
+    true_logit = jnp.sum(h * true_w, axis=-1) + true_b - jnp.log(expected_count(targets, num_tries, vocab_size))
+    sampled = (
+        jnp.dot(h, cand_w.T, precision=precision) + cand_b - jnp.log(expected_count(cand_ids, num_tries, vocab_size))
+    )
+    hit = cand_ids[None, :] == targets[:, None]
+    return true_logit, jnp.where(hit, jnp.finfo(sampled.dtype).min, sampled)
+
+
 def sampled_softmax_loss(
     h: jax.Array,
     targets: jax.Array,
@@ -142,12 +166,9 @@ def sampled_softmax_loss(
     candidate equal to a position's own target would count the target as a negative too, so that
     logit is pushed to float32's minimum, exactly where TF adds ``-FLOAT_MAX``.
     """
-    true_logit = jnp.sum(h * true_w, axis=-1) + true_b - jnp.log(expected_count(targets, num_tries, vocab_size))
-    sampled = (
-        jnp.dot(h, cand_w.T, precision=precision) + cand_b - jnp.log(expected_count(cand_ids, num_tries, vocab_size))
+    true_logit, sampled = sampled_logits(
+        h, targets, true_w, true_b, cand_ids, cand_w, cand_b, num_tries, vocab_size, precision=precision
     )
-    hit = cand_ids[None, :] == targets[:, None]
-    sampled = jnp.where(hit, jnp.finfo(sampled.dtype).min, sampled)
     # logsumexp over [true, sampled] without building that [N, 1 + S] array (a copy of the
     # whole block, and its slice in the backward pass: a fifth of the sampled softmax's
     # gradient time on XLA:CPU, ``benchmarks/bench_grad.py --part softmax``). As
