@@ -96,9 +96,10 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
     """Milliseconds per step of each part of the host work, one after the other on one core."""
     batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
     batcher.next()  # loads and encodes the shard
-    add_candidates(
-        batcher.next(), step=0, seed=0, num_sampled=tc.n_negative_samples_batch, vocab_size=tc.n_tokens_vocab
-    )  # the sampler's once-per-run set-up
+    draws = dict(
+        seed=0, num_sampled=tc.n_negative_samples_batch, vocab_size=tc.n_tokens_vocab, draws=tc.draws_per_device
+    )
+    add_candidates(batcher.next(), step=0, **draws)  # the sampler's once-per-run set-up
     layout, parts = (
         RowLayout.for_vocab(tc.n_tokens_vocab),
         dict.fromkeys(("batcher", "data snapshot", "candidates", "plan_fetch"), 0.0),
@@ -109,9 +110,7 @@ def host_step_parts(vocab: Vocabulary, path: str, tc: TrainConfig, max_chars: in
         t1 = time.perf_counter()
         batcher.snapshot()  # what prefetch takes each step (state() only when a checkpoint is saved)
         t2 = time.perf_counter()
-        batch = add_candidates(
-            batch, step=step, seed=0, num_sampled=tc.n_negative_samples_batch, vocab_size=tc.n_tokens_vocab
-        )
+        batch = add_candidates(batch, step=step, **draws)
         t3 = time.perf_counter()
         plan_fetch(batch["candidates"], batch["targets"], layout, 1)
         t4 = time.perf_counter()
@@ -182,12 +181,15 @@ def replicated_wire_bytes(dense_params: int, tc: TrainConfig, p: int, n: int) ->
 
 def model_and_config(args, v: int):
     model = preset(args.shape) if args.shape in PRESETS else Options.load(args.shape).model
+    # Only when asked: a baseline tree from before the key runs this code too (gpu_measure.py).
+    draws = {"rows_per_draw": args.rows_per_draw} if getattr(args, "rows_per_draw", 0) else {}
     tc = TrainConfig(
         n_tokens_vocab=v,
         batch_size=args.batch,
         unroll_steps=20,
         n_negative_samples_batch=args.negatives,
         reset_state_prob=args.reset_state_prob,
+        **draws,
     )
     return model, tc
 
@@ -230,9 +232,10 @@ def abstract_step_inputs(model, tc: TrainConfig, mesh: Mesh, words: int) -> tupl
     shardings = state_shardings(abstract, mesh)
     state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     rng = np.random.default_rng(0)
+    g = tc.draws_per_device
     cands = np.stack(
-        [sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0] for _ in range(2)]
-    )
+        [sample_log_uniform_unique(rng, tc.n_negative_samples_batch, tc.n_tokens_vocab)[0] for _ in range(2 * g)]
+    ).reshape(2, g, -1)
     targets = np.minimum(rng.zipf(1.1, (2, tc.batch_size, tc.unroll_steps)), tc.n_tokens_vocab) - 1
     plan, capacity = plan_fetch(cands[None], targets[None], layout, n)
     rows_asked = len(np.unique(np.concatenate([cands.ravel(), targets.ravel()])))
@@ -244,10 +247,10 @@ def abstract_step_inputs(model, tc: TrainConfig, mesh: Mesh, words: int) -> tupl
         "targets": ((2, b, t), i32),
         "rows": ((b,), i32),
         "starts": ((2, b, t), bool),
-        "candidates": ((2, s), i32),
-        "num_tries": ((2,), jnp.float32),
+        "candidates": ((2, g, s), i32),
+        "num_tries": ((2, g), jnp.float32),
         "fetch": ((n, capacity), i32),
-        "cand_index": ((2, s), i32),
+        "cand_index": ((2, g, s), i32),
         "target_index": ((2, b, t), i32),
     }
     batch = {k: jax.ShapeDtypeStruct((n,) + shape, dtype, sharding=sh) for k, (shape, dtype) in shapes.items()}
@@ -387,6 +390,9 @@ def main() -> None:
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
     ap.add_argument("--batch", type=int, default=32, help="rows per device (bilm-tf batch_size)")
     ap.add_argument("--negatives", type=int, default=8192)
+    ap.add_argument(
+        "--rows-per-draw", type=int, default=0, help="rows per draw of candidates (TrainConfig.rows_per_draw)"
+    )
     ap.add_argument("--vocabs", type=int, nargs="+", default=[10_000, 793_471])
     ap.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
     ap.add_argument(

@@ -6,8 +6,8 @@
 Parts, each a fresh process (so each peak memory is its own) under a timeout, each writing
 ``OUT/<part>.txt`` as it goes (a part cut short keeps the lines it printed). In this order:
 roofline, step128, axis2_128, cnnvjp128, wave128, baseline128, saved128, saved_again128, saved384, cli,
-step384, wave384, baseline384, extract, axis2_384, autodiff128, profile (a short budget skips the last
-first).
+step384, wave384, towers384, baseline384, extract, axis2_384, autodiff128, profile (a short budget skips
+the last first).
 
 - ``roofline``: ``harness.roofline_report``: the card's name and clocks (nvidia-smi), the bfloat16
   and tf32 matmul rates at 8192^3 by the slope method, beside the datasheet's dense peaks; also
@@ -27,6 +27,8 @@ first).
   float one; measured faster on the CPU, where it is the default): whether it is on the GPU too.
 - ``wave128``, ``wave384``: ``step128`` and ``step384`` with the LSTM's layers in one wavefront scan
   (``Layout.lstm_wavefront``: 21 sequential steps of both layers instead of 40 of one).
+- ``towers384``: ``step384`` with a draw of candidates per 128 rows (``TrainConfig.rows_per_draw``,
+  bilm-tf's 3 towers exactly): what the two extra draws' gathers and scatters cost.
 - ``baseline128``, ``baseline384``: with ``--baseline DIR`` (the previous commit's tree, from
   ``git archive``), right after ``step128`` and ``step384``: the same step, under the same flag,
   with that tree's ``elmo_jax`` and this tree's benchmark code.
@@ -100,6 +102,7 @@ BUDGETS = {
     "cnnvjp128": (70, 35),
     "wave128": (70, 35),
     "wave384": (75, 40),
+    "towers384": (75, 40),
     "baseline128": (70, 35),
     "baseline384": (75, 40),
 }
@@ -196,6 +199,7 @@ def part_step(args, s: dict) -> None:
         negatives=s["negatives"],
         steps=s["steps"],
         reset_state_prob=TrainConfig.reset_state_prob,
+        rows_per_draw=args.rows_per_draw,
     )
     model, tc = model_and_config(ns, s["vocab"])
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
@@ -255,6 +259,8 @@ def part_step(args, s: dict) -> None:
         f"planned {planned / 2**20:,.0f} MiB (memory_analysis: arguments + outputs - aliased + temporaries)", flush=True
     )
     print(f"layout {layout}", flush=True)
+    if getattr(tc, "rows_per_draw", 0):
+        print(f"candidates: a draw per {tc.rows_per_draw} rows, {tc.draws_per_device} a step", flush=True)
     if args.digest:
         print(f"state after {s['steps'] + 1} steps: sha256 {timing.digest}", flush=True)
     if args.kernels == "saved":
@@ -387,7 +393,7 @@ def part_cli(args, s: dict) -> None:
 
 def budget_key(part: str) -> str:
     """The ``BUDGETS`` entry of a part: a rehearsal's rows rename the step parts (``step4``)."""
-    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp|wave|autodiff)(\d+)", part)
+    m = re.fullmatch(r"(step|saved_again|saved|baseline|axis2_|cnnvjp|wave|towers|autodiff)(\d+)", part)
     if m is None:
         return part
     return m.group(1) + ("128" if int(m.group(2)) in (FULL["rows"][0], REHEARSAL["rows"][0]) else "384")
@@ -452,6 +458,7 @@ VARIANTS = {
     "axis2_": "Layout.lstm_time_axis 2",
     "cnnvjp": "Layout.cnn_vjp",
     "wave": "Layout.lstm_wavefront",
+    "towers": "a candidate draw per 128 rows",
     "autodiff": "the LSTM by autodiff",
     "baseline": "the previous commit",
 }
@@ -537,6 +544,7 @@ def drive(args) -> None:
         # figures, where a short budget skips them first.
         (f"step{r1}", step(r1), env),
         (f"wave{r1}", step(r1, "--wavefront", "--tag", "wave"), env),
+        (f"towers{r1}", step(r1, "--rows-per-draw", str(r1 // 3), "--tag", "towers"), env),
         *baseline(r1),
         (
             "extract",
@@ -604,6 +612,7 @@ def main() -> None:
     ap.add_argument("--time-axis", type=int, choices=(0, 2), help=argparse.SUPPRESS)
     ap.add_argument("--cnn-vjp", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--wavefront", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rows-per-draw", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part is None:
         return drive(args)

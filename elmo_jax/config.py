@@ -148,7 +148,7 @@ class TrainConfig:
     unroll_steps: int = 20
     """Window length: inputs ``stream[:T]``, targets ``stream[1:T+1]``."""
     n_negative_samples_batch: int = 8192
-    """Sampled-softmax negatives per step, per direction, per device."""
+    """Sampled-softmax negatives per step, per direction, per draw (``rows_per_draw``)."""
     dropout: float = 0.1
     """Dropout on each LSTM layer's input and on the top output."""
     all_clip_norm_val: float = 10.0
@@ -171,6 +171,11 @@ class TrainConfig:
     from zero state; 0.1 removes that at no measured cost (experiments/README.md, "The early
     blow-up"). A fresh run gets 0.1 unless told otherwise, an options file without the key
     included; a run dir saved before this default resumes at 0.0 (``saved_reset_state_prob``)."""
+    rows_per_draw: int = 0
+    """Not bilm-tf's key: the rows that share one draw of sampled candidates; it divides
+    ``batch_size``. 0 (and a file without the key): all of a device's rows share one. bilm-tf
+    draws once per GPU tower of ``batch_size`` rows, so ``batch_size`` 384 with
+    ``rows_per_draw`` 128 on one device is its 3-GPU recipe exactly."""
 
     def __post_init__(self):
         where = "training options"
@@ -185,6 +190,13 @@ class TrainConfig:
             _check_int(where, name, getattr(self, name))
         if not 0.0 <= self.reset_state_prob <= 1.0:
             _fail(where, f"'reset_state_prob' must be in [0, 1], found {self.reset_state_prob!r}")
+        _check_int(where, "rows_per_draw", self.rows_per_draw, minimum=0)
+        if self.rows_per_draw and self.batch_size % self.rows_per_draw:
+            _fail(
+                where,
+                f"'rows_per_draw' ({self.rows_per_draw}) must divide 'batch_size' ({self.batch_size}), "
+                f"the rows of one device, or be 0 (one draw for all of them)",
+            )
         if not 0.0 <= self.dropout < 1.0:
             _fail(where, f"'dropout' must be in [0, 1), found {self.dropout!r}")
         if not self.all_clip_norm_val > 0:
@@ -201,6 +213,11 @@ class TrainConfig:
                 f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
                 f"'n_tokens_vocab' ({self.n_tokens_vocab})",
             )
+
+    @property
+    def draws_per_device(self) -> int:
+        """The candidate draws of a step on one device, per direction: ``batch_size / rows_per_draw``."""
+        return self.batch_size // self.rows_per_draw if self.rows_per_draw else 1
 
 
 def saved_reset_state_prob(saved: Mapping) -> float:
@@ -320,6 +337,8 @@ class Options:
             # reset_state_prob is written even at 0.0, since a missing key now means 0.1 to a
             # fresh run; bilm-tf's and AllenNLP's readers ignore top-level keys they do not use.
             d.update(dataclasses.asdict(self.train))
+            if not self.train.rows_per_draw:  # a file without it means the same: written as before
+                del d["rows_per_draw"]
         return d
 
     @classmethod

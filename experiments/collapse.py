@@ -195,7 +195,8 @@ def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) ->
     from elmo_jax.training.step import BATCH_KEYS, TrainState, prepare_batch, train_step
 
     options, vocab, shared, _ = read_run(run_dir, step)
-    model, t = options.model, dataclasses.replace(options.train, dropout=0.0)
+    # One draw for all rows: the numpy loss below scores every row against it.
+    model, t = options.model, dataclasses.replace(options.train, dropout=0.0, rows_per_draw=0)
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     batcher = LMBatcher(
         TextFiles(heldout),
@@ -224,7 +225,7 @@ def check_training_loss(run_dir: str, step: int, heldout: str, seed: int = 0) ->
     want = []
     for d in range(2):
         h, y = top[d].reshape(-1, w.shape[1]), host["targets"][0, d].reshape(-1)
-        cands, tries = host["candidates"][0, d], host["num_tries"][0, d]
+        cands, tries = host["candidates"][0, d, 0], host["num_tries"][0, d, 0]
         log_q = lambda ids: np.log(np.asarray(expected_count(ids, tries, t.n_tokens_vocab), np.float64))  # noqa: E731, B023 - used in this iteration
         true = (h * w[y]).sum(axis=1) + b[y] - log_q(y)
         logits = h @ w[cands].T + b[cands] - log_q(cands)

@@ -272,6 +272,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path):
             "the options say n_tokens_vocab 99 but",
         ),
         (["--config", "huge"], "neither a preset"),
+        (["--batch-size", "4", "--rows-per-draw", "3"], "'--rows-per-draw' (3) must divide '--batch-size' (4)"),
         (["--num-processes", "2", "--process-id", "2"], "--process-id must be 0 to 1 (--num-processes - 1); got 2"),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: expected a whole number of seconds, 1 or more"),
         (["--stall-timeout", "-1"], "argument --stall-timeout: expected a whole number of seconds (0: off): '-1'"),

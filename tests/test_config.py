@@ -207,6 +207,33 @@ def test_a_fresh_run_defaults_to_resets_and_a_saved_run_means_what_it_wrote():
     assert "reset_state_prob" not in Options(model=PRESETS["tiny"]).to_dict()  # no training keys, no key
 
 
+def test_rows_per_draw_divides_the_rows_and_is_written_only_when_set(tmp_path):
+    assert TrainConfig().draws_per_device == 1
+    assert TrainConfig(batch_size=384, rows_per_draw=128).draws_per_device == 3
+    assert TrainConfig(batch_size=384, rows_per_draw=384).draws_per_device == 1
+    for bad, message in ((100, r"'rows_per_draw' \(100\) must divide 'batch_size' \(384\)"), (-1, ">= 0")):
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(batch_size=384, rows_per_draw=bad)
+    d = json.loads(json.dumps(BILM_TF_TRAIN_OPTIONS))
+    assert Options.from_dict(d).train.rows_per_draw == 0  # bilm-tf's file, or a run of ours before the key
+    o = Options.from_dict({**d, "batch_size": 384, "rows_per_draw": 128})
+    o.save(tmp_path / "options.json")
+    assert Options.load(tmp_path / "options.json", saved=True).train == o.train
+    assert "rows_per_draw" not in Options.from_dict(d).to_dict()  # the default: the file as before
+
+
+def test_an_override_that_breaks_the_recipe_names_its_argument():
+    from elmo_jax._util.arguments import arguments_of
+    from elmo_jax.model.vocabulary import Vocabulary
+    from elmo_jax.training.setup import training_options
+
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + [f"w{i}" for i in range(2000)])
+    assert training_options("small", vocab, 384, 10_000, rows_per_draw=128).train.draws_per_device == 3
+    with pytest.raises(ConfigError, match="'rows_per_draw' \\(100\\) must divide") as e:
+        training_options("small", vocab, 384, 10_000, rows_per_draw=100)
+    assert set(arguments_of(e.value)) == {"batch_size", "rows_per_draw"}
+
+
 def test_init_from_and_presets_start_at_the_default():
     from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.training.setup import training_options

@@ -211,6 +211,45 @@ def test_mesh_two_devices_equals_one(tmp_path, layout):
     assert int(new[2].step) == 2
 
 
+@pytest.mark.slow
+def test_a_draw_of_candidates_follows_its_rows_not_their_device(tmp_path):
+    """``rows_per_draw``: one device of 2B rows in 2 draws takes the same steps as 2 devices of
+    B rows with a draw each, their own draws (not ``fixed``): bilm-tf's towers on one device.
+    The negative control: one draw for all 2B rows takes other steps."""
+    _two_local_devices()
+    vocab, t, source = _setup(tmp_path)
+    b = t.batch_size
+    common = dict(unroll_steps=t.unroll_steps, max_chars=TINY.char_cnn.max_characters_per_token, seed=3)
+    runs = {  # name: (devices, config)
+        "towers": (1, TrainConfig(**{**t.__dict__, "batch_size": 2 * b, "rows_per_draw": b})),
+        "devices": (2, t),
+        "one draw": (1, TrainConfig(**{**t.__dict__, "batch_size": 2 * b})),
+    }
+    fresh = jax.device_get(init_state(jax.random.PRNGKey(7), TINY, t, rows=2 * b))
+    new, metrics, cands = {}, {}, {}
+    for name, (n, config) in runs.items():
+        batcher = LMBatcher(source, vocab, rows_per_device=config.batch_size, n_devices=n, **common)
+        feeder = GlobalBatches(batcher, config, _mesh(n), seed=11, first_device=0, fixed=False)
+        state = put_global(fresh, state_shardings(fresh, _mesh(n)))
+        step = make_train_step(TINY, config, _mesh(n))
+        for step_number in range(2):
+            batch = feeder.next(step_number)
+            if step_number == 0:
+                cands[name] = jax.device_get(batch["candidates"])
+            state, m = step(state, batch)
+        feeder.close()
+        new[name], metrics[name] = jax.device_get((state, m))
+    # [D, 2, G, S]: the two global draws, on one device or one on each.
+    assert cands["towers"].shape[:3] == (1, 2, 2) and cands["devices"].shape[:3] == (2, 2, 1)
+    np.testing.assert_array_equal(cands["towers"][0].swapaxes(0, 1), cands["devices"][:, :, 0])
+    assert not np.array_equal(cands["devices"][0], cands["devices"][1])
+    _assert_trees_close(new["towers"].shared(), new["devices"].shared(), "state")
+    _assert_trees_close(new["towers"].lstm, new["devices"].lstm, "lstm rows")
+    for k in ("loss_sum_fwd", "loss_sum_bwd", "grad_norm"):
+        np.testing.assert_allclose(metrics["towers"][k], metrics["devices"][k], rtol=TOL, atol=TOL, err_msg=k)
+    assert _max_diff(new["one draw"].params, new["towers"].params) > 1e-3
+
+
 def test_the_collective_check_can_fail():
     """``hlo.collectives`` sees a gathered softmax shard (the control for the check above)."""
     _two_local_devices()

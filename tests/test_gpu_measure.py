@@ -24,7 +24,7 @@ def test_the_job_is_natural_text_of_at_least_the_tokens_asked(tmp_path):
 def test_every_part_of_a_measurement_or_rehearsal_has_a_budget():
     for rows in (gpu_measure.FULL["rows"], gpu_measure.REHEARSAL["rows"]):
         names = ["roofline", *(f"step{r}" for r in rows), *(f"saved{r}" for r in rows), f"saved_again{rows[0]}"]
-        names += [f"axis2_{r}" for r in rows] + [f"wave{r}" for r in rows] + [f"cnnvjp{rows[0]}"]
+        names += [f"axis2_{r}" for r in rows] + [f"wave{r}" for r in rows] + [f"cnnvjp{rows[0]}", f"towers{rows[1]}"]
         names += ["cli", "extract", "autodiff128"]
         for name in names + [f"baseline{r}" for r in rows] + ["profile"]:
             assert gpu_measure.budget_key(name) in gpu_measure.BUDGETS, name

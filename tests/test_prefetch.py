@@ -78,8 +78,9 @@ def _wait_ready(pool: CandidatePool) -> None:
         time.sleep(0.05)
 
 
-def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
-    args = dict(seed=7, num_sampled=2048, vocab_size=793_471, first_device=2, fixed=False)
+@pytest.mark.parametrize("draws", [1, 3])
+def test_candidates_drawn_by_workers_equal_those_drawn_in_process(draws):
+    args = dict(seed=7, num_sampled=2048, vocab_size=793_471, draws=draws, first_device=2, fixed=False)
     batch = {"inputs": np.zeros((2, 2, ROWS, STEPS), np.int32), "targets": np.ones((2, 2, ROWS, STEPS), np.int32)}
     with CandidatePool(n_devices=2, workers=2, **args) as pool:
         for step in (0, 1, 2, 5, 6, 7):  # a jump: the draws queued for steps 3 and 4 are dropped
@@ -90,6 +91,19 @@ def test_candidates_drawn_by_workers_equal_those_drawn_in_process():
             for k in want:
                 assert got[k].dtype == want[k].dtype
                 np.testing.assert_array_equal(got[k], want[k], err_msg=f"step {step}: {k}")
+            assert got["candidates"].shape == (2, 2, draws, 2048)
+
+
+def test_a_global_draw_is_the_same_on_one_device_or_on_several():
+    """Draw g of device k is global draw k * G + g: 3 draws on device 1 are devices 3-5's one
+    draw each, so 384 rows in 3 draws on one device sample as 3 devices of 128 rows do."""
+    args = dict(step=4, seed=7, num_sampled=256, vocab_size=10_000)
+    one = add_candidates({"inputs": np.zeros((1, 0))}, draws=3, first_device=1, **args)
+    three = add_candidates({"inputs": np.zeros((3, 0))}, draws=1, first_device=3, **args)
+    np.testing.assert_array_equal(one["candidates"][0].swapaxes(0, 1), three["candidates"][:, :, 0])
+    np.testing.assert_array_equal(one["num_tries"][0].T, three["num_tries"][:, :, 0])
+    # and the draws differ (the comparison could not pass with one draw repeated)
+    assert len({c.tobytes() for c in three["candidates"].reshape(6, -1)}) == 6
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])

@@ -650,6 +650,44 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
         assert commands[1][commands[1].index("--files") + 1] == "heldout.txt"  # no --heldout-files: a placeholder
 
 
+@pytest.mark.slow
+def test_draws_per_tower_are_written_said_and_resume_exactly(tmp_path, capsys):
+    """``--rows-per-draw``: the start line says how many draws, options.json keeps the key, and a
+    run stopped and resumed ends where the unbroken run ends (the draws follow the step)."""
+    options = _write_tiny_options(tmp_path / "options.json")
+    common = [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        str(TRAIN / "data.txt"),
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+        "--devices",
+        "1",
+        "--save-every",
+        "1",
+        "--no-progress",
+    ]
+    towers = [*common, "--rows-per-draw", "1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert cli.main([*towers, "--run-dir", str(whole), "--steps", "3"]) == 0
+    assert "reset_state_prob 0.1, a candidate draw per 1 row (2 a device))" in capsys.readouterr().out
+    assert json.loads((whole / "options.json").read_text())["rows_per_draw"] == 1
+    for steps in ("1", "3"):
+        assert cli.main([*towers, "--run-dir", str(parts), "--steps", steps]) == 0
+    _, _, a, _ = read_run(str(whole))
+    _, _, b, _ = read_run(str(parts))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+    # Negative control: one draw for both rows (the key left out) trains other weights.
+    other = tmp_path / "other"
+    assert cli.main([*common, "--run-dir", str(other), "--steps", "3"]) == 0
+    assert "rows_per_draw" not in json.loads((other / "options.json").read_text())
+    _, _, c, _ = read_run(str(other))
+    leaves = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(c))
+    assert max(np.abs(x - y).max() for x, y in leaves) > 1e-4
+
+
 def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
     """A run dir as the release before 0.1 became the default wrote it at bilm-tf's recipe: neither
     its options.json nor its checkpoints' metadata had the reset_state_prob key."""

@@ -8,6 +8,7 @@ The numpy code below re-derives the math from the spec; only char ids (``token_t
 weights come from the project.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -327,20 +328,26 @@ def _reference_step(state, batch, tc: TrainConfig):
         outs, new_lstm = lstm.run(params["bilm"]["lstm"], MODEL, x, jnp.ones(targets.shape[1:], bool), state["lstm"])
         per_dir = []
         for d in range(2):
-            t = targets[d].reshape(n_pos)
-            per_dir.append(
-                sampled_softmax_loss(
-                    outs[-1, d].reshape(n_pos, p),
-                    t,
-                    sm["w"][t],
-                    sm["b"][t],
-                    cands[d],
-                    sm["w"][cands[d]],
-                    sm["b"][cands[d]],
-                    batch["num_tries"][d],
-                    tc.n_tokens_vocab,
-                ).mean()
-            )
+            # bilm-tf's towers: each group of rows_per_draw rows is scored against its own draw,
+            # and the towers' mean losses are averaged.
+            groups = []
+            for g, rows in enumerate(np.split(np.arange(targets.shape[1]), tc.draws_per_device)):
+                t = targets[d, rows].reshape(-1)
+                c = cands[d, g]
+                groups.append(
+                    sampled_softmax_loss(
+                        outs[-1, d, rows].reshape(t.size, p),
+                        t,
+                        sm["w"][t],
+                        sm["b"][t],
+                        c,
+                        sm["w"][c],
+                        sm["b"][c],
+                        batch["num_tries"][d, g],
+                        tc.n_tokens_vocab,
+                    ).mean()
+                )
+            per_dir.append(sum(groups) / len(groups))
         return 0.5 * (per_dir[0] + per_dir[1]) * tc.unroll_steps, (jnp.stack(per_dir), new_lstm)
 
     params = state["params"]
@@ -361,9 +368,11 @@ def _reference_step(state, batch, tc: TrainConfig):
     ],
     ids=["backend", "gpu-layout", "gpu-candidates"],
 )
-def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout):
+@pytest.mark.parametrize("rows_per_draw", [0, 1], ids=["one-draw", "draw-per-row"])
+def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout, rows_per_draw):
     """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), and with the
-    switches a GPU has yet to time, run here."""
+    switches a GPU has yet to time, run here; and with a draw of candidates per row, as bilm-tf
+    draws per GPU tower (here 2 towers of 1 row)."""
     # A small clip so that clipping is active: then the norm (which must count a row that is
     # both target and candidate once, with its summed gradient) scales every update.
     tc = TrainConfig(
@@ -375,9 +384,13 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
         all_clip_norm_val=0.5,
         learning_rate=0.2,
         reset_state_prob=0.0,
+        rows_per_draw=rows_per_draw,
     )  # bilm-tf's recipe: the reference carries the state
     batch = _train_batch(tmp_path, tc)
     targets, cands = np.asarray(batch["targets"]), np.asarray(batch["candidates"])
+    assert cands.shape == (2, tc.draws_per_device, tc.n_negative_samples_batch)
+    if rows_per_draw:
+        assert not np.array_equal(cands[:, 0], cands[:, 1]), "want two different draws"
     for d in range(2):
         assert set(targets[d].ravel()) & set(cands[d].ravel()), "want an accidental hit"
         assert len(np.unique(targets[d])) < targets[d].size, "want duplicate targets"
@@ -424,6 +437,13 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
     close(new["opt"]["softmax"]["b"], ref_acc["softmax"]["b"])
     jax.tree_util.tree_map(close, new["opt"]["bilm"][0].sum_of_squares, ref_acc["bilm"])
     jax.tree_util.tree_map(close, new["lstm"], jax.device_get(ref_lstm))
+    if rows_per_draw:
+        # Negative control: one draw for both rows (the first) is another update, which the
+        # comparison above would have seen.
+        one_draw = {**batch, "candidates": batch["candidates"][:, :1], "num_tries": batch["num_tries"][:, :1]}
+        one_tc = dataclasses.replace(tc, rows_per_draw=0)
+        wrong = jax.jit(functools.partial(_reference_step, tc=one_tc))(state, one_draw)[0]
+        assert np.abs(np.asarray(wrong["softmax"]["w"]) - ref_params["softmax"]["w"]).max() > 1e-4
 
     # Every touched row moved and its accumulator grew; untouched rows are bit-identical.
     for name in ("w", "b"):
@@ -456,10 +476,10 @@ def test_compiled_step_has_no_dense_softmax_temporary():
         "targets": jax.ShapeDtypeStruct((2, b, t), i32),
         "rows": jax.ShapeDtypeStruct((b,), i32),
         "starts": jax.ShapeDtypeStruct((2, b, t), bool),
-        "candidates": jax.ShapeDtypeStruct((2, s), i32),
-        "num_tries": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "candidates": jax.ShapeDtypeStruct((2, 1, s), i32),
+        "num_tries": jax.ShapeDtypeStruct((2, 1), jnp.float32),
         "fetch": jax.ShapeDtypeStruct((1, 2 * s + 2 * b * t), i32),
-        "cand_index": jax.ShapeDtypeStruct((2, s), i32),
+        "cand_index": jax.ShapeDtypeStruct((2, 1, s), i32),
         "target_index": jax.ShapeDtypeStruct((2, b, t), i32),
     }
     step = jax.jit(functools.partial(train_step, model=model, train=tc, axis_name=None), donate_argnums=0)
@@ -477,12 +497,12 @@ def test_compiled_step_has_no_dense_softmax_temporary():
         n = b * t
 
         def loss(sm):
-            h = jnp.broadcast_to(batch["num_tries"][0], (n, p))
+            h = jnp.broadcast_to(batch["num_tries"][0, 0], (n, p))
             total = 0.0
             for d in range(2):
-                tg, cd = batch["targets"][d].reshape(n), batch["candidates"][d]
+                tg, cd = batch["targets"][d].reshape(n), batch["candidates"][d, 0]
                 total += sampled_softmax_loss(
-                    h, tg, sm["w"][tg], sm["b"][tg], cd, sm["w"][cd], sm["b"][cd], batch["num_tries"][d], v
+                    h, tg, sm["w"][tg], sm["b"][tg], cd, sm["w"][cd], sm["b"][cd], batch["num_tries"][d, 0], v
                 ).mean()
             return total
 

@@ -208,6 +208,7 @@ def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str
         min_count=args.min_count,
         n_train_tokens=args.n_train_tokens,
         batch_size=args.batch_size,
+        rows_per_draw=args.rows_per_draw,
         reset_state_prob=args.reset_state_prob,
         learning_rate=args.learning_rate,
         init_from=args.init_from,
@@ -441,13 +442,40 @@ def _add_train(sub) -> None:
     stop = tr.add_mutually_exclusive_group()
     stop.add_argument("--steps", type=int, help="train until this global step")
     stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
-    tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
     tr.add_argument(
         "--n-train-tokens",
         type=int,
         metavar="N",
         help="tokens + sentences of the training text, to count epochs (default: the vocabulary's "
         "vocab.txt.json sidecar, written by elmo-jax vocab)",
+    )
+    _add_train_recipe_args(tr)
+    tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
+    tr.add_argument(
+        "--init-from",
+        metavar="SOURCE",
+        help="continue pretraining another model: a released model's name (see elmo-jax models), a "
+        "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
+        "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
+        "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
+        "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
+        "holds a checkpoint",
+    )
+    _add_train_run_args(tr)
+    _add_multihost_args(tr)
+    tr.set_defaults(func=cmd_train)
+
+
+def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
+    """elmo-jax train: the recipe's values that a flag overrides."""
+    tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
+    tr.add_argument(
+        "--rows-per-draw",
+        type=int,
+        metavar="N",
+        help="rows that share one draw of sampled candidates; divides --batch-size (default: the "
+        "config's, else 0: all of a device's rows). bilm-tf draws once per GPU of 128 rows, so "
+        "--batch-size 384 --rows-per-draw 128 is its 3-GPU recipe on one device",
     )
     tr.add_argument(
         "--reset-state-prob",
@@ -464,20 +492,6 @@ def _add_train(sub) -> None:
         help="Adagrad's learning rate (default: the config's, bilm-tf's 0.2; 0.05 when --init-from "
         "has no optimizer state)",
     )
-    tr.add_argument("--min-count", type=int, default=1, help="for the vocabulary built when --vocab is not given")
-    tr.add_argument(
-        "--init-from",
-        metavar="SOURCE",
-        help="continue pretraining another model: a released model's name (see elmo-jax models), a "
-        "bilm-tf TF checkpoint dir, a run dir, or a dir of hdf5 files (options.json + weights.hdf5 "
-        "or elmo_*_options.json + elmo_*_weights.hdf5, optionally the softmax and vocab-*.txt). "
-        "Weights and any accumulators carry over, softmax rows by word; without --vocab the "
-        "vocabulary is the source's plus the new text's words. Ignored when --run-dir already "
-        "holds a checkpoint",
-    )
-    _add_train_run_args(tr)
-    _add_multihost_args(tr)
-    tr.set_defaults(func=cmd_train)
 
 
 def _add_train_run_args(tr: argparse.ArgumentParser) -> None:

@@ -142,8 +142,9 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
     now = options.to_dict()
     # How long to run may change between sessions, and so may the rows per device (with the device
     # count: the global row count decides what resumes exactly, see _restore_or_init), and the
-    # learning rate (lowered after a divergence; Adagrad's accumulators do not depend on it).
-    ignore = {"n_epochs", "n_train_tokens", "batch_size", "learning_rate"}
+    # learning rate (lowered after a divergence; Adagrad's accumulators do not depend on it), and
+    # with the rows how many of them share a draw of candidates (the state does not depend on it).
+    ignore = {"n_epochs", "n_train_tokens", "batch_size", "learning_rate", "rows_per_draw"}
     diffs = []
     for section in ("lstm", "char_cnn"):
         for k in sorted(set(saved[section]) | set(now[section])):
@@ -273,13 +274,18 @@ def _say_what_resumed(settings: RunSettings, saved: dict, start: int, global_row
 
 
 def _recipe(t: TrainConfig, meta: dict | None) -> str:
-    """The start line's word on sentence-start resets, the one recipe choice that is not bilm-tf's."""
+    """The start line's word on the recipe's choices that are not bilm-tf's defaults: the
+    sentence-start resets, and how many rows share a draw of candidates when that is asked."""
+    rows = f"{t.rows_per_draw} row{'s' if t.rows_per_draw > 1 else ''}"
+    draws = f", a candidate draw per {rows} ({t.draws_per_device} a device)" if t.rows_per_draw else ""
     if not t.reset_state_prob:
         older = meta is not None and "reset_state_prob" not in meta["options"]
-        return "reset_state_prob 0, bilm-tf's recipe" + (
-            ": this run dir predates the 0.1 default, and a run keeps its recipe" if older else ""
+        return (
+            "reset_state_prob 0, bilm-tf's recipe"
+            + (": this run dir predates the 0.1 default, and a run keeps its recipe" if older else "")
+            + draws
         )
-    return f"reset_state_prob {t.reset_state_prob:g}"
+    return f"reset_state_prob {t.reset_state_prob:g}{draws}"
 
 
 def saved_options(run_dir: str) -> dict | None:

@@ -35,9 +35,9 @@ from elmo_jax.training.step import add_candidates, plan_batch
 
 
 def _draw(
-    step: int, seed: int, num_sampled: int, vocab_size: int, n_devices: int, first_device: int, fixed: bool
+    step: int, seed: int, num_sampled: int, vocab_size: int, draws: int, n_devices: int, first_device: int, fixed: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """In a worker: one step's ``candidates [D, 2, S] int32`` and ``num_tries [D, 2] float32``."""
+    """In a worker: one step's ``candidates [D, 2, G, S] int32`` and ``num_tries [D, 2, G] float32``."""
     # add_candidates reads only the batch's leading (device) axis: a placeholder batch lets the
     # workers run the one definition of the draw, so that they cannot drift from it.
     out = add_candidates(
@@ -46,6 +46,7 @@ def _draw(
         seed=seed,
         num_sampled=num_sampled,
         vocab_size=vocab_size,
+        draws=draws,
         first_device=first_device,
         fixed=fixed,
     )
@@ -77,6 +78,7 @@ class CandidatePool:
         num_sampled: int,
         vocab_size: int,
         n_devices: int,
+        draws: int = 1,
         first_device: int = 0,
         fixed: bool = False,
         workers: int = 0,
@@ -84,7 +86,12 @@ class CandidatePool:
     ):
         self.n_devices = n_devices
         self.args: dict[str, Any] = dict(
-            seed=seed, num_sampled=num_sampled, vocab_size=vocab_size, first_device=first_device, fixed=fixed
+            seed=seed,
+            num_sampled=num_sampled,
+            vocab_size=vocab_size,
+            draws=draws,
+            first_device=first_device,
+            fixed=fixed,
         )
         self.workers, self.ahead = workers, max(2, ahead, workers)
         self._futures: dict[int, concurrent.futures.Future] = {}
@@ -102,7 +109,7 @@ class CandidatePool:
 
     def add(self, batch: dict, step: int) -> dict:
         """``batch`` (leading device axis D, as ``add_candidates`` takes it) with ``candidates
-        [D, 2, S]`` and ``num_tries [D, 2]`` of ``step`` added."""
+        [D, 2, G, S]`` and ``num_tries [D, 2, G]`` of ``step`` added."""
         if batch["inputs"].shape[0] != self.n_devices:
             raise ValueError(f"a batch of {batch['inputs'].shape[0]} devices; this pool draws for {self.n_devices}")
         if self._executor is None or not self._ready.done():
@@ -184,6 +191,7 @@ class HostPipeline:
             num_sampled=train_cfg.n_negative_samples_batch,
             vocab_size=train_cfg.n_tokens_vocab,
             n_devices=batcher.n_devices,
+            draws=train_cfg.draws_per_device,
             first_device=first_device,
             fixed=fixed,
             workers=workers,

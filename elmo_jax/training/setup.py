@@ -38,6 +38,8 @@ class TrainSpec:
     """Tokens + sentences of the training text, to count epochs (default: the vocabulary's sidecar)."""
     batch_size: int | None = None
     """Rows per device (default: the config's)."""
+    rows_per_draw: int | None = None
+    """Rows that share a draw of sampled candidates (default: the config's; see ``TrainConfig``)."""
     reset_state_prob: float | None = None
     """Default: the config file's, a resumed run's own, else 0.1."""
     learning_rate: float | None = None
@@ -180,6 +182,7 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
         reset_state_prob,
         warm.model if warm is not None else None,
         learning_rate,
+        spec.rows_per_draw,
     )
 
 
@@ -191,6 +194,7 @@ def training_options(
     reset_state_prob: float | None = None,
     model=None,
     learning_rate: float | None = None,
+    rows_per_draw: int | None = None,
 ) -> Options:
     """Options for a run: ``config`` (a preset or an options.json), or with ``config=None`` the
     biLM ``model`` of an ``init_from`` source with bilm-tf's training recipe."""
@@ -205,13 +209,15 @@ def training_options(
         ("batch_size", batch_size),
         ("reset_state_prob", reset_state_prob),
         ("learning_rate", learning_rate),
+        ("rows_per_draw", rows_per_draw),
     )
-    for key, value in overrides:
-        if value is not None:
-            options = dataclasses.replace(
-                options,
-                train=dataclasses.replace(options.train or TrainConfig(n_tokens_vocab=len(vocab)), **{key: value}),
-            )
+    given = {key: value for key, value in overrides if value is not None}
+    if given:
+        try:
+            train = dataclasses.replace(options.train or TrainConfig(n_tokens_vocab=len(vocab)), **given)
+        except ConfigError as e:  # the arguments given, named as such (the CLI writes its flags)
+            raise about(e, *given) from None
+        options = dataclasses.replace(options, train=train)
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
 
 

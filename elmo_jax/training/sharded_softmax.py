@@ -128,13 +128,13 @@ def plan_fetch(
 ) -> tuple[dict, int]:
     """Which rows each local device asks each owner for, and where its loss finds them.
 
-    ``candidates [D, 2, S]`` and ``targets [D, 2, B, T]`` are global ids for this process's ``D``
+    ``candidates [D, 2, G, S]`` and ``targets [D, 2, B, T]`` are global ids for this process's ``D``
     devices; ``n_devices`` is the mesh size. Returns (arrays, capacity) with
 
     - ``fetch [D, n, C] int32``: the owner-local slots device d asks owner o for (each distinct
       row once; unused entry ``j`` holds ``V_pad / n + j``, out of range, so gathers fill and
       scatters drop, and every entry of a list is distinct: see ``SparseAdagrad.apply``)
-    - ``cand_index [D, 2, S]``, ``target_index [D, 2, B, T] int32``: positions in the fetched rows
+    - ``cand_index [D, 2, G, S]``, ``target_index [D, 2, B, T] int32``: positions in the fetched rows
       ``[n * C]`` (owner-major) of each candidate and target
 
     ``C`` is ``next_capacity`` of the fullest request list's length: a run plans its first step

@@ -158,15 +158,10 @@ def _loss(
     """The loss ``train_step`` differentiates w.r.t. the dense biLM and the fetched softmax rows
     (``rows_w``, ``rows_b``): the mean sampled-softmax loss of both directions times
     ``unroll_steps``; also the per-direction means ``[2]`` and the new LSTM state."""
-    v, p = train.n_tokens_vocab, model.lstm.projection_dim
-    targets, cands = batch["targets"], batch["candidates"]
-    n_pos = targets.shape[1] * targets.shape[2]
-    flat_targets = targets.reshape(2, n_pos)
-    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
     # The named scopes label the parts of the step in a profile (benchmarks/bench_variants.py).
     with jax.named_scope("char_cnn"):
         x = token_vectors(bilm_params, model, batch, compute=compute)
-    mask = jnp.ones(targets.shape[1:], bool)
+    mask = jnp.ones(batch["targets"].shape[1:], bool)
     # Gradients stop at the window edge: the carried state is an input, not a graph.
     carried = jax.lax.stop_gradient(lstm_state)
     with jax.named_scope("lstm"):
@@ -184,34 +179,55 @@ def _loss(
     top = outs[-1]
     if train.dropout > 0:
         top = lstm.dropout(top, train.dropout, row_keys, salt=model.lstm.n_layers)
-    # A direction's candidates are distinct (a unique draw), so are their rows: the gathers say
-    # so, and their gradients' scatter-adds then skip XLA's deterministic-scatter rewrite on GPUs
-    # (sharded_softmax.SparseAdagrad.apply). Targets repeat: both directions' are gathered at
-    # once, so that the layout's row sums (elmo_jax.model.gather) run once over all of them.
-    cand_w = [rows_w.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
-    cand_b = [rows_b.at[cand_at[d]].get(unique_indices=True) for d in range(2)]
-    sums = compute.resolved_layout().row_sums
-    with jax.named_scope("softmax"):
-        target_w, target_b = take_rows(rows_w, target_at, sums=sums), take_rows(rows_b, target_at, sums=sums)
-        per_dir = [
-            sampled_softmax_loss(
-                top[d].reshape(n_pos, p),
-                flat_targets[d],
-                target_w[d],
-                target_b[d],
-                cands[d],
-                cand_w[d],
-                cand_b[d],
-                batch["num_tries"][d],
-                v,
-                precision=compute.precision,
-            ).mean()
-            for d in range(2)
-        ]
+    per_dir = _sampled_losses(top, rows_w, rows_b, batch, train.n_tokens_vocab, compute)
     loss = 0.5 * (per_dir[0] + per_dir[1])
     # bilm-tf differentiates loss * unroll_steps; with Adagrad's initial accumulator of 1.0
     # that scale changes the effective step size, so it is kept.
     return loss * train.unroll_steps, (jnp.stack(per_dir), new_lstm)
+
+
+def _sampled_losses(
+    top: jax.Array, rows_w: jax.Array, rows_b: jax.Array, batch: dict, vocab_size: int, compute: Compute
+) -> list[jax.Array]:
+    """Each direction's mean sampled-softmax loss of the top layer ``top [2, B, T, P]``, against
+    the fetched softmax rows ``rows_w [n*C, P]``, ``rows_b [n*C]``; draw ``g`` of ``G``
+    (``batch["candidates"] [2, G, S]``) scores the device's ``g``-th block of ``B / G`` rows."""
+    targets, cands, p = batch["targets"], batch["candidates"], top.shape[-1]
+    n_pos = targets.shape[1] * targets.shape[2]
+    flat_targets = targets.reshape(2, n_pos)
+    cand_at, target_at = batch["cand_index"], batch["target_index"].reshape(2, n_pos)
+    draws = cands.shape[1]
+    per_draw = n_pos // draws  # positions are row-major: a block of rows is a block of positions
+    # A draw's candidates are distinct (a unique draw), so are their rows: the gathers say so, and
+    # their gradients' scatter-adds then skip XLA's deterministic-scatter rewrite on GPUs
+    # (sharded_softmax.SparseAdagrad.apply). Two draws may share ids, hence a gather per draw.
+    cand_w = [[rows_w.at[cand_at[d, g]].get(unique_indices=True) for g in range(draws)] for d in range(2)]
+    cand_b = [[rows_b.at[cand_at[d, g]].get(unique_indices=True) for g in range(draws)] for d in range(2)]
+    sums = compute.resolved_layout().row_sums
+    with jax.named_scope("softmax"):
+        # Targets repeat: both directions' are gathered at once, so that the layout's row sums
+        # (elmo_jax.model.gather) run once over all of them.
+        target_w, target_b = take_rows(rows_w, target_at, sums=sums), take_rows(rows_b, target_at, sums=sums)
+
+        def scored(d: int, g: int) -> jax.Array:
+            at = slice(g * per_draw, (g + 1) * per_draw)
+            return sampled_softmax_loss(
+                top[d].reshape(n_pos, p)[at],
+                flat_targets[d, at],
+                target_w[d, at],
+                target_b[d, at],
+                cands[d, g],
+                cand_w[d][g],
+                cand_b[d][g],
+                batch["num_tries"][d, g],
+                vocab_size,
+                precision=compute.precision,
+            )
+
+        # A loop rather than a vmap, after the candidates' gathers: with one draw (the default)
+        # this is the program from before draws, and XLA:CPU's fusions, which follow the op
+        # order, give a run the same numbers to the bit.
+        return [jnp.concatenate([scored(d, g) for g in range(draws)]).mean() for d in range(2)]
 
 
 def _clip_by_global_norm(
@@ -257,9 +273,10 @@ def train_step(
 
     ``batch`` (per device): ``chars [U, C]``, ``inputs [2, B, T]`` (indices into ``chars``),
     ``targets [2, B, T]``, ``rows [B]`` global row ids, ``starts [2, B, T]`` sentence starts (for
-    ``train.reset_state_prob``), ``candidates [2, S]`` sampled ids, distinct within a direction,
-    ``num_tries [2]`` (per direction), and the fetch plan of ``sharded_softmax.plan_fetch``
-    (``fetch [n, C]``, ``cand_index [2, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
+    ``train.reset_state_prob``), ``candidates [2, G, S]`` sampled ids, distinct within a draw
+    (``G = train.draws_per_device``; draw ``g`` serves rows ``g*B/G`` to ``(g+1)*B/G - 1``),
+    ``num_tries [2, G]``, and the fetch plan of ``sharded_softmax.plan_fetch``
+    (``fetch [n, C]``, ``cand_index [2, G, S]``, ``target_index [2, B, T]``). ``state.lstm`` holds
     this device's B rows and ``state.params["softmax"]`` its ``V_pad / n`` rows. With
     ``axis_name`` None it runs on one device alone, outside any mesh. ``compute``: matmul
     precision, compute dtype and layout (``elmo_jax.model.compute``; default: float32, the
@@ -348,22 +365,35 @@ def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, *, compu
 
 
 def add_candidates(
-    batch: dict, *, step: int, seed: int, num_sampled: int, vocab_size: int, first_device: int = 0, fixed: bool = False
+    batch: dict,
+    *,
+    step: int,
+    seed: int,
+    num_sampled: int,
+    vocab_size: int,
+    draws: int = 1,
+    first_device: int = 0,
+    fixed: bool = False,
 ) -> dict:
-    """Adds ``candidates [D, 2, S]`` and ``num_tries [D, 2]`` to a host batch with device axis D.
+    """Adds ``candidates [D, 2, G, S]`` and ``num_tries [D, 2, G]`` to a host batch with device
+    axis D: ``G = draws`` per device and direction (``TrainConfig.draws_per_device``), draw ``g``
+    for the device's ``g``-th group of ``rows_per_draw`` rows.
 
-    Drawn per (step, global device, direction) from its own seeded generator, so a run is
-    reproducible and a resumed run draws what it would have drawn. ``fixed``: every device gets
-    the same draw (for tests that compare device layouts).
+    Each draw has its own seeded generator, keyed by (step, global draw ``device * G + g``,
+    direction): a run is reproducible, a resumed run draws what it would have drawn, and a global
+    draw is the same whether its rows sit on one device or on several (384 rows in 3 draws on
+    one device draw what 3 devices of 128 rows draw). ``fixed``: every device gets device 0's
+    draws (for tests that compare device layouts).
     """
     n_dev = batch["inputs"].shape[0]
-    cands = np.empty((n_dev, 2, num_sampled), np.int32)
-    tries = np.empty((n_dev, 2), np.float32)
+    cands = np.empty((n_dev, 2, draws, num_sampled), np.int32)
+    tries = np.empty((n_dev, 2, draws), np.float32)
     for k in range(n_dev):
+        device = 0 if fixed else first_device + k
         for d in range(2):
-            device = 0 if fixed else first_device + k
-            rng = np.random.default_rng([seed, step, device, d])
-            cands[k, d], tries[k, d] = sample_log_uniform_unique(rng, num_sampled, vocab_size)
+            for g in range(draws):
+                rng = np.random.default_rng([seed, step, device * draws + g, d])
+                cands[k, d, g], tries[k, d, g] = sample_log_uniform_unique(rng, num_sampled, vocab_size)
     return {**batch, "candidates": cands, "num_tries": tries}
 
 
@@ -386,6 +416,7 @@ def prepare_batch(
         seed=seed,
         num_sampled=train.n_negative_samples_batch,
         vocab_size=train.n_tokens_vocab,
+        draws=train.draws_per_device,
         first_device=first_device,
         fixed=fixed,
     )
