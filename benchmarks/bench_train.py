@@ -385,10 +385,47 @@ def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:
     return 3 * fwd
 
 
+def pipeline_only(args, vocab: Vocabulary, path: str) -> None:
+    """The whole host side of a step at the original shape's sizes (the batcher's words come from
+    the 100k-word corpus; candidates and fetch plan at V = 793,471), at ``args.batch`` rows and
+    ``args.rows_per_draw``."""
+    rows = args.batch
+    tc = TrainConfig(
+        n_tokens_vocab=793_471,
+        batch_size=rows,
+        unroll_steps=20,
+        n_negative_samples_batch=8192,
+        **({"rows_per_draw": args.rows_per_draw} if args.rows_per_draw else {}),
+    )
+    draws = f", {tc.draws_per_device} draw(s) of 8,192 negatives"
+    # V = 28k: the experiments' vocabulary (experiments/data/lm), where ids repeat most.
+    for v in (28_000, 793_471):
+        parts = host_step_parts(vocab, path, dataclasses.replace(tc, n_tokens_vocab=v), 50)
+        print(
+            f"host work per step, one after the other on one core ({rows} rows x 20, V={v:,}{draws}): "
+            + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items())
+        )
+    print(
+        f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores; {rows} rows{draws}): "
+        f"batches taken as fast as they come | with a {args.device_ms:g} ms step on an (imagined, asynchronous) device"
+    )
+    for prefetch, workers in ((0, 0), (2, 0), (2, 1), (2, 2)):
+        rates = [
+            bench_host_pipeline(vocab, path, tc, 50, prefetch, workers, device_s)
+            for device_s in (0.0, args.device_ms / 1e3)
+        ]
+        print(
+            f"  prefetch {prefetch}, {workers} candidate worker(s): "
+            + " | ".join(f"{sec * 1e3:5.1f} ms/step {rows * 20 / sec:9,.0f} tokens/s" for sec in rates)
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
-    ap.add_argument("--batch", type=int, default=32, help="rows per device (bilm-tf batch_size)")
+    ap.add_argument(
+        "--batch", type=int, help="rows per device (bilm-tf batch_size; default 32, and 128 with --pipeline-only)"
+    )
     ap.add_argument("--negatives", type=int, default=8192)
     ap.add_argument(
         "--rows-per-draw", type=int, default=0, help="rows per draw of candidates (TrainConfig.rows_per_draw)"
@@ -417,7 +454,14 @@ def main() -> None:
     )
     ap.add_argument("--words", type=int, default=2048, help="--compile-only: distinct words per device batch")
     ap.add_argument("--fake-devices", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=15.0,
+        help="--pipeline-only: the imagined device's step (15 ms: the original shape at 128 rows on an H100)",
+    )
     args = ap.parse_args()
+    args.batch = args.batch or (128 if args.pipeline_only else 32)
     if args.fake_devices:
         return compile_only(args)
     if args.compile_only:
@@ -448,29 +492,7 @@ def main() -> None:
             f"{rate:,.0f} tokens/s"
         )
         if args.pipeline_only:
-            # The whole host side of a step at the original shape's sizes (the batcher's words
-            # come from the 100k-word corpus; candidates and fetch plan at V = 793,471).
-            tc = TrainConfig(n_tokens_vocab=793_471, batch_size=128, unroll_steps=20, n_negative_samples_batch=8192)
-            # V = 28k: the experiments' vocabulary (experiments/data/lm), where ids repeat most.
-            for v in (28_000, 793_471):
-                parts = host_step_parts(vocab, path, dataclasses.replace(tc, n_tokens_vocab=v), 50)
-                print(
-                    f"host work per step, one after the other on one core (128 rows x 20, V={v:,}, 8,192 "
-                    "negatives): " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in parts.items())
-                )
-            # 15 ms: the original shape's train step on one H100 (issue 15).
-            print(
-                f"host pipeline, a loop over GlobalBatches.next on 1 device ({os.cpu_count()} cores): batches taken "
-                f"as fast as they come | with a 15 ms step on an (imagined, asynchronous) device"
-            )
-            for prefetch, workers in ((0, 0), (2, 0), (2, 1), (2, 2)):
-                rates = [
-                    bench_host_pipeline(vocab, path, tc, 50, prefetch, workers, device_s) for device_s in (0.0, 0.015)
-                ]
-                print(
-                    f"  prefetch {prefetch}, {workers} candidate worker(s): "
-                    + " | ".join(f"{sec * 1e3:5.1f} ms/step {128 * 20 / sec:9,.0f} tokens/s" for sec in rates)
-                )
+            pipeline_only(args, vocab, path)
             return
         peak, limit = matmul_gflops()
         n = args.devices

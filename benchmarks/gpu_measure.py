@@ -458,7 +458,7 @@ VARIANTS = {
     "axis2_": "Layout.lstm_time_axis 2",
     "cnnvjp": "Layout.cnn_vjp",
     "wave": "Layout.lstm_wavefront",
-    "towers": "a candidate draw per 128 rows",
+    "towers": "a candidate draw per third of the rows, bilm-tf's towers",
     "autodiff": "the LSTM by autodiff",
     "baseline": "the previous commit",
 }

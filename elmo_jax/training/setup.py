@@ -74,8 +74,7 @@ def train(
             "prefetch",
             "host_workers",
         )
-    if spec.config is not None and spec.config not in PRESETS:
-        _options_file(spec.config)  # checked before the vocabulary is built and written
+    _check_recipe(spec)  # before the vocabulary pass, which can take minutes, and writes
     beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
@@ -211,14 +210,42 @@ def training_options(
         ("learning_rate", learning_rate),
         ("rows_per_draw", rows_per_draw),
     )
-    given = {key: value for key, value in overrides if value is not None}
-    if given:
-        try:
-            train = dataclasses.replace(options.train or TrainConfig(n_tokens_vocab=len(vocab)), **given)
-        except ConfigError as e:  # the arguments given, named as such (the CLI writes its flags)
-            raise about(e, *given) from None
+    if any(value is not None for _, value in overrides):
+        train = _overridden(options.train or TrainConfig(n_tokens_vocab=len(vocab)), dict(overrides))
         options = dataclasses.replace(options, train=train)
     return options_for_vocab(options, vocab, n_train_tokens, strict=strict)
+
+
+def _overridden(train: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """``train`` with the ``overrides`` that are not None; a ``ConfigError`` names those arguments
+    (the CLI writes its flags)."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return dataclasses.replace(train, **given)
+    except ConfigError as e:
+        raise about(e, *given) from None
+
+
+def _check_recipe(spec: TrainSpec) -> None:
+    """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
+    is read: the vocabulary's size is not known yet, and no check here depends on it."""
+    config = spec.config or (None if spec.init_from else "tiny")
+    if config is None:
+        train = _recipe_train(_ANY_VOCAB)
+    elif config in PRESETS:
+        train = TRAIN_DEFAULTS[config](_ANY_VOCAB)
+    else:
+        train = _options_file(config).train or _recipe_train(_ANY_VOCAB)
+    overrides = dict(
+        batch_size=spec.batch_size,
+        rows_per_draw=spec.rows_per_draw,
+        reset_state_prob=spec.reset_state_prob,
+        learning_rate=spec.learning_rate,
+    )
+    _overridden(train, overrides)
+
+
+_ANY_VOCAB = 10**9  # a vocabulary size for checks that do not depend on it
 
 
 def _options_file(config: str) -> Options:
