@@ -128,19 +128,28 @@ def bench_host_pipeline(
     workers: int,
     device_s: float = 0.0,
     steps: int = 150,
+    load_ahead_words: int | None = None,
 ) -> float:
     """Seconds per step of a loop over ``GlobalBatches.next`` on one device: the whole host side of
     a step (batcher, candidates, fetch plan, global arrays) with ``prefetch`` batches built ahead in
     a thread and ``workers`` processes drawing candidates. ``device_s``: each step also runs that
     long on an imagined device, asynchronously as a jitted step does: the loop prepares step s+1
     while step s runs, and waits (GIL released) only for a device still busy with the step before.
-    0: batches taken as fast as they come.
+    0: batches taken as fast as they come. ``path``: a file or a glob of shards;
+    ``load_ahead_words``: ``LMBatcher``'s (each direction's next shard parsed ahead in a process).
 
     Timed over ``steps`` steps after the workers' start and 20 steps of warm-up (the shard's load), all
     within the corpus's first pass: a shard reload (a second or so here, every few hundred steps
     of this small corpus) is not what is measured."""
     mesh = Mesh(np.array(jax.local_devices()[:1]), (AXIS,))
-    batcher = LMBatcher(TextFiles(path), vocab, rows_per_device=tc.batch_size, unroll_steps=20, max_chars=max_chars)
+    batcher = LMBatcher(
+        TextFiles(path),
+        vocab,
+        rows_per_device=tc.batch_size,
+        unroll_steps=20,
+        max_chars=max_chars,
+        load_ahead_words=load_ahead_words,
+    )
     feed = GlobalBatches(batcher, tc, mesh, seed=0, first_device=0, fixed=False, prefetch=prefetch, workers=workers)
     try:
         while workers and not feed.host.pool.ready:  # the workers' start (imports) is not the pipeline
@@ -418,6 +427,45 @@ def pipeline_only(args, vocab: Vocabulary, path: str) -> None:
             f"  prefetch {prefetch}, {workers} candidate worker(s): "
             + " | ".join(f"{sec * 1e3:5.1f} ms/step {rows * 20 / sec:9,.0f} tokens/s" for sec in rates)
         )
+    if args.shards:
+        shard_boundaries(args, vocab, tc)
+
+
+def shard_boundaries(args, vocab: Vocabulary, tc: TrainConfig) -> None:
+    """The host pipeline over ``args.shards`` shards of ``args.shard_tokens`` tokens, so that each
+    direction meets a new shard every few dozen steps: each direction's next shard parsed ahead in
+    a loader process (``LMBatcher``'s ``load_ahead_words``, here for shards of any size), against
+    parsed when needed, alternating."""
+    rows, steps = tc.batch_size, 150
+    with tempfile.TemporaryDirectory() as tmp:
+        _, path = zipf_corpus(tmp, 100_000, args.shards * args.shard_tokens)  # the same words as ``vocab``
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+        for k in range(args.shards):
+            with open(os.path.join(tmp, f"shard{k}.txt"), "w", encoding="utf-8") as f:
+                f.writelines(lines[k :: args.shards])
+        glob = os.path.join(tmp, "shard*.txt")
+        t = time.perf_counter()
+        LMBatcher(TextFiles(glob), vocab, rows_per_device=rows, unroll_steps=20, max_chars=50).next()
+        load = time.perf_counter() - t
+        per_shard = args.shard_tokens / (rows * 20)
+        print(
+            f"shard boundaries: {args.shards} shards of {args.shard_tokens:,} tokens (a direction meets a new one every "
+            f"{per_shard:.0f} steps; the first window, both directions' first shards parsed in-line, took "
+            f"{load * 1e3:.0f} ms: {load / 2 / (args.shard_tokens / 1e6):.2f} s per million words and direction), "
+            f"{steps} steps, prefetch 2, no candidate workers, a {args.device_ms:g} ms step on an imagined device"
+        )
+        for rnd in range(2):
+            for ahead in (False, True):
+                words = 0 if ahead else None
+                sec = bench_host_pipeline(
+                    vocab, glob, tc, 50, 2, 0, args.device_ms / 1e3, steps, load_ahead_words=words
+                )
+                print(
+                    f"  round {rnd + 1}, {'next shard parsed ahead' if ahead else 'shards parsed when needed'}: "
+                    f"{sec * 1e3:5.1f} ms/step {rows * 20 / sec:9,.0f} tokens/s, "
+                    f"{100 * (sec * 1e3 / args.device_ms - 1):.1f} % over the device's step"
+                )
 
 
 def main() -> None:
@@ -454,6 +502,10 @@ def main() -> None:
     )
     ap.add_argument("--words", type=int, default=2048, help="--compile-only: distinct words per device batch")
     ap.add_argument("--fake-devices", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--shards", type=int, default=0, help="--pipeline-only: also over this many shards, loaded ahead or not"
+    )
+    ap.add_argument("--shard-tokens", type=int, default=300_000, help="--shards: tokens per shard")
     ap.add_argument(
         "--device-ms",
         type=float,

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from elmo_jax.config import TrainConfig
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.text.sources import TextFiles
+from elmo_jax.text.sources import DataError, TextFiles
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.global_batches import GlobalBatches, StopTogether
 from elmo_jax.training.prefetch import CandidatePool
@@ -226,3 +226,108 @@ def test_the_interpreter_exits_with_a_pool_and_a_prefetcher_left_open():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "1"]
+
+
+# -- the next shard, parsed ahead in a process -----------------------------------------------------
+
+
+class _Shards:
+    """Three in-memory shards with out-of-vocabulary words; ``fail`` names a shard whose read
+    fails, as a file gone since the glob does; ``reads`` counts this process's reads (a loader
+    process reads its own copy)."""
+
+    def __init__(self, fail: int | None = None):
+        rng = np.random.default_rng(5)
+        words = [f"w{i}" for i in range(40)] + [f"oov{i}" for i in range(15)]
+        self.shards = [[" ".join(rng.choice(words, rng.integers(2, 9))) for _ in range(n)] for n in (11, 4, 8)]
+        self.vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + words[:40])
+        self.fail, self.reads = fail, 0
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def name(self, shard: int) -> str:
+        return f"shard{shard}.txt"
+
+    def read(self, shard: int) -> list[str]:
+        self.reads += 1
+        if shard == self.fail:
+            raise DataError(f"{self.name(shard)}: cannot be read")
+        return list(self.shards[shard])
+
+
+def _spelled(batch: dict) -> list:
+    """A batch by spelling: each input's characters, the targets, the starts and the rows (ids
+    into the table are numbered per process, as the words are met)."""
+    words = np.stack([batch["chars"][k][batch["inputs"][k]] for k in range(batch["chars"].shape[0])])
+    return [words, batch["targets"], batch["starts"], batch["rows"]]
+
+
+@pytest.mark.slow
+def test_shards_parsed_ahead_give_the_batches_and_positions_of_shards_parsed_when_needed():
+    """Over two epochs of three shards, both directions: the same batches, by spelling, and the
+    same saved positions (a checkpoint's data state, its buffered words by spelling), whether
+    the loader process parses the next shards (every shard: ``load_ahead_words=0``) or not."""
+    sources = {ahead: _Shards() for ahead in (None, 0)}
+    batchers = {
+        ahead: LMBatcher(
+            source, source.vocab, rows_per_device=3, unroll_steps=4, max_chars=10, seed=1, load_ahead_words=ahead
+        )
+        for ahead, source in sources.items()
+    }
+    try:
+        for step in range(60):
+            got = []
+            for b in batchers.values():
+                try:
+                    got.append((_spelled(b.next()), b.state()))
+                except StopIteration:
+                    got.append(None)
+            assert got[1] is not None and got[0] is not None  # the stream does not end: no max_epochs
+            (plain, plain_state), (ahead, ahead_state) = got
+            for x, y in zip(plain, ahead):
+                np.testing.assert_array_equal(x, y, err_msg=f"step {step}")
+            for d in ("dir0", "dir1"):
+                a, b = plain_state[d], ahead_state[d]
+                for key in ("position", "buffer_lengths", "buffer_targets"):
+                    np.testing.assert_array_equal(a[key], b[key])
+                spelled = [
+                    np.asarray(batchers[k].table.words, dtype=object)[s["buffer_inputs"]]
+                    for k, s in ((None, a), (0, b))
+                ]
+                np.testing.assert_array_equal(*spelled)
+        assert min(s.epoch for s in batchers[None].streams) >= 2  # over two epochs of the three shards
+        # The loader parsed them (this is not one path compared with itself): this process read
+        # only each direction's first shard ...
+        assert sum(s.loaded_ahead for s in batchers[0].streams) >= 10
+        assert sources[0].reads == 2
+        # ... and without it every shard was parsed here.
+        assert sum(s.loaded_ahead for s in batchers[None].streams) == 0
+        assert sources[None].reads >= 12
+    finally:
+        for b in batchers.values():
+            b.close()
+
+
+@pytest.mark.slow
+def test_a_shard_that_cannot_be_read_fails_when_the_stream_reaches_it():
+    """Its read fails in the loader process, ahead; the error reaches the caller at the batch
+    that needs the shard, with the line it has in-line, after the same batches."""
+    ends = {}
+    for ahead in (None, 0):
+        source = _Shards(fail=1)
+        batcher = LMBatcher(
+            source, source.vocab, rows_per_device=3, unroll_steps=4, max_chars=10, shuffle=False, load_ahead_words=ahead
+        )
+        served = 0
+        try:
+            with pytest.raises(DataError, match="^shard1.txt: cannot be read$"):
+                while True:
+                    batcher.next()
+                    served += 1
+            ends[ahead] = served
+            if ahead == 0:
+                assert source.reads == 2  # shard 0 of each direction; shard 1 was read by the loader
+        finally:
+            batcher.close()
+    assert ends[0] == ends[None] > 0

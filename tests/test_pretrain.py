@@ -688,6 +688,43 @@ def test_draws_per_tower_are_written_said_and_resume_exactly(tmp_path, capsys):
     assert max(np.abs(x - y).max() for x, y in leaves) > 1e-4
 
 
+@pytest.mark.slow
+def test_train_parses_the_next_shard_ahead_in_a_process(tmp_path, monkeypatch, capsys):
+    """``elmo-jax train`` runs with ``parse_ahead``: here for shards of any size (the fixture is
+    134 words), each direction's next pass over the file is parsed in the loader process, and the
+    run ends where the same run parsing in-line ends."""
+    from elmo_jax.training import batches
+
+    monkeypatch.setattr(loop, "AHEAD_WORDS", 0)
+    parsed = []
+    take = batches.ShardLoader.take
+    monkeypatch.setattr(
+        batches.ShardLoader, "take", lambda self, future: parsed.append(take(self, future)) or parsed[-1]
+    )
+    options = _write_tiny_options(tmp_path / "options.json")
+    args = [
+        "train",
+        "--config",
+        str(options),
+        "--train-files",
+        str(TRAIN / "data.txt"),
+        "--vocab",
+        str(TRAIN / "vocab.txt"),
+    ]
+    args += ["--devices", "1", "--steps", "30", "--no-progress"]
+    assert cli.main([*args, "--run-dir", str(tmp_path / "ahead")]) == 0
+    assert len(parsed) >= 4 and all(p is not None for p in parsed)  # not the in-line fallback
+    # The same run, every shard parsed in-line (the library's default): the same weights.
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    opts = options_for_vocab(Options.load(options), vocab, None)
+    settings = RunSettings(run_dir=str(tmp_path / "inline"), steps=30, progress=False, devices=1, async_save=False)
+    count = len(parsed)
+    pretrain(opts, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    assert len(parsed) == count
+    a, b = load_run(str(tmp_path / "ahead"))[2], load_run(str(tmp_path / "inline"))[2]
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
 def _as_written_before_the_reset_default(run_dir: pathlib.Path) -> None:
     """A run dir as the release before 0.1 became the default wrote it at bilm-tf's recipe: neither
     its options.json nor its checkpoints' metadata had the reset_state_prob key."""

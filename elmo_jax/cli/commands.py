@@ -227,6 +227,7 @@ def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str
         devices=args.devices,
         prefetch=args.prefetch,
         host_workers=args.host_workers,
+        parse_ahead=True,  # this program's main is guarded, as the loader process's spawn needs
         on_divergence=args.on_divergence,
         new_data=args.new_data,
     )

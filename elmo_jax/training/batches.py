@@ -21,7 +21,13 @@ char CNN encodes a word once per batch, not once per occurrence.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import concurrent.futures
+import itertools
+import multiprocessing
+import signal
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -44,14 +50,22 @@ class WordTable:
         self.chars = words_to_ids(self.words, max_chars).astype(np.uint16)
 
     def input_ids(self, words: Sequence[str]) -> np.ndarray:
-        index, out = self.index, np.empty(len(words), np.int64)
-        for i, w in enumerate(words):
+        """``[n] int64`` ids, a new one for each word not met before (numbered as met). A word of
+        the vocabulary has its vocabulary id, every other word an id of ``len(vocab)`` or more."""
+        ids = _lookup(self.index, words)
+        index = self.index
+        for i in np.flatnonzero(ids < 0).tolist():
+            w = words[i]
             j = index.get(w)
             if j is None:
                 j = index[w] = len(self.words)
                 self.words.append(w)
-            out[i] = j
-        return out
+            ids[i] = j
+        return ids
+
+    def targets(self, ids: np.ndarray) -> np.ndarray:
+        """``input_ids``'s ids -> the vocabulary's ids (``<UNK>`` for the words outside it)."""
+        return np.where(ids < len(self.vocab), ids, self.vocab.unk)
 
     def char_ids(self, ids: np.ndarray) -> np.ndarray:
         """``[n] -> [n, max_chars] int32``."""
@@ -61,6 +75,128 @@ class WordTable:
         return self.chars[ids].astype(np.int32)
 
 
+def _lookup(index: Mapping[str, int], words: Sequence[str]) -> np.ndarray:
+    """``[n] int64``: each word's id in ``index``, -1 where it has none."""
+    # One lookup per word, in C (map over dict.get): the lookups are most of a shard's parse,
+    # which used to loop in Python and look every word up twice (inputs, then targets).
+    return np.fromiter(map(index.get, words, itertools.repeat(-1)), np.int64, count=len(words))
+
+
+def _parse_shard(
+    lines: Sequence[str], order, reverse: bool, marks: tuple[int, int], vocab_index: Mapping[str, int], unk: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """One direction's pairs of a shard's ``lines``, its sentences in ``order`` (reversed when
+    ``reverse``), by the vocabulary alone: ``(pair_in, pair_tgt, offsets, oov)``, sentence i's
+    pairs at ``[offsets[i], offsets[i+1])``, ``marks`` (start, end) around each. The inputs of
+    the words outside the vocabulary are -1, to be numbered by a ``WordTable`` in the order of
+    ``oov`` (their spellings, as met); their targets are ``unk``. Pure: a loader process runs it."""
+    words: list[str] = []
+    lengths = np.empty(len(lines), np.int64)
+    for k, i in enumerate(order):
+        sentence = lines[i].split()
+        if reverse:
+            sentence.reverse()
+        words.extend(sentence)
+        lengths[k] = len(sentence)
+    ids = _lookup(vocab_index, words)
+    oov = [words[i] for i in np.flatnonzero(ids < 0).tolist()]
+    # Sentence i becomes inputs [start, w1..wn] and targets [w1..wn, end].
+    offsets = np.concatenate([[0], np.cumsum(lengths + 1)])
+    first, last = offsets[:-1], offsets[1:] - 1
+    pair_in = np.empty(offsets[-1], np.int64)
+    pair_tgt = np.empty(offsets[-1], np.int64)
+    word_slots = np.ones(offsets[-1], bool)
+    word_slots[first] = False
+    pair_in[first], pair_in[word_slots] = marks[0], ids
+    tgt_slots = np.ones(offsets[-1], bool)
+    tgt_slots[last] = False
+    pair_tgt[last], pair_tgt[tgt_slots] = marks[1], np.where(ids >= 0, ids, unk)
+    return pair_in, pair_tgt, offsets, oov
+
+
+# -- shards parsed ahead, in a process ---------------------------------------------------------
+
+# Shards of at least this many words are parsed ahead in a loader process once met: about 0.4 s
+# to parse in-line on the development CPU. A smaller shard, or a small run's one shard, costs
+# less than the process's start (a second or two of a core).
+AHEAD_WORDS = 1_000_000
+_LOADER_VOCAB: dict[str, int] = {}  # in a loader process: the vocabulary's word -> id
+
+
+def _loader_started(words: list[str]) -> None:
+    """In a loader process, at its start: the vocabulary. Ctrl-C is the parent's to handle (it
+    stops the process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _LOADER_VOCAB.update((w, i) for i, w in enumerate(words))
+
+
+def _read_and_parse(
+    source: Source, shard: int, order_seed, reverse: bool, marks: tuple[int, int], vocab_index, unk: int
+) -> tuple:
+    """``_parse_shard`` of ``source``'s ``shard``, its sentences shuffled by ``order_seed`` (None:
+    in file order)."""
+    lines = source.read(shard)
+    order = range(len(lines)) if order_seed is None else np.random.default_rng(order_seed).permutation(len(lines))
+    return _parse_shard(lines, order, reverse, marks, vocab_index, unk)
+
+
+def _parse_in_loader(source: Source, shard: int, order_seed, reverse: bool, marks, unk: int):
+    """In a loader process: ``_read_and_parse``, the int64 arrays sent as int32 (half the bytes
+    through the pipe), and the warnings the read gave (to be given again in the parent, where the
+    command line formats them)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pair_in, pair_tgt, offsets, oov = _read_and_parse(source, shard, order_seed, reverse, marks, _LOADER_VOCAB, unk)
+    sent = [(str(w.message), w.category) for w in caught]
+    return (pair_in.astype(np.int32), pair_tgt.astype(np.int32), offsets, oov), sent
+
+
+class ShardLoader:
+    """One process that parses shards ahead for both directions of an ``LMBatcher``, started
+    with the first shard it is given ("spawn": forking a process that has imported jax is
+    unsafe). Should it fail (it died, the source cannot be pickled), the shards are parsed
+    in-line again, as before; a shard that cannot be read fails as it would in-line."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.vocab_words = list(vocab.words)
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.failed = False
+
+    def submit(self, *args) -> concurrent.futures.Future | None:
+        if self.failed:
+            return None
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_loader_started,
+                initargs=(self.vocab_words,),
+            )
+        try:
+            return self._pool.submit(_parse_in_loader, *args)
+        except Exception:  # noqa: BLE001 - a broken pool: parse in-line from now on
+            self.failed = True
+            return None
+
+    def take(self, future: concurrent.futures.Future):
+        """The parsed shard, or None when the loader failed (then parse it in-line)."""
+        try:
+            (pair_in, pair_tgt, offsets, oov), sent = future.result()
+        except DataError:
+            raise
+        except Exception:  # noqa: BLE001 - the process, not the data: parse in-line (which raises if the data fails)
+            self.failed = True
+            return None
+        for message, category in sent:
+            warnings.warn(message, category, stacklevel=4)
+        return pair_in.astype(np.int64), pair_tgt.astype(np.int64), offsets, oov
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
 class _Stream:
     """One direction's rows.
 
@@ -68,6 +204,16 @@ class _Stream:
     other in this epoch's order, plus their offsets. A row's buffer is a list of
     ``[inputs, targets, start, end]`` slices of such arrays: serving a window copies slices, with
     no per-sentence arrays made.
+
+    ``loader``: once a shard of at least ``ahead_words`` words is met (None: never), the one after
+    it is read and parsed ahead in the loader's process. A shard parses at about 0.4 s per million
+    words on the development CPU, so a 1B Word shard (7.7 M words) takes about 3 s, and a GPU
+    trains through it in under 30 s: parsed when needed, it held up every step behind it (14-16 %
+    over a 26.5 ms step at 384 rows, against 1 % parsed ahead), and in a thread it held the GIL
+    from the threads that feed the device (``benchmarks/bench_train.py --pipeline-only --shards``,
+    ``benchmarks/results/cpu/shard_boundaries.txt``). A shard parses to the same pairs
+    wherever it is parsed; only its out-of-vocabulary words are numbered here, as met, and no
+    batch depends on that numbering (``_spelling_order``).
     """
 
     def __init__(
@@ -80,12 +226,17 @@ class _Stream:
         reverse: bool,
         max_epochs: int | None,
         shuffle: bool = True,
+        loader: ShardLoader | None = None,
+        ahead_words: int | None = None,
     ):
         self.source, self.shards, self.table, self.shuffle = source, shards, table, shuffle
         self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
+        self.loader, self.ahead_words = loader, ahead_words
         self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
         self.buffers: list[list[list]] = [[] for _ in range(rows)]
         self._loaded: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None
+        self.loaded_ahead = 0  # shards parsed by the loader (a count, for tests and benchmarks)
 
     # -- the epoch's sequence of sentences ----------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -98,38 +249,44 @@ class _Stream:
         """(inputs, targets, offsets): sentence i's pairs are ``[offsets[i], offsets[i+1])``."""
         key = (self.epoch, self.shard_pos)
         if self._loaded is None or self._loaded[0] != key:
-            shard = self._order(self.epoch)[self.shard_pos]
-            lines = self.source.read(shard)
-            order = (
-                np.random.default_rng([self.seed, self.epoch, shard]).permutation(len(lines))
-                if self.shuffle
-                else range(len(lines))
-            )
-            vocab, table = self.table.vocab, self.table
-            start, end = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
-            words: list[str] = []
-            lengths = np.empty(len(lines), np.int64)
-            for k, i in enumerate(order):
-                sentence = lines[i].split()
-                if self.reverse:
-                    sentence.reverse()
-                words.extend(sentence)
-                lengths[k] = len(sentence)
-            inputs, targets = table.input_ids(words), vocab.encode(words).astype(np.int64)
-            # Sentence i becomes inputs [start, w1..wn] and targets [w1..wn, end].
-            offsets = np.concatenate([[0], np.cumsum(lengths + 1)])
-            first = offsets[:-1]
-            word_slots = np.ones(offsets[-1], bool)
-            word_slots[first] = False
-            pair_in = np.empty(offsets[-1], np.int64)
-            pair_tgt = np.empty(offsets[-1], np.int64)
-            pair_in[first], pair_in[word_slots] = start, inputs
-            last = offsets[1:] - 1
-            tgt_slots = np.ones(offsets[-1], bool)
-            tgt_slots[last] = False
-            pair_tgt[last], pair_tgt[tgt_slots] = end, targets
+            ahead, self._ahead = self._ahead, None
+            parsed = None
+            if ahead is not None and ahead[0] == key and self.loader is not None:
+                parsed = self.loader.take(ahead[1])
+                self.loaded_ahead += parsed is not None
+            if parsed is None:
+                parsed = self._parse_here(key)
+            pair_in, pair_tgt, offsets, oov = parsed
+            if oov:
+                pair_in[pair_in < 0] = self.table.input_ids(oov)
             self._loaded = (key, (pair_in, pair_tgt, offsets))
+            following = self._following(key)
+            if (
+                following is not None
+                and self.loader is not None
+                and self.ahead_words is not None
+                and len(pair_in) >= self.ahead_words
+            ):
+                future = self.loader.submit(self.source, *self._parse_args(following))
+                self._ahead = None if future is None else (following, future)
         return self._loaded[1]
+
+    def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        """The (epoch, shard position) after ``key``; None after the last epoch."""
+        epoch, pos = (key[0], key[1] + 1) if key[1] + 1 < len(self.shards) else (key[0] + 1, 0)
+        return None if self.max_epochs is not None and epoch >= self.max_epochs else (epoch, pos)
+
+    def _parse_args(self, key: tuple[int, int]) -> tuple:
+        """(shard, its sentences' order's seed or None, reverse, marks, unk) at (epoch, position)."""
+        epoch, pos = key
+        shard = self._order(epoch)[pos]
+        vocab = self.table.vocab
+        marks = (vocab.eos, vocab.bos) if self.reverse else (vocab.bos, vocab.eos)
+        return shard, ([self.seed, epoch, shard] if self.shuffle else None), self.reverse, marks, vocab.unk
+
+    def _parse_here(self, key: tuple[int, int]) -> tuple:
+        shard, order_seed, reverse, marks, unk = self._parse_args(key)
+        return _read_and_parse(self.source, shard, order_seed, reverse, marks, self.table.vocab._index, unk)
 
     def _next_sentence(self) -> list:
         for _ in range(len(self.shards) + 1):
@@ -205,7 +362,7 @@ class _Stream:
     def restore(self, state: dict) -> None:
         self.epoch, self.shard_pos, self.sentence_pos = (int(x) for x in state["position"])
         lengths = np.asarray(state["buffer_lengths"])
-        self._loaded = None
+        self._loaded = self._ahead = None
         if len(lengths) != self.rows:  # another row count: keep the position, drop what rows held
             self.buffers = [[] for _ in range(self.rows)]
             return
@@ -286,6 +443,13 @@ class LMBatcher:
 
     ``rows_per_device`` is bilm-tf's ``batch_size``. ``first_row`` is this process's first global
     row (multi-host: process_index x local devices x rows).
+
+    ``load_ahead_words``: a direction that meets a shard of at least this many words (training
+    passes ``AHEAD_WORDS``) has the next one parsed ahead in a loader process while it serves the
+    current one (``_Stream``; None, the default: never). The process is started with "spawn",
+    which runs the calling script's main module again in it: a script needs the
+    ``if __name__ == "__main__":`` guard (notebooks and ``elmo-jax`` have it). ``close()`` stops
+    the process; so does dropping the batcher.
     """
 
     def __init__(
@@ -302,15 +466,28 @@ class LMBatcher:
         first_row: int = 0,
         max_epochs: int | None = None,
         shuffle: bool = True,
+        load_ahead_words: int | None = None,
     ):
         self.table = WordTable(vocab, max_chars)
+        self.loader = ShardLoader(vocab) if load_ahead_words is not None else None
+        if self.loader is not None:
+            weakref.finalize(self, self.loader.close)
         self.n_devices, self.rows_per_device, self.steps = n_devices, rows_per_device, unroll_steps
         self.first_row = first_row
         shards = list(range(len(source))) if shards is None else shards
         rows = n_devices * rows_per_device
         self.streams = [
             _Stream(
-                source, shards, self.table, rows, seed * 2 + d, reverse=bool(d), max_epochs=max_epochs, shuffle=shuffle
+                source,
+                shards,
+                self.table,
+                rows,
+                seed * 2 + d,
+                reverse=bool(d),
+                max_epochs=max_epochs,
+                shuffle=shuffle,
+                loader=self.loader,
+                ahead_words=load_ahead_words,
             )
             for d in range(2)
         ]
@@ -332,6 +509,11 @@ class LMBatcher:
         fwd_in, fwd_tgt = self.streams[0].window(self.steps)
         bwd_in, bwd_tgt = self.streams[1].window(self.steps)
         return np.stack([fwd_in, bwd_in]), np.stack([fwd_tgt, bwd_tgt])
+
+    def close(self) -> None:
+        """Stops the loader process, if one started (what it was parsing is dropped)."""
+        if self.loader is not None:
+            self.loader.close()
 
     def next(self) -> dict:
         inputs, targets = self.window()

@@ -303,7 +303,8 @@ def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int):
         for r, s in enumerate(chunk):
             m = len(s) + 1
             for d, (words, start, end) in enumerate(((s, vocab.bos, vocab.eos), (s[::-1], vocab.eos, vocab.bos))):
-                inputs[d, r, :m] = np.append(start, table.input_ids(words))
-                targets[d, r, :m] = np.append(vocab.encode(words), end)
+                ids = table.input_ids(words)
+                inputs[d, r, :m] = np.append(start, ids)
+                targets[d, r, :m] = np.append(table.targets(ids), end)
             mask[r, :m] = True
         yield inputs, targets, mask

@@ -31,7 +31,7 @@ from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
-from elmo_jax.training.batches import LMBatcher
+from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
@@ -70,6 +70,12 @@ class RunSettings:
     since the sampler's faster first-draw pass, neither 1 nor 2 workers beat the default
     (``bench_train.py --pipeline-only``: 4.0-6.0 and 5.5-6.0 against 4.2-5.3 ms a step), hence
     0 until a GPU host is measured."""
+    parse_ahead: bool = False
+    """Each direction's next shard parsed ahead in a loader process, once a shard of at least
+    ``batches.AHEAD_WORDS`` words is met (``LMBatcher``'s ``load_ahead_words``): about 2 s of the
+    host's time per direction and 1B Word shard, otherwise spent while the device waits. Like
+    ``host_workers``, it starts a process with "spawn": a script that calls ``pretrain`` needs its
+    ``if __name__ == "__main__":`` guard. ``elmo-jax train`` turns it on."""
     on_divergence: str = "stop"
     """What a diverged training loss does (``hooks.DivergenceGuard``): "stop" the run, with no
     checkpoint of the diverged state left as the newest; or "warn" once and train on."""
@@ -564,6 +570,7 @@ def _batcher(run: _Run, source: Source) -> LMBatcher:
         max_chars=run.options.model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=settings.seed,
         shards=run.shards, first_row=run.first_device * t.batch_size,
         max_epochs=math.ceil(settings.epochs) if settings.epochs else None,
+        load_ahead_words=AHEAD_WORDS if settings.parse_ahead else None,
     )  # fmt: skip
 
 

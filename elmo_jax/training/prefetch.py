@@ -221,7 +221,9 @@ class HostPipeline:
         return self.batcher.snapshot() if self.keep_state else None
 
     def close(self) -> None:
+        """Stops the candidate workers and the batcher's shard loader."""
         self.pool.close()
+        self.batcher.close()
 
 
 class Prefetcher:
