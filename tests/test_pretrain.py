@@ -99,6 +99,14 @@ def _write_tiny_options(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def _tiny_train(tmp_path: pathlib.Path, *flags: str) -> list[str]:
+    """``elmo-jax train``'s arguments for the tiny options (written to ``tmp_path``) on bilm-tf's
+    training fixture, without a progress bar, then ``flags``."""
+    options = _write_tiny_options(tmp_path / "options.json")
+    data = ["--train-files", str(TRAIN / "data.txt"), "--vocab", str(TRAIN / "vocab.txt")]
+    return ["train", "--config", str(options), *data, "--no-progress", *flags]
+
+
 def _cli(*args, check=True):
     r = run_elmo_jax(*args, devices=2, PYTHONWARNINGS="default")
     if check and r.returncode != 0:
@@ -654,21 +662,7 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
 def test_draws_per_tower_are_written_said_and_resume_exactly(tmp_path, capsys):
     """``--rows-per-draw``: the start line says how many draws, options.json keeps the key, and a
     run stopped and resumed ends where the unbroken run ends (the draws follow the step)."""
-    options = _write_tiny_options(tmp_path / "options.json")
-    common = [
-        "train",
-        "--config",
-        str(options),
-        "--train-files",
-        str(TRAIN / "data.txt"),
-        "--vocab",
-        str(TRAIN / "vocab.txt"),
-        "--devices",
-        "1",
-        "--save-every",
-        "1",
-        "--no-progress",
-    ]
+    common = _tiny_train(tmp_path, "--devices", "1", "--save-every", "1")
     towers = [*common, "--rows-per-draw", "1"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert cli.main([*towers, "--run-dir", str(whole), "--steps", "3"]) == 0
@@ -701,22 +695,12 @@ def test_train_parses_the_next_shard_ahead_in_a_process(tmp_path, monkeypatch, c
     monkeypatch.setattr(
         batches.ShardLoader, "take", lambda self, future: parsed.append(take(self, future)) or parsed[-1]
     )
-    options = _write_tiny_options(tmp_path / "options.json")
-    args = [
-        "train",
-        "--config",
-        str(options),
-        "--train-files",
-        str(TRAIN / "data.txt"),
-        "--vocab",
-        str(TRAIN / "vocab.txt"),
-    ]
-    args += ["--devices", "1", "--steps", "30", "--no-progress"]
+    args = _tiny_train(tmp_path, "--devices", "1", "--steps", "30")
     assert cli.main([*args, "--run-dir", str(tmp_path / "ahead")]) == 0
     assert len(parsed) >= 4 and all(p is not None for p in parsed)  # not the in-line fallback
     # The same run, every shard parsed in-line (the library's default): the same weights.
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
-    opts = options_for_vocab(Options.load(options), vocab, None)
+    opts = options_for_vocab(Options.load(tmp_path / "options.json"), vocab, None)
     settings = RunSettings(run_dir=str(tmp_path / "inline"), steps=30, progress=False, devices=1, async_save=False)
     count = len(parsed)
     pretrain(opts, vocab, TextFiles(str(TRAIN / "data.txt")), settings)

@@ -72,7 +72,7 @@ class RunSettings:
     0 until a GPU host is measured."""
     parse_ahead: bool = False
     """Each direction's next shard parsed ahead in a loader process, once a shard of at least
-    ``batches.AHEAD_WORDS`` words is met (``LMBatcher``'s ``load_ahead_words``): about 2 s of the
+    ``batches.AHEAD_WORDS`` words is met (``LMBatcher``'s ``load_ahead_words``): about 3 s of the
     host's time per direction and 1B Word shard, otherwise spent while the device waits. Like
     ``host_workers``, it starts a process with "spawn": a script that calls ``pretrain`` needs its
     ``if __name__ == "__main__":`` guard. ``elmo-jax train`` turns it on."""
