@@ -37,7 +37,8 @@ the last first).
   directory. Each prints a digest of the state its steps ended with; ``summary.txt`` says whether
   ``saved128`` and ``saved_again128`` agreed bit for bit.
 - ``cli``: ``elmo-jax train --config original --batch-size 384 --precision bfloat16 --gpu-kernels
-  saved`` end to end, 300 steps on a synthetic Zipfian corpus with a
+  saved`` end to end, 300 steps on a synthetic Zipfian corpus in two shards of about 1.2 M words
+  (each direction meets its second mid-run, parsed ahead in the loader process) with a
   793,471-word vocabulary (host pipeline, prefetch 2 by default), saving at steps 150 and 300:
   its start-up, tokens/s per log line from ``metrics.jsonl``, the ratio to ``saved384``, and the
   number of files in ``RUN/xla_autotune``. Then the resume check: two copies of the run
@@ -323,7 +324,16 @@ def part_cli(args, s: dict) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     rows, steps = s["rows"][1], s["cli_steps"]
     with tempfile.TemporaryDirectory() as tmp:
-        vocab, corpus = zipf_corpus(tmp, 100_000, rows * 20 * (steps + 20))
+        vocab, text = zipf_corpus(tmp, 100_000, rows * 20 * (steps + 20))
+        # Two shards, as a real corpus has many: each direction meets a new one mid-run, which
+        # `elmo-jax train` parses ahead in its loader process (over a million words a shard).
+        with open(text, encoding="utf-8") as f:
+            lines = f.readlines()
+        for k in range(2):
+            with open(os.path.join(tmp, f"shard{k}.txt"), "w", encoding="utf-8") as f:
+                f.writelines(lines[k::2])
+        corpus = os.path.join(tmp, "shard*.txt")
+        print(f"corpus: 2 shards of {sum(len(line.split()) for line in lines[::2]):,} words or so", flush=True)
         words = vocab.words[: s["vocab"]]
         words += [f"filler{i}" for i in range(s["vocab"] - len(words))]  # the released models' V
         vocab_path = os.path.join(tmp, "vocab.txt")

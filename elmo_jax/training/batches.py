@@ -126,7 +126,12 @@ _LOADER_VOCAB: dict[str, int] = {}  # in a loader process: the vocabulary's word
 def _loader_started(words: list[str]) -> None:
     """In a loader process, at its start: the vocabulary. Ctrl-C is the parent's to handle (it
     stops the process)."""
+    import jax
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The loader computes nothing with jax, which it imported with elmo_jax: should anything
+    # start a backend here all the same, let it be the CPU's, not a second claim on the GPU.
+    jax.config.update("jax_platforms", "cpu")
     _LOADER_VOCAB.update((w, i) for i, w in enumerate(words))
 
 
