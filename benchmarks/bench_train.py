@@ -396,17 +396,11 @@ def train_flops(model, tc: TrainConfig, width: int, n: int = 1) -> float:
 
 def pipeline_only(args, vocab: Vocabulary, path: str) -> None:
     """The whole host side of a step at the original shape's sizes (the batcher's words come from
-    the 100k-word corpus; candidates and fetch plan at V = 793,471), at ``args.batch`` rows and
-    ``args.rows_per_draw``."""
+    the 100k-word corpus; candidates and fetch plan at V = 793,471), at ``args.batch`` rows,
+    ``args.negatives`` and ``args.rows_per_draw``."""
     rows = args.batch
-    tc = TrainConfig(
-        n_tokens_vocab=793_471,
-        batch_size=rows,
-        unroll_steps=20,
-        n_negative_samples_batch=8192,
-        **({"rows_per_draw": args.rows_per_draw} if args.rows_per_draw else {}),
-    )
-    draws = f", {tc.draws_per_device} draw(s) of 8,192 negatives"
+    _, tc = model_and_config(args, 793_471)
+    draws = f", {tc.draws_per_device} draw(s) of {tc.n_negative_samples_batch:,} negatives"
     # V = 28k: the experiments' vocabulary (experiments/data/lm), where ids repeat most.
     for v in (28_000, 793_471):
         parts = host_step_parts(vocab, path, dataclasses.replace(tc, n_tokens_vocab=v), 50)

@@ -43,6 +43,13 @@ _COMMON = "--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitter
 _DEFAULT_OPT = os.environ.get("ELMO_JAX_TEST_XLA_OPT") == "default"
 
 
+def spelled_inputs(batch: dict) -> np.ndarray:
+    """``[D, 2, B, T, max_chars]``: a batch's input words as char ids, decoded from ``chars`` and
+    ``inputs`` (a batch's word table is its own, so batches compare by spelling, not by index)."""
+    chars, inputs = batch["chars"], batch["inputs"]
+    return np.stack([chars[k][inputs[k]] for k in range(chars.shape[0])])
+
+
 def xla_flags(devices: int, level: int | None = None) -> str:
     """``XLA_FLAGS`` for a test process (this one, or a subprocess) with ``devices`` CPU devices, at
     XLA's optimisation ``level`` (default: 0 with one device, else 1; see above)."""

@@ -39,7 +39,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, gpu_candidates, read_never_returns, xla_flags
+from helpers import FIXTURES, gpu_candidates, read_never_returns, spelled_inputs, xla_flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -98,13 +98,6 @@ def _assert_trees_close(a, b, what: str, tol: float = TOL) -> None:
         x, y = np.asarray(x), np.asarray(y)
         assert x.shape == y.shape, f"{what}{jax.tree_util.keystr(path)}: {x.shape} vs {y.shape}"
         np.testing.assert_allclose(x, y, rtol=0, atol=tol, err_msg=f"{what}{jax.tree_util.keystr(path)}")
-
-
-def _words(batch: dict) -> np.ndarray:
-    """``[D, 2, B, T, max_chars]``: the input words' char ids, decoded from ``chars``/``inputs``
-    (``chars`` is per device, so batches are compared by spelling, not by index)."""
-    chars, inputs = batch["chars"], batch["inputs"]
-    return np.stack([chars[k][inputs[k]] for k in range(chars.shape[0])])
 
 
 def _setup(tmp_path):
@@ -175,7 +168,9 @@ def test_mesh_two_devices_equals_one(tmp_path, layout):
         batch = {n: feeders[n].next(step_number) for n in (1, 2)}
         host = {n: jax.device_get(batch[n]) for n in (1, 2)}
         # The same global batch: device k's rows are rows k*B..(k+1)*B-1 of the one-device batch.
-        np.testing.assert_array_equal(_words(host[2]), _words(host[1])[0].reshape(2, 2, b, steps, -1).swapaxes(0, 1))
+        np.testing.assert_array_equal(
+            spelled_inputs(host[2]), spelled_inputs(host[1])[0].reshape(2, 2, b, steps, -1).swapaxes(0, 1)
+        )
         np.testing.assert_array_equal(host[2]["targets"], host[1]["targets"][0].reshape(2, 2, b, steps).swapaxes(0, 1))
         np.testing.assert_array_equal(host[2]["rows"], np.arange(2 * b).reshape(2, b))
         np.testing.assert_array_equal(host[2]["candidates"][0], host[2]["candidates"][1])
@@ -426,7 +421,7 @@ def _global_batches(source, vocab, seed, n_steps, per_process: bool) -> list[dic
         parts = [bt.next() for bt in batchers]
         out.append(
             {
-                "words": np.concatenate([_words(p) for p in parts]),
+                "words": np.concatenate([spelled_inputs(p) for p in parts]),
                 "targets": np.concatenate([p["targets"] for p in parts]),
                 "rows": np.concatenate([p["rows"] for p in parts]),
             }

@@ -15,6 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from helpers import spelled_inputs
 from jax.sharding import Mesh
 
 from elmo_jax.config import TrainConfig
@@ -256,13 +257,6 @@ class _Shards:
         return list(self.shards[shard])
 
 
-def _spelled(batch: dict) -> list:
-    """A batch by spelling: each input's characters, the targets, the starts and the rows (ids
-    into the table are numbered per process, as the words are met)."""
-    words = np.stack([batch["chars"][k][batch["inputs"][k]] for k in range(batch["chars"].shape[0])])
-    return [words, batch["targets"], batch["starts"], batch["rows"]]
-
-
 @pytest.mark.slow
 def test_shards_parsed_ahead_give_the_batches_and_positions_of_shards_parsed_when_needed():
     """Over two epochs of three shards, both directions: the same batches, by spelling, and the
@@ -280,7 +274,9 @@ def test_shards_parsed_ahead_give_the_batches_and_positions_of_shards_parsed_whe
             got = []
             for b in batchers.values():
                 try:
-                    got.append((_spelled(b.next()), b.state()))
+                    batch = b.next()
+                    spelled = [spelled_inputs(batch), batch["targets"], batch["starts"], batch["rows"]]
+                    got.append((spelled, b.state()))
                 except StopIteration:
                     got.append(None)
             assert got[1] is not None and got[0] is not None  # the stream does not end: no max_epochs

@@ -160,10 +160,11 @@ class ShardLoader:
     """One process that parses shards ahead for both directions of an ``LMBatcher``, started
     with the first shard it is given ("spawn": forking a process that has imported jax is
     unsafe). Should it fail (it died, the source cannot be pickled), the shards are parsed
-    in-line again, as before; a shard that cannot be read fails as it would in-line."""
+    in-line again, as before; a shard that cannot be read fails as it would in-line.
+    ``min_words``: a stream has the next shard parsed here once it meets a shard this large."""
 
-    def __init__(self, vocab: Vocabulary):
-        self.vocab_words = list(vocab.words)
+    def __init__(self, vocab: Vocabulary, min_words: int = AHEAD_WORDS):
+        self.vocab_words, self.min_words = list(vocab.words), min_words
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.failed = False
 
@@ -210,8 +211,8 @@ class _Stream:
     ``[inputs, targets, start, end]`` slices of such arrays: serving a window copies slices, with
     no per-sentence arrays made.
 
-    ``loader``: once a shard of at least ``ahead_words`` words is met (None: never), the one after
-    it is read and parsed ahead in the loader's process. A shard parses at about 0.4 s per million
+    ``loader``: once a shard of at least its ``min_words`` words is met (None: never), the one
+    after it is read and parsed ahead in the loader's process. A shard parses at about 0.4 s per million
     words on the development CPU, so a 1B Word shard (7.7 M words) takes about 3 s, and a GPU
     trains through it in under 30 s: parsed when needed, it held up every step behind it (14-16 %
     over a 26.5 ms step at 384 rows, against 1 % parsed ahead), and in a thread it held the GIL
@@ -232,11 +233,10 @@ class _Stream:
         max_epochs: int | None,
         shuffle: bool = True,
         loader: ShardLoader | None = None,
-        ahead_words: int | None = None,
     ):
         self.source, self.shards, self.table, self.shuffle = source, shards, table, shuffle
         self.rows, self.seed, self.reverse, self.max_epochs = rows, seed, reverse, max_epochs
-        self.loader, self.ahead_words = loader, ahead_words
+        self.loader = loader
         self.epoch, self.shard_pos, self.sentence_pos = 0, 0, 0
         self.buffers: list[list[list]] = [[] for _ in range(rows)]
         self._loaded: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
@@ -266,12 +266,7 @@ class _Stream:
                 pair_in[pair_in < 0] = self.table.input_ids(oov)
             self._loaded = (key, (pair_in, pair_tgt, offsets))
             following = self._following(key)
-            if (
-                following is not None
-                and self.loader is not None
-                and self.ahead_words is not None
-                and len(pair_in) >= self.ahead_words
-            ):
+            if following is not None and self.loader is not None and len(pair_in) >= self.loader.min_words:
                 future = self.loader.submit(self.source, *self._parse_args(following))
                 self._ahead = None if future is None else (following, future)
         return self._loaded[1]
@@ -474,7 +469,7 @@ class LMBatcher:
         load_ahead_words: int | None = None,
     ):
         self.table = WordTable(vocab, max_chars)
-        self.loader = ShardLoader(vocab) if load_ahead_words is not None else None
+        self.loader = ShardLoader(vocab, load_ahead_words) if load_ahead_words is not None else None
         if self.loader is not None:
             weakref.finalize(self, self.loader.close)
         self.n_devices, self.rows_per_device, self.steps = n_devices, rows_per_device, unroll_steps
@@ -492,7 +487,6 @@ class LMBatcher:
                 max_epochs=max_epochs,
                 shuffle=shuffle,
                 loader=self.loader,
-                ahead_words=load_ahead_words,
             )
             for d in range(2)
         ]

@@ -34,22 +34,12 @@ from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.step import add_candidates, plan_batch
 
 
-def _draw(
-    step: int, seed: int, num_sampled: int, vocab_size: int, draws: int, n_devices: int, first_device: int, fixed: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """In a worker: one step's ``candidates [D, 2, G, S] int32`` and ``num_tries [D, 2, G] float32``."""
+def _draw(step: int, n_devices: int, **draw) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker: one step's ``candidates [D, 2, G, S] int32`` and ``num_tries [D, 2, G] float32``
+    (``draw``: ``add_candidates``' keyword arguments)."""
     # add_candidates reads only the batch's leading (device) axis: a placeholder batch lets the
     # workers run the one definition of the draw, so that they cannot drift from it.
-    out = add_candidates(
-        {"inputs": np.empty((n_devices, 0), np.int32)},
-        step=step,
-        seed=seed,
-        num_sampled=num_sampled,
-        vocab_size=vocab_size,
-        draws=draws,
-        first_device=first_device,
-        fixed=fixed,
-    )
+    out = add_candidates({"inputs": np.empty((n_devices, 0), np.int32)}, step=step, **draw)
     return out["candidates"], out["num_tries"]
 
 

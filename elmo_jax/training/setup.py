@@ -198,12 +198,7 @@ def training_options(
     """Options for a run: ``config`` (a preset or an options.json), or with ``config=None`` the
     biLM ``model`` of an ``init_from`` source with bilm-tf's training recipe."""
     strict = config is not None and config not in PRESETS
-    if config is None:
-        options = Options(model=model, train=_recipe_train(len(vocab)))
-    elif config in PRESETS:
-        options = Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](len(vocab)))
-    else:
-        options = _options_file(config)
+    options = _config_options(config, model, len(vocab))
     overrides: tuple[tuple[str, Any], ...] = (
         ("batch_size", batch_size),
         ("reset_state_prob", reset_state_prob),
@@ -230,12 +225,7 @@ def _check_recipe(spec: TrainSpec) -> None:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it."""
     config = spec.config or (None if spec.init_from else "tiny")
-    if config is None:
-        train = _recipe_train(_ANY_VOCAB)
-    elif config in PRESETS:
-        train = TRAIN_DEFAULTS[config](_ANY_VOCAB)
-    else:
-        train = _options_file(config).train or _recipe_train(_ANY_VOCAB)
+    train = _config_options(config, None, _ANY_VOCAB).train or TrainConfig(n_tokens_vocab=_ANY_VOCAB)
     overrides = dict(
         batch_size=spec.batch_size,
         rows_per_draw=spec.rows_per_draw,
@@ -246,6 +236,16 @@ def _check_recipe(spec: TrainSpec) -> None:
 
 
 _ANY_VOCAB = 10**9  # a vocabulary size for checks that do not depend on it
+
+
+def _config_options(config: str | None, model, n_tokens_vocab: int) -> Options:
+    """``config``'s options for a vocabulary of ``n_tokens_vocab`` words: a preset's, an
+    options.json's, or with ``config=None`` the biLM ``model`` with bilm-tf's recipe."""
+    if config is None:
+        return Options(model=model, train=_recipe_train(n_tokens_vocab))
+    if config in PRESETS:
+        return Options(model=PRESETS[config], train=TRAIN_DEFAULTS[config](n_tokens_vocab))
+    return _options_file(config)
 
 
 def _options_file(config: str) -> Options:
