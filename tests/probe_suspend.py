@@ -5,7 +5,8 @@ run by hand, not by the suite (the file name does not match ``test_*.py``).
 
 Two CLI processes (as ``test_distributed.py`` starts them) with ``--heartbeat-timeout 5``, so
 jax.distributed's own timeout is 20 s (``multihost.JAX_HEARTBEAT_FACTOR``). Once step 4 is saved,
-both get SIGSTOP, then SIGCONT after the given seconds; 12 s later each still running gets SIGTERM.
+both get SIGSTOP (and process 0's keeper of the coordination service: a scheduler's suspend stops
+every process of the job), then SIGCONT after the given seconds; 12 s later each still running gets SIGTERM.
 It prints whether they ran on and how they ended, and asserts nothing: the suite's
 ``test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived`` suspends for 8 s, within
 jax's timeout, to keep the suite short.
@@ -20,7 +21,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from test_distributed import SHARDS, _scenario, _start_workers, _wait_for_a_checkpoint, _wait_workers
+from test_distributed import SHARDS, _keeper_of, _scenario, _start_workers, _wait_for_a_checkpoint, _wait_workers
 
 from elmo_jax.training.setup import saved_steps
 
@@ -32,11 +33,12 @@ def main(pause: float) -> None:
     procs, logs = _start_workers(tmp, 0, args, str(tmp / "cache"))
     _wait_for_a_checkpoint(run_dir, procs)
     print(f"saved {saved_steps(str(run_dir))}; suspending both for {pause:g} s", flush=True)
-    for p in procs:
-        os.kill(p.pid, signal.SIGSTOP)
+    every = [pid for pid in (_keeper_of(procs[0]), *(p.pid for p in procs)) if pid is not None]
+    for pid in every:
+        os.kill(pid, signal.SIGSTOP)
     time.sleep(pause)
-    for p in procs:
-        os.kill(p.pid, signal.SIGCONT)
+    for pid in every:
+        os.kill(pid, signal.SIGCONT)
     time.sleep(12)
     print(f"12 s after the resume, exit codes (None: running): {[p.poll() for p in procs]}", flush=True)
     for p in procs:

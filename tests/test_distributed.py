@@ -911,21 +911,75 @@ def test_a_killed_process_stops_the_others_in_one_line_naming_it_and_the_step_to
     assert f"resuming {run_dir} from step {saved[-1]} " in texts[0], texts[0][-3000:]
 
 
+def _keeper_of(proc: subprocess.Popen) -> int | None:
+    """The pid of process 0's child that keeps jax's coordination service
+    (``elmo_jax.cli.coordinator``), or None."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError):
+            continue
+        if ppid == proc.pid and b"elmo_jax.cli.coordinator" in command:
+            return int(entry)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an orphan that has exited may stay a zombie until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
-def test_when_process_0_is_killed_jax_ends_the_others_at_once(tmp_path, worker_cache):
-    """The limit of the watch (``elmo_jax.cli.multihost``): process 0 runs jax.distributed's
-    coordination service, and its death ends the others at once from C++, with jax's words that
-    the leader task died, before any Python code can speak."""
+@pytest.mark.parametrize("service", ["kept apart", "killed too"])
+def test_a_killed_process_0_stops_the_others_in_one_line_and_the_run_resumes(tmp_path, worker_cache, service):
+    """Process 0 is killed once step 4 is saved (SIGKILL, as the out-of-memory killer does). Its
+    child keeps jax's coordination service (``elmo_jax.cli.coordinator``), so process 1 finds it
+    silent within about --heartbeat-timeout and stops with one line naming process 0 and step 4,
+    exit 1; the service then lets go, and the same command on both resumes from step 4.
+    The negative control kills the service too, as when jax ran it inside process 0: jax then ends
+    process 1 at once from C++ (SIGABRT, "the leader task died"), before any Python can speak."""
     run_dir, args = _scenario(tmp_path, SHARDS)
-    procs, logs = _start_workers(tmp_path, 0, args + ["--heartbeat-timeout", "60"], worker_cache)
-    _wait_for_metrics(run_dir, procs, 3)
-    assert all(p.poll() is None for p in procs), "a worker stopped early"
+    args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "5"]
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
+    _wait_for_a_checkpoint(run_dir, procs)
+    keeper = _keeper_of(procs[0])
+    assert all(p.poll() is None for p in procs) and keeper is not None
     procs[0].kill()
+    if service == "killed too":
+        os.kill(keeper, signal.SIGKILL)
     t0 = time.monotonic()
     texts = _wait_workers(procs, logs, timeout=60, expect_ok=False)
-    assert time.monotonic() - t0 < 15
-    assert procs[1].returncode == -signal.SIGABRT, texts[1][-3000:]
-    assert "Terminating process because the JAX distributed service detected fatal errors" in texts[1], texts[1]
+    if service == "killed too":
+        assert time.monotonic() - t0 < 15
+        assert procs[1].returncode == -signal.SIGABRT, texts[1][-3000:]
+        assert "Terminating process because the JAX distributed service detected fatal errors" in texts[1]
+        return
+    assert time.monotonic() - t0 < 30
+    assert procs[1].returncode == 1, texts[1][-3000:]
+    assert "Terminating" not in texts[1] and "Traceback" not in texts[1], texts[1][-3000:]
+    saved = saved_steps(str(run_dir))
+    assert saved and saved[0] == 4, saved
+    line = texts[1].strip().splitlines()[-1]
+    assert line.startswith(
+        "elmo-jax train: error: process 0 of 2 stopped answering: no word from it for 5 s (--heartbeat-timeout)"
+    ), texts[1][-3000:]
+    assert line.endswith(f"restart every process with the same command to resume from step {saved[-1]}"), line
+    deadline = time.monotonic() + 10  # the service lets go once process 1, its last client, has left
+    while _alive(keeper) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(keeper)
+
+    at = args.index("--steps")
+    again = [*args[:at], "--steps", str(saved[-1] + 2), *args[at + 2 :]]
+    texts = _wait_workers(*_start_workers(tmp_path, 0, again, worker_cache), timeout=240)
+    assert f"resuming {run_dir} from step {saved[-1]} " in texts[0], texts[0][-3000:]
 
 
 # Process 1 cannot read a file the others can, after jax.distributed has started (the CLI, with
@@ -1003,19 +1057,22 @@ def test_a_process_failing_alone_stops_the_others_with_its_line(tmp_path, worker
 
 @pytest.mark.slow
 def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_path, worker_cache):
-    """A scheduler suspends the job (SIGSTOP to every process, as SLURM's suspend does) for 8 s,
-    past --heartbeat-timeout 3: once resumed, no process takes another for dead (each watch leaves
-    out the time it could not run), and the run goes on until SIGTERM stops it with its
-    checkpoint. (Before: both stopped, each saying process 0 had stopped answering.)"""
+    """A scheduler suspends the job (SIGSTOP to every process, as SLURM's suspend does: process 0's
+    keeper of the coordination service too) for 8 s, past --heartbeat-timeout 3: once resumed, no
+    process takes another for dead (each watch leaves out the time it could not run), and the run
+    goes on until SIGTERM stops it with its checkpoint. (Before: both stopped, each saying process
+    0 had stopped answering.)"""
     run_dir, args = _scenario(tmp_path, SHARDS)
     args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "3"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
     _wait_for_a_checkpoint(run_dir, procs)
-    for p in procs:
-        os.kill(p.pid, signal.SIGSTOP)
+    every = [_keeper_of(procs[0]), *(p.pid for p in procs)]
+    assert None not in every
+    for pid in every:
+        os.kill(pid, signal.SIGSTOP)
     time.sleep(8)
-    for p in procs:
-        os.kill(p.pid, signal.SIGCONT)
+    for pid in every:
+        os.kill(pid, signal.SIGCONT)
     time.sleep(6)  # two timeouts: a death would have been said by now
     assert all(p.poll() is None for p in procs), "a worker stopped after the suspend"
     for p in procs:

@@ -169,7 +169,7 @@ def test_the_watch_stops_the_process_with_the_dead_ones_line_and_what_is_kept(tm
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
     left = []
 
-    def leave(line: str, code: int = 1) -> None:
+    def leave(line: str, code: int = 1, keeper=None) -> None:
         left.append(code)
         watch.quit.set()  # ends the watch's thread, as os._exit ends the program
 

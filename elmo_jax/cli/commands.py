@@ -28,6 +28,7 @@ from elmo_jax._util.runtime import (
     warn_if_accelerator_unused,
 )
 from elmo_jax.cli import multihost
+from elmo_jax.cli.coordinator import CoordinatorError
 from elmo_jax.cli.signals import Terminated, interrupting_signals
 from elmo_jax.cli.stall import StallWatch
 from elmo_jax.cli.streams import outliving_reader
@@ -778,7 +779,7 @@ def _exit_code(exc: BaseException) -> int | None:
     if isinstance(exc, USER_ERRORS):
         return 2
     # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
-    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory)):
+    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, CoordinatorError)):
         return 1
     return None
 

@@ -7,9 +7,10 @@ one line that names the process at fault and the checkpoint to resume from. A pr
 alone, where the training loop's agreement cannot carry its error, tells the others through the
 same key-value store instead of leaving them in a collective that will not complete.
 
-Not covered: process 0 runs jax's coordination service, and when it dies the others are ended by
-jax at once, from a C++ thread that no Python code can stand in for (a Python
-``missed_heartbeat_callback`` cannot be handed the error: ``std::bad_cast``)."""
+jax.distributed runs its coordination service inside process 0, whose death would then end the
+others at once from C++ (a Python ``missed_heartbeat_callback`` cannot stand in: it is not
+handed the error, ``std::bad_cast``). So process 0 keeps the service in a child process
+(``elmo_jax.cli.coordinator``), and its death is found by this watch like any other's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import argparse
 import atexit
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -25,11 +25,14 @@ from typing import Any
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.clock import WatchClock
+from elmo_jax.cli import coordinator
+from elmo_jax.cli.coordinator import Coordinator, listens
 from elmo_jax.config import ConfigError
 
 # jax.distributed's own heartbeat timeout, as a multiple of --heartbeat-timeout (plus 10 s): a
 # backstop, late enough that this watch has stopped every process first.
 JAX_HEARTBEAT_FACTOR = 2
+JAX_SHUTDOWN_TIMEOUT = 300  # jax.distributed.initialize's default, for the service process 0 keeps
 KEY = "elmo_jax/alive"
 
 
@@ -64,7 +67,9 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     # Process 0 runs the coordinator, and waits a little longer: the processes that did join must
     # say so first, as a process that finds the coordinator gone says nothing answered there.
     wait = args.init_timeout + (min(15.0, max(2.0, args.init_timeout / 10)) if args.process_id in (0, None) else 0.0)
-    watchdog = threading.Timer(wait, _not_joined, (args, address, joined))
+    heartbeat = JAX_HEARTBEAT_FACTOR * args.heartbeat_timeout + 10
+    keeper = _keep_service(args, address, heartbeat)
+    watchdog = threading.Timer(wait, _not_joined, (args, address, joined, keeper))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -73,7 +78,10 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
             num_processes=args.num_processes,
             process_id=args.process_id,
             initialization_timeout=args.init_timeout + 30,
-            heartbeat_timeout_seconds=JAX_HEARTBEAT_FACTOR * args.heartbeat_timeout + 10,
+            heartbeat_timeout_seconds=heartbeat,
+            shutdown_timeout_seconds=JAX_SHUTDOWN_TIMEOUT,
+            # With the service kept apart, the one jax starts in process 0 serves nobody.
+            coordinator_bind_address=None if keeper is None else coordinator.SPARE_BIND,
         )
     finally:
         joined.set()
@@ -82,18 +90,35 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     if jax.process_count() == 1 or distributed.global_state.client is None:
         return None
     watch = PeerWatch(
-        distributed.global_state.client, jax.process_index(), jax.process_count(), args.heartbeat_timeout, args.run_dir
+        distributed.global_state.client,
+        jax.process_index(),
+        jax.process_count(),
+        args.heartbeat_timeout,
+        args.run_dir,
+        keeper=keeper,
     )
     watch.start()
     return watch
 
 
-def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event) -> None:
+def _keep_service(args: argparse.Namespace, address: str, heartbeat: int) -> Coordinator | None:
+    """On process 0 of a run whose processes are numbered by the flags, jax's coordination service
+    started in a child process (``elmo_jax.cli.coordinator``); None elsewhere."""
+    if args.process_id != 0 or (args.num_processes or 0) < 2 or sys.platform == "win32":  # win32: no select on pipes
+        return None
+    # The others find process 0 dead within --heartbeat-timeout and a few of their ticks.
+    linger = args.heartbeat_timeout + 4 * PeerWatch.period_for(args.heartbeat_timeout) + 10
+    return Coordinator.start(
+        address, args.num_processes, heartbeat=heartbeat, shutdown=JAX_SHUTDOWN_TIMEOUT, linger=linger, wait=linger
+    )
+
+
+def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event, keeper: Coordinator | None) -> None:
     """The start watchdog's end (``start``): one line on stderr, then exit 1 at once."""
     if joined.is_set():
         return
     n = f" {args.num_processes}" if args.num_processes else ""
-    if args.process_id not in (None, 0) and not _listens(address):
+    if args.process_id not in (None, 0) and not listens(address):
         why = (
             f"no coordinator answered there within {args.init_timeout} s (process 0 starts it); start process 0 "
             "with the same --coordinator, check the host and port, or raise --init-timeout"
@@ -103,24 +128,17 @@ def _not_joined(args: argparse.Namespace, address: str, joined: threading.Event)
             f"not all of the{n} processes joined the run within {args.init_timeout} s; start each one with the "
             f"same --coordinator and --num-processes and its own --process-id, or raise --init-timeout"
         )
-    leave(f"elmo-jax {args.command}: error: --coordinator {address}: {why}")
+    leave(f"elmo-jax {args.command}: error: --coordinator {address}: {why}", keeper=keeper)
 
 
-def _listens(address: str) -> bool:
-    """Whether something accepts a TCP connection at ``host:port``."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def leave(line: str, code: int = 1) -> None:
+def leave(line: str, code: int = 1, keeper: Coordinator | None = None) -> None:
     """``line`` on stderr, then exit at once: past jax's deadlines, the interpreter's teardown
-    would wait on jax.distributed's shutdown barrier for a process that is not coming."""
+    would wait on jax.distributed's shutdown barrier for a process that is not coming.
+    ``keeper``: process 0's service, told that the others have left or are leaving."""
     if line:
         print(line, file=sys.stderr)
+    if keeper is not None:
+        keeper.done()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -137,11 +155,13 @@ class PeerWatch:
     collective carried here). A process that has ended or failed is never taken for dead: it has
     said what happened to it.
 
-    ``client``: jax.distributed's client (``key_value_set``, ``key_value_dir_get``)."""
+    ``client``: jax.distributed's client (``key_value_set``, ``key_value_dir_get``); ``keeper``:
+    on process 0, the coordination service's process (``start``)."""
 
-    def __init__(self, client: Any, me: int, n: int, timeout: float, run_dir: str):
+    def __init__(self, client: Any, me: int, n: int, timeout: float, run_dir: str, keeper: Coordinator | None = None):
         self.client, self.me, self.n, self.timeout, self.run_dir = client, me, n, float(timeout), run_dir
-        self.period = max(0.25, min(5.0, self.timeout / 20))
+        self.keeper = keeper
+        self.period = self.period_for(self.timeout)
         # Silences are measured on it: after a suspend of the whole run, no process is dead.
         self.clock = WatchClock(self.period)
         self.grace = max(5.0, self.timeout / 4)
@@ -154,6 +174,11 @@ class PeerWatch:
         self.quit = threading.Event()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elmo-jax peer watch", daemon=True)
+
+    @staticmethod
+    def period_for(timeout: float) -> float:
+        """Seconds between a process's ticks, for a ``timeout`` of silence that means dead."""
+        return max(0.25, min(5.0, timeout / 20))
 
     def start(self) -> None:
         self._tick()
@@ -277,8 +302,9 @@ class PeerWatch:
 
         Every process must leave so that jax.distributed ends none of them from C++. With one
         dead, the others cannot pass its shutdown barrier: they leave at once, process 0 last, as
-        its exit (the coordination service's) would end those still there. With all of them alive
-        (one failed), they leave together through the barrier, where the failed one waits.
+        its service ends with it where jax keeps it (and its keeper lets go when it says so).
+        With all of them alive (one failed), they leave together through the barrier, where the
+        failed one waits.
 
         ``kind``: ``own`` (this process's error), ``follow`` (another's), ``dead`` (another died)."""
         with self.lock:  # the peer watch and the stall watch may both come here: the first says it
@@ -300,7 +326,7 @@ class PeerWatch:
                 time.sleep(self.period)
                 self._tick()
             time.sleep(self.period)  # those that have said so are leaving
-        leave("")
+        leave("", keeper=self.keeper)
 
 
 def _parse(word: str) -> tuple[str, str, str]:

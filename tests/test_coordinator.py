@@ -1,0 +1,187 @@
+"""Process 0's keeper of jax's coordination service (``elmo_jax.cli.coordinator``), without a run:
+when it lets go, and what it says when the port is taken. The multi-host runs that rely on it
+are in ``test_distributed.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+
+import pytest
+from helpers import FIXTURES, run_elmo_jax
+
+from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/net/tcp"), reason="counts connections in /proc")
+# Each test but the first starts the keeper, a process (pyproject.toml's rule for the slow tier).
+slow = pytest.mark.slow
+TRAIN = FIXTURES / "bilm_tf_train"
+
+
+@contextlib.contextmanager
+def _listener(close_after: float | None = None):
+    """A TCP listener on a free loopback port (another program), closed after ``close_after`` s."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    timer = threading.Timer(close_after, s.close) if close_after is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+    finally:
+        if timer is not None:
+            timer.cancel()
+        s.close()
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _keeper(address: str, linger: float = 60.0, wait: float = 1.0) -> Coordinator:
+    keeper = Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=linger, wait=wait)
+    assert keeper is not None
+    return keeper
+
+
+def _end(keeper: Coordinator) -> bool:
+    """Its parent's good end, as at exit: ``done``, then the pipe closed; whether it let go."""
+    keeper.done()
+    keeper.proc.stdin.close()
+    return _gone(keeper, within=10)
+
+
+def _gone(keeper: Coordinator, within: float) -> bool:
+    try:
+        keeper.proc.wait(timeout=within)
+        return True
+    except Exception:  # noqa: BLE001 - TimeoutExpired: still there
+        return False
+
+
+def test_live_connections_counts_this_processes_established_ones():
+    before = live_connections()
+    assert before is not None
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert live_connections() == before + 2  # both ends are this process's
+            client.shutdown(socket.SHUT_RDWR)
+    assert live_connections() == before  # closed, or closing: no longer established
+
+
+@slow
+def test_the_keeper_serves_until_its_parent_ends_then_until_its_last_client_leaves():
+    """Its parent gone without a word (killed), the keeper serves on while a client is connected,
+    and lets go once none is: the other processes of a run outlive a dead process 0 only while
+    the service does, and leave within --heartbeat-timeout."""
+    address = _free_address()
+    keeper = _keeper(address)
+    assert listens(address)
+    host, port = address.split(":")
+    client = socket.create_connection((host, int(port)))
+    time.sleep(0.5)  # accepted by the service, as a run's clients were long before
+    keeper.proc.stdin.close()  # the parent's end, as a SIGKILL closes it: no "done"
+    assert not _gone(keeper, within=3), "it let go with a client still connected"
+    assert listens(address)
+    client.close()
+    assert _gone(keeper, within=10), "it kept serving with no client left"
+    assert not listens(address)
+
+
+@slow
+def test_a_keeper_told_done_lets_go_once_the_others_have_left():
+    address = _free_address()
+    keeper = _keeper(address)
+    keeper.done()
+    keeper.done()  # again, as at exit after leave(): nothing more happens
+    assert not _gone(keeper, within=2), "it let go before its parent ended (jax's shutdown barrier needs it)"
+    keeper.proc.stdin.close()  # the parent's end
+    assert _gone(keeper, within=10)
+    assert not listens(address)
+
+
+@slow
+def test_a_keeper_whose_parent_died_lets_go_after_linger_even_with_a_client_left():
+    """A client that never leaves (a host lost without a word) holds the service at most
+    ``linger`` seconds: then it goes, and jax ends that client, as it would have at once before."""
+    address = _free_address()
+    keeper = _keeper(address, linger=2.0)
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port))):
+        time.sleep(0.5)
+        keeper.proc.stdin.close()
+        assert _gone(keeper, within=10)
+
+
+@slow
+def test_a_port_taken_by_another_program_is_said_in_one_line():
+    with _listener() as address:
+        t0 = time.monotonic()
+        with pytest.raises(CoordinatorError) as e:
+            Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=1)
+        assert time.monotonic() - t0 < 10
+    assert str(e.value) == (
+        f"--coordinator {address}: another program answers there; stop it, or give every process another port"
+    )
+
+
+@slow
+def test_a_previous_keeper_still_letting_go_is_waited_for(capfd):
+    """A restart soon after process 0 died: the last run's service may still serve its leaving
+    processes. The new process 0 says so, waits for it to end, then starts its own."""
+    with _listener(close_after=1.5) as address:
+        keeper = _keeper(address, wait=20)
+    try:
+        assert "something answers there already" in capfd.readouterr().err
+        assert listens(address)
+    finally:
+        _end(keeper)
+
+
+@slow
+def test_the_keeper_ignores_the_signals_a_terminal_sends_its_group():
+    """Ctrl-C, a closed terminal or a scheduler's SIGTERM reach the whole group: process 0 stops
+    on them in agreement with the others, which still need the service to do so."""
+    import signal
+
+    address = _free_address()
+    keeper = _keeper(address)
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            keeper.proc.send_signal(sig)
+        assert not _gone(keeper, within=1.5)
+        assert listens(address)
+    finally:
+        assert _end(keeper)
+
+
+@slow
+def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
+    """``elmo-jax train --process-id 0`` where another program holds the --coordinator port: one
+    line naming the flag, exit 1, before jax.distributed starts (which would have crashed in gRPC)."""
+    lines = (TRAIN / "data.txt").read_text().splitlines()
+    for i in range(2):  # a shard per process
+        (tmp_path / f"shard-{i}.txt").write_text("\n".join(lines[i::2]) + "\n")
+    with _listener() as address:
+        r = run_elmo_jax(
+            "train", "--train-files", tmp_path / "shard-*.txt", "--vocab", TRAIN / "vocab.txt", "--run-dir", tmp_path / "run",
+            "--no-progress", "--coordinator", address, "--num-processes", "2", "--process-id", "0",
+            "--heartbeat-timeout", "1", timeout=120,
+        )  # fmt: skip
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    [line] = [l for l in r.stderr.splitlines() if "error" in l]
+    assert line == (
+        f"elmo-jax train: error: --coordinator {address}: another program answers there; stop it, or give every "
+        "process another port"
+    )
