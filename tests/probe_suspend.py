@@ -8,8 +8,9 @@ jax.distributed's own timeout is 20 s (``multihost.JAX_HEARTBEAT_FACTOR``). Once
 both get SIGSTOP (and process 0's keeper of the coordination service: a scheduler's suspend stops
 every process of the job), then SIGCONT after the given seconds; 12 s later each still running gets SIGTERM.
 It prints whether they ran on and how they ended, and asserts nothing: the suite's
-``test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived`` suspends for 8 s, within
-jax's timeout, to keep the suite short.
+``test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived`` suspends for 20 s, past
+jax's clients' timeout (16 s there), to keep the suite short. The service process 0 keeps waits a
+day for a silent process (``multihost.SERVICE_HEARTBEAT``); at 20 s, 30 s of suspend ended both.
 """
 
 import os

@@ -33,6 +33,12 @@ from elmo_jax.config import ConfigError
 # backstop, late enough that this watch has stopped every process first.
 JAX_HEARTBEAT_FACTOR = 2
 JAX_SHUTDOWN_TIMEOUT = 300  # jax.distributed.initialize's default, for the service process 0 keeps
+# The kept service's own heartbeat timeout (seconds). Past it, the service takes every silent
+# process for dead and jax ends the rest from C++; and after a suspend of the whole job (SLURM's,
+# a laptop's sleep) it finds every process silent at once (30 s of suspend at a 20 s timeout
+# ended both processes of tests/probe_suspend.py). Deaths are this watch's to find, within
+# --heartbeat-timeout, so the service waits a day.
+SERVICE_HEARTBEAT = 24 * 3600
 KEY = "elmo_jax/alive"
 
 
@@ -109,7 +115,12 @@ def _keep_service(args: argparse.Namespace, address: str, heartbeat: int) -> Coo
     # The others find process 0 dead within --heartbeat-timeout and a few of their ticks.
     linger = args.heartbeat_timeout + 4 * PeerWatch.period_for(args.heartbeat_timeout) + 10
     return Coordinator.start(
-        address, args.num_processes, heartbeat=heartbeat, shutdown=JAX_SHUTDOWN_TIMEOUT, linger=linger, wait=linger
+        address,
+        args.num_processes,
+        heartbeat=max(heartbeat, SERVICE_HEARTBEAT),
+        shutdown=JAX_SHUTDOWN_TIMEOUT,
+        linger=linger,
+        wait=linger,
     )
 
 
