@@ -113,7 +113,7 @@ def _keep_service(args: argparse.Namespace, address: str, heartbeat: int) -> Coo
     if args.process_id != 0 or (args.num_processes or 0) < 2 or sys.platform == "win32":  # win32: no select on pipes
         return None
     # The others find process 0 dead within --heartbeat-timeout and a few of their ticks.
-    linger = args.heartbeat_timeout + 4 * PeerWatch.period_for(args.heartbeat_timeout) + 10
+    linger = args.heartbeat_timeout + 4 * PeerWatch.period_for(args.heartbeat_timeout) + 5
     return Coordinator.start(
         address,
         args.num_processes,
