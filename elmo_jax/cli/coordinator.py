@@ -179,6 +179,7 @@ def live_connections() -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    """The keeper (in the child): serves, says so on stdout, and lets go as the module doc says."""
     bind, n, heartbeat, shutdown, recoverable, linger = argv
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
@@ -191,7 +192,7 @@ def main(argv: list[str]) -> int:
         print(f"unavailable: {e}", flush=True)
         return 1
     try:
-        _service = start(
+        _service = start(  # held: the service serves as long as this reference lives
             bind,
             int(n),
             heartbeat_timeout=int(heartbeat),
