@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.hlo import collectives
+from elmo_jax.cli.coordinator import DONE_GRACE, listens
 from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import BY_BACKEND
@@ -690,6 +691,12 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
         _wait_workers(procs, logs, timeout=300 - (time.monotonic() - t0))
     assert rc == 0
     capsys.readouterr()
+    # Process 0's service (elmo_jax.cli.coordinator) lets go of the port once both ended well.
+    address = procs[0].args[procs[0].args.index("--coordinator") + 1]
+    deadline = time.monotonic() + DONE_GRACE + 5
+    while listens(address) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not listens(address)
 
     opts_mh, vocab_mh, params_mh, step_mh = load_run(str(tmp_path / "run_mh"))
     opts_1p, vocab_1p, params_1p, step_1p = load_run(str(tmp_path / "run_1p"))
