@@ -1069,8 +1069,8 @@ def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_pat
     own heartbeat timeout (16 s): once resumed, no process takes another for dead (each watch
     leaves out the time it could not run), and the run goes on until SIGTERM stops it with its
     checkpoint. (Before: both stopped, each saying process 0 had stopped answering; later, past
-    jax's timeout, jax's service ended both from C++ as it woke, which it still does where it runs
-    inside process 0: tests/probe_suspend.py.)"""
+    jax's timeout, jax's service ended both from C++ as it woke: its own timeout is now a day,
+    ``multihost.SERVICE_HEARTBEAT``, and tests/probe_suspend.py tries longer suspends.)"""
     run_dir, args = _scenario(tmp_path, SHARDS)
     args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "3"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
