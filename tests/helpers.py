@@ -4,6 +4,7 @@ reference fixtures."""
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -48,6 +49,13 @@ def spelled_inputs(batch: dict) -> np.ndarray:
     ``inputs`` (a batch's word table is its own, so batches compare by spelling, not by index)."""
     chars, inputs = batch["chars"], batch["inputs"]
     return np.stack([chars[k][inputs[k]] for k in range(chars.shape[0])])
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (free when asked; a coordinator's, say)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def xla_flags(devices: int, level: int | None = None) -> str:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
-from helpers import FIXTURES, run_elmo_jax
+from helpers import FIXTURES, free_port, run_elmo_jax
 
 from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections
 
@@ -39,9 +40,7 @@ def _listener(close_after: float | None = None):
 
 
 def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def _keeper(address: str, linger: float = 60.0, wait: float = 1.0) -> Coordinator:
@@ -61,7 +60,7 @@ def _gone(keeper: Coordinator, within: float) -> bool:
     try:
         keeper.proc.wait(timeout=within)
         return True
-    except Exception:  # noqa: BLE001 - TimeoutExpired: still there
+    except subprocess.TimeoutExpired:
         return False
 
 

@@ -30,7 +30,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, gpu_candidates, read_never_returns, spelled_inputs, xla_flags
+from helpers import FIXTURES, free_port, gpu_candidates, read_never_returns, spelled_inputs, xla_flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -398,12 +397,6 @@ MH_STEPS, MH_T = 3, 6
 SHARDS = ("the cat sat on a", "dogs ran to big it")  # MH_T - 1 words each: one sentence per window
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _global_batches(source, vocab, seed, n_steps, per_process: bool) -> list[dict]:
     """The global batches (as spellings) that ``pretrain`` builds with 2 devices in 1 process, or
     with 1 device in each of 2 processes (each reading ``shard_for_process`` shards)."""
@@ -609,7 +602,7 @@ def _start_workers(
     """``n`` CLI processes with one CPU device each (``args``: the train command, default
     ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
     ``-m elmo_jax``; ``both``: how all do)."""
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         XLA_FLAGS=xla_flags(1),
@@ -860,7 +853,7 @@ def test_a_process_left_alone_at_start_says_what_is_missing_in_one_line(tmp_path
     timeout, 300 s by default: SIGABRT, with a stack trace saying "another task died".)"""
     _, args = _scenario(tmp_path, (*SHARDS, "a third shard"))
     env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
-    shared, alone = _free_port(), _free_port()
+    shared, alone = free_port(), free_port()
     procs = []
     for port, i in ((shared, 0), (shared, 1), (alone, 1)):
         where = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "3", "--process-id", str(i)]

@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import h5py
 import jax
 import numpy as np
 import pytest
-from helpers import AS_FROM_A_TERMINAL, FIXTURES, run_elmo_jax, xla_flags
+from helpers import AS_FROM_A_TERMINAL, FIXTURES, free_port, run_elmo_jax, xla_flags
 from jax.sharding import Mesh
 from test_config import BILM_TF_TRAIN_OPTIONS
 
@@ -826,9 +825,7 @@ def test_throughput_leaves_out_the_start_up(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_fewer_shards_than_processes_stop_every_process_with_the_same_line(tmp_path):
     options = _write_tiny_options(tmp_path / "options.json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs = [

@@ -25,8 +25,7 @@ from typing import Any
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.clock import WatchClock
-from elmo_jax.cli import coordinator
-from elmo_jax.cli.coordinator import Coordinator, listens
+from elmo_jax.cli.coordinator import SPARE_BIND, Coordinator, listens
 from elmo_jax.config import ConfigError
 
 # jax.distributed's own heartbeat timeout, as a multiple of --heartbeat-timeout (plus 10 s): a
@@ -87,7 +86,7 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
             heartbeat_timeout_seconds=heartbeat,
             shutdown_timeout_seconds=JAX_SHUTDOWN_TIMEOUT,
             # With the service kept apart, the one jax starts in process 0 serves nobody.
-            coordinator_bind_address=None if keeper is None else coordinator.SPARE_BIND,
+            coordinator_bind_address=None if keeper is None else SPARE_BIND,
         )
     finally:
         joined.set()
