@@ -589,6 +589,22 @@ atomicity._create_paths = failing
 sys.exit(cli.main(sys.argv[1:]))
 """
 
+# Orbax's own code raises on one process inside its save of step 4, before its first barrier (as
+# its argument checks or its clean-up of an earlier save's temporary directories would), or between
+# its barriers (where it names the step's directory): the other waits at the next barrier.
+ORBAX_SAVE_OF_STEP_4_RAISES = """
+import errno, sys
+import orbax.checkpoint as ocp
+from elmo_jax import cli
+real = ocp.CheckpointManager.{method}
+def failing(self, step, *args, **kwargs):
+    if step == 4 and sys.argv[sys.argv.index("--process-id") + 1] == "{failing}":
+        raise OSError(errno.EIO, "Input/output error")
+    return real(self, step, *args, **kwargs)
+ocp.CheckpointManager.{method} = failing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
 
 def _start_workers(
     tmp_path,
@@ -1115,6 +1131,46 @@ def test_a_process_stuck_alone_stops_every_process_each_with_its_stacks(tmp_path
         ], text
     assert "in next_batch_or_hang" in (run_dir / "stalled.p1.txt").read_text()
     assert "in next_batch_or_hang" not in (run_dir / "stalled.p0.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("method", "failing"),
+    [
+        pytest.param("save", 1, id="before-its-barriers"),
+        pytest.param("_get_write_step_directory", 0, id="between-them-on-the-primary"),
+    ],
+)
+def test_a_save_that_orbax_fails_on_one_process_stops_both_in_one_line_each(tmp_path, worker_cache, method, failing):
+    """Orbax's own code raises inside its save of step 4 on one process only, while the other waits
+    at one of Orbax's barriers. The failing process says its error and enters no other collective;
+    the other's peer watch stops it with that error. Both exit 1 with one line each, within
+    seconds, and step 4 is not committed.
+
+    Before (the negative control, with ``Checkpointer.alone`` never set): the failing process's
+    next collective met the other's barrier, and gloo ended the other from C++ (exit -6, a
+    mismatched collective), while the failing one waited out its peer watch."""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "8"])
+    args = args[:-2] + ["--save-every", "2", "--heartbeat-timeout", "5"]  # the peer watch's grace: 5 s
+    t0 = time.monotonic()
+    injected = ORBAX_SAVE_OF_STEP_4_RAISES.format(method=method, failing=failing)
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, both=["-c", injected])
+    texts = _wait_workers(procs, logs, timeout=240, expect_ok=False)
+    assert time.monotonic() - t0 < 90, texts
+    assert [p.returncode for p in procs] == [1, 1], texts
+    lines = [[l for l in t.splitlines() if "error:" in l] for t in texts]
+    assert all(len(x) == 1 for x in lines), lines
+    said = (
+        f"{run_dir}: step 4 not saved: OSError: [Errno 5] Input/output error; step(s) 2 are intact; once the cause "
+        "is fixed, rerun the same command to resume from step 2"
+    )
+    assert lines[failing] == [f"elmo-jax train: error: {said}"], lines
+    assert lines[1 - failing] == [
+        f"elmo-jax train: error: process {failing} of 2 stopped with an error: {said}; once its cause is fixed, "
+        "restart every process with the same command"
+    ], lines
+    assert not any("Traceback" in t or "mismatch" in t for t in texts), texts
+    assert Checkpointer(run_dir, read_only=True).steps() == [2]
 
 
 @pytest.mark.slow

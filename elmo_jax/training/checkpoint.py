@@ -356,6 +356,12 @@ class Checkpointer:
         self._closed = False
         self._in_flight: int | None = None  # the step an async save is writing
         self._failed: SaveFailed | None = None
+        # Whether Orbax's own code raised inside its save on this process, one of several (its
+        # argument checks, its clean-up before a save): the others may be waiting at one of its
+        # barriers, which are collectives, and meet whatever collective this process enters next
+        # (gloo then ends them from C++, a mismatch). Such a process enters none: it says its error
+        # through the peer watch, which stops the others with it (``loop._steps``).
+        self.alone = False
         self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
         absl = logging.getLogger("absl")
         level = absl.level
@@ -395,6 +401,7 @@ class Checkpointer:
             try:
                 if host_error is not None:
                     raise host_error
+                self.alone = jax.process_count() > 1  # until Orbax's save returns
                 self.manager.save(
                     step,
                     args=ocp.args.Composite(
@@ -404,6 +411,7 @@ class Checkpointer:
                     ),
                     force=True,
                 )
+                self.alone = False
             except Exception as e:
                 if (failed := self._failure(step, e)) is None:
                     raise

@@ -633,6 +633,10 @@ class _Saver:
         self.run.ckpt.save(step, state.shared(), state.lstm, host, self.meta)
         return True
 
+    def alone(self) -> bool:
+        """Whether a save failed on this process alone inside Orbax, out of step with the others."""
+        return self.run.ckpt.alone
+
 
 def _on_log(
     run: _Run,
@@ -696,14 +700,15 @@ def _steps(
     settings: RunSettings,
     window: MetricsWindow,
     on_log: Callable,
-    save: Callable,
+    save: _Saver,
     progress: Progress,
 ) -> tuple[int, TrainState, str | None, BaseException | None]:
     """The loop: ``(last step, state, why it stopped early, this process's own error)``.
 
     A failure in host code (a hook, a save) does not stop this process alone: it is kept and
     passed to the next ``batches.next``, so that every process stops at the same step boundary
-    and saves there together (``GlobalBatches``)."""
+    and saves there together (``GlobalBatches``). Except a save that Orbax's own code failed on
+    this process alone (``Checkpointer.alone``): raised at once, as no collective may follow it."""
     step, reason, error = start, None, None
     with SignalStop() as stop:
         while total is None or step < total:
@@ -723,7 +728,9 @@ def _steps(
                     progress.beat(f"saving step {step}")  # a save waits for the one before it to commit
                     save(step, state)
                 progress.update()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
+                if save.alone():  # out of step with the others' collectives: it enters no other one
+                    raise
                 error = e
     window.flush()
     return step, state, reason, error
