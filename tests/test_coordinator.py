@@ -4,6 +4,7 @@ are in ``test_distributed.py``."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import socket
@@ -14,6 +15,7 @@ import time
 import pytest
 from helpers import FIXTURES, free_port, run_elmo_jax
 
+from elmo_jax.cli import multihost
 from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/net/tcp"), reason="counts connections in /proc")
@@ -184,3 +186,33 @@ def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
         f"elmo-jax train: error: --coordinator {address}: another program answers there; stop it, or give every "
         "process another port"
     )
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        pytest.param({"coordinator": "node01:1234"}, SLURM_STEP | {"SLURM_PROCID": "1"}, (2, 1, "slurm"), id="slurm"),
+        pytest.param(
+            {"coordinator": "node01:1234", "process_id": 0},
+            SLURM_STEP | {"SLURM_PROCID": "1"},
+            (2, 0, "slurm"),
+            id="a-flag-wins",
+        ),
+        pytest.param({"coordinator": "node01:1234"}, {}, (None, None, None), id="no-cluster"),
+        pytest.param({}, SLURM_STEP | {"SLURM_PROCID": "1"}, (None, None, None), id="no-coordinator"),
+    ],
+)
+def test_process_ids_left_unset_come_from_the_clusters_environment(monkeypatch, flags, env, expected):
+    """What jax would find in a cluster's environment fills the ids the flags leave unset, so that
+    process 0 knows it is process 0 before jax starts (``_keep_service``). A run without
+    --coordinator stays one process, whatever the environment says."""
+    for name in [*SLURM_STEP, "SLURM_PROCID", "JAX_COORDINATOR_ADDRESS", "OMPI_MCA_orte_hnp_uri"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = argparse.Namespace(**({"coordinator": None, "num_processes": None, "process_id": None} | flags))
+    kind = multihost.ids_from_cluster(args)
+    assert (args.num_processes, args.process_id, kind) == expected

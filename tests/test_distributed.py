@@ -614,10 +614,12 @@ def _start_workers(
     process_1: list[str] | None = None,
     both: list[str] | None = None,
     n: int = 2,
+    ids_from: str = "flags",
 ) -> tuple[list, list]:
     """``n`` CLI processes with one CPU device each (``args``: the train command, default
     ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
-    ``-m elmo_jax``; ``both``: how all do)."""
+    ``-m elmo_jax``; ``both``: how all do; ``ids_from``: ``flags`` or ``slurm``, the process ids
+    in the environment of a SLURM job step instead)."""
     port = free_port()
     env = dict(
         os.environ,
@@ -630,11 +632,19 @@ def _start_workers(
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
     for i in range(n):
         log = open(tmp_path / f"worker{i}.log", "w+")
-        args = base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)]
+        args = base + ["--coordinator", f"127.0.0.1:{port}"]
+        if ids_from == "flags":
+            args += ["--num-processes", str(n), "--process-id", str(i)]
+        ids = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": str(n)}
+        ids |= {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)}
         runner = both or (process_1 if i == 1 and process_1 else ["-m", "elmo_jax"])
         procs.append(
             subprocess.Popen(
-                [sys.executable, *runner, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+                [sys.executable, *runner, *args],
+                env=env if ids_from == "flags" else env | ids,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
             )
         )
         logs.append(log)
@@ -692,7 +702,13 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
 
     # Two processes, one device each, through the real CLI (--coordinator ...); meanwhile the same
     # CLI in this process with no --coordinator and two local devices (their compiles overlap).
-    procs, logs = _start_workers(tmp_path, seed)
+    # Their ids come from a SLURM job step's environment, not the flags: process 0 keeps jax's
+    # coordination service apart all the same (before ``ids_from_cluster``, it left it to jax).
+    procs, logs = _start_workers(tmp_path, seed, ids_from="slurm")
+    deadline = time.monotonic() + 60
+    while _keeper_of(procs[0]) is None and procs[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _keeper_of(procs[0]) is not None, "process 0 keeps no coordination service apart"
     t0 = time.monotonic()
     try:
         rc = cli.main(_train_args(tmp_path, tmp_path / "run_1p", seed))

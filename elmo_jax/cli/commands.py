@@ -170,6 +170,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     from elmo_jax.text.sources import open_source
 
+    multihost.ids_from_cluster(args)
     # Before jax starts its backend, which is when XLA reads its flags.
     several = (args.num_processes or 1) > 1 or bool(args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"))
     kernels = set_gpu_kernels(args.gpu_kernels, args.run_dir, several)
@@ -561,8 +562,16 @@ def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)"
     )
-    tr.add_argument("--num-processes", type=int)
-    tr.add_argument("--process-id", type=int)
+    tr.add_argument(
+        "--num-processes",
+        type=int,
+        help="multi-host: how many processes (default: from SLURM's or Open MPI's environment)",
+    )
+    tr.add_argument(
+        "--process-id",
+        type=int,
+        help="multi-host: this process's id, 0 to N-1 (default: from the cluster's environment)",
+    )
     tr.add_argument(
         "--heartbeat-timeout",
         type=_seconds,

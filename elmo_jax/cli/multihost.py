@@ -41,6 +41,33 @@ SERVICE_HEARTBEAT = 24 * 3600
 KEY = "elmo_jax/alive"
 
 
+def ids_from_cluster(args: argparse.Namespace) -> str | None:
+    """Fills ``--num-processes`` and ``--process-id``, where a run with ``--coordinator`` (or
+    JAX_COORDINATOR_ADDRESS) leaves them unset, from a cluster's environment (SLURM, Open MPI, a
+    Cloud TPU or Kubernetes job): the ids jax.distributed would find there itself. Known before
+    jax starts, they let every process check the shards, and process 0 keep the coordination
+    service apart, as with the flags. Returns the cluster's kind (jax's name: ``slurm``), or None
+    where nothing was filled."""
+    if not (args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+        return None
+    if args.num_processes and args.process_id is not None:
+        return None
+    try:
+        from jax._src import clusters
+
+        env = next(
+            (e for e in clusters.ClusterEnv._cluster_types if not e.opt_in_only_method and e.is_env_present()), None
+        )
+        if env is None:
+            return None
+        n = args.num_processes or env.get_process_count()
+        i = env.get_process_id() if args.process_id is None else args.process_id
+    except Exception:  # noqa: BLE001 - jax's private cluster API changed: jax finds the ids itself, as before
+        return None
+    args.num_processes, args.process_id = int(n), int(i)
+    return str(env.name)
+
+
 def check_processes(args: argparse.Namespace, source) -> None:
     """The multi-host flags against each other and the shards, before jax.distributed starts: so
     every process refuses them at once and alike, and jax never meets a process id out of range
@@ -107,8 +134,9 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
 
 
 def _keep_service(args: argparse.Namespace, address: str, heartbeat: int) -> Coordinator | None:
-    """On process 0 of a run whose processes are numbered by the flags, jax's coordination service
-    started in a child process (``elmo_jax.cli.coordinator``); None elsewhere."""
+    """On process 0 of a run whose processes are numbered before jax starts (the flags, or a
+    cluster's environment: ``ids_from_cluster``), jax's coordination service started in a child
+    process (``elmo_jax.cli.coordinator``); None elsewhere."""
     if args.process_id != 0 or (args.num_processes or 0) < 2 or sys.platform == "win32":  # win32: no select on pipes
         return None
     # The others find process 0 dead within --heartbeat-timeout and a few of their ticks.
