@@ -189,30 +189,41 @@ def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
 
 
 SLURM_STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+CLUSTER_ENV = [*SLURM_STEP, "SLURM_PROCID", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "OMPI_MCA_orte_hnp_uri"]
 
 
 @pytest.mark.parametrize(
     ("flags", "env", "expected"),
     [
-        pytest.param({"coordinator": "node01:1234"}, SLURM_STEP | {"SLURM_PROCID": "1"}, (2, 1, "slurm"), id="slurm"),
-        pytest.param(
-            {"coordinator": "node01:1234", "process_id": 0},
-            SLURM_STEP | {"SLURM_PROCID": "1"},
-            (2, 0, "slurm"),
-            id="a-flag-wins",
-        ),
-        pytest.param({"coordinator": "node01:1234"}, {}, (None, None, None), id="no-cluster"),
-        pytest.param({}, SLURM_STEP | {"SLURM_PROCID": "1"}, (None, None, None), id="no-coordinator"),
+        pytest.param({"coordinator": "node01:1234"}, {"SLURM_PROCID": "1"}, ("node01:1234", 2, 1), id="ids"),
+        pytest.param({}, {"SLURM_PROCID": "1", "JAX_COORDINATOR_PORT": "999"}, ("node01:999", 2, 1), id="srun"),
+        pytest.param({"process_id": 0}, {"SLURM_PROCID": "1"}, ("node01:61447", 2, 0), id="a-flag-wins"),
+        pytest.param({}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (None, None, None), id="one-task"),
+        pytest.param({"num_processes": 1}, {"SLURM_PROCID": "1"}, (None, 1, None), id="num-processes-1"),
     ],
 )
-def test_process_ids_left_unset_come_from_the_clusters_environment(monkeypatch, flags, env, expected):
-    """What jax would find in a cluster's environment fills the ids the flags leave unset, so that
-    process 0 knows it is process 0 before jax starts (``_keep_service``). A run without
-    --coordinator stays one process, whatever the environment says."""
-    for name in [*SLURM_STEP, "SLURM_PROCID", "JAX_COORDINATOR_ADDRESS", "OMPI_MCA_orte_hnp_uri"]:
+def test_what_the_flags_leave_unset_comes_from_the_clusters_environment(monkeypatch, flags, env, expected):
+    """What ``jax.distributed.initialize()`` would find in a SLURM job step fills what the flags
+    leave unset, before jax starts, so that process 0 knows it is process 0 (``_keep_service``):
+    the ids, and under ``srun`` the coordinator (the first node, at JAX_COORDINATOR_PORT or a
+    port made of the job id, as jax makes it). One task, or ``--num-processes 1``, is a run of one."""
+    for name in CLUSTER_ENV:
         monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
+    for name, value in (SLURM_STEP | env).items():
         monkeypatch.setenv(name, value)
-    args = argparse.Namespace(**({"coordinator": None, "num_processes": None, "process_id": None} | flags))
-    kind = multihost.ids_from_cluster(args)
-    assert (args.num_processes, args.process_id, kind) == expected
+    args = argparse.Namespace(coordinator=None, num_processes=None, process_id=None, init_timeout=5)
+    vars(args).update(flags)
+    said = multihost.from_cluster(args)
+    assert (args.coordinator, args.num_processes, args.process_id) == expected
+    if expected[0] is None:
+        assert said is None
+    else:
+        assert said == f"process {expected[2]} of 2, from SLURM's environment (coordinator {expected[0]})"
+
+
+def test_without_a_cluster_the_flags_are_left_as_they_are(monkeypatch):
+    for name in CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    args = argparse.Namespace(coordinator="h:1", num_processes=None, process_id=None, init_timeout=5)
+    assert multihost.from_cluster(args) is None
+    assert (args.coordinator, args.num_processes, args.process_id) == ("h:1", None, None)

@@ -618,8 +618,8 @@ def _start_workers(
 ) -> tuple[list, list]:
     """``n`` CLI processes with one CPU device each (``args``: the train command, default
     ``_train_args`` into run_mh; ``process_1``: how process 1 runs the CLI instead of
-    ``-m elmo_jax``; ``both``: how all do; ``ids_from``: ``flags`` or ``slurm``, the process ids
-    in the environment of a SLURM job step instead)."""
+    ``-m elmo_jax``; ``both``: how all do; ``ids_from``: ``flags``, or ``slurm`` for the
+    coordinator's port and the process ids in the environment of a SLURM job step instead)."""
     port = free_port()
     env = dict(
         os.environ,
@@ -632,11 +632,11 @@ def _start_workers(
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
     for i in range(n):
         log = open(tmp_path / f"worker{i}.log", "w+")
-        args = base + ["--coordinator", f"127.0.0.1:{port}"]
+        args = list(base)
         if ids_from == "flags":
-            args += ["--num-processes", str(n), "--process-id", str(i)]
+            args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)]
         ids = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": str(n)}
-        ids |= {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)}
+        ids |= {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)}
         runner = both or (process_1 if i == 1 and process_1 else ["-m", "elmo_jax"])
         procs.append(
             subprocess.Popen(
@@ -702,8 +702,9 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
 
     # Two processes, one device each, through the real CLI (--coordinator ...); meanwhile the same
     # CLI in this process with no --coordinator and two local devices (their compiles overlap).
-    # Their ids come from a SLURM job step's environment, not the flags: process 0 keeps jax's
-    # coordination service apart all the same (before ``ids_from_cluster``, it left it to jax).
+    # Their ids and coordinator come from a SLURM job step's environment, not the flags (``srun``):
+    # one run, and process 0 keeps jax's coordination service apart all the same. (Before
+    # ``from_cluster``, each process ran alone; with --coordinator, process 0 left it to jax.)
     procs, logs = _start_workers(tmp_path, seed, ids_from="slurm")
     deadline = time.monotonic() + 60
     while _keeper_of(procs[0]) is None and procs[0].poll() is None and time.monotonic() < deadline:
@@ -713,11 +714,13 @@ def test_multihost_cli_equals_single_process(tmp_path, capsys):
     try:
         rc = cli.main(_train_args(tmp_path, tmp_path / "run_1p", seed))
     finally:
-        _wait_workers(procs, logs, timeout=300 - (time.monotonic() - t0))
+        texts = _wait_workers(procs, logs, timeout=300 - (time.monotonic() - t0))
     assert rc == 0
     capsys.readouterr()
+    said = re.search(r"^process 0 of 2, from SLURM's environment \(coordinator (127\.0\.0\.1:\d+)\)$", texts[0], re.M)
+    assert said is not None, texts[0][-3000:]
     # Process 0's service (elmo_jax.cli.coordinator) lets go of the port once both ended well.
-    address = procs[0].args[procs[0].args.index("--coordinator") + 1]
+    address = said[1]
     deadline = time.monotonic() + DONE_GRACE + 5
     while listens(address) and time.monotonic() < deadline:
         time.sleep(0.2)

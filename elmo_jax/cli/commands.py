@@ -170,7 +170,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     from elmo_jax.text.sources import open_source
 
-    multihost.ids_from_cluster(args)
+    if (cluster := multihost.from_cluster(args)) is not None and args.process_id == 0:
+        print(cluster)
     # Before jax starts its backend, which is when XLA reads its flags.
     several = (args.num_processes or 1) > 1 or bool(args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"))
     kernels = set_gpu_kernels(args.gpu_kernels, args.run_dir, several)
@@ -560,7 +561,9 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
 def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
     """elmo-jax train: one process per host under jax.distributed."""
     tr.add_argument(
-        "--coordinator", help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS)"
+        "--coordinator",
+        help="multi-host: jax.distributed coordinator host:port (or JAX_COORDINATOR_ADDRESS; under srun, "
+        "the job's first node by default)",
     )
     tr.add_argument(
         "--num-processes",

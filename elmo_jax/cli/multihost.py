@@ -39,18 +39,20 @@ JAX_SHUTDOWN_TIMEOUT = 300  # jax.distributed.initialize's default, for the serv
 # --heartbeat-timeout, so the service waits a day.
 SERVICE_HEARTBEAT = 24 * 3600
 KEY = "elmo_jax/alive"
+CLUSTERS = {"slurm": "SLURM", "ompi": "Open MPI"}  # jax's names of the environments it reads ids from
 
 
-def ids_from_cluster(args: argparse.Namespace) -> str | None:
-    """Fills ``--num-processes`` and ``--process-id``, where a run with ``--coordinator`` (or
-    JAX_COORDINATOR_ADDRESS) leaves them unset, from a cluster's environment (SLURM, Open MPI, a
-    Cloud TPU or Kubernetes job): the ids jax.distributed would find there itself. Known before
-    jax starts, they let every process check the shards, and process 0 keep the coordination
-    service apart, as with the flags. Returns the cluster's kind (jax's name: ``slurm``), or None
-    where nothing was filled."""
-    if not (args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")):
-        return None
-    if args.num_processes and args.process_id is not None:
+def from_cluster(args: argparse.Namespace) -> str | None:
+    """Fills what the flags leave unset of ``--coordinator``, ``--num-processes`` and
+    ``--process-id`` from a cluster's environment (a SLURM job step, Open MPI, a Cloud TPU or
+    Kubernetes job), as ``jax.distributed.initialize()`` would: so ``srun -n 2 elmo-jax train ...``
+    is one run of 2 processes, not 2 runs writing one run dir. Known before jax starts, the ids let
+    every process check the shards, and process 0 keep the coordination service apart, as with the
+    flags. ``--num-processes 1`` keeps one process whatever the environment says.
+
+    Returns the line that says so (process 0's to print), or None where nothing was filled."""
+    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if args.num_processes == 1 or (address and args.num_processes and args.process_id is not None):
         return None
     try:
         from jax._src import clusters
@@ -60,12 +62,18 @@ def ids_from_cluster(args: argparse.Namespace) -> str | None:
         )
         if env is None:
             return None
-        n = args.num_processes or env.get_process_count()
-        i = env.get_process_id() if args.process_id is None else args.process_id
-    except Exception:  # noqa: BLE001 - jax's private cluster API changed: jax finds the ids itself, as before
+        n = int(args.num_processes or env.get_process_count())
+        i = int(env.get_process_id() if args.process_id is None else args.process_id)
+        if not address and n > 1:
+            port = os.environ.get("JAX_COORDINATOR_PORT")
+            address = args.coordinator = env.get_coordinator_address(args.init_timeout, port)
+    except Exception:  # noqa: BLE001 - jax's private cluster API changed: jax finds them itself, as before
         return None
-    args.num_processes, args.process_id = int(n), int(i)
-    return str(env.name)
+    if not address:  # one process in the job: a run of one, as without the cluster
+        return None
+    args.num_processes, args.process_id = n, i
+    kind = CLUSTERS.get(env.name) or env.__name__.removesuffix("Cluster")
+    return f"process {i} of {n}, from {kind}'s environment (coordinator {address})"
 
 
 def check_processes(args: argparse.Namespace, source) -> None:
@@ -135,7 +143,7 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
 
 def _keep_service(args: argparse.Namespace, address: str, heartbeat: int) -> Coordinator | None:
     """On process 0 of a run whose processes are numbered before jax starts (the flags, or a
-    cluster's environment: ``ids_from_cluster``), jax's coordination service started in a child
+    cluster's environment: ``from_cluster``), jax's coordination service started in a child
     process (``elmo_jax.cli.coordinator``); None elsewhere."""
     if args.process_id != 0 or (args.num_processes or 0) < 2 or sys.platform == "win32":  # win32: no select on pipes
         return None
