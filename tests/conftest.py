@@ -12,6 +12,10 @@ from helpers import xla_flags  # imports no jax, which must not start before XLA
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(2)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# A suite run inside a cluster's job (an srun step, mpirun) would make every `elmo-jax train` it
+# starts one process of the job's run (multihost.from_cluster). The tests say which they want.
+for _name in [n for n in os.environ if n.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR_"))]:
+    del os.environ[_name]
 # One persistent compilation cache for the session (never ~/.cache): many tests build the same
 # programs (the tiny model's train step, the CLI's in subprocesses) from new closures, which
 # jax's in-memory cache does not match but the persistent one, keyed by the program, does.
