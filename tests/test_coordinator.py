@@ -190,6 +190,7 @@ def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
 
 SLURM_STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
 CLUSTER_ENV = [*SLURM_STEP, "SLURM_PROCID", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "OMPI_MCA_orte_hnp_uri"]
+CLUSTER_ENV += ["OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]
 
 
 @pytest.mark.parametrize(
@@ -227,3 +228,18 @@ def test_without_a_cluster_the_flags_are_left_as_they_are(monkeypatch):
     args = argparse.Namespace(coordinator="h:1", num_processes=None, process_id=None, init_timeout=5)
     assert multihost.from_cluster(args) is None
     assert (args.coordinator, args.num_processes, args.process_id) == ("h:1", None, None)
+
+
+def test_an_open_mpi_launch_is_read_as_jax_reads_it(monkeypatch):
+    """``mpirun -n 3 elmo-jax train ...``: the coordinator is the launcher's host, at a port made of
+    the job id, as jax makes it."""
+    for name in CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    args = argparse.Namespace(coordinator=None, num_processes=None, process_id=None, init_timeout=5)
+    said = multihost.from_cluster(args)
+    assert (args.coordinator, args.num_processes, args.process_id) == ("10.96.0.1:62624", 3, 2)
+    assert said == "process 2 of 3, from Open MPI's environment (coordinator 10.96.0.1:62624)"

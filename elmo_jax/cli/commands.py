@@ -573,7 +573,7 @@ def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--process-id",
         type=int,
-        help="multi-host: this process's id, 0 to N-1 (default: from the cluster's environment)",
+        help="multi-host: this process's id, 0 to N-1 (default: from SLURM's or Open MPI's environment)",
     )
     tr.add_argument(
         "--heartbeat-timeout",

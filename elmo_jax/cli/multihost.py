@@ -39,16 +39,16 @@ JAX_SHUTDOWN_TIMEOUT = 300  # jax.distributed.initialize's default, for the serv
 # --heartbeat-timeout, so the service waits a day.
 SERVICE_HEARTBEAT = 24 * 3600
 KEY = "elmo_jax/alive"
-CLUSTERS = {"slurm": "SLURM", "ompi": "Open MPI"}  # jax's names of the environments it reads ids from
+CLUSTERS = {"slurm": "SLURM", "ompi": "Open MPI"}  # jax's names of the launchers read here (``from_cluster``)
 
 
 def from_cluster(args: argparse.Namespace) -> str | None:
     """Fills what the flags leave unset of ``--coordinator``, ``--num-processes`` and
-    ``--process-id`` from a cluster's environment (a SLURM job step, Open MPI, a Cloud TPU or
-    Kubernetes job), as ``jax.distributed.initialize()`` would: so ``srun -n 2 elmo-jax train ...``
-    is one run of 2 processes, not 2 runs writing one run dir. Known before jax starts, the ids let
-    every process check the shards, and process 0 keep the coordination service apart, as with the
-    flags. ``--num-processes 1`` keeps one process whatever the environment says.
+    ``--process-id`` from a cluster's environment (a SLURM job step, or Open MPI's ``mpirun``), as
+    ``jax.distributed.initialize()`` would: so ``srun -n 2 elmo-jax train ...`` is one run of 2
+    processes, not 2 runs writing one run dir. Known before jax starts, the ids let every process
+    check the shards, and process 0 keep the coordination service apart, as with the flags.
+    ``--num-processes 1`` keeps one process whatever the environment says.
 
     Returns the line that says so (process 0's to print), or None where nothing was filled."""
     address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -57,9 +57,9 @@ def from_cluster(args: argparse.Namespace) -> str | None:
     try:
         from jax._src import clusters
 
-        env = next(
-            (e for e in clusters.ClusterEnv._cluster_types if not e.opt_in_only_method and e.is_env_present()), None
-        )
+        # Only the launchers whose variables say it all: a Cloud TPU's or Kubernetes' environment
+        # is found by asking a server, which every single-process run would then wait for.
+        env = next((e for e in clusters.ClusterEnv._cluster_types if e.name in CLUSTERS and e.is_env_present()), None)
         if env is None:
             return None
         n = int(args.num_processes or env.get_process_count())
@@ -72,7 +72,7 @@ def from_cluster(args: argparse.Namespace) -> str | None:
     if not address:  # one process in the job: a run of one, as without the cluster
         return None
     args.num_processes, args.process_id = n, i
-    kind = CLUSTERS.get(env.name) or env.__name__.removesuffix("Cluster")
+    kind = CLUSTERS[env.name]
     return f"process {i} of {n}, from {kind}'s environment (coordinator {address})"
 
 
