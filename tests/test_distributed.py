@@ -528,6 +528,22 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+# Process 1 does not list step 4 for its first {hidden} s, as a host whose NFS attribute cache
+# still holds the directory from before step 4 was committed.
+STEP_4_LISTED_LATE = """
+import sys, time
+import orbax.checkpoint as ocp
+from elmo_jax import cli
+real = ocp.CheckpointManager.all_steps
+since = []
+def late(self, *args, **kwargs):
+    since.append(since[0] if since else time.monotonic())
+    steps = real(self, *args, **kwargs)
+    return [s for s in steps if s != 4] if time.monotonic() - since[0] < {hidden} else steps
+ocp.CheckpointManager.all_steps = late
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
 # Process 1's host file of step 4 cannot be written (an I/O error); process 0's can.
 HOST_FILE_OF_STEP_4_FAILS = """
 import errno, sys
@@ -1211,6 +1227,25 @@ def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step
     assert "checkpoint 4 is unreadable (ValueError: " in texts[1], texts[1][-3000:]
     assert load_run(str(run_dir))[3] == 6
     assert sorted(p.name for p in (run_dir / "unreadable" / "4").iterdir()) == ["4.p0.npz", "4.p1.npz", "checkpoint"]
+
+
+@pytest.mark.slow
+def test_a_step_listed_late_on_one_host_is_waited_for_and_both_resume_from_it(tmp_path, worker_cache):
+    """Step 4 is the newest checkpoint, but process 1 lists it only after 3 s (a host whose view of
+    a shared file system lags): both processes agree on step 4, process 1 waits until it lists it,
+    and both resume from it. (The negative control, each process resuming from its own newest:
+    process 1 resumed from step 2, and the two processes' collectives mismatched.)"""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
+    args = args[:-2] + ["--save-every", "2"]
+    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
+    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
+    at = args.index("--steps")
+    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
+    late = STEP_4_LISTED_LATE.format(hidden=3)
+    texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", late]), timeout=240)
+    assert f"resuming {run_dir} from step 4 " in texts[0], texts[0][-3000:]
+    assert "unreadable" not in texts[0] + texts[1], texts
+    assert load_run(str(run_dir))[3] == 6
 
 
 @pytest.mark.slow

@@ -340,6 +340,31 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert load_run(str(copy))[3] == 5
 
 
+def test_a_step_that_this_process_never_lists_stops_the_resume_in_one_line(trained_run, monkeypatch):
+    """As process 1 of 2, when another process lists a newer step than any this one ever lists
+    (its view of the run dir is not the others'): after ``VISIBLE_WAIT`` looks, one line. (The
+    wait that ends well, with two processes, is test_distributed.py's.)"""
+    from elmo_jax.training import checkpoint
+
+    run_dir, _, _ = trained_run
+    ckpt = Checkpointer(run_dir, read_only=True)
+    theirs = ckpt.steps()[-1] + 2
+    monkeypatch.setattr(checkpoint.jax, "process_count", lambda: 2)
+    # The other process lists ``theirs``, and says so in every agreement.
+    monkeypatch.setattr(checkpoint, "agree_max", lambda values: [max(values[0], theirs)])
+    monkeypatch.setattr(checkpoint, "VISIBLE_WAIT", 2)
+    reloads = []
+    monkeypatch.setattr(ckpt.manager, "reload", lambda: reloads.append(1))
+    with pytest.raises(CheckpointError) as said:
+        ckpt.restore_latest(lambda meta: None)
+    assert str(said.value) == (
+        f"{ckpt.run_dir}: checkpoint {theirs} is listed on some hosts but not on all of them after 2 s: every "
+        "process must see the run dir alike (a shared file system, mounted on every host without a long attribute "
+        "cache); check the mounts, then restart every process"
+    )
+    assert len(reloads) == 2  # it looked again, once a second
+
+
 def test_a_resumed_run_plans_its_batches_with_the_fetch_capacity_it_saved(trained_run):
     """From capacity 0 a resumed run could plan a smaller fetch than the unbroken run had grown to
     (another program, other float sums); a checkpoint keeps the capacity, for a mesh of the size its meta names."""

@@ -61,6 +61,9 @@ from elmo_jax._util.processes import agree_max
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
+# How long (seconds) the processes of a resumed run wait for each other to list the newest step.
+# NFS's attribute cache keeps a directory's listing on one host for up to 60 s by default.
+VISIBLE_WAIT = 90
 
 
 class CheckpointError(ValueError):
@@ -568,7 +571,8 @@ class Checkpointer:
         again (Orbax refuses a step that exists); readers leave them where they are."""
         unreadable: list[tuple[int, str]] = []
         found = None
-        for step in reversed(self.steps()):
+        step = self._newest_listed_by_all(below=None)
+        while step >= 0:
             why, error = None, None
             try:
                 found = (step, *self.restore(step, abstract, with_host))
@@ -587,6 +591,7 @@ class Checkpointer:
             if found is not None:
                 break
             unreadable.append((step, why or ""))
+            step = self._newest_listed_by_all(below=step)
         moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
         for step, why in unreadable:
             where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""
@@ -595,6 +600,32 @@ class Checkpointer:
                 stacklevel=2,
             )
         return found
+
+    def _newest_listed_by_all(self, below: int | None) -> int:
+        """The newest step (before ``below``) that any process lists, once every process lists it;
+        -1 if none does.
+
+        A shared file system whose hosts see a directory change at different times (NFS's
+        attribute cache) can list a step that was committed just before a restart on one host and
+        not yet on another. Each process resuming from its own newest step would train from two
+        states, or mismatch their collectives. So they agree on the step, and those that do not
+        list it yet look again, once a second, for up to ``VISIBLE_WAIT`` seconds; every process
+        counts the same tries, so all give up together, with one line."""
+        listed = [s for s in self.steps() if below is None or s < below]
+        if jax.process_count() == 1:
+            return max(listed, default=-1)
+        newest = agree_max([max(listed, default=-1)])[0]
+        for _ in range(VISIBLE_WAIT):
+            if newest < 0 or not agree_max([int(newest not in listed)])[0]:
+                return newest
+            time.sleep(1)
+            self.manager.reload()
+            listed = self.steps()
+        raise CheckpointError(
+            f"{self.run_dir}: checkpoint {newest} is listed on some hosts but not on all of them after "
+            f"{VISIBLE_WAIT} s: every process must see the run dir alike (a shared file system, mounted on "
+            "every host without a long attribute cache); check the mounts, then restart every process"
+        )
 
     def _refuse_if_denied(self, step: int, e: BaseException) -> None:
         """Raises ``CheckpointError`` if ``e`` is a denied read: a checkpoint this user may not read
