@@ -523,16 +523,34 @@ class Checkpointer:
         return self._read(step, meta=ocp.args.JsonRestore())["meta"]
 
     def latest_meta(self) -> dict | None:
-        for step in reversed(self.steps()):
+        """The metadata of the newest step that every process lists and can read, or None. A
+        damaged one is named in a warning, and the processes try an older one together."""
+        step = self._newest_listed_by_all(below=None)
+        while step >= 0:
+            meta, error = None, None
             try:
-                return self.meta(step)
+                meta = self.meta(step)
             except Exception as e:  # noqa: BLE001 - any damage means "try the previous one"
-                self._refuse_if_denied(step, e)
-                warnings.warn(
-                    f"{self.run_dir}: checkpoint {step} metadata unreadable ({type(e).__name__}); trying older",
-                    stacklevel=2,
-                )
+                error = e
+            if not self._failed_anywhere(step, error):
+                return meta
+            warnings.warn(
+                f"{self.run_dir}: checkpoint {step} metadata unreadable "
+                f"({type(error).__name__ if error is not None else 'on another process'}); trying older",
+                stacklevel=2,
+            )
+            step = self._newest_listed_by_all(below=step)
         return None
+
+    def _failed_anywhere(self, step: int, error: BaseException | None) -> bool:
+        """Whether the read of ``step`` failed on any process (``error``: this one's failure, or
+        None), agreed by all: every process then falls back alike. (Otherwise they would train
+        from two states, or mismatch their collectives.) A denied read stops them all alike."""
+        mine = 0 if error is None else 2 if _denied(error) else 1
+        worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
+        if worst == 2:
+            self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
+        return bool(worst)
 
     def restore(
         self, step: int, abstract: Callable[[dict], tuple[dict, dict | None]], with_host: bool = True
@@ -578,15 +596,9 @@ class Checkpointer:
                 found = (step, *self.restore(step, abstract, with_host))
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
                 found, why, error = None, innermost_message(e), e
-            # Every process resumes from the same step: one whose own files (its host file, its
-            # Orbax shards) are damaged makes all fall back together, each calling this once a
-            # step. (Otherwise they would train from two states, or mismatch their collectives.)
-            # A denied read stops them all alike.
-            mine = 0 if error is None else 2 if _denied(error) else 1
-            worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
-            if worst == 2:
-                self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
-            if worst:
+            # One process whose own files (its host file, its Orbax shards) are damaged makes all
+            # fall back together.
+            if self._failed_anywhere(step, error):
                 found, why = None, why or "another process could not read it"
             if found is not None:
                 break
