@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,6 +468,24 @@ def worker_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("xla_cache"))
 
 
+@pytest.fixture(scope="module")
+def saved_2_and_4(tmp_path_factory, worker_cache):
+    """The run dir of a 2-process run of ``_scenario`` to step 4 with checkpoints 2 and 4: made
+    once, and copied by each test that resumes it (``_resumed_to_6``)."""
+    where = tmp_path_factory.mktemp("saved_2_and_4")
+    run_dir, args = _scenario(where, SHARDS, stop=["--steps", "4"])
+    _wait_workers(*_start_workers(where, 0, args[:-2] + ["--save-every", "2"], worker_cache), timeout=240)
+    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
+    return run_dir
+
+
+def _resumed_to_6(tmp_path, saved) -> tuple[pathlib.Path, list[str]]:
+    """A copy of ``saved`` (``saved_2_and_4``) in ``tmp_path``, and the command that resumes it to step 6."""
+    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "6"])
+    shutil.copytree(saved, run_dir)
+    return run_dir, args[:-2] + ["--save-every", "2"]
+
+
 # Process 1's host code fails once step 3 is logged (the CLI, with one function patched).
 FAIL_AT_STEP_3 = """
 import sys
@@ -524,6 +544,21 @@ def damaged(self, directory, *args, **kwargs):
         raise ValueError("injected: step 4's shards are damaged on this process")
     return real(self, directory, *args, **kwargs)
 ocp.CompositeCheckpointHandler.restore = damaged
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# Orbax's own code raises on process 1 in its restore of step 4's state, before its read (as the
+# step's directory missing there, or unreadable, would).
+ORBAX_RESTORE_OF_STEP_4_RAISES = """
+import errno, sys
+import orbax.checkpoint as ocp
+from elmo_jax import cli
+real = ocp.CheckpointManager.restore
+def failing(self, step, *args, **kwargs):
+    if step == 4 and "state" in kwargs["args"].keys():
+        raise OSError(errno.EIO, "Input/output error")
+    return real(self, step, *args, **kwargs)
+ocp.CheckpointManager.restore = failing
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -1209,18 +1244,13 @@ def test_a_save_that_orbax_fails_on_one_process_stops_both_in_one_line_each(tmp_
 
 
 @pytest.mark.slow
-def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step(tmp_path, worker_cache):
+def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step(tmp_path, worker_cache, saved_2_and_4):
     """Step 4's host file of process 1 is damaged, process 0's is sound: both processes fall back
     to step 2 together, step 4 is set aside once, and the run goes on to step 6. (Before they
     agreed, process 0 resumed from step 4 and process 1 from step 2, and both aborted in a
     mismatched collective.)"""
-    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
-    args = args[:-2] + ["--save-every", "2"]
-    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
-    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
+    run_dir, args = _resumed_to_6(tmp_path, saved_2_and_4)
     (run_dir / "host_state" / "4.p1.npz").write_bytes(b"garbage")
-    at = args.index("--steps")
-    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
     texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
     assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]  # the lead process says it
     assert "checkpoint 4 is unreadable (another process could not read it)" in texts[0], texts[0][-3000:]
@@ -1230,19 +1260,14 @@ def test_a_host_file_damaged_on_one_process_makes_both_resume_from_the_same_step
 
 
 @pytest.mark.slow
-def test_a_step_listed_late_on_one_host_is_waited_for_and_both_resume_from_it(tmp_path, worker_cache):
+def test_a_step_listed_late_on_one_host_is_waited_for_and_both_resume_from_it(tmp_path, worker_cache, saved_2_and_4):
     """Steps 2 and 4 are saved, but process 1 lists them only after 3 s (a host whose view of a
     shared file system lags): both processes agree on step 4, process 1 waits until it lists it,
     and both resume from it. (The negative control, each process reading its own newest: process
     1 found no checkpoint while process 0 read step 4, and Orbax's barriers failed on both with a
     traceback, "sync_global_devices name mismatch". With only step 4 hidden and only the restore
     unagreed, process 1 resumed from step 2, and both hung in mismatched collectives.)"""
-    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
-    args = args[:-2] + ["--save-every", "2"]
-    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
-    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
-    at = args.index("--steps")
-    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
+    run_dir, args = _resumed_to_6(tmp_path, saved_2_and_4)
     late = STEP_4_LISTED_LATE.format(hidden=3)
     texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", late]), timeout=240)
     assert f"resuming {run_dir} from step 4 " in texts[0], texts[0][-3000:]
@@ -1251,24 +1276,33 @@ def test_a_step_listed_late_on_one_host_is_waited_for_and_both_resume_from_it(tm
 
 
 @pytest.mark.slow
-def test_an_orbax_read_failing_on_one_process_makes_both_fall_back_at_once(tmp_path, worker_cache):
-    """Step 4's Orbax read fails on process 1 only: both fall back to step 2 together, within
-    seconds. (Before, the failing process skipped Orbax's restore barrier and went on alone: it
-    died in a mismatched collective, sync_global_devices in ``set_aside``, with a traceback, while
-    process 0 waited at the barrier until the test killed both after 240 s.)"""
-    run_dir, args = _scenario(tmp_path, SHARDS, stop=["--steps", "4"])
-    args = args[:-2] + ["--save-every", "2"]
-    _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache), timeout=240)
-    assert Checkpointer(run_dir, read_only=True).steps() == [2, 4]
-    at = args.index("--steps")
-    args = [*args[:at], "--steps", "6", *args[at + 2 :]]
+@pytest.mark.parametrize(
+    ("injected", "said"),
+    [
+        pytest.param(ORBAX_READ_OF_STEP_4_FAILS, "ValueError: injected: step 4's shards are damaged", id="its-read"),
+        pytest.param(ORBAX_RESTORE_OF_STEP_4_RAISES, "OSError: [Errno 5] Input/output error", id="before-its-read"),
+    ],
+)
+def test_an_orbax_read_failing_on_one_process_makes_both_fall_back_at_once(
+    tmp_path, worker_cache, saved_2_and_4, injected, said
+):
+    """Step 4's Orbax restore fails on process 1 only, in its read or in Orbax's own code before
+    it: both fall back to step 2 together, within seconds. (Before, the failing process skipped
+    Orbax's restore barrier and went on alone: with the read, it died in a mismatched collective,
+    sync_global_devices in ``set_aside``, with a traceback, while process 0 waited at the barrier
+    until the test killed both after 240 s. The negative control of ``before-its-read``, without
+    the barrier passed in ``_reach_the_barrier_on_failure``: process 1's agreement met process 0's
+    barrier, which failed there with jax's "sync_global_devices name mismatch", taken for a
+    damaged step 4; the fall-back was agreed only because the two collectives' shapes happened to
+    fit.)"""
+    run_dir, args = _resumed_to_6(tmp_path, saved_2_and_4)
     t0 = time.monotonic()
-    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", ORBAX_READ_OF_STEP_4_FAILS])
+    procs, logs = _start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", injected])
     texts = _wait_workers(procs, logs, timeout=240)
     assert time.monotonic() - t0 < 90, texts[0][-3000:]
     assert f"resuming {run_dir} from step 2 " in texts[0], texts[0][-3000:]
     assert "checkpoint 4 is unreadable (another process could not read it)" in texts[0], texts[0][-3000:]
-    assert "checkpoint 4 is unreadable (ValueError: injected: step 4's shards are damaged" in texts[1], texts[1][-3000:]
+    assert f"checkpoint 4 is unreadable ({said}" in texts[1], texts[1][-3000:]
     assert load_run(str(run_dir))[3] == 6
 
 

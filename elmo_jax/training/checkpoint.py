@@ -161,20 +161,42 @@ def _reach_the_barrier_on_failure(manager: ocp.CheckpointManager) -> None:
     skipped the barrier and went on to agree on a fall-back (``restore_latest``) while the others
     still waited there: their collectives mismatched, and the run died with a traceback. Here the
     read's exception is returned instead, as a ``_FailedRead``, through the barrier, and
-    ``Checkpointer._read`` raises it after. Orbax's internals (0.12:
-    ``CheckpointManager._checkpointer._restore``); under a version without them, the mismatch stays."""
-    inner = getattr(manager, "_checkpointer", None)
+    ``Checkpointer._read`` raises it after.
+
+    Orbax's own code can also raise before the read, on one process (the step's directory not
+    found or unreadable there, its checks): that process then passes the barrier itself, with
+    Orbax's key, before the error goes on. Orbax's internals (0.12: the ``CheckpointManager``'s
+    ``_checkpointer._restore``, and its barrier's key and processes); under a version without
+    them, the mismatch stays."""
+    inner: Any = getattr(manager, "_checkpointer", None)
     read = getattr(inner, "_restore", None)
     if read is None:
         return
+    reads = [0]  # the reads begun: a restore that raised with none begun skipped the barrier
 
     def read_or_failure(directory, args):
+        reads[0] += 1
         try:
             return read(directory, args=args)
         except Exception as e:  # noqa: BLE001 - raised again by Checkpointer._read, past the barrier
             return _FailedRead(e)
 
-    inner._restore = read_or_failure  # type: ignore[union-attr]
+    inner._restore = read_or_failure
+    if not hasattr(inner, "_barrier_sync_key_prefix") or not hasattr(inner, "_active_processes"):
+        return
+    restore = manager.restore
+    key = ocp.multihost.unique_barrier_key("Checkpointer:restore", prefix=inner._barrier_sync_key_prefix)
+
+    def restore_reaching_the_barrier(step, *args, **kwargs):
+        before = reads[0]
+        try:
+            return restore(step, *args, **kwargs)
+        except Exception:
+            if reads[0] == before and jax.process_count() > 1:
+                ocp.multihost.sync_global_processes(key, processes=inner._active_processes)
+            raise
+
+    manager.restore = restore_reaching_the_barrier
 
 
 class _PeerSaveFailed(Exception):
