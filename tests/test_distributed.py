@@ -565,7 +565,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 # Process 1 lists no step for its first {hidden} s, as a host whose NFS attribute cache still
 # holds the directory from before the steps were committed.
-STEP_4_LISTED_LATE = """
+STEPS_LISTED_LATE = """
 import sys, time
 import orbax.checkpoint as ocp
 from elmo_jax import cli
@@ -1268,7 +1268,7 @@ def test_a_step_listed_late_on_one_host_is_waited_for_and_both_resume_from_it(tm
     traceback, "sync_global_devices name mismatch". With only step 4 hidden and only the restore
     unagreed, process 1 resumed from step 2, and both hung in mismatched collectives.)"""
     run_dir, args = _resumed_to_6(tmp_path, saved_2_and_4)
-    late = STEP_4_LISTED_LATE.format(hidden=3)
+    late = STEPS_LISTED_LATE.format(hidden=3)
     texts = _wait_workers(*_start_workers(tmp_path, 0, args, worker_cache, process_1=["-c", late]), timeout=240)
     assert f"resuming {run_dir} from step 4 " in texts[0], texts[0][-3000:]
     assert "unreadable" not in texts[0] + texts[1], texts
