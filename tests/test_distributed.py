@@ -683,16 +683,17 @@ def _start_workers(
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
     for i in range(n):
         log = open(tmp_path / f"worker{i}.log", "w+")
-        args = list(base)
+        args, env_i = list(base), env
         if ids_from == "flags":
             args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)]
-        ids = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": str(n)}
-        ids |= {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)}
+        else:
+            env_i = env | {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": str(n)}
+            env_i |= {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)}
         runner = both or (process_1 if i == 1 and process_1 else ["-m", "elmo_jax"])
         procs.append(
             subprocess.Popen(
                 [sys.executable, *runner, *args],
-                env=env if ids_from == "flags" else env | ids,
+                env=env_i,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,

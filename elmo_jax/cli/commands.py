@@ -173,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if (cluster := multihost.from_cluster(args)) is not None and args.process_id == 0:
         print(cluster)
     # Before jax starts its backend, which is when XLA reads its flags.
-    several = (args.num_processes or 1) > 1 or bool(args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    several = (args.num_processes or 1) > 1 or bool(multihost.coordinator(args))
     kernels = set_gpu_kernels(args.gpu_kernels, args.run_dir, several)
     train_files, heldout_files = args.train_files, args.heldout_files
     if train_files is None:

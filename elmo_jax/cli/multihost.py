@@ -42,6 +42,12 @@ KEY = "elmo_jax/alive"
 CLUSTERS = {"slurm": "SLURM", "ompi": "Open MPI"}  # jax's names of the launchers read here (``from_cluster``)
 
 
+def coordinator(args: argparse.Namespace) -> str | None:
+    """The coordinator's ``host:port``: ``--coordinator``, else JAX_COORDINATOR_ADDRESS; None for
+    a run of one process."""
+    return args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+
+
 def from_cluster(args: argparse.Namespace) -> str | None:
     """Fills what the flags leave unset of ``--coordinator``, ``--num-processes`` and
     ``--process-id`` from a cluster's environment (a SLURM job step, or Open MPI's ``mpirun``), as
@@ -51,7 +57,7 @@ def from_cluster(args: argparse.Namespace) -> str | None:
     ``--num-processes 1`` keeps one process whatever the environment says.
 
     Returns the line that says so (process 0's to print), or None where nothing was filled."""
-    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    address = coordinator(args)
     if args.num_processes == 1 or (address and args.num_processes and args.process_id is not None):
         return None
     try:
@@ -97,7 +103,7 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     import jax
     from jax._src import distributed
 
-    address = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    address = coordinator(args)
     if not address:
         return None
     # jax.distributed waits for every process to join, and past its initialization timeout it

@@ -38,7 +38,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -547,8 +547,7 @@ class Checkpointer:
     def latest_meta(self) -> dict | None:
         """The metadata of the newest step that every process lists and can read, or None. A
         damaged one is named in a warning, and the processes try an older one together."""
-        step = self._newest_listed_by_all(below=None)
-        while step >= 0:
+        for step in self._agreed_steps():
             meta, error = None, None
             try:
                 meta = self.meta(step)
@@ -561,7 +560,6 @@ class Checkpointer:
                 f"({type(error).__name__ if error is not None else 'on another process'}); trying older",
                 stacklevel=2,
             )
-            step = self._newest_listed_by_all(below=step)
         return None
 
     def _failed_anywhere(self, step: int, error: BaseException | None) -> bool:
@@ -611,8 +609,7 @@ class Checkpointer:
         again (Orbax refuses a step that exists); readers leave them where they are."""
         unreadable: list[tuple[int, str]] = []
         found = None
-        step = self._newest_listed_by_all(below=None)
-        while step >= 0:
+        for step in self._agreed_steps():
             why, error = None, None
             try:
                 found = (step, *self.restore(step, abstract, with_host))
@@ -625,7 +622,6 @@ class Checkpointer:
             if found is not None:
                 break
             unreadable.append((step, why or ""))
-            step = self._newest_listed_by_all(below=step)
         moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
         for step, why in unreadable:
             where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""
@@ -634,6 +630,14 @@ class Checkpointer:
                 stacklevel=2,
             )
         return found
+
+    def _agreed_steps(self) -> Iterator[int]:
+        """The steps to try, newest first, the same on every process (``_newest_listed_by_all``):
+        each is agreed when it is asked for, so a caller that stops early agrees no further."""
+        step = self._newest_listed_by_all(below=None)
+        while step >= 0:
+            yield step
+            step = self._newest_listed_by_all(below=step)
 
     def _newest_listed_by_all(self, below: int | None) -> int:
         """The newest step (before ``below``) that any process lists, once every process lists it;
