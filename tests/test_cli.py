@@ -153,7 +153,10 @@ def test_ctrl_c_or_sigterm_in_a_real_run_exits_128_plus_it_and_leaves_no_file(tm
     time.sleep(1.0)  # windows embedded and being written
     signum = getattr(signal, sent)
     p.send_signal(signum)
-    err = p.communicate(timeout=60)[1]
+    try:
+        err = p.communicate(timeout=60)[1]
+    finally:  # a wedged run must not outlive the test (one did, before background.Channel)
+        p.kill()
     assert p.returncode == 128 + signum, err
     assert err.strip().splitlines()[-1] == "elmo-jax embed: interrupted" + ("" if sent == "SIGINT" else f" ({sent})")
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]

@@ -19,6 +19,7 @@ it changes) stays in ``loop.GlobalBatches``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import queue
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_jax._util.background import Channel
 from elmo_jax.config import TrainConfig
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.step import add_candidates, plan_batch
@@ -227,7 +229,9 @@ class Prefetcher:
     """
 
     def __init__(self, build, first: int, depth: int):
-        self._queue: queue.Queue[HostBatch] = queue.Queue(maxsize=depth)
+        # A Channel, not a queue.Queue: a second Ctrl-C raises in take(), which must not leave the
+        # thread unable to hand over (or to end) for want of a lock held for good.
+        self._queue: Channel[HostBatch] = Channel(depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(build, first, self._queue, self._stop), name="elmo-jax-prefetch", daemon=True
@@ -235,7 +239,7 @@ class Prefetcher:
         self._thread.start()
 
     @staticmethod
-    def _run(build, step: int, out: queue.Queue, stop: threading.Event) -> None:
+    def _run(build, step: int, out: Channel[HostBatch], stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 item = build(step)
@@ -263,4 +267,7 @@ class Prefetcher:
     def close(self) -> None:
         """Stops the thread; waits for a build in progress (a few ms, at most a few seconds)."""
         self._stop.set()
+        with contextlib.suppress(queue.Empty):  # frees a thread waiting for a place, which then sees stop
+            while True:
+                self._queue.get(timeout=0)
         self._thread.join(timeout=30)
