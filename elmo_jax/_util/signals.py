@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 
 HANGUP = getattr(signal, "SIGHUP", None)  # none on Windows
@@ -17,7 +20,14 @@ def handling(handler: Callable, signals: Iterable[int | None]) -> Iterator[None]
     SIGTERM or SIGHUP ignored when the block starts stays ignored: SIGHUP under ``nohup``, so that
     the process outlives its terminal, as asked. SIGINT is taken even so (a background job inherits
     it ignored, and Ctrl-C must still stop a run). Outside the main thread, where ``signal.signal``
-    refuses, the caller's handling stays (a notebook's worker)."""
+    refuses, the caller's handling stays (a notebook's worker).
+
+    A handler that raises (an interrupt) can run inside code whose exceptions Python swallows
+    after printing them: a ``__del__``, a weak reference's callback, a ``gc`` callback (jax
+    registers one). The signal was then lost, and the command ran on to its end as if never
+    stopped (SIGTERM landing in jax's gc callback, 2 times in 40 at one start-up moment). While
+    the block runs, ``sys.unraisablehook`` sends such a signal again instead, and its handler runs
+    once that code has returned."""
     old = {}
     for sig in signals:
         if sig is None or (sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN):
@@ -26,8 +36,26 @@ def handling(handler: Callable, signals: Iterable[int | None]) -> Iterator[None]
             old[sig] = signal.signal(sig, handler)
         except ValueError:
             pass
+    hook = sys.unraisablehook
+
+    def send_again(unraisable) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            # A moment later, from another thread: sent from here (signal.raise_signal, os.kill, or
+            # even interrupt_main, which only marks it as arrived), the handler would run at once,
+            # inside this hook, whose exceptions are dropped too.
+            again = threading.Timer(0.05, _thread.interrupt_main, (getattr(e, "signum", signal.SIGINT),))
+            again.daemon = True
+            again.start()
+        else:
+            hook(unraisable)
+
+    if old:
+        sys.unraisablehook = send_again
     try:
         yield
     finally:
+        if sys.unraisablehook is send_again:
+            sys.unraisablehook = hook
         for sig, before in old.items():
             signal.signal(sig, before)

@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from importlib import resources
@@ -757,6 +758,19 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, argv)
 
 
+def _cancel_timers() -> None:
+    """Cancels every ``threading.Timer`` still waiting, so that an interrupted program's exit does
+    not wait for them (the interpreter joins its threads first).
+
+    An interrupt that lands inside a library's ``finally: timer.cancel()`` leaves that timer
+    running: jax's backend start-up sets one of 60 s for a warning about TPU hosts, and
+    ``elmo-jax train`` interrupted there said so, then sat at its exit for 60 s
+    (``tests/probe_signals.py``). An interrupted command runs no delayed action."""
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.cancel()
+
+
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     """The command, its one-line errors and their exit codes."""
     try:
@@ -767,6 +781,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         by = f" ({signal.Signals(signum).name})" if isinstance(e, Terminated) else ""
         print(f"elmo-jax {args.command}: interrupted{by}", file=sys.stderr)
+        if argv is None:
+            _cancel_timers()
         if argv is None and args.command == "embed":
             # Run as the program, with its partial output already removed: leave without the
             # interpreter's teardown, in which XLA can crash (SIGSEGV)
