@@ -1,0 +1,125 @@
+"""A probe of signals landing at random moments: run by hand, not by the suite (the file name does
+not match ``test_*.py``).
+
+    python tests/probe_signals.py train 60            # 60 runs, each signalled once
+    python tests/probe_signals.py embed 40 --from 1 --to 6 --seed 3
+
+Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bundled sample, in a
+new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 2,000 lines) as a terminal starts
+it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended:
+
+- ``stopped``: training's loop saved and stopped (exit 0, "stopped at step N");
+- ``interrupted``: the command's one line, ``elmo-jax train: interrupted (SIGTERM)``, exit 128 + N;
+- ``before its handlers``: the signal came while the interpreter started or imported jax (the
+  signal's own exit, or Python's KeyboardInterrupt from an import: Python's rule, not the CLI's);
+- ``done first``: the command ended before the signal;
+- ``LOST``: it ran to its end as if never signalled;
+- ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
+  installed);
+- ``TRACEBACK`` / ``OTHER``: a traceback, or any other ending.
+
+It prints a line per run and the counts. The suite tests each cause that this probe found on its
+own (``test_background.py``, ``test_cli.py::test_a_signal_whose_exception_python_swallows_*``).
+"""
+
+import argparse
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from helpers import AS_FROM_A_TERMINAL, xla_flags
+
+ROOT = pathlib.Path(__file__).parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "allennlp_elmo"
+BAD = ("LOST", "WEDGED", "TRACEBACK", "OTHER")
+
+
+def _command(kind: str, tmp: pathlib.Path) -> list[str]:
+    if kind == "train":
+        return ["train", "--run-dir", str(tmp / "run"), "--steps", "60", "--save-every", "20", "--no-progress"]
+    lines = (ROOT / "elmo_jax" / "data" / "sample" / "heldout.txt").read_text().splitlines()
+    (tmp / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(2000)) + "\n")
+    return ["embed", "--options", str(FIXTURE / "options.json"), "--weights", str(FIXTURE / "lm_weights.hdf5"),
+            "--input", str(tmp / "in.txt"), "--output", str(tmp / "out" / "o.hdf5"), "--no-progress"]  # fmt: skip
+
+
+def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str, signalled: bool) -> str:
+    if rc is None:
+        return "WEDGED"
+    if not signalled:
+        return "done first"
+    if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
+        return "before its handlers"
+    if "Traceback" in err:
+        return "TRACEBACK"
+    lines = err.strip().splitlines()
+    said = f"elmo-jax {kind}: interrupted" + ("" if sent == signal.SIGINT else f" ({sent.name})")
+    if rc == 128 + sent and lines and lines[-1] == said:
+        return "interrupted"
+    if rc == 0 and kind == "train" and "stopped at step" in out:
+        return "stopped"
+    return "LOST" if rc == 0 else "OTHER"
+
+
+def _stacks(pid: int) -> str:
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return "(install py-spy to see where it waits)"
+    return subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
+
+
+def probe(kind: str, runs: int, start: float, end: float, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    for i in range(runs):
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="probe_signals_"))
+        sent = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+        delay = rng.uniform(start, end)
+        p = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, *_command(kind, tmp)], cwd=tmp, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(delay)
+        signalled = p.poll() is None
+        if signalled:
+            p.send_signal(sent)
+        t = time.monotonic()
+        try:
+            out, err = p.communicate(timeout=60)
+            rc: int | None = p.returncode
+        except subprocess.TimeoutExpired:
+            err = _stacks(p.pid)
+            p.kill()
+            out, rc = p.communicate()[0], None
+        outcome = _outcome(kind, sent, rc, out, err, signalled)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {time.monotonic() - t:.2f} s after)",
+              flush=True)  # fmt: skip
+        if outcome in BAD:
+            print("    " + "\n    ".join((out + err).strip().splitlines()[-25:]), flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["train", "embed"])
+    parser.add_argument("runs", type=int)
+    parser.add_argument("--from", dest="start", type=float, default=0.3, help="earliest delay, s")
+    parser.add_argument("--to", dest="end", type=float, default=4.0, help="latest delay, s")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    counts = probe(args.command, args.runs, args.start, args.end, args.seed)
+    print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    sys.exit(1 if any(k in BAD for k in counts) else 0)
+
+
+if __name__ == "__main__":
+    main()
