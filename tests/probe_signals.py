@@ -5,14 +5,15 @@ not match ``test_*.py``).
     python tests/probe_signals.py embed 40 --from 1 --to 6 --seed 3
 
 Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bundled sample, in a
-new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 2,000 lines) as a terminal starts
+new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 20,000 lines) as a terminal starts
 it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended:
 
 - ``stopped``: training's loop saved and stopped (exit 0, "stopped at step N");
-- ``interrupted``: the command's one line, ``elmo-jax train: interrupted (SIGTERM)``, exit 128 + N;
+- ``interrupted``: the command's one line, ``elmo-jax train: interrupted (SIGTERM)``, exit 128 + N
+  (``LEFT FILES`` if embed left anything of its output);
 - ``before its handlers``: the signal came while the interpreter started or imported jax (the
   signal's own exit, or Python's KeyboardInterrupt from an import: Python's rule, not the CLI's);
-- ``done first``: the command ended before the signal;
+- ``done first``: the command ended well before the signal;
 - ``LOST``: it ran to its end as if never signalled;
 - ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
   installed);
@@ -39,23 +40,23 @@ from helpers import AS_FROM_A_TERMINAL, xla_flags
 
 ROOT = pathlib.Path(__file__).parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "allennlp_elmo"
-BAD = ("LOST", "WEDGED", "TRACEBACK", "OTHER")
+BAD = ("LOST", "WEDGED", "TRACEBACK", "LEFT FILES", "OTHER")
 
 
 def _command(kind: str, tmp: pathlib.Path) -> list[str]:
     if kind == "train":
         return ["train", "--run-dir", str(tmp / "run"), "--steps", "60", "--save-every", "20", "--no-progress"]
     lines = (ROOT / "elmo_jax" / "data" / "sample" / "heldout.txt").read_text().splitlines()
-    (tmp / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(2000)) + "\n")
+    (tmp / "in.txt").write_text("\n".join(lines[i % len(lines)] for i in range(20000)) + "\n")
     return ["embed", "--options", str(FIXTURE / "options.json"), "--weights", str(FIXTURE / "lm_weights.hdf5"),
-            "--input", str(tmp / "in.txt"), "--output", str(tmp / "out" / "o.hdf5"), "--no-progress"]  # fmt: skip
+            "--input", str(tmp / "in.txt"), "--output", str(tmp / "o.hdf5"), "--no-progress"]  # fmt: skip
 
 
 def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str, signalled: bool) -> str:
     if rc is None:
         return "WEDGED"
     if not signalled:
-        return "done first"
+        return "done first" if rc == 0 else "OTHER"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
         return "before its handlers"
     if "Traceback" in err:
@@ -99,6 +100,9 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int) -> dict[str
             p.kill()
             out, rc = p.communicate()[0], None
         outcome = _outcome(kind, sent, rc, out, err, signalled)
+        left = sorted(f for f in os.listdir(tmp) if f not in ("in.txt", "run"))
+        if kind == "embed" and outcome == "interrupted" and left:
+            outcome, err = "LEFT FILES", f"{err}\nleft: {left}"
         counts[outcome] = counts.get(outcome, 0) + 1
         print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {time.monotonic() - t:.2f} s after)",
               flush=True)  # fmt: skip
