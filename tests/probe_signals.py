@@ -2,6 +2,7 @@
 not match ``test_*.py``).
 
     python tests/probe_signals.py train 60            # 60 runs, each signalled once
+    python tests/probe_signals.py train 40 --rerun    # and each run again to its end
     python tests/probe_signals.py embed 40 --from 1 --to 6 --seed 3
 
 Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bundled sample, in a
@@ -17,7 +18,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
 - ``LOST``: it ran to its end as if never signalled;
 - ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
   installed);
-- ``TRACEBACK`` / ``OTHER``: a traceback, or any other ending.
+- ``TRACEBACK`` / ``OTHER``: a traceback, or any other ending;
+- ``NOT RESUMED`` (with ``--rerun``): the same ``train`` command, run again, did not take the run
+  to its last step: the signal left the run dir in a state it could not go on from.
 
 It prints a line per run and the counts. The suite tests each cause that this probe found on its
 own (``test_background.py``, ``test_cli.py::test_a_signal_whose_exception_python_swallows_*``).
@@ -38,9 +41,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from helpers import AS_FROM_A_TERMINAL, xla_flags
 
+from elmo_jax.training.setup import saved_steps
+
 ROOT = pathlib.Path(__file__).parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "allennlp_elmo"
-BAD = ("LOST", "WEDGED", "TRACEBACK", "LEFT FILES", "OTHER")
+BAD = ("LOST", "WEDGED", "TRACEBACK", "LEFT FILES", "NOT RESUMED", "OTHER")
 
 
 def _command(kind: str, tmp: pathlib.Path) -> list[str]:
@@ -77,7 +82,17 @@ def _stacks(pid: int) -> str:
     return subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
 
 
-def probe(kind: str, runs: int, start: float, end: float, seed: int) -> dict[str, int]:
+def _not_resumed(tmp: pathlib.Path, env: dict) -> str | None:
+    """Why the same command, run again, did not take the run to its last step (None if it did)."""
+    r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command("train", tmp)], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    steps = saved_steps(str(tmp / "run"))
+    if r.returncode == 0 and steps and steps[-1] == 60:
+        return None
+    return f"exit {r.returncode}, steps saved {steps}: {r.stderr.strip()[-2000:]}"
+
+
+def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool) -> dict[str, int]:
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
@@ -103,6 +118,8 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int) -> dict[str
         left = sorted(f for f in os.listdir(tmp) if f not in ("in.txt", "run"))
         if kind == "embed" and outcome == "interrupted" and left:
             outcome, err = "LEFT FILES", f"{err}\nleft: {left}"
+        if kind == "train" and rerun and outcome not in BAD and (why := _not_resumed(tmp, env)):
+            outcome, err = "NOT RESUMED", f"{err}\nthe rerun: {why}"
         counts[outcome] = counts.get(outcome, 0) + 1
         print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {time.monotonic() - t:.2f} s after)",
               flush=True)  # fmt: skip
@@ -119,8 +136,9 @@ def main() -> None:
     parser.add_argument("--from", dest="start", type=float, default=0.3, help="earliest delay, s")
     parser.add_argument("--to", dest="end", type=float, default=4.0, help="latest delay, s")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rerun", action="store_true", help="train: rerun each to its end; it must get there")
     args = parser.parse_args()
-    counts = probe(args.command, args.runs, args.start, args.end, args.seed)
+    counts = probe(args.command, args.runs, args.start, args.end, args.seed, args.rerun)
     print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     sys.exit(1 if any(k in BAD for k in counts) else 0)
 

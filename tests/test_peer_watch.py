@@ -85,6 +85,14 @@ def test_a_failed_process_stops_this_one_after_the_grace_while_it_works_with_its
         "is fixed, restart every process with the same command",
     )
     assert watch._verdict(1, working=False) is None  # this one ended too: no news, and not dead
+    # A line with its own advice: that advice goes for every process, and is not repeated.
+    _word(store, 1, "4 failed own RUN: step 4 not saved: the disk is full; free space and rerun the same command")
+    watch._tick()  # failed since the first word: past the grace
+    assert watch._verdict(1, working=True) == (
+        False,
+        "process 1 of 2 stopped with an error: RUN: step 4 not saved: the disk is full; free space and rerun the "
+        "same command (every process alike)",
+    )
 
 
 def test_a_death_another_process_found_is_taken_at_once_and_before_any_failure():

@@ -196,6 +196,14 @@ def leave(line: str, code: int = 1, keeper: Coordinator | None = None) -> None:
     os._exit(code)
 
 
+def _on_every_process(line: str) -> str:
+    """How another process's error line ends when this one says it: its own advice (ours end
+    with "rerun ..." or "restart ...") goes for every process; a line without any gets some."""
+    if "rerun" in line or "restart" in line:
+        return " (every process alike)"
+    return "; once its cause is fixed, restart every process with the same command"
+
+
 class PeerWatch:
     """Whether the other processes of the run are still there, through jax.distributed's key-value
     store. Every ``period`` seconds each process writes ``KEY/<its id>`` = ``"<count> <state>"``
@@ -343,10 +351,7 @@ class PeerWatch:
                 f"{resume_from(self.run_dir, self.n)}"
             )
         if state == "failed" and working and self.clock.now() - failed_at >= self.grace:
-            return False, (
-                f"process {k} of {self.n} stopped with an error: {line}; once its cause is fixed, restart every "
-                "process with the same command"
-            )
+            return False, f"process {k} of {self.n} stopped with an error: {line}{_on_every_process(line)}"
         return None
 
     def stop(self, line: str, kind: str = "own", dead: bool = False) -> None:
