@@ -64,15 +64,13 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "done first" if rc == 0 else "OTHER"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
         return "before its handlers"
+    if rc == 0:
+        return "stopped" if kind == "train" and "stopped at step" in out else "LOST"
     if "Traceback" in err:
         return "TRACEBACK"
     lines = err.strip().splitlines()
     said = f"elmo-jax {kind}: interrupted" + ("" if sent == signal.SIGINT else f" ({sent.name})")
-    if rc == 128 + sent and lines and lines[-1] == said:
-        return "interrupted"
-    if rc == 0 and kind == "train" and "stopped at step" in out:
-        return "stopped"
-    return "LOST" if rc == 0 else "OTHER"
+    return "interrupted" if rc == 128 + sent and lines and lines[-1] == said else "OTHER"
 
 
 def _stacks(pid: int) -> str:
