@@ -189,8 +189,8 @@ def test_an_interrupted_program_does_not_wait_at_its_exit_for_a_timer_a_library_
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
 def test_a_signal_whose_exception_python_swallows_is_sent_again_not_lost(where, sent):
     """A signal's handler can run inside code whose exceptions Python prints and drops: a gc
-    callback (jax registers one), a ``__del__``. ``elmo-jax train`` so lost a SIGTERM or SIGHUP
-    at start-up (2 times in 40 at one moment), printing "Exception ignored in: <function
+    callback (jax registers one), a ``__del__``. ``elmo-jax train`` so lost a signal at start-up
+    in 2 runs of 80 (``tests/probe_signals.py``), printing "Exception ignored in: <function
     _xla_gc_callback>" and training on to its end. Under the command's handlers, the signal is
     sent again and raised once that code has returned. Negative control, without the
     unraisable hook: nothing is raised, and the test fails."""

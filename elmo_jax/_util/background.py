@@ -29,9 +29,11 @@ class Channel(Generic[T]):
     between two bytecodes: when that is just after the lock is taken and before the ``with`` block
     is set up, or in ``__exit__`` before the release, the lock stays held for good, and the next
     ``put`` or ``get`` on either thread waits forever (or fails with "release unlocked lock").
-    ``elmo-jax embed`` hung so when a SIGHUP came as it handed a line to its writer. ``queue.SimpleQueue`` is written in C: its ``put`` and ``get``
-    take and release their lock without running Python in between, so a raised signal leaves it
-    as it was. Two of them make this channel: the items, and a token per free place.
+    ``elmo-jax embed`` hung so when a SIGHUP came as it handed a line to its writer.
+
+    ``queue.SimpleQueue`` is written in C: its ``put`` and ``get`` take and release their lock
+    without running Python in between, so a raised signal leaves it as it was. Two of them make
+    this channel: the items, and a token per free place.
     """
 
     def __init__(self, depth: int):

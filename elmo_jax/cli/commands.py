@@ -764,8 +764,9 @@ def _cancel_timers() -> None:
 
     An interrupt that lands inside a library's ``finally: timer.cancel()`` leaves that timer
     running: jax's backend start-up sets one of 60 s for a warning about TPU hosts, and
-    ``elmo-jax train`` interrupted there said so, then sat at its exit for 60 s
-    (``tests/probe_signals.py``). An interrupted command runs no delayed action."""
+    ``elmo-jax train`` interrupted there said so, then sat at its exit for 60 s (found by signals
+    sent at random moments, as ``tests/probe_signals.py`` sends them). An interrupted command runs
+    no delayed action."""
     for thread in threading.enumerate():
         if isinstance(thread, threading.Timer):
             thread.cancel()
