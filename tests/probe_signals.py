@@ -112,6 +112,7 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool
             err = _stacks(p.pid)
             p.kill()
             out, rc = p.communicate()[0], None
+        took = time.monotonic() - t
         outcome = _outcome(kind, sent, rc, out, err, signalled)
         left = sorted(f for f in os.listdir(tmp) if f not in ("in.txt", "run"))
         if kind == "embed" and outcome == "interrupted" and left:
@@ -119,7 +120,7 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool
         if kind == "train" and rerun and outcome not in BAD and (why := _not_resumed(tmp, env)):
             outcome, err = "NOT RESUMED", f"{err}\nthe rerun: {why}"
         counts[outcome] = counts.get(outcome, 0) + 1
-        print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {time.monotonic() - t:.2f} s after)",
+        print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {took:.2f} s after)",
               flush=True)  # fmt: skip
         if outcome in BAD:
             print("    " + "\n    ".join((out + err).strip().splitlines()[-25:]), flush=True)
