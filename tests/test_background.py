@@ -90,11 +90,11 @@ def raising_signals():
 
 def test_a_signal_that_raises_anywhere_in_a_submit_never_wedges_the_hand_off(raising_signals):
     """`elmo-jax embed` hung for good once when a SIGHUP came while it handed a line to its
-    writer: the signal's exception landed in ``queue.Queue.put`` just after it had taken its
-    lock, which stayed held, and leaving the block waited for it. Here a signal lands at a
-    different moment of 2,000 blocks of submits; each must end at once with the signal's error.
-    Negative control, with ``queue.Queue`` as before: 3 runs of 3 failed, one wedged and two
-    with "RuntimeError: release unlocked lock"."""
+    writer: the signal's exception landed in ``queue.Queue.put`` while it held its lock, which
+    stayed held, and leaving the block waited for it. Here a signal lands at a different moment
+    of 2,000 blocks of submits; each must end at once with the signal's error. Negative control,
+    with ``queue.Queue`` as before: 2 runs of 2 wedged (the signal landed in the lock's
+    ``__exit__`` before the release; the clean-up's ``put_nowait`` then waited for it)."""
     for i in range(2000):
         with pytest.raises(_Signal):
             with background.calls(lambda item: None, depth=2) as submit:
