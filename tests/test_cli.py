@@ -166,7 +166,7 @@ def test_ctrl_c_or_sigterm_in_a_real_run_exits_128_plus_it_and_leaves_no_file(tm
 def test_an_interrupted_program_does_not_wait_at_its_exit_for_a_timer_a_library_left_running():
     """A signal that lands in jax's ``finally: timer.cancel()`` at backend start-up left its 60 s
     TPU-warning timer running: ``elmo-jax train`` said "interrupted", then waited 60 s at its exit
-    (``tests/probe_signals.py``). Here a command leaves a 600 s timer, as jax did, and is
+    (found by signals sent at random moments). Here a command leaves a 600 s timer, as jax did, and is
     interrupted: the program ends at once, 130. Negative control, without ``_cancel_timers``: the
     test times out after 30 s."""
     script = (
