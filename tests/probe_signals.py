@@ -22,8 +22,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
 - ``NOT RESUMED`` (with ``--rerun``): the same ``train`` command, run again, did not take the run
   to its last step: the signal left the run dir in a state it could not go on from.
 
-It prints a line per run and the counts. The suite tests each cause that this probe found on its
-own (``test_background.py``, ``test_cli.py::test_a_signal_whose_exception_python_swallows_*``).
+It prints a line per run and the counts. The suite tests each cause found by sending signals so
+on its own: ``test_background.py`` (a hand-off wedged), ``test_cli.py::test_a_signal_whose_*``
+(a signal lost) and ``test_cli.py::test_an_interrupted_program_*`` (an exit held up).
 """
 
 import argparse
