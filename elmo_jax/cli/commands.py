@@ -782,15 +782,15 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         by = f" ({signal.Signals(signum).name})" if isinstance(e, Terminated) else ""
         print(f"elmo-jax {args.command}: interrupted{by}", file=sys.stderr)
-        if argv is None:
+        if argv is None:  # the program, not a caller's Python
             _cancel_timers()
-        if argv is None and args.command == "embed":
-            # Run as the program, with its partial output already removed: leave without the
-            # interpreter's teardown, in which XLA can crash (SIGSEGV)
-            # when Ctrl-C landed while a program compiled. (train saves and returns on a signal.)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + signum)
+            if args.command == "embed":
+                # Its partial output already removed: leave without the interpreter's teardown, in
+                # which XLA can crash (SIGSEGV) when Ctrl-C landed while a program compiled.
+                # (train saves and returns on a signal.)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + signum)
         return 128 + signum
     except Exception as e:
         if (code := _exit_code(e)) is None:
