@@ -4,6 +4,7 @@ What the commands compute and write is tested with the library: test_embed.py, t
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -183,6 +184,54 @@ def test_an_interrupted_program_does_not_wait_at_its_exit_for_a_timer_a_library_
     assert r.returncode == 130, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "elmo-jax train: interrupted"
     assert "the timer ran" not in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code(sent):
+    """The program's first second is its imports (jax, Orbax). A signal there gave Ctrl-C's
+    traceback out of jax's import, and ended the process by SIGTERM or SIGHUP's own action with no
+    word; raised inside the import of jaxlib's C extensions it can also abort the interpreter (exit
+    -6 or -11, seen by tests/probe_signals.py). Now ``import elmo_jax`` imports nothing heavy, and
+    ``cli.main`` holds the signal until the commands are imported, then says it. Here the program
+    signals itself as it starts importing jax, as the console script runs it; jax's import must then
+    complete. Negative controls: at 610ffdc, a traceback ending in KeyboardInterrupt (SIGINT), and
+    killed by the signal with nothing said (SIGTERM, SIGHUP); with the signal raised at once rather
+    than held, the line is said but jax's import is cut short."""
+    script = (
+        AS_FROM_A_TERMINAL.replace("from elmo_jax.cli import main; sys.exit(main())", "") + "\nimport os\n"
+        "class SignalAtJax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax':\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            os.kill(os.getpid(), signal.{sent})\n"
+        "sys.meta_path.insert(0, SignalAtJax())\n"
+        "sys.argv = ['elmo-jax', 'train', '--preset', 'tiny']\n"
+        "from elmo_jax.cli import main\n"
+        "code = main()\n"
+        "print('jax.numpy' in sys.modules)\n"
+        "sys.exit(code)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    signum = getattr(signal, sent)
+    assert r.returncode == 128 + signum, r.stderr
+    assert r.stderr == "elmo-jax train: interrupted" + ("\n" if sent == "SIGINT" else f" ({sent})\n")
+    assert r.stdout == "True\n"  # held: the imports it came in went through
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        ([], None),
+        (["-h"], None),
+        (["train", "--preset", "tiny"], "train"),
+        (["--compile-cache", "none", "embed", "-x"], "embed"),
+        (["--compile-cache=c", "eval"], "eval"),
+    ],
+)
+def test_the_command_an_interruption_before_the_parser_names(argv, command):
+    """``cli.main`` names the command in its line for an interrupt before the parser has run."""
+    assert cli._command(argv) == command
 
 
 @pytest.mark.parametrize("where", ["a gc callback", "a __del__"])

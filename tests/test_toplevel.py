@@ -9,8 +9,20 @@ import pytest
 
 import elmo_jax
 
-HEAVY = ("flax", "elmo_jax.extract.embedder", "elmo_jax.modules.elmo", "elmo_jax.pretrained")
+HEAVY = (
+    "jax",
+    "h5py",
+    "numpy",
+    "orbax",
+    "flax",
+    "elmo_jax.extract.embedder",
+    "elmo_jax.modules.elmo",
+    "elmo_jax.pretrained",
+)
 LAZY = (
+    "bilm_apply",
+    "init_bilm",
+    "WeightsError",
     "Embedder",
     "Elmo",
     "ElmoNNX",
@@ -23,10 +35,17 @@ LAZY = (
 HAS_PRETRAINED = (pathlib.Path(elmo_jax.__file__).parent / "pretrained" / "registry.py").exists()
 
 
-def test_import_elmo_jax_does_not_import_flax_or_the_embedder():
-    code = f"import sys, json, elmo_jax; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+@pytest.mark.parametrize("module", ["elmo_jax", "elmo_jax.cli"])
+def test_import_elmo_jax_or_its_command_line_imports_nothing_heavy(module):
+    """Not even jax: the command line sets its signal handlers before jax's second of imports
+    (tests/test_cli.py::test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code)."""
+    code = f"import sys, json, {module}; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_all_is_every_lazy_name():
+    assert sorted(elmo_jax.__all__) == sorted(elmo_jax._LAZY)
 
 
 @pytest.mark.parametrize("name", LAZY)
@@ -38,8 +57,11 @@ def test_every_lazy_name_resolves_and_is_listed(name):
         "Embedder": "elmo_jax.extract.embedder",
         "load_pretrained": "elmo_jax.pretrained",
         "enable_compile_cache": "elmo_jax._util.runtime",
+        "bilm_apply": "elmo_jax.model.bilm",
+        "init_bilm": "elmo_jax.model.bilm",
+        "WeightsError": "elmo_jax.compat.hdf5",
     }.get(name, "elmo_jax.modules.elmo")
-    assert value is getattr(sys.modules[module], name)
+    assert value is getattr(sys.modules[module], {"init_bilm": "init"}.get(name, name))
     assert name in elmo_jax.__all__ and name in dir(elmo_jax)
     assert len(set(elmo_jax.__all__)) == len(elmo_jax.__all__)
 

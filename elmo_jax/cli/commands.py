@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import sys
 import threading
 import warnings
@@ -30,7 +29,7 @@ from elmo_jax._util.runtime import (
 )
 from elmo_jax.cli import multihost
 from elmo_jax.cli.coordinator import CoordinatorError
-from elmo_jax.cli.signals import Terminated, interrupting_signals
+from elmo_jax.cli.signals import interrupting_signals, say_interrupted
 from elmo_jax.cli.stall import StallWatch
 from elmo_jax.cli.streams import outliving_reader
 from elmo_jax.compat.hdf5 import WeightsError
@@ -778,10 +777,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         enable_compile_cache(args.compile_cache)
         args.func(args)
     except KeyboardInterrupt as e:
-        # The shell's convention: 128 + the signal's number (SIGINT 2, SIGHUP 1, SIGTERM 15).
-        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        by = f" ({signal.Signals(signum).name})" if isinstance(e, Terminated) else ""
-        print(f"elmo-jax {args.command}: interrupted{by}", file=sys.stderr)
+        exit_code = say_interrupted(args.command, e)
         if argv is None:  # the program, not a caller's Python
             _cancel_timers()
             if args.command == "embed":
@@ -790,8 +786,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
                 # (train saves and returns on a signal.)
                 sys.stdout.flush()
                 sys.stderr.flush()
-                os._exit(128 + signum)
-        return 128 + signum
+                os._exit(exit_code)
+        return exit_code
     except Exception as e:
         if (code := _exit_code(e)) is None:
             raise

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
+from collections.abc import Iterator
 
 from elmo_jax._util.signals import HANGUP, handling
 
@@ -31,3 +33,29 @@ def interrupting_signals() -> contextlib.AbstractContextManager:
     restored after, and an ignored one stays ignored (SIGHUP under ``nohup``: the command outlives
     its terminal, as asked)."""
     return handling(_raise, (signal.SIGTERM, HANGUP))
+
+
+def say_interrupted(command: str | None, exc: KeyboardInterrupt) -> int:
+    """Says on stderr that ``command`` (None: not known yet) was interrupted, and by which signal
+    for all but Ctrl-C; returns the shell's exit code for it, 128 + the signal's number (SIGINT 2,
+    SIGHUP 1, SIGTERM 15)."""
+    signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+    by = f" ({signal.Signals(signum).name})" if isinstance(exc, Terminated) else ""
+    print(f"elmo-jax{f' {command}' if command else ''}: interrupted{by}", file=sys.stderr)
+    return 128 + signum
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP are noted, not raised, while the block runs: the list it gives
+    holds the signals that came. For the program's imports: an exception raised inside the import
+    of a C extension (jaxlib's, while it makes its Python types) can abort the interpreter, exit
+    -6 or -11, where the caller would have said one line (found by ``tests/probe_signals.py``)."""
+    came: list[int] = []
+    with handling(lambda signum, frame: came.append(signum), (signal.SIGINT, signal.SIGTERM, HANGUP)):
+        yield came
+
+
+def as_interrupt(signum: int) -> KeyboardInterrupt:
+    """The exception the command line's handlers raise for ``signum``."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
