@@ -4,6 +4,7 @@ not match ``test_*.py``).
     python tests/probe_signals.py train 60            # 60 runs, each signalled once
     python tests/probe_signals.py train 40 --rerun    # and each run again to its end
     python tests/probe_signals.py embed 40 --from 1 --to 6 --seed 3
+    python tests/probe_signals.py train 40 --twice 1.5 --rerun   # a second signal up to 1.5 s later
 
 Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bundled sample, in a
 new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 20,000 lines) as a terminal starts
@@ -17,6 +18,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
   not the CLI's). Until 610ffdc that window held the import of jax, about 0.6 s; the handlers now
   come first, within milliseconds of the interpreter's start;
 - ``done first``: the command ended well before the signal;
+- ``stopped, then ended by the second`` (with ``--twice``): training saved and stopped on the first
+  signal, and the second came as the interpreter shut down, after the command had returned and
+  its handlers were gone: the signal's own exit, which the shell reports as 128 + N too;
 - ``LOST``: it ran to its end as if never signalled;
 - ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
   installed);
@@ -67,6 +71,8 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "WEDGED"
     if not signalled:
         return "done first" if rc == 0 else "OTHER"
+    if rc == -sent and "stopped at step" in out:
+        return "stopped, then ended by the second"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
         return "before its handlers"
     if rc == 0:
@@ -95,7 +101,7 @@ def _not_resumed(tmp: pathlib.Path, env: dict) -> str | None:
     return f"exit {r.returncode}, steps saved {steps}: {r.stderr.strip()[-2000:]}"
 
 
-def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool) -> dict[str, int]:
+def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool, twice: float) -> dict[str, int]:
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
@@ -110,6 +116,10 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool
         if signalled:
             p.send_signal(sent)
         t = time.monotonic()
+        if twice and signalled:  # a second one, as a user presses Ctrl-C again while the run saves
+            time.sleep(rng.uniform(0, twice))
+            if p.poll() is None:
+                p.send_signal(sent)
         try:
             out, err = p.communicate(timeout=60)
             rc: int | None = p.returncode
@@ -141,8 +151,11 @@ def main() -> None:
     parser.add_argument("--to", dest="end", type=float, default=4.0, help="latest delay, s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rerun", action="store_true", help="train: rerun each to its end; it must get there")
+    parser.add_argument(
+        "--twice", type=float, default=0.0, help="send a second signal up to this many s after the first"
+    )
     args = parser.parse_args()
-    counts = probe(args.command, args.runs, args.start, args.end, args.seed, args.rerun)
+    counts = probe(args.command, args.runs, args.start, args.end, args.seed, args.rerun, args.twice)
     print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     sys.exit(1 if any(k in BAD for k in counts) else 0)
 

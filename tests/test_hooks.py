@@ -11,6 +11,7 @@ import signal
 import jax.numpy as jnp
 import pytest
 
+from elmo_jax._util.signals import Terminated
 from elmo_jax.training.hooks import MetricsWindow, Progress, SignalStop, summarise
 
 
@@ -51,15 +52,21 @@ def test_summarise_weights_by_token_count_and_caps_the_perplexity():
     assert huge["perplexity"] == pytest.approx(math.exp(50.0))  # a finite number to log, not inf
 
 
-def test_a_signal_becomes_a_request_and_a_second_one_interrupts():
+@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_becomes_a_request_and_a_second_one_interrupts_as_itself(second):
+    """The second is raised as the command line raises it, so that ``elmo-jax train`` says which
+    one stopped it and exits 128 + its number (before, a second SIGTERM or SIGHUP was Ctrl-C's
+    KeyboardInterrupt: "interrupted" and 130, found by ``tests/probe_signals.py --twice``)."""
     before = signal.getsignal(signal.SIGTERM)
     with SignalStop() as stop:
         assert not stop.requested
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt) as e:
+            os.kill(os.getpid(), getattr(signal, second))
     assert signal.getsignal(signal.SIGTERM) is before  # restored on exit
+    assert getattr(e.value, "signum", signal.SIGINT) == getattr(signal, second)
+    assert isinstance(e.value, Terminated) == (second != "SIGINT")
 
 
 def test_progress_is_silent_when_disabled_and_shows_the_record_otherwise(capsys):

@@ -12,6 +12,19 @@ from collections.abc import Callable, Iterable, Iterator
 HANGUP = getattr(signal, "SIGHUP", None)  # none on Windows
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as an interrupt (``signum``: which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def as_interrupt(signum: int) -> KeyboardInterrupt:
+    """The exception that stops a command for ``signum``: Ctrl-C's own, else ``Terminated``."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
 @contextlib.contextmanager
 def handling(handler: Callable, signals: Iterable[int | None]) -> Iterator[None]:
     """``handler`` for each of ``signals`` while the block runs (None entries are skipped: SIGHUP

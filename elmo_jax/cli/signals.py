@@ -13,15 +13,9 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from elmo_jax._util.signals import HANGUP, handling
+from elmo_jax._util.signals import HANGUP, Terminated, as_interrupt, handling
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread (``signum``: which)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+__all__ = ["Terminated", "as_interrupt", "held_signals", "interrupting_signals", "say_interrupted"]
 
 
 def _raise(signum: int, frame) -> None:
@@ -54,8 +48,3 @@ def held_signals() -> Iterator[list[int]]:
     came: list[int] = []
     with handling(lambda signum, frame: came.append(signum), (signal.SIGINT, signal.SIGTERM, HANGUP)):
         yield came
-
-
-def as_interrupt(signum: int) -> KeyboardInterrupt:
-    """The exception the command line's handlers raise for ``signum``."""
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)

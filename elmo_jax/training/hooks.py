@@ -30,7 +30,7 @@ from elmo_jax._util.disk_full import (
     out_of_space_errno,
     reason,
 )
-from elmo_jax._util.signals import HANGUP, handling
+from elmo_jax._util.signals import HANGUP, as_interrupt, handling
 
 
 class MetricsWindow:
@@ -193,8 +193,8 @@ class SignalStop:
         return self
 
     def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
+        if self.requested:  # a second one: stop now, as the command line's handlers stop it
+            raise as_interrupt(signum)
         self.requested = True
 
     def __exit__(self, *exc):
