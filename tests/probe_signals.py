@@ -5,6 +5,8 @@ not match ``test_*.py``).
     python tests/probe_signals.py train 40 --rerun    # and each run again to its end
     python tests/probe_signals.py embed 40 --from 1 --to 6 --seed 3
     python tests/probe_signals.py train 40 --twice 1.5 --rerun   # a second signal up to 1.5 s later
+    python tests/probe_signals.py train 40 --kill --rerun        # kill -9, then the same command again
+    python tests/probe_signals.py embed 20 --kill --rerun --from 2 --to 8
 
 Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bundled sample, in a
 new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 20,000 lines) as a terminal starts
@@ -18,6 +20,8 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
   not the CLI's). Until 610ffdc that window held the import of jax, about 0.6 s; the handlers now
   come first, within milliseconds of the interpreter's start;
 - ``done first``: the command ended well before the signal;
+- ``killed`` (with ``--kill``): SIGKILL's own end, which no program can handle; with ``--rerun``
+  the same command must still take the run to its last step;
 - ``stopped, then ended by the second`` (with ``--twice``): training saved and stopped on the first
   signal, and the second came as the interpreter shut down, after the command had returned and
   its handlers were gone: the signal's own exit, which the shell reports as 128 + N too;
@@ -26,7 +30,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
   installed);
 - ``TRACEBACK`` / ``OTHER``: a traceback, or any other ending;
 - ``NOT RESUMED`` (with ``--rerun``): the same ``train`` command, run again, did not take the run
-  to its last step: the signal left the run dir in a state it could not go on from.
+  to its last step: the signal left the run dir in a state it could not go on from;
+- ``NOT REDONE`` (``embed`` with ``--rerun``): the same command, run again, failed, or left a file
+  besides its output (a partial file of the killed run, say).
 
 It prints a line per run and the counts. The suite tests each cause found by sending signals so
 on its own: ``test_background.py`` (a hand-off wedged), ``test_cli.py::test_a_signal_whose_*``
@@ -54,7 +60,7 @@ from elmo_jax.training.setup import saved_steps
 
 ROOT = pathlib.Path(__file__).parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "allennlp_elmo"
-BAD = ("LOST", "WEDGED", "TRACEBACK", "LEFT FILES", "NOT RESUMED", "OTHER")
+BAD = ("LOST", "WEDGED", "TRACEBACK", "LEFT FILES", "NOT RESUMED", "NOT REDONE", "OTHER")
 
 
 def _command(kind: str, tmp: pathlib.Path) -> list[str]:
@@ -71,6 +77,8 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "WEDGED"
     if not signalled:
         return "done first" if rc == 0 else "OTHER"
+    if sent == signal.SIGKILL:
+        return "killed" if rc == -sent else "OTHER"
     if rc == -sent and "stopped at step" in out:
         return "stopped, then ended by the second"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
@@ -101,13 +109,26 @@ def _not_resumed(tmp: pathlib.Path, env: dict) -> str | None:
     return f"exit {r.returncode}, steps saved {steps}: {r.stderr.strip()[-2000:]}"
 
 
-def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool, twice: float) -> dict[str, int]:
+def _not_redone(tmp: pathlib.Path, env: dict) -> str | None:
+    """Why the same embed command, run again, did not write its output and nothing else (None if
+    it did): a partial file of the run before must not stay."""
+    r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command("embed", tmp)], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    files = sorted(os.listdir(tmp))
+    if r.returncode == 0 and files == ["in.txt", "o.hdf5"]:
+        return None
+    return f"exit {r.returncode}, files {files}: {r.stderr.strip()[-2000:]}"
+
+
+def probe(
+    kind: str, runs: int, start: float, end: float, seed: int, rerun: bool, twice: float, kill: bool
+) -> dict[str, int]:
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     for i in range(runs):
         tmp = pathlib.Path(tempfile.mkdtemp(prefix="probe_signals_"))
-        sent = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+        sent = signal.SIGKILL if kill else rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
         delay = rng.uniform(start, end)
         p = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, *_command(kind, tmp)], cwd=tmp, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -134,6 +155,8 @@ def probe(kind: str, runs: int, start: float, end: float, seed: int, rerun: bool
             outcome, err = "LEFT FILES", f"{err}\nleft: {left}"
         if kind == "train" and rerun and outcome not in BAD and (why := _not_resumed(tmp, env)):
             outcome, err = "NOT RESUMED", f"{err}\nthe rerun: {why}"
+        if kind == "embed" and rerun and outcome not in BAD and (why := _not_redone(tmp, env)):
+            outcome, err = "NOT REDONE", f"{err}\nthe rerun: {why}"
         counts[outcome] = counts.get(outcome, 0) + 1
         print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {took:.2f} s after)",
               flush=True)  # fmt: skip
@@ -150,12 +173,17 @@ def main() -> None:
     parser.add_argument("--from", dest="start", type=float, default=0.3, help="earliest delay, s")
     parser.add_argument("--to", dest="end", type=float, default=4.0, help="latest delay, s")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rerun", action="store_true", help="train: rerun each to its end; it must get there")
+    parser.add_argument(
+        "--rerun", action="store_true", help="rerun each to its end; it must get there (embed: leaving only its output)"
+    )
+    parser.add_argument(
+        "--kill", action="store_true", help="SIGKILL instead (with --rerun: a kill -9 must lose no run)"
+    )
     parser.add_argument(
         "--twice", type=float, default=0.0, help="send a second signal up to this many s after the first"
     )
     args = parser.parse_args()
-    counts = probe(args.command, args.runs, args.start, args.end, args.seed, args.rerun, args.twice)
+    counts = probe(args.command, args.runs, args.start, args.end, args.seed, args.rerun, args.twice, args.kill)
     print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     sys.exit(1 if any(k in BAD for k in counts) else 0)
 

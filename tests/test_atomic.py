@@ -1,10 +1,15 @@
 import os
+import signal
+import socket
 import stat
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
 
-from elmo_jax._util.atomic import atomic_path, write_bytes_atomic, write_text_atomic
+from elmo_jax._util.atomic import atomic_path, remove_orphans, write_bytes_atomic, write_text_atomic
 
 
 def test_writes_bytes_and_text(tmp_path):
@@ -69,3 +74,70 @@ def test_relative_path_in_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_text_atomic("x.txt", "x")
     assert os.listdir(".") == ["x.txt"]
+
+
+def _killed_mid_write(path) -> str:
+    """Runs a process that starts ``atomic_path(path)``, writes, and is killed outright (SIGKILL)
+    before it finishes; returns its temporary file's name."""
+    script = (
+        "import os, signal, sys\n"
+        "from elmo_jax._util.atomic import atomic_path\n"
+        "with atomic_path(sys.argv[1]) as tmp:\n"
+        "    with open(tmp, 'wb') as f:\n"
+        "        f.write(b'x' * 3 * 2**20)\n"
+        "    print(os.path.basename(tmp), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_partial_file_of_a_writer_killed_outright_is_removed_by_the_next_write(tmp_path):
+    """``elmo-jax embed`` killed by the out-of-memory killer (or kill -9, a lost node) leaves its
+    temporary file, as large as what it had written; a rerun left it there for good, and its own
+    write could then meet a full disk. The next write of the same path removes it, saying so.
+    Negative control, without ``remove_orphans``: the file stays, and this test fails."""
+    path = tmp_path / "out.hdf5"
+    left = _killed_mid_write(path)
+    assert os.listdir(tmp_path) == [left]
+    with pytest.warns(UserWarning) as said:
+        write_bytes_atomic(path, b"new")
+    assert os.listdir(tmp_path) == ["out.hdf5"] and path.read_bytes() == b"new"
+    [w] = said
+    assert str(w.message).startswith(f"{tmp_path / left}: removed, 3.0 MiB: the partial file of an earlier write")
+
+
+def test_temporary_files_of_live_writers_other_hosts_or_other_paths_are_left_alone(tmp_path):
+    """Only a writer that is gone, on this host, of the same path: a live process's file (this one,
+    a child still running), another host's (a shared file system) and another path's stay."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        kept = [
+            f".out.hdf5.{host}-{os.getpid()}.abc.tmp.hdf5",
+            f".out.hdf5.{host}-{child.pid}.abc.tmp.hdf5",
+            f".out.hdf5.another-host-{_gone_pid()}.abc.tmp.hdf5",
+            f".other.hdf5.{host}-{_gone_pid()}.abc.tmp.hdf5",
+            "out.hdf5.partial",
+        ]
+        for name in kept:
+            (tmp_path / name).write_bytes(b"x")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert remove_orphans(tmp_path / "out.hdf5") == []
+        assert sorted(os.listdir(tmp_path)) == sorted(kept)
+        # The same name with a gone process of this host is removed: the check above is not vacuous.
+        (tmp_path / f".out.hdf5.{host}-{_gone_pid()}.abc.tmp.hdf5").write_bytes(b"x")
+        with pytest.warns(UserWarning):
+            assert len(remove_orphans(tmp_path / "out.hdf5")) == 1
+        assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _gone_pid() -> int:
+    """The id of a process that has ended."""
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(p.stdout)

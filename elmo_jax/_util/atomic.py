@@ -8,6 +8,11 @@ A path with a URI scheme (``gs://bucket/run``, ``s3://...``) goes through ``etil
 instead: object stores have no rename (nor append), but a single object write is atomic (the
 object appears only when the upload completes), so the bytes are written once, directly.
 ``is_local`` is the one place that decides; ``open_binary`` reads either kind.
+
+A process killed outright while it writes (SIGKILL, the kernel's out-of-memory killer) cannot
+remove its temporary file: the next write of the same path removes it instead. The temporary name
+records the writer's host and process id for that, so that only a file whose writer is gone is
+removed, never one that a live process (on this host or another sharing the file system) writes.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import IO
 
@@ -54,10 +61,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     path = os.fspath(path)
     directory, name = os.path.split(path)
     local = is_local(path)
+    if local:
+        remove_orphans(path)
     # For a URI the writers (h5py, np.savez) still need a local file: it goes in the temp dir and
     # is uploaded as one object write, which the store makes visible all at once (it has no rename).
     fd, tmp = tempfile.mkstemp(
-        dir=(directory or ".") if local else None, prefix=f".{name}.", suffix=".tmp" + os.path.splitext(name)[1]
+        dir=(directory or ".") if local else None,
+        prefix=f".{name}.{_writer()}{os.getpid()}.",
+        suffix=".tmp" + os.path.splitext(name)[1],
     )
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)
     try:
@@ -73,6 +84,55 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _writer() -> str:
+    """This host, as a temporary file's name records it (``host-``; then the process id)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] + "-"
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` of this host has ended (a reused id reads as alive: kept)."""
+    if os.name == "nt":  # there os.kill ends the process rather than asking about it
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: alive, another user's
+        return False
+    return False
+
+
+def remove_orphans(path: str | os.PathLike) -> list[str]:
+    """Removes the temporary files of ``atomic_path(path)`` whose writer, a process of this host,
+    is gone (killed outright mid-write), each with a warning that names it and its size; returns
+    their paths. Files of live processes, and of other hosts, are left alone."""
+    directory, name = os.path.split(os.fspath(path))
+    prefix, suffix = f".{name}.{_writer()}", ".tmp" + os.path.splitext(name)[1]
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory or "."))
+    except OSError:  # the directory is missing or unreadable: the write itself will say so
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(suffix)):
+            continue
+        pid = entry.name[len(prefix) : -len(suffix)].partition(".")[0]
+        if not pid.isdigit() or not _gone(int(pid)):
+            continue
+        try:
+            size = entry.stat().st_size
+            os.unlink(entry.path)
+        except FileNotFoundError:  # another writer of the same path removed it first
+            continue
+        removed.append(entry.path)
+        warnings.warn(
+            f"{entry.path}: removed, {size / 2**20:.1f} MiB: the partial file of an earlier write of "
+            f"{name} whose process ({pid}, on this host) was killed before it could finish",
+            stacklevel=2,
+        )
+    return removed
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
