@@ -22,9 +22,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
 - ``done first``: the command ended well before the signal;
 - ``killed`` (with ``--kill``): SIGKILL's own end, which no program can handle; with ``--rerun``
   the same command must still take the run to its last step;
-- ``stopped, then ended by the second`` (with ``--twice``): training saved and stopped on the first
-  signal, and the second came as the interpreter shut down, after the command had returned and
-  its handlers were gone: the signal's own exit, which the shell reports as 128 + N too;
+- ``ended in its exit``: the command had done its work and said what comes next (training
+  completed, or saved and stopped on a first signal), and the signal came as the interpreter shut
+  down, its handlers gone: the signal's own exit, which the shell reports as 128 + N too;
 - ``LOST``: it ran to its end as if never signalled;
 - ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
   installed);
@@ -79,8 +79,8 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "done first" if rc == 0 else "OTHER"
     if sent == signal.SIGKILL:
         return "killed" if rc == -sent else "OTHER"
-    if rc == -sent and "stopped at step" in out:
-        return "stopped, then ended by the second"
+    if rc == -sent and "next:" in out + err:
+        return "ended in its exit"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
         return "before its handlers"
     if rc == 0:
@@ -104,9 +104,12 @@ def _not_resumed(tmp: pathlib.Path, env: dict) -> str | None:
     r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command("train", tmp)], cwd=tmp, env=env,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     steps = saved_steps(str(tmp / "run"))
-    if r.returncode == 0 and steps and steps[-1] == 60:
+    # What a killed write leaves (a hidden temporary file, Orbax's temporary step directory) must
+    # be gone once the run has gone on past it.
+    left = [str(f.relative_to(tmp)) for f in (tmp / "run").rglob("*") if ".tmp" in f.name or "-tmp-" in f.name]
+    if r.returncode == 0 and steps and steps[-1] == 60 and not left:
         return None
-    return f"exit {r.returncode}, steps saved {steps}: {r.stderr.strip()[-2000:]}"
+    return f"exit {r.returncode}, steps saved {steps}, left {left}: {r.stderr.strip()[-2000:]}"
 
 
 def _not_redone(tmp: pathlib.Path, env: dict) -> str | None:

@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 import socket
 import stat
@@ -106,6 +107,14 @@ def test_a_partial_file_of_a_writer_killed_outright_is_removed_by_the_next_write
     assert os.listdir(tmp_path) == ["out.hdf5"] and path.read_bytes() == b"new"
     [w] = said
     assert str(w.message).startswith(f"{tmp_path / left}: removed, 3.0 MiB: the partial file of an earlier write")
+
+
+def test_a_partial_file_in_the_current_directory_is_named_as_the_output_was(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    left = _killed_mid_write("out.hdf5")
+    with pytest.warns(UserWarning, match=rf"^{re.escape(left)}: removed, 3.0 MiB"):
+        write_bytes_atomic("out.hdf5", b"new")
+    assert os.listdir(".") == ["out.hdf5"]
 
 
 def test_temporary_files_of_live_writers_other_hosts_or_other_paths_are_left_alone(tmp_path):

@@ -121,14 +121,15 @@ def remove_orphans(path: str | os.PathLike) -> list[str]:
         pid = entry.name[len(prefix) : -len(suffix)].partition(".")[0]
         if not pid.isdigit() or not _gone(int(pid)):
             continue
+        shown = os.path.join(directory, entry.name)  # as the caller named the directory
         try:
             size = entry.stat().st_size
             os.unlink(entry.path)
         except FileNotFoundError:  # another writer of the same path removed it first
             continue
-        removed.append(entry.path)
+        removed.append(shown)
         warnings.warn(
-            f"{entry.path}: removed, {size / 2**20:.1f} MiB: the partial file of an earlier write of "
+            f"{shown}: removed, {size / 2**20:.1f} MiB: the partial file of an earlier write of "
             f"{name} whose process ({pid}, on this host) was killed before it could finish",
             stacklevel=2,
         )
