@@ -25,9 +25,9 @@ if typing.TYPE_CHECKING:  # what type checkers and editors see; at run time, __g
 __version__ = "0.1.0"
 
 # Every name is imported on first use (PEP 562), so that `import elmo_jax` imports neither jax nor
-# h5py. The command line (`elmo_jax.cli`) sets its signal handlers before it imports them: an
-# interrupt during their second of imports is then the command's one line, not a traceback out of
-# jax's import. name -> the module that defines it (`:name` there, where it differs).
+# h5py: the command line (`elmo_jax.cli`) sets its signal handlers first, and a signal during its
+# second of imports is the command's one line, not a traceback (or a crash) out of jax's import.
+# name -> the module that defines it (`:name` there, where it differs).
 _LAZY = {
     "WeightsError": "elmo_jax.compat.hdf5",
     "load_hdf5": "elmo_jax.compat.hdf5",
