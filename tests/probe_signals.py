@@ -23,8 +23,9 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
 - ``killed`` (with ``--kill``): SIGKILL's own end, which no program can handle; with ``--rerun``
   the same command must still take the run to its last step;
 - ``ended in its exit``: the command had done its work and said what comes next (training
-  completed, or saved and stopped on a first signal), and the signal came as the interpreter shut
-  down, its handlers gone: the signal's own exit, which the shell reports as 128 + N too;
+  completed, or saved and stopped on a first signal) or said it was interrupted, and the (second)
+  signal came as the interpreter shut down, its handlers gone: the signal's own exit, which the
+  shell reports as 128 + N too;
 - ``LOST``: it ran to its end as if never signalled;
 - ``WEDGED``: still running 60 s after the signal (killed; its stacks are printed when py-spy is
   installed);
@@ -79,16 +80,18 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "done first" if rc == 0 else "OTHER"
     if sent == signal.SIGKILL:
         return "killed" if rc == -sent else "OTHER"
-    if rc == -sent and "next:" in out + err:
+    said = f"elmo-jax {kind}: interrupted" + ("" if sent == signal.SIGINT else f" ({sent.name})")
+    lines = err.strip().splitlines()
+    if rc == -sent and ("next:" in out + err or (lines and lines[-1] == said)):
         return "ended in its exit"
     if rc == -sent or (rc == -signal.SIGINT and "KeyboardInterrupt" in err and "elmo_jax/cli/commands" not in err):
         return "before its handlers"
+    if rc == 1 and 'File "<frozen site>"' in err and err.rstrip().endswith("KeyboardInterrupt"):
+        return "before its handlers"  # Ctrl-C in Python's own start-up, its site module
     if rc == 0:
         return "stopped" if kind == "train" and "stopped at step" in out else "LOST"
     if "Traceback" in err:
         return "TRACEBACK"
-    lines = err.strip().splitlines()
-    said = f"elmo-jax {kind}: interrupted" + ("" if sent == signal.SIGINT else f" ({sent.name})")
     return "interrupted" if rc == 128 + sent and lines and lines[-1] == said else "OTHER"
 
 

@@ -219,6 +219,37 @@ def test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code(se
     assert r.stdout == "True\n"  # held: the imports it came in went through
 
 
+@pytest.mark.slow
+def test_an_import_that_hangs_stops_at_the_second_signal():
+    """The signals held in the imports are held once: an import that never returns (a stalled
+    network file system) stops at a second Ctrl-C, where holding every signal would leave only
+    kill -9. Negative control, holding every signal: the test times out."""
+    script = (
+        AS_FROM_A_TERMINAL.replace("from elmo_jax.cli import main; sys.exit(main())", "") + "\nimport time\n"
+        "class HangAtJax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax':\n"
+        "            print('importing jax', flush=True)\n"
+        "            time.sleep(3600)\n"
+        "sys.meta_path.insert(0, HangAtJax())\n"
+        "sys.argv = ['elmo-jax', 'embed']\n"
+        "from elmo_jax.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "importing jax\n"
+        p.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=1)  # the first is held
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 130
+        assert p.stderr is not None and p.stderr.read() == "elmo-jax embed: interrupted\n"
+    finally:
+        p.kill()
+        p.communicate()
+
+
 @pytest.mark.parametrize(
     ("argv", "command"),
     [

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = _command(sys.argv[1:] if argv is None else argv)
     with interrupting_signals():
-        with held_signals() as came:  # the imports: a signal is said once they are done
+        with held_signals(command) as came:  # the imports: a signal is said once they are done
             from elmo_jax.cli import commands
         if came:
             return say_interrupted(command, as_interrupt(came[0]))
