@@ -37,9 +37,10 @@ it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended
 
 It prints a line per run and the counts. The suite tests each cause found by sending signals so
 on its own: ``test_background.py`` (a hand-off wedged), ``test_cli.py::test_a_signal_whose_*``
-(a signal lost), ``test_cli.py::test_an_interrupted_program_*`` (an exit held up) and
+(a signal lost), ``test_cli.py::test_an_interrupted_program_*`` (an exit held up),
 ``test_cli.py::test_a_signal_while_the_program_imports_*`` (a traceback, an abort or a lost signal
-in the imports).
+in the imports), ``test_hooks.py::test_a_signal_becomes_a_request_*`` (a second SIGHUP said as
+Ctrl-C) and ``test_atomic.py::test_a_partial_file_*`` (what a kill left beside embed's output).
 """
 
 import argparse
