@@ -103,24 +103,19 @@ def _stacks(pid: int) -> str:
     return subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
 
 
-def _not_resumed(tmp: pathlib.Path, env: dict) -> str | None:
-    """Why the same command, run again, did not take the run to its last step (None if it did)."""
-    r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command("train", tmp)], cwd=tmp, env=env,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
-    steps = saved_steps(str(tmp / "run"))
-    # What a killed write leaves (a hidden temporary file, Orbax's temporary step directory) must
-    # be gone once the run has gone on past it.
-    left = [str(f.relative_to(tmp)) for f in (tmp / "run").rglob("*") if ".tmp" in f.name or "-tmp-" in f.name]
-    if r.returncode == 0 and steps and steps[-1] == 60 and not left:
-        return None
-    return f"exit {r.returncode}, steps saved {steps}, left {left}: {r.stderr.strip()[-2000:]}"
-
-
-def _not_redone(tmp: pathlib.Path, env: dict) -> str | None:
-    """Why the same embed command, run again, did not write its output and nothing else (None if
-    it did): a partial file of the run before must not stay."""
-    r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command("embed", tmp)], cwd=tmp, env=env,
+def _not_done_again(kind: str, tmp: pathlib.Path, env: dict) -> str | None:
+    """Why the same command, run again, did not finish cleanly (None if it did): ``train`` must
+    take the run to its last step, leaving no temporary file of a killed write (a hidden file,
+    Orbax's temporary step directory) in the run dir; ``embed`` must write its output and nothing
+    else beside it (a partial file of the run before must not stay)."""
+    r = subprocess.run([sys.executable, "-m", "elmo_jax", *_command(kind, tmp)], cwd=tmp, env=env,
                        capture_output=True, text=True, timeout=600)  # fmt: skip
+    if kind == "train":
+        steps = saved_steps(str(tmp / "run"))
+        left = [str(f.relative_to(tmp)) for f in (tmp / "run").rglob("*") if ".tmp" in f.name or "-tmp-" in f.name]
+        if r.returncode == 0 and steps and steps[-1] == 60 and not left:
+            return None
+        return f"exit {r.returncode}, steps saved {steps}, left {left}: {r.stderr.strip()[-2000:]}"
     files = sorted(os.listdir(tmp))
     if r.returncode == 0 and files == ["in.txt", "o.hdf5"]:
         return None
@@ -160,10 +155,8 @@ def probe(
         left = sorted(f for f in os.listdir(tmp) if f not in ("in.txt", "run"))
         if kind == "embed" and outcome == "interrupted" and left:
             outcome, err = "LEFT FILES", f"{err}\nleft: {left}"
-        if kind == "train" and rerun and outcome not in BAD and (why := _not_resumed(tmp, env)):
-            outcome, err = "NOT RESUMED", f"{err}\nthe rerun: {why}"
-        if kind == "embed" and rerun and outcome not in BAD and (why := _not_redone(tmp, env)):
-            outcome, err = "NOT REDONE", f"{err}\nthe rerun: {why}"
+        if rerun and outcome not in BAD and (why := _not_done_again(kind, tmp, env)):
+            outcome, err = "NOT RESUMED" if kind == "train" else "NOT REDONE", f"{err}\nthe rerun: {why}"
         counts[outcome] = counts.get(outcome, 0) + 1
         print(f"{i:3d} {sent.name:7s} at {delay:5.2f} s: {outcome} (exit {rc}, {took:.2f} s after)",
               flush=True)  # fmt: skip

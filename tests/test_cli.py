@@ -186,6 +186,24 @@ def test_an_interrupted_program_does_not_wait_at_its_exit_for_a_timer_a_library_
     assert "the timer ran" not in r.stdout
 
 
+def _when_jax_is_imported(action: str, argv: list[str], then: str = "") -> str:
+    """A program that runs ``elmo-jax ARGV`` as a terminal starts it, doing ``action`` (one line)
+    when the imports first look for jax, and ``then`` after the command returns, before it exits."""
+    return (
+        AS_FROM_A_TERMINAL.replace("from elmo_jax.cli import main; sys.exit(main())", "") + "\nimport os, time\n"
+        "class AtJax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax':\n"
+        f"            {action}\n"
+        "sys.meta_path.insert(0, AtJax())\n"
+        f"sys.argv = ['elmo-jax', *{argv!r}]\n"
+        "from elmo_jax.cli import main\n"
+        "code = main()\n"
+        f"{then}\n"
+        "sys.exit(code)\n"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code(sent):
@@ -198,19 +216,10 @@ def test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code(se
     complete. Negative controls: at 610ffdc, a traceback ending in KeyboardInterrupt (SIGINT), and
     killed by the signal with nothing said (SIGTERM, SIGHUP); with the signal raised at once rather
     than held, the line is said but jax's import is cut short."""
-    script = (
-        AS_FROM_A_TERMINAL.replace("from elmo_jax.cli import main; sys.exit(main())", "") + "\nimport os\n"
-        "class SignalAtJax:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'jax':\n"
-        "            sys.meta_path.remove(self)\n"
-        f"            os.kill(os.getpid(), signal.{sent})\n"
-        "sys.meta_path.insert(0, SignalAtJax())\n"
-        "sys.argv = ['elmo-jax', 'train', '--preset', 'tiny']\n"
-        "from elmo_jax.cli import main\n"
-        "code = main()\n"
-        "print('jax.numpy' in sys.modules)\n"
-        "sys.exit(code)\n"
+    script = _when_jax_is_imported(
+        f"sys.meta_path.remove(self); os.kill(os.getpid(), signal.{sent})",
+        ["train", "--preset", "tiny"],
+        then="print('jax.numpy' in sys.modules)",
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     signum = getattr(signal, sent)
@@ -224,18 +233,7 @@ def test_an_import_that_hangs_stops_at_the_second_signal():
     """The signals held in the imports are held once: an import that never returns (a stalled
     network file system) stops at a second Ctrl-C, where holding every signal would leave only
     kill -9. Negative control, holding every signal: the test times out."""
-    script = (
-        AS_FROM_A_TERMINAL.replace("from elmo_jax.cli import main; sys.exit(main())", "") + "\nimport time\n"
-        "class HangAtJax:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'jax':\n"
-        "            print('importing jax', flush=True)\n"
-        "            time.sleep(3600)\n"
-        "sys.meta_path.insert(0, HangAtJax())\n"
-        "sys.argv = ['elmo-jax', 'embed']\n"
-        "from elmo_jax.cli import main\n"
-        "sys.exit(main())\n"
-    )
+    script = _when_jax_is_imported("print('importing jax', flush=True); time.sleep(3600)", ["embed"])
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == "importing jax\n"

@@ -53,7 +53,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """Yields a temporary path next to ``path``; on normal exit it replaces ``path``. (For a URI:
     a temporary local path, uploaded to ``path`` on normal exit.)
 
-    The temporary name keeps ``path``'s extension (``.x.npz`` -> ``.x.npz.abc123.tmp.npz``)
+    The temporary name keeps ``path``'s extension (``x.npz`` -> ``.x.npz.HOST-PID.abc123.tmp.npz``)
     because some writers look at it: ``np.savez`` appends ``.npz`` when it is missing, and
     matplotlib picks the format from it. Same directory, so ``os.replace`` is a rename on one
     file system.
@@ -65,10 +65,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         remove_orphans(path)
     # For a URI the writers (h5py, np.savez) still need a local file: it goes in the temp dir and
     # is uploaded as one object write, which the store makes visible all at once (it has no rename).
+    prefix, suffix = _temporary(name)
     fd, tmp = tempfile.mkstemp(
-        dir=(directory or ".") if local else None,
-        prefix=f".{name}.{_writer()}{os.getpid()}.",
-        suffix=".tmp" + os.path.splitext(name)[1],
+        dir=(directory or ".") if local else None, prefix=f"{prefix}{os.getpid()}.", suffix=suffix
     )
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)
     try:
@@ -86,9 +85,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         raise
 
 
-def _writer() -> str:
-    """This host, as a temporary file's name records it (``host-``; then the process id)."""
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] + "-"
+def _temporary(name: str) -> tuple[str, str]:
+    """How the temporary files of ``name`` written on this host begin and end: ``.NAME.HOST-``,
+    the writer's process id, a dot, ``mkstemp``'s letters, then ``.tmp`` and ``name``'s extension."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
+    return f".{name}.{host}-", ".tmp" + os.path.splitext(name)[1]
 
 
 def _gone(pid: int) -> bool:
@@ -109,7 +110,7 @@ def remove_orphans(path: str | os.PathLike) -> list[str]:
     is gone (killed outright mid-write), each with a warning that names it and its size; returns
     their paths. Files of live processes, and of other hosts, are left alone."""
     directory, name = os.path.split(os.fspath(path))
-    prefix, suffix = f".{name}.{_writer()}", ".tmp" + os.path.splitext(name)[1]
+    prefix, suffix = _temporary(name)
     removed: list[str] = []
     try:
         entries = list(os.scandir(directory or "."))

@@ -29,7 +29,7 @@ from elmo_jax._util.runtime import (
 )
 from elmo_jax.cli import multihost
 from elmo_jax.cli.coordinator import CoordinatorError
-from elmo_jax.cli.signals import interrupting_signals, say_interrupted
+from elmo_jax.cli.signals import say_interrupted
 from elmo_jax.cli.stall import StallWatch
 from elmo_jax.cli.streams import outliving_reader
 from elmo_jax.compat.hdf5 import WeightsError
@@ -745,6 +745,8 @@ def flag_text(text: str, names, flags: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command named in ``argv``; ``elmo_jax.cli.main`` runs it under the signal handling of
+    the command line (SIGTERM and SIGHUP as interrupts), set before this module is imported."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
@@ -753,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = _one_line_warning
     if args.command in COMPUTE_COMMANDS:
         warn_if_accelerator_unused()
-    with outliving_reader(args.command), interrupting_signals():
+    with outliving_reader(args.command):
         return _run(args, argv)
 
 
@@ -821,4 +823,6 @@ def _failed(args: argparse.Namespace, exc: BaseException, code: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from elmo_jax import cli
+
+    sys.exit(cli.main())

@@ -20,7 +20,7 @@ __all__ = ["Terminated", "as_interrupt", "held_signals", "interrupting_signals",
 
 
 def _raise(signum: int, frame) -> None:
-    raise Terminated(signum)
+    raise as_interrupt(signum)
 
 
 def interrupting_signals() -> contextlib.AbstractContextManager:
@@ -35,7 +35,7 @@ def say_interrupted(command: str | None, exc: KeyboardInterrupt) -> int:
     for all but Ctrl-C; returns the shell's exit code for it, 128 + the signal's number (SIGINT 2,
     SIGHUP 1, SIGTERM 15)."""
     signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
-    by = f" ({signal.Signals(signum).name})" if isinstance(exc, Terminated) else ""
+    by = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     print(f"elmo-jax{f' {command}' if command else ''}: interrupted{by}", file=sys.stderr)
     return 128 + signum
 
