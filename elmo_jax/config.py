@@ -352,6 +352,8 @@ class Options:
             raise ConfigError(f"{path}: options file not found") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        except UnicodeDecodeError as e:  # a weights file or an archive given for the options
+            raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start})") from None
         return cls.from_dict(d, where=path, saved=saved)
 
     def save(self, path: str | os.PathLike, n_characters: int | None = 262) -> None:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 import h5py
 import jax
@@ -472,6 +473,14 @@ def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path)
     with pytest.warns(UserWarning, match=r"data.txt: line 2: skipped, not UTF-8"):
         lines = TextFiles(str(f)).read(0)
     assert len(lines) == 2
+    latin1 = tmp_path / "latin1.txt"  # every line not UTF-8: one warning for the file, not one a line
+    latin1.write_bytes("café au lait\nthe cat\nnaïve\ncrème\n".encode("latin-1"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert TextFiles(str(latin1)).read(0) == ["the cat"]
+    assert [str(w.message) for w in said] == [
+        f"{latin1}: line 1: skipped, not UTF-8 (invalid continuation byte at byte 3); and 2 more line(s) so"
+    ]
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "word"])
     batcher = LMBatcher(
         TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=50, max_chars=10, max_epochs=1, shuffle=False
@@ -1029,19 +1038,20 @@ def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir)
 def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save(tmp_path):
     """What a watcher for a stuck run is told (``elmo-jax train --stall-timeout`` names it in its
     line): the restore, the first step (batch and compile), every step, each held-out window and
-    the last save, on a fresh run and on its resumption."""
+    the last save, on a fresh run and on its resumption. The resumption leaves ``eval_every``
+    unset: with held-out text, that is every ``save_every`` steps (held-out text is never ignored)."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     run = tmp_path / "run"
     quiet = {"progress": False, "devices": 1, "async_save": False}
 
-    def doings(steps: int) -> list[str]:
+    def doings(steps: int, eval_every: int | None = 2) -> list[str]:
         said: list[str] = []
         pretrain(
             options,
             vocab,
             TextFiles(str(TRAIN / "data.txt")),
-            RunSettings(run_dir=str(run), steps=steps, log_every=2, eval_every=2, save_every=2, **quiet),
+            RunSettings(run_dir=str(run), steps=steps, log_every=2, eval_every=eval_every, save_every=2, **quiet),
             heldout=TextFiles(str(TRAIN / "data.txt")),
             on_progress=said.append,
         )
@@ -1067,7 +1077,7 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         "ending the run at step 4",
         "saving step 4, the last",
     ], fresh
-    assert doings(6) == [
+    assert doings(6, eval_every=None) == [
         f"restoring the newest checkpoint in {run}",
         "running step 5, this run's first (its batch, then its compile)",
         "running step 6",
@@ -1076,6 +1086,7 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         "ending the run at step 6",
         "saving step 6, the last",
     ]
+    assert not any(d.startswith("evaluating") for d in doings(8, eval_every=0))  # 0: never
 
 
 def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_builds(tmp_path):

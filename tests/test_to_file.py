@@ -131,10 +131,16 @@ def test_bad_paths_are_refused_before_the_model_is_loaded(tmp_path, text):
     def load():
         raise AssertionError("the model was loaded")
 
-    with pytest.raises(DataError, match="input file not found"):
+    with pytest.raises(DataError, match="missing.txt: does not exist"):
         embed_file(load, tmp_path / "missing.txt", tmp_path / "o.hdf5")
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DataError, match="o.hdf5: .*/no does not exist"):
         embed_file(load, text, tmp_path / "no" / "o.hdf5")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match="d: is a directory, not a file"):
+        embed_file(load, tmp_path / "d", tmp_path / "o.hdf5")
+    with pytest.raises(DataError, match="d: is a directory, not a file"):  # said before, not at the rename
+        embed_file(load, text, tmp_path / "d")
+    (tmp_path / "d").rmdir()
     # The negative control: with good paths the loader is called.
     with pytest.raises(AssertionError, match="the model was loaded"):
         embed_file(load, text, tmp_path / "o.hdf5")

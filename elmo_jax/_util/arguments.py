@@ -8,10 +8,13 @@ line reads them back with ``arguments_of`` and writes its flags in their place
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 _ATTRIBUTE = "arguments"
+_E = TypeVar("_E", bound=BaseException)
 
 
-def about(exc: BaseException, *arguments: str) -> BaseException:
+def about(exc: _E, *arguments: str) -> _E:
     """``exc``, marked as speaking of ``arguments`` (each written in its message as it is named)."""
     setattr(exc, _ATTRIBUTE, tuple(arguments))
     return exc

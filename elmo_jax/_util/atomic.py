@@ -18,6 +18,7 @@ removed, never one that a live process (on this host or another sharing the file
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -62,6 +63,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     directory, name = os.path.split(path)
     local = is_local(path)
     if local:
+        if os.path.isdir(path):  # said now, not by the rename after all the writing
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         remove_orphans(path)
     # For a URI the writers (h5py, np.savez) still need a local file: it goes in the temp dir and
     # is uploaded as one object write, which the store makes visible all at once (it has no rename).

@@ -25,13 +25,11 @@ import re
 import shutil
 from collections.abc import Iterator
 
+from elmo_jax._util.paths import PATH_ERRORS
+
 OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write failed: ..., errno = 28, ..."
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='(\d+)'")  # any type: "... [os_error_code='28']"
-
-
-# The path's own faults: the user's to fix, shown as the OS words them (the CLI's input errors).
-PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 class WriteFailed(OSError):

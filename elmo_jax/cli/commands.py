@@ -19,7 +19,8 @@ import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
 from elmo_jax._util.device_memory import OutOfDeviceMemory
-from elmo_jax._util.disk_full import PATH_ERRORS, WriteFailed
+from elmo_jax._util.disk_full import WriteFailed
+from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, said, same_path, under
 from elmo_jax._util.runtime import (
     GPU_KERNELS,
     default_compile_cache,
@@ -135,7 +136,7 @@ def _watched(watch: multihost.PeerWatch | None, args: argparse.Namespace):
         yield
     except Exception as e:
         if _exit_code(e) is not None:
-            watch.failed(error_line(e, args.flags), follow=isinstance(e, PeerFailed))
+            watch.failed(error_line(e, args.flags, args), follow=isinstance(e, PeerFailed))
         else:
             watch.failed(f"{type(e).__name__}: {e}", wait=True)
         raise
@@ -514,7 +515,10 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     )
     tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     tr.add_argument(
-        "--eval-every", type=int, default=0, help="held-out perplexity every N steps (multiple of --log-every)"
+        "--eval-every",
+        type=int,
+        help="held-out perplexity every N steps, a multiple of --log-every (0: never; default: with "
+        "--heldout-files, at every --save-every)",
     )
     tr.add_argument("--log-every", type=int, default=10)
     _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
@@ -729,10 +733,43 @@ def _policy(args, default: str | None) -> str | None:
 COMPUTE_COMMANDS = ("train", "eval", "embed", "demo", "export")
 
 
-def error_line(exc: BaseException, flags: dict[str, str]) -> str:
+def error_line(exc: BaseException, flags: dict[str, str], given: argparse.Namespace | None = None) -> str:
     """``str(exc)`` with each argument it speaks of (``elmo_jax._util.arguments.about``) written as
-    the flag ``flags`` gives it: the one place a library error becomes a command-line message."""
+    the flag ``flags`` gives it: the one place a library error becomes a command-line message.
+
+    A fault of a path (``PATH_ERRORS``: missing, a directory where a file is read, a file where a
+    directory is made) is said after the flag whose value ``given`` holds it, or holds a path
+    above or below it: ``--run-dir a.txt: is a file, not a directory``, not the OS's
+    ``[Errno 17] File exists: 'a.txt'``."""
+    if isinstance(exc, PATH_ERRORS) and exc.filename is not None:
+        culprit, phrase = describe(exc)
+        flag, value = _flag_of(culprit, phrase, flags, given)
+        return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase)
     return flag_text(str(exc), arguments_of(exc), flags)
+
+
+def _flag_of(
+    path: str, phrase: str, flags: dict[str, str], given: argparse.Namespace | None
+) -> tuple[str, str] | tuple[None, None]:
+    """The flag, and its value, that gave ``path`` or a path above or below it.
+
+    Where ``path`` is a file that a directory was wanted in place of, a flag whose path runs
+    through it is the one that wanted it (``--out corpus.txt/vocab.txt``), not one that names the
+    file itself (``--train-files corpus.txt``); otherwise the flag naming ``path`` itself, else
+    the nearest one above or below it."""
+    candidates = []
+    for dest, value in (vars(given) if given is not None else {}).items():
+        if dest not in flags or not isinstance(value, str) or not value:
+            continue
+        through, same = under(value, path), same_path(value, path)
+        if through or same or under(path, value):
+            candidates.append(
+                ((through and phrase == IS_A_FILE, same, len(os.path.abspath(value))), flags[dest], value)
+            )
+    if not candidates:
+        return None, None
+    _, flag, value = max(candidates)
+    return flag, value
 
 
 def flag_text(text: str, names, flags: dict[str, str]) -> str:
@@ -818,7 +855,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def _failed(args: argparse.Namespace, exc: BaseException, code: int) -> int:
     """Prints ``exc`` as the command's one error line; returns the exit code ``code``."""
-    print(f"elmo-jax {args.command}: error: {error_line(exc, args.flags)}", file=sys.stderr)
+    print(f"elmo-jax {args.command}: error: {error_line(exc, args.flags, args)}", file=sys.stderr)
     return code
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from elmo_jax._util import disk_full
 from elmo_jax._util.atomic import atomic_path
+from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ModelConfig, Options
 
 
@@ -80,7 +81,9 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     except FileNotFoundError:
         raise WeightsError(f"{path}: weight file not found") from None
     except OSError as e:
-        raise WeightsError(f"{path}: not a readable HDF5 file ({e})") from None
+        if bad := fault(path, "file"):  # a directory, or a path under a file: h5py's words run to lines
+            raise WeightsError(said(*bad, path)) from None
+        raise WeightsError(f"{path}: not a readable HDF5 file ({str(e).splitlines()[0]})") from None
     with f:
         extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)
         if extra_highway in f:

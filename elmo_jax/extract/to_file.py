@@ -30,6 +30,7 @@ from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, write_text_atomic
 from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
+from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
@@ -126,11 +127,11 @@ def embed_file(
     ``output_path`` then.
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
-    if not os.path.isfile(input_path):
-        raise DataError(f"{input_path}: input file not found")
-    out_dir = os.path.dirname(os.path.abspath(output_path))
-    if not os.path.isdir(out_dir):
-        raise DataError(f"{output_path}: the directory {out_dir} does not exist")
+    # Before the model is built: no work is lost to a mistyped path.
+    if bad := fault(input_path, "file"):
+        raise DataError(said(*bad, input_path))
+    if bad := fault(output_path, "output"):
+        raise DataError(said(*bad, output_path))
     if callable(embedder):
         embedder = embedder()
     from elmo_jax.extract.embedder import check_layers, shard_file, shard_manifest

@@ -32,8 +32,10 @@ class Source(Protocol):
 class TextFiles:
     """Text shards, one whitespace-tokenized sentence per line (lm1b's layout).
 
-    Lines that are not UTF-8 are skipped with a warning naming file and line; blank lines are
-    skipped silently.
+    Lines that are not UTF-8 are skipped with a warning naming the file, how many and the first;
+    blank lines are skipped silently. A file that is not text at all (a NUL byte in its first
+    64 KiB: compressed, binary, UTF-16) is a ``DataError``, at the start of a run where
+    ``fingerprint`` reads it: skipping its every line would bury the cause in warnings.
     """
 
     def __init__(self, pattern: str | Sequence[str]):
@@ -60,13 +62,17 @@ class TextFiles:
                 size = os.path.getsize(path)
                 h = hashlib.sha256()
                 with open(path, "rb") as f:
-                    h.update(f.read(_ENDS))
+                    head = f.read(_ENDS)
+                    h.update(head)
                     if size > _ENDS:
                         f.seek(max(_ENDS, size - _ENDS))
                         h.update(f.read(_ENDS))
             except OSError as e:
                 raise _unreadable(path, e) from None
+            _check_text(path, head)
             out.append({"name": os.path.basename(path), "size": size, "sha256_ends": h.hexdigest()[:16]})
+        if not any(f["size"] for f in out):  # said before a run dir is made for it
+            raise no_sentences(self.files)
         return out
 
     def read(self, shard: int) -> list[str]:
@@ -76,18 +82,35 @@ class TextFiles:
                 data = f.read()
         except OSError as e:  # gone since the glob, a failing disk or mount, no longer readable
             raise _unreadable(path, e) from None
+        _check_text(path, data[:_ENDS])
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError:
-            lines = []
+            lines, skipped = [], []
             for lineno, raw in enumerate(data.split(b"\n"), 1):
                 try:
                     lines.append(raw.decode("utf-8"))
                 except UnicodeDecodeError as e:
-                    warnings.warn(
-                        f"{path}: line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})", stacklevel=2
-                    )
+                    skipped.append(f"line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})")
+            more = f"; and {len(skipped) - 1} more line(s) so" if len(skipped) > 1 else ""
+            warnings.warn(f"{path}: {skipped[0]}{more}", stacklevel=2)
         return [line for line in lines if line.strip()]
+
+
+def no_sentences(names: Sequence[str]) -> DataError:
+    """The error for text files that hold no sentence (names: the first five are said)."""
+    return DataError(f"no sentences in {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+
+
+def _check_text(path: str, head: bytes) -> None:
+    """A ``DataError`` if ``head``, the start of the file ``path``, holds a NUL byte: no UTF-8
+    text does, and most compressed and binary files (and UTF-16 text) do at once."""
+    at = head.find(b"\0")
+    if at >= 0:
+        raise DataError(
+            f"{path}: not UTF-8 text (a NUL byte at byte {at}: a compressed, binary or UTF-16 file?); text "
+            "files are UTF-8, one sentence per line: decompress or convert it, or leave it out of the file pattern"
+        )
 
 
 def _unreadable(path: str, e: OSError) -> DataError:

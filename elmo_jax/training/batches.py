@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from elmo_jax.model.vocabulary import Vocabulary, words_to_ids
-from elmo_jax.text.sources import DataError, Source
+from elmo_jax.text.sources import DataError, Source, no_sentences
 
 
 class WordTable:
@@ -300,10 +300,7 @@ class _Stream:
             self.shard_pos, self.sentence_pos = self.shard_pos + 1, 0
             if self.shard_pos == len(self.shards):
                 self.epoch, self.shard_pos = self.epoch + 1, 0
-        raise DataError(
-            f"no sentences in {', '.join(self.source.name(s) for s in self.shards[:5])}"
-            f"{' ...' if len(self.shards) > 5 else ''}"
-        )
+        raise no_sentences([self.source.name(s) for s in self.shards])
 
     def window(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch.

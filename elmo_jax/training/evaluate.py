@@ -34,7 +34,7 @@ from elmo_jax.config import ModelConfig
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.text.sources import Source
+from elmo_jax.text.sources import DataError, Source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.softmax import full_softmax_loss
@@ -102,6 +102,18 @@ def evaluate(
         OutOfDeviceMemory(
             f"the device ran out of memory ({xla}); batch_size {batch_size} rows is more than it holds: lower "
             "batch_size (the perplexity with carried state depends on it: compare models at one batch_size)"
+        ),
+        "batch_size",
+    )
+
+
+def too_little_text(source: Source, batch_size: int, unroll_steps: int) -> DataError:
+    """The error for held-out text that fills no evaluation window (empty, or too short)."""
+    names = ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
+    return about(
+        DataError(
+            f"the held-out text ({names}) is smaller than one evaluation batch ({batch_size} rows x "
+            f"{unroll_steps} tokens); give more text or a smaller batch_size"
         ),
         "batch_size",
     )
@@ -175,13 +187,7 @@ class HeldoutEvaluator:
             self.windows.append((local, (targets, score)))
             self.count += score.sum(axis=(1, 2))
         if self.count.min() == 0:
-            raise about(
-                ValueError(
-                    f"no complete evaluation window in the held-out data (need at least "
-                    f"{batch_size} x {unroll_steps} tokens); lower batch_size"
-                ),
-                "batch_size",
-            )
+            raise too_little_text(source, batch_size, unroll_steps)
         self.unk_rate = unks / max(positions, 1)
 
     def __call__(self, params: dict, on_window: Callable[[], None] | None = None) -> dict:

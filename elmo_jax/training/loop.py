@@ -33,7 +33,7 @@ from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
-from elmo_jax.training.evaluate import HeldoutEvaluator
+from elmo_jax.training.evaluate import HeldoutEvaluator, too_little_text
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
 from elmo_jax.training.orbax_log import orbax_log
@@ -55,7 +55,10 @@ class RunSettings:
     seed: int = 0
     save_every: int = 500
     keep: int = 3
-    eval_every: int = 0
+    eval_every: int | None = None
+    """Held-out perplexity every this many steps, a multiple of ``log_every`` (0: never). None:
+    with held-out text, at every ``save_every`` steps (rounded up to a multiple of ``log_every``),
+    so that held-out text given is never ignored; without it, never."""
     log_every: int = 10
     precision: str | None = None
     """Matmul policy (``elmo_jax.policy``): None is bfloat16 on a GPU or TPU, float32 on a CPU."""
@@ -339,14 +342,7 @@ def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Voca
     try:
         probe.next()
     except StopIteration:
-        names = ", ".join(heldout.name(i) for i in range(min(len(heldout), 3)))
-        raise about(
-            DataError(
-                f"the held-out text ({names}) is smaller than one evaluation batch ({t.batch_size} rows "
-                f"x {t.unroll_steps} tokens); give more text or a smaller batch_size"
-            ),
-            "batch_size",
-        ) from None
+        raise too_little_text(heldout, t.batch_size, t.unroll_steps) from None
 
 
 @dataclasses.dataclass
@@ -381,6 +377,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
     t = options.training
+    data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
@@ -400,7 +397,6 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     total = settings.steps
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
-    data = fingerprint(source)
     ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
     meta = ckpt.latest_meta()
     try:
@@ -448,6 +444,9 @@ def pretrain(
     ``on_progress``: called with what the run does next (``"running step 12"``), before the
     restore, at each step boundary, each held-out window and the last save (``hooks.Progress``).
     """
+    if settings.eval_every is None:
+        every = -(-settings.save_every // settings.log_every) * settings.log_every if heldout is not None else 0
+        settings = dataclasses.replace(settings, eval_every=every)
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
     with _orbax_log(settings.run_dir):
@@ -667,7 +666,7 @@ def _on_log(
     )
 
     def on_log(step: int, state: TrainState, record: dict) -> None:
-        if evaluator is not None and step % settings.eval_every == 0:
+        if evaluator is not None and step % (settings.eval_every or 1) == 0:
             windows = itertools.count(1)
             progress.beat(f"evaluating the held-out data at step {step} (its first window)")
             scores = evaluator(

@@ -111,13 +111,13 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
         return spec.vocab
     vocab_path = os.path.join(run_dir, "vocab.txt")
     if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
-        epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
         counts, n_tokens, n_sentences = count_tokens(
             source,
             lambda i: beat(
                 f"counting the words of {source.name(i)} for the vocabulary (shard {i + 1} of {len(source)})"
             ),
         )
+        epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # once the text is known good
         # Continuing a model: its words keep their softmax rows, the new text's words are added.
         old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
         write_vocab(

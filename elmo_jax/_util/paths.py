@@ -1,0 +1,90 @@
+"""A path of the wrong kind, said in words: the one place that decides what is wrong with a path a
+user gave (missing, a directory where a file is read, a file where a directory is made).
+
+``fault(path, "file")`` checks a path before any work is done with it; ``describe(exc)`` words an
+``OSError`` that the OS raised about one. Both give the path at fault (a parent, where that is
+where the fault lies: ``corpus.txt/x`` fails because ``corpus.txt`` is a file) and a phrase that
+follows it, ``"is a directory, not a file"``. The command line puts the flag that gave the path in
+front (``elmo_jax.cli.commands``); a library error puts the path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from elmo_jax._util.atomic import is_local
+
+# The path's own faults: the user's to fix (the command line's input errors, exit 2).
+# FileExistsError: a directory to make where a file is.
+PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+
+IS_A_FILE = "is a file, not a directory"
+IS_A_DIR = "is a directory, not a file"
+
+
+def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tuple[str, str] | None:
+    """None when ``path`` is a ``want`` (a file, a directory; for an output file, not a directory
+    and in one that exists) or cannot be checked here (a URI); else the path at fault and what is
+    wrong with it: ``(path, "is a directory, not a file")``, ``(path, "does not exist")``, or for
+    ``a.txt/x``, ``("a.txt", "is a file, not a directory")``."""
+    p = os.fspath(path)
+    if not is_local(p):
+        return None
+    if want == "output":
+        if os.path.isdir(p):
+            return p, IS_A_DIR
+        return fault(os.path.dirname(p) or ".", "dir")
+    if os.path.isfile(p) if want == "file" else os.path.isdir(p):
+        return None
+    if os.path.exists(p):
+        return p, IS_A_DIR if want == "file" else IS_A_FILE
+    return _missing(p)
+
+
+def _missing(p: str) -> tuple[str, str]:
+    """What is at fault for the missing path ``p``: the highest missing directory above it, or a
+    file that stands where a directory of its path should be."""
+    at = p
+    while True:
+        up = os.path.dirname(at)
+        if not up or up == at:
+            return at, "does not exist"
+        if os.path.exists(up):
+            return (at, "does not exist") if os.path.isdir(up) else (up, IS_A_FILE)
+        at = up
+
+
+def describe(exc: OSError) -> tuple[str, str]:
+    """The path at fault and what is wrong with it, for one of ``PATH_ERRORS`` (any ``OSError``
+    with a file name: its own words)."""
+    p = os.fspath(exc.filename) if exc.filename is not None else ""
+    if isinstance(exc, IsADirectoryError):
+        return p, IS_A_DIR
+    if isinstance(exc, NotADirectoryError):
+        return fault(p, "dir") or (p, IS_A_FILE)
+    if isinstance(exc, FileExistsError):
+        return p, IS_A_FILE if os.path.isfile(p) else "already exists"
+    if isinstance(exc, FileNotFoundError):
+        return _missing(p) if not os.path.exists(p) else (p, "does not exist")
+    if isinstance(exc, PermissionError):
+        return p, "is not open to this user (permission denied)"
+    return p, exc.strerror or str(exc)
+
+
+def said(culprit: str, phrase: str, given: str | None = None) -> str:
+    """``"given: phrase"`` when the fault is the given path itself, else ``"given: culprit phrase"``
+    (``"runs/x/y: runs/x is a file, not a directory"``); without ``given``, ``"culprit: phrase"``."""
+    if given is None or same_path(culprit, given):
+        return f"{given or culprit}: {phrase}"
+    return f"{given}: {culprit} {phrase}"
+
+
+def same_path(a: str, b: str) -> bool:
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
+def under(a: str, b: str) -> bool:
+    """Whether the path ``a`` lies below the path ``b``."""
+    a, b = (os.path.normpath(os.path.abspath(x)) for x in (a, b))
+    return a.startswith(b.rstrip(os.sep) + os.sep)

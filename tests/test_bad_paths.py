@@ -1,0 +1,26 @@
+"""A path of the wrong kind for any path flag of any command is one line that names the flag or
+the path and says what is wrong, exit 2, with nothing written: never a traceback, never a message
+about a temporary file, never a flag silently ignored (``bad_paths.py`` has the cases;
+``probe_bad_paths.py`` prints them)."""
+
+import pytest
+from bad_paths import ACCEPTED, CASES, World, run
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(case, tmp_path):
+    outcome = run(case, World(tmp_path))
+    if case.id in ACCEPTED:
+        assert outcome.kind == "ACCEPTED", outcome.detail
+        return
+    assert (outcome.kind, outcome.code) == ("one line", 2), outcome.detail
+    assert "Errno" not in outcome.err and ".tmp" not in outcome.err, outcome.err
+    assert outcome.left == [], outcome.left  # nothing written: no run dir, no partial output
+
+
+def test_a_uri_is_left_to_its_file_system_and_a_local_path_is_checked(tmp_path):
+    from elmo_jax._util.paths import fault
+
+    assert fault("gs://bucket/run/o.hdf5", "output") is None and fault("gs://bucket/in.txt", "file") is None
+    assert fault(tmp_path / "no" / "deeper" / "o.hdf5", "output") == (str(tmp_path / "no"), "does not exist")
+    assert fault(tmp_path / "o.hdf5", "output") is None  # negative control: a new file in a directory that is there
