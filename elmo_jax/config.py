@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import open_binary, write_text_atomic
 
 ACTIVATIONS = ("relu", "tanh")
@@ -30,8 +32,21 @@ def _fail(where: str, msg: str) -> None:
 
 
 def _check_int(where: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not _is_int(value, minimum):
         _fail(where, f"'{name}' must be an integer >= {minimum}, found {value!r}")
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= minimum
+
+
+def check_counts(minimum: int, optional: bool = False, **values: Any) -> None:
+    """A ``ConfigError`` about the first of the arguments ``values`` that is not an integer of at
+    least ``minimum`` (None passes when ``optional``): ``save_every must be an integer >= 1; got 0``,
+    marked as about that argument, so that the command line names its flag."""
+    for name, value in values.items():
+        if not (optional and value is None) and not _is_int(value, minimum):
+            raise about(ConfigError(f"{name} must be an integer >= {minimum}; got {value!r}"), name)
 
 
 def _check_clip(where: str, name: str, value: Any) -> None:
@@ -201,8 +216,8 @@ class TrainConfig:
             _fail(where, f"'dropout' must be in [0, 1), found {self.dropout!r}")
         if not self.all_clip_norm_val > 0:
             _fail(where, f"'all_clip_norm_val' must be > 0, found {self.all_clip_norm_val!r}")
-        if not self.learning_rate > 0:
-            _fail(where, f"'learning_rate' must be > 0, found {self.learning_rate!r}")
+        if not 0 < self.learning_rate < math.inf:
+            _fail(where, f"'learning_rate' must be a finite number > 0, found {self.learning_rate!r}")
         if self.bidirectional is not True:
             _fail(where, "'bidirectional' must be true: elmo_jax trains bidirectional biLMs only")
         if self.share_embedding_softmax:

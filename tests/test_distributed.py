@@ -1076,7 +1076,7 @@ import sys
 from elmo_jax import cli
 from elmo_jax.training import setup
 def unread(*args, **kwargs):
-    raise FileNotFoundError(2, "No such file or directory", "/mnt/shared/vocab.txt")
+    raise FileNotFoundError(2, "No such file or directory", "/elmo-jax-test-missing-vocab.txt")
 setup._run_options = unread
 sys.exit(cli.main(sys.argv[1:]))
 """
@@ -1105,7 +1105,7 @@ sys.exit(cli.main(sys.argv[1:]))
 @pytest.mark.parametrize(
     ("program", "code", "said"),
     [
-        (UNREAD_ON_PROCESS_1, 2, "[Errno 2] No such file or directory: '/mnt/shared/vocab.txt'"),
+        (UNREAD_ON_PROCESS_1, 2, "/elmo-jax-test-missing-vocab.txt: does not exist"),
         (
             OUT_OF_MEMORY_ON_PROCESS_1,
             1,

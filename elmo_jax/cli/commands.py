@@ -744,7 +744,7 @@ def error_line(exc: BaseException, flags: dict[str, str], given: argparse.Namesp
     if isinstance(exc, PATH_ERRORS) and exc.filename is not None:
         culprit, phrase = describe(exc)
         flag, value = _flag_of(culprit, phrase, flags, given)
-        return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase)
+        return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase, os.fspath(exc.filename))
     return flag_text(str(exc), arguments_of(exc), flags)
 
 

@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, Source, TextFiles
@@ -81,13 +82,16 @@ def build_vocab(
     words of ``extend`` that do not occur here come last, in their old order.
     """
     if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
-        raise VocabError(f"min_count must be an integer >= 1, got {min_count!r}")
+        raise about(VocabError(f"min_count must be an integer >= 1; got {min_count!r}"), "min_count")
     if max_size is not None and (
         isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4
     ):
-        raise VocabError(
-            f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least "
-            f"one word) or None, got {max_size!r}"
+        raise about(
+            VocabError(
+                f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least one word); "
+                f"got {max_size!r}"
+            ),
+            "max_size",
         )
     words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
     old_rank = {}

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
-from elmo_jax.config import ModelConfig
+from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
@@ -144,6 +144,7 @@ class HeldoutEvaluator:
         block: int = BLOCK,
         scored: np.ndarray | None = None,
     ):
+        check_counts(1, batch_size=batch_size, unroll_steps=unroll_steps)  # 0 would deal windows for ever
         self.mesh, self.layout, self.carried = mesh, layout, not reset_state_per_sentence
         n_dev = mesh.size
         self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())

@@ -26,7 +26,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
 from elmo_jax._util.processes import agree_max
-from elmo_jax.config import ConfigError, Options, TrainConfig, saved_reset_state_prob
+from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
@@ -43,9 +43,10 @@ from elmo_jax.training.step import AXIS, TrainState, make_train_step, put_global
 from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """How to run (not what to train: that is ``Options``)."""
+    """How to run (not what to train: that is ``Options``). Checked when made: a value out of its
+    range is a ``ConfigError`` that names the field, before anything is read or written."""
 
     run_dir: str
     steps: int | None = None
@@ -90,6 +91,27 @@ class RunSettings:
     """Resume the weights and optimizer state on training data other than the run's: the data
     position starts afresh on it (continued pretraining within one run dir). Without it, a resume
     on changed data is refused."""
+
+    def __post_init__(self):
+        check_counts(
+            1,
+            save_every=self.save_every,
+            keep=self.keep,
+            log_every=self.log_every,
+            divergence_patience=self.divergence_patience,
+        )
+        check_counts(0, seed=self.seed, prefetch=self.prefetch, host_workers=self.host_workers)
+        check_counts(1, optional=True, devices=self.devices)
+        check_counts(0, optional=True, eval_every=self.eval_every, steps=self.steps)  # 0 steps: nothing to do
+        if self.epochs is not None and not 0 <= self.epochs < math.inf:
+            raise about(ConfigError(f"epochs must be a finite number >= 0; got {self.epochs!r}"), "epochs")
+        if self.on_divergence not in DivergenceGuard.MODES:
+            raise about(
+                ConfigError(
+                    f"on_divergence must be one of {', '.join(DivergenceGuard.MODES)}; got {self.on_divergence!r}"
+                ),
+                "on_divergence",
+            )
 
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None, strict: bool = True) -> Options:

@@ -66,14 +66,6 @@ def train(
     read and as each shard is counted for the vocabulary."""
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
-    if settings.prefetch < 0 or settings.host_workers < 0:
-        raise about(
-            ConfigError(
-                f"prefetch and host_workers must be 0 or more; got {settings.prefetch} and {settings.host_workers}"
-            ),
-            "prefetch",
-            "host_workers",
-        )
     _check_recipe(spec)  # before the vocabulary pass, which can take minutes, and writes
     beat = on_progress or (lambda doing: None)
     warm = None

@@ -1,5 +1,6 @@
-"""Every path flag of every command, given a path of a wrong kind: the cases of
-``tests/test_bad_paths.py`` and ``tests/probe_bad_paths.py``.
+"""Every path flag of every command given a path of a wrong kind, and the numeric flags given
+values out of their range: the cases of ``tests/test_bad_input.py`` and
+``tests/probe_bad_input.py``.
 
 A case runs one command in this process (``elmo_jax.cli.commands.main``) with valid arguments but
 for one flag. Each runs in a directory of its own, so what one case writes no other sees."""
@@ -135,11 +136,13 @@ class Case:
         return f"{self.command} {self.flag} {self.kind}"
 
     def argv(self, w: World) -> tuple[list[str], str]:
-        """The command line, and the bad path in it."""
+        """The command line, and the bad path (or value) in it."""
         args = BASE[self.command](w)
         if self.command == "embed" and self.flag == "--run-dir":
             del args["--options"], args["--weights"]
-        bad = KINDS[self.kind](w)
+        if self.flag == "--epochs":  # --steps and --epochs are either-or
+            del args["--steps"]
+        bad = self.kind[1:] if self.kind.startswith("=") else KINDS[self.kind](w)
         args[self.flag] = bad
         argv = [self.command]
         for flag, value in args.items():
@@ -147,16 +150,36 @@ class Case:
         return argv, bad
 
 
-CASES = [Case(command, flag, kind) for command, flag, kinds in FLAGS for kind in kinds]
+# Values out of range ("=" and the value). Before, the first of each flag's here ended in a
+# traceback (a modulo by zero, Orbax's or numpy's ValueError), ran for ever (eval --unroll-steps
+# 0) or was taken (--save-every -1 never saved).
+VALUES = [
+    ("train", "--save-every", ("=0", "=-1")),
+    ("train", "--log-every", ("=0", "=-1")),
+    ("train", "--keep", ("=-1", "=0")),
+    ("train", "--seed", ("=-1",)),
+    ("train", "--steps", ("=-1", "=0")),
+    ("train", "--eval-every", ("=-10",)),
+    ("train", "--epochs", ("=nan", "=inf", "=-1")),
+    ("train", "--learning-rate", ("=inf", "=nan", "=0")),
+    ("eval", "--batch-size", ("=0", "=-1")),
+    ("eval", "--unroll-steps", ("=0", "=-1")),
+    ("vocab", "--min-count", ("=0",)),
+    ("vocab", "--max-size", ("=2",)),
+]
+
+CASES = [Case(command, flag, kind) for command, flag, kinds in FLAGS + VALUES for kind in kinds]
 
 
 # The cases where the command rightly goes on: it makes the output's directory; an empty input
-# is an empty output (with a warning); listing the models reads no cache, so a file there is none.
+# is an empty output (with a warning); listing the models reads no cache, so a file there is none;
+# 0 steps: nothing to do, said so.
 ACCEPTED = {
     "vocab --out no-parent",
     "embed --input empty",
     "models --cache-dir a-file",
     "models --cache-dir under-a-file",
+    "train --steps =0",
 }
 
 
@@ -190,7 +213,7 @@ def run(case: Case, world: World) -> Outcome:
     if len(lines) != 1 or "Traceback" in text:
         return Outcome("OTHER", code, text, f"exit {code}: {text.strip()[-300:]}", left)
     line = lines[0]
-    if case.flag not in line and bad not in line:
+    if case.flag not in line and (bad not in line or case.kind.startswith("=")):
         return Outcome("NO FLAG", code, text, line, left)
     return Outcome("one line", code, text, line + (f" LEFT {left}" if left else ""), left)
 

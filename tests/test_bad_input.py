@@ -1,14 +1,14 @@
-"""A path of the wrong kind for any path flag of any command is one line that names the flag or
-the path and says what is wrong, exit 2, with nothing written: never a traceback, never a message
-about a temporary file, never a flag silently ignored (``bad_paths.py`` has the cases;
-``probe_bad_paths.py`` prints them)."""
+"""A path of the wrong kind for any path flag of any command, or a value out of range for a
+numeric one, is one line that names the flag (or the path) and says what is wrong, exit 2, with
+nothing written: never a traceback, never a message about a temporary file, never a flag silently
+ignored (``bad_input.py`` has the cases; ``probe_bad_input.py`` prints them)."""
 
 import pytest
-from bad_paths import ACCEPTED, CASES, World, run
+from bad_input import ACCEPTED, CASES, World, run
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_a_path_of_the_wrong_kind_is_one_line_naming_it(case, tmp_path):
+def test_a_path_of_the_wrong_kind_or_a_value_out_of_range_is_one_line_naming_it(case, tmp_path):
     outcome = run(case, World(tmp_path))
     if case.id in ACCEPTED:
         assert outcome.kind == "ACCEPTED", outcome.detail
