@@ -24,3 +24,11 @@ def test_a_uri_is_left_to_its_file_system_and_a_local_path_is_checked(tmp_path):
     assert fault("gs://bucket/run/o.hdf5", "output") is None and fault("gs://bucket/in.txt", "file") is None
     assert fault(tmp_path / "no" / "deeper" / "o.hdf5", "output") == (str(tmp_path / "no"), "does not exist")
     assert fault(tmp_path / "o.hdf5", "output") is None  # negative control: a new file in a directory that is there
+
+
+def test_a_directory_given_for_a_file_pattern_is_answered_with_the_pattern_to_give(tmp_path):
+    outcome = run(next(c for c in CASES if c.id == "train --train-files a-dir"), World(tmp_path))
+    assert "adir is a directory: give a pattern of its files, '" in outcome.err and "adir/*.txt'" in outcome.err
+    # Negative control: a pattern that names nothing gets no such hint.
+    outcome = run(next(c for c in CASES if c.id == "train --train-files missing"), World(tmp_path))
+    assert "no files match" in outcome.err and "is a directory" not in outcome.err

@@ -37,6 +37,20 @@ def test_enable_compile_cache_defaults_to_the_clis_directory(tmp_path, monkeypat
     assert commands.enable_compile_cache is runtime.enable_compile_cache  # the CLI uses the same one
 
 
+def test_a_compile_cache_where_a_file_is_is_one_warning_and_no_cache(tmp_path, restore_jax_cache_config):
+    """jax would take it and fail every cache write without a word: every compile, every run."""
+    (tmp_path / "a.txt").write_text("not a directory")
+    before = jax.config.jax_compilation_cache_dir
+    for path in (tmp_path / "a.txt", tmp_path / "a.txt" / "xla"):
+        with pytest.warns(
+            UserWarning, match=r"the compile cache .*a.txt.* is a file, not a directory; compiling without"
+        ):
+            assert runtime.enable_compile_cache(path) is None
+        assert jax.config.jax_compilation_cache_dir == before
+    # Negative control: a directory that is not there yet is made by jax, and taken.
+    assert runtime.enable_compile_cache(tmp_path / "new") == str(tmp_path / "new")
+
+
 @pytest.fixture
 def machine(monkeypatch):
     """A machine with no accelerator, no plugin, no JAX_PLATFORMS, and a fresh 'warned once' flag."""

@@ -13,8 +13,10 @@ import importlib.metadata
 import os
 import shutil
 import sys
+import warnings
 
 from elmo_jax._util.atomic import is_local
+from elmo_jax._util.paths import fault, said
 
 __all__ = [
     "GPU_KERNELS",
@@ -45,6 +47,14 @@ def enable_compile_cache(path: str | None = None) -> str | None:
     """
     path = default_compile_cache() if path is None else os.fspath(path)
     if path.lower() in ("", "none"):
+        return None
+    bad = fault(path, "dir")
+    if bad is not None and bad[1] != "does not exist":  # jax makes a missing one; it ignores a file there
+        warnings.warn(
+            f"the compile cache {said(*bad, path)}; compiling without one: give it another directory "
+            "($ELMO_JAX_COMPILE_CACHE, or elmo-jax --compile-cache)",
+            stacklevel=2,
+        )
         return None
     import jax
 

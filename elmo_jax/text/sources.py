@@ -44,7 +44,13 @@ class TextFiles:
             {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True) if os.path.isfile(f)}
         )
         if not files:
-            raise DataError(f"no files match {' '.join(patterns)!s}")
+            folder = next((p for p in patterns if os.path.isdir(os.path.expanduser(p))), None)
+            hint = (
+                f" ({folder} is a directory: give a pattern of its files, '{os.path.join(folder, '*.txt')}')"
+                if folder is not None
+                else ""
+            )
+            raise DataError(f"no files match {' '.join(patterns)!s}{hint}")
         self.files = files
 
     def __len__(self) -> int:
