@@ -141,6 +141,8 @@ def test_bad_paths_are_refused_before_the_model_is_loaded(tmp_path, text):
     with pytest.raises(DataError, match="d: is a directory, not a file"):  # said before, not at the rename
         embed_file(load, text, tmp_path / "d")
     (tmp_path / "d").rmdir()
+    with pytest.raises(DataError, match="gs://bucket/in.txt: the input is read as a local file"):
+        embed_file(load, "gs://bucket/in.txt", tmp_path / "o.hdf5")
     # The negative control: with good paths the loader is called.
     with pytest.raises(AssertionError, match="the model was loaded"):
         embed_file(load, text, tmp_path / "o.hdf5")

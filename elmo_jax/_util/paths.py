@@ -59,6 +59,8 @@ def describe(exc: OSError) -> tuple[str, str]:
     """The path at fault and what is wrong with it, for one of ``PATH_ERRORS`` (any ``OSError``
     with a file name: its own words)."""
     p = os.fspath(exc.filename) if exc.filename is not None else ""
+    if not is_local(p):  # its own file system's words; there is no parent to look at here
+        return p, exc.strerror or str(exc)
     if isinstance(exc, IsADirectoryError):
         return p, IS_A_DIR
     if isinstance(exc, NotADirectoryError):

@@ -28,7 +28,7 @@ import numpy as np
 
 from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
-from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
 from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ConfigError
@@ -128,6 +128,8 @@ def embed_file(
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     # Before the model is built: no work is lost to a mistyped path.
+    if not is_local(input_path):
+        raise DataError(f"{input_path}: the input is read as a local file: copy it to this machine first")
     if bad := fault(input_path, "file"):
         raise DataError(said(*bad, input_path))
     if bad := fault(output_path, "output"):
