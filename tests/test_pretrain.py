@@ -1035,7 +1035,7 @@ def test_reading_a_run_dir_leaves_a_save_in_flight_alone(tmp_path, fixtures_dir)
     assert (in_flight / "lstm.orbax-checkpoint-tmp" / "part").read_bytes() == b"being written"
 
 
-def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save(tmp_path):
+def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save(tmp_path, capsys):
     """What a watcher for a stuck run is told (``elmo-jax train --stall-timeout`` names it in its
     line): the restore, the first step (batch and compile), every step, each held-out window and
     the last save, on a fresh run and on its resumption. The resumption leaves ``eval_every``
@@ -1062,6 +1062,7 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         return [f"{at} (its first window)"] + [f"{at} (after window {k})" for k in range(1, windows + 1)]
 
     fresh = doings(4)
+    assert "; held-out perplexity every 2 steps" in capsys.readouterr().out  # the start line says so
     windows = sum(d.startswith("evaluating the held-out data at step 2 (after") for d in fresh)
     assert windows >= 1
     assert fresh == [
@@ -1086,7 +1087,9 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
         "ending the run at step 6",
         "saving step 6, the last",
     ]
+    capsys.readouterr()
     assert not any(d.startswith("evaluating") for d in doings(8, eval_every=0))  # 0: never
+    assert "held-out perplexity" not in capsys.readouterr().out
 
 
 def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_builds(tmp_path):

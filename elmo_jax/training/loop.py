@@ -466,9 +466,12 @@ def pretrain(
     ``on_progress``: called with what the run does next (``"running step 12"``), before the
     restore, at each step boundary, each held-out window and the last save (``hooks.Progress``).
     """
-    if settings.eval_every is None:
-        every = -(-settings.save_every // settings.log_every) * settings.log_every if heldout is not None else 0
-        settings = dataclasses.replace(settings, eval_every=every)
+    if heldout is None:  # so that eval_every > 0 says that the run evaluates (its start line says so)
+        settings = dataclasses.replace(settings, eval_every=0)
+    elif settings.eval_every is None:
+        settings = dataclasses.replace(
+            settings, eval_every=-(-settings.save_every // settings.log_every) * settings.log_every
+        )
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
     with _orbax_log(settings.run_dir):
@@ -765,6 +768,8 @@ def _learning_rate_change(run: _Run) -> str:
 def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
     until += f" ({matmuls}, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
+    if run.settings.eval_every:
+        until += f"; held-out perplexity every {run.settings.eval_every} steps"
     if start:
         stream = batcher.streams[0]
         return (
