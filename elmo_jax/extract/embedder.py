@@ -143,8 +143,9 @@ def _warn_empty(n: int) -> None:
 def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
     """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
     ``elmo_jax.text.tokenize.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
-    if isinstance(texts, str):
-        raise TypeError("texts is one str; expected a list of strings (one sentence each)")
+    if isinstance(texts, str) or not isinstance(texts, Iterable):
+        what = "one str" if isinstance(texts, str) else f"a {type(texts).__name__}"
+        raise TypeError(f"texts is {what}; expected a list of strings (one sentence each)")
     if tokenizer is None:
         from elmo_jax.text.tokenize import tokenize
 
@@ -732,8 +733,9 @@ class Embedder:
         with one warning per call. A sentence that is a ``str`` raises ``TypeError`` (raw text:
         ``embed_texts``).
         """
-        if isinstance(sentences, str):
-            raise TypeError(f"sentences is one str; expected a list of token lists: {_EMBED_HINT}")
+        if isinstance(sentences, str) or not isinstance(sentences, Iterable):
+            what = "one str" if isinstance(sentences, str) else f"a {type(sentences).__name__}"
+            raise TypeError(f"sentences is {what}; expected a list of token lists: {_EMBED_HINT}")
         sentences = list(sentences)
         check_tokenized(sentences, _EMBED_HINT)
         sentences = [list(s) for s in sentences]
