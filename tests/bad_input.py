@@ -150,9 +150,9 @@ class Case:
         return argv, bad
 
 
-# Values out of range ("=" and the value). Before, the first of each flag's here ended in a
-# traceback (a modulo by zero, Orbax's or numpy's ValueError), ran for ever (eval --unroll-steps
-# 0) or was taken (--save-every -1 never saved).
+# Values out of range ("=" and the value). Before 1faef2c most of these ended in a traceback (a
+# modulo by zero, Orbax's or numpy's ValueError), were taken (--save-every -1 never saved) or
+# named the argument rather than the flag; eval --unroll-steps 0 ran for ever.
 VALUES = [
     ("train", "--save-every", ("=0", "=-1")),
     ("train", "--log-every", ("=0", "=-1")),
