@@ -21,6 +21,7 @@ PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirect
 
 IS_A_FILE = "is a file, not a directory"
 IS_A_DIR = "is a directory, not a file"
+MISSING = "does not exist"
 
 
 def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tuple[str, str] | None:
@@ -49,9 +50,9 @@ def _missing(p: str) -> tuple[str, str]:
     while True:
         up = os.path.dirname(at)
         if not up or up == at:
-            return at, "does not exist"
+            return at, MISSING
         if os.path.exists(up):
-            return (at, "does not exist") if os.path.isdir(up) else (up, IS_A_FILE)
+            return (at, MISSING) if os.path.isdir(up) else (up, IS_A_FILE)
         at = up
 
 
@@ -68,7 +69,7 @@ def describe(exc: OSError) -> tuple[str, str]:
     if isinstance(exc, FileExistsError):
         return p, IS_A_FILE if os.path.isfile(p) else "already exists"
     if isinstance(exc, FileNotFoundError):
-        return _missing(p) if not os.path.exists(p) else (p, "does not exist")
+        return _missing(p)
     if isinstance(exc, PermissionError):
         return p, "is not open to this user (permission denied)"
     return p, exc.strerror or str(exc)

@@ -16,7 +16,7 @@ import sys
 import warnings
 
 from elmo_jax._util.atomic import is_local
-from elmo_jax._util.paths import fault, said
+from elmo_jax._util.paths import MISSING, fault, said
 
 __all__ = [
     "GPU_KERNELS",
@@ -49,7 +49,7 @@ def enable_compile_cache(path: str | None = None) -> str | None:
     if path.lower() in ("", "none"):
         return None
     bad = fault(path, "dir")
-    if bad is not None and bad[1] != "does not exist":  # jax makes a missing one; it ignores a file there
+    if bad is not None and bad[1] != MISSING:  # jax makes a missing one; it ignores a file there
         warnings.warn(
             f"the compile cache {said(*bad, path)}; compiling without one: give it another directory "
             "($ELMO_JAX_COMPILE_CACHE, or elmo-jax --compile-cache)",

@@ -140,12 +140,17 @@ def _warn_empty(n: int) -> None:
         warnings.warn(f"{n} empty sentence(s) pooled to zero vectors", stacklevel=3)
 
 
+def _check_many(value, name: str, expected: str) -> None:
+    """A ``TypeError`` when the argument ``name``, a collection, is one str or no collection."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        what = "one str" if isinstance(value, str) else f"a {type(value).__name__}"
+        raise TypeError(f"{name} is {what}; expected {expected}")
+
+
 def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
     """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
     ``elmo_jax.text.tokenize.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
-    if isinstance(texts, str) or not isinstance(texts, Iterable):
-        what = "one str" if isinstance(texts, str) else f"a {type(texts).__name__}"
-        raise TypeError(f"texts is {what}; expected a list of strings (one sentence each)")
+    _check_many(texts, "texts", "a list of strings (one sentence each)")
     if tokenizer is None:
         from elmo_jax.text.tokenize import tokenize
 
@@ -733,9 +738,7 @@ class Embedder:
         with one warning per call. A sentence that is a ``str`` raises ``TypeError`` (raw text:
         ``embed_texts``).
         """
-        if isinstance(sentences, str) or not isinstance(sentences, Iterable):
-            what = "one str" if isinstance(sentences, str) else f"a {type(sentences).__name__}"
-            raise TypeError(f"sentences is {what}; expected a list of token lists: {_EMBED_HINT}")
+        _check_many(sentences, "sentences", f"a list of token lists: {_EMBED_HINT}")
         sentences = list(sentences)
         check_tokenized(sentences, _EMBED_HINT)
         sentences = [list(s) for s in sentences]
