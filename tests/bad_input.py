@@ -172,13 +172,11 @@ CASES = [Case(command, flag, kind) for command, flag, kinds in FLAGS + VALUES fo
 
 
 # The cases where the command rightly goes on: it makes the output's directory; an empty input
-# is an empty output (with a warning); listing the models reads no cache, so a file there is none;
-# 0 steps: nothing to do, said so.
+# is an empty output (with a warning); 0 steps: nothing to do, said so. (`models --cache-dir` given
+# a file was taken too, and listed every model as missing from it.)
 ACCEPTED = {
     "vocab --out no-parent",
     "embed --input empty",
-    "models --cache-dir a-file",
-    "models --cache-dir under-a-file",
     "train --steps =0",
 }
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 from model_server import HTML_PAGE, ModelServer, fixture_files, fixture_model, fixture_tree, serve_fixture
 
 from elmo_jax import cli
+from elmo_jax._util.arguments import arguments_of
 from elmo_jax.pretrained import registry
 from elmo_jax.pretrained.registry import PretrainedError
 
@@ -242,9 +244,37 @@ def test_cache_under_a_regular_file(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "afile" / "models"))
     monkeypatch.setenv("ELMO_JAX_MIRROR", str(fixture_tree(tmp_path / "mirror")))
-    with pytest.raises(PretrainedError, match="cache directory .*afile/models/original cannot be created") as e:
+    with pytest.raises(PretrainedError) as e:
         registry.fetch("original", progress=False)
-    assert "\n" not in str(e.value)
+    assert str(e.value) == (
+        f"ELMO_JAX_HOME={tmp_path / 'afile' / 'models'}: {tmp_path / 'afile'} is a file, not a directory; "
+        "set ELMO_JAX_HOME to a directory"
+    )
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/models"])
+def test_a_cache_dir_where_a_file_is_is_refused_by_every_use_of_the_cache(tmp_path, monkeypatch, where):
+    """Not listed as a cache with nothing in it, nor named as where to put a file when offline
+    (both before): each use names the argument, and makes nothing."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("ELMO_JAX_OFFLINE", "1")
+    cache_dir = tmp_path / where
+    said = (
+        f"cache_dir {cache_dir}: "
+        + ("" if where == "afile" else f"{tmp_path / 'afile'} ")
+        + "is a file, not a directory"
+    )
+    for use in (registry.cache_status, lambda cache_dir: registry.fetch("original", cache_dir=cache_dir)):
+        with pytest.raises(PretrainedError) as e:
+            use(cache_dir=cache_dir)
+        assert str(e.value) == said and arguments_of(e.value) == ("cache_dir",)
+    with pytest.raises(PretrainedError, match=re.escape(said)):
+        registry.verify("original", cache_dir=cache_dir)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    # A cache directory that is not there yet is an empty cache, and is not made by a listing.
+    rows = registry.cache_status(cache_dir=tmp_path / "new")
+    assert rows and {r.state for r in rows} == {"missing"}
+    assert not (tmp_path / "new").exists()
 
 
 def test_404_mirror_is_refused(tmp_path, monkeypatch):

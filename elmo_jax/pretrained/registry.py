@@ -40,7 +40,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import write_text_atomic
+from elmo_jax._util.paths import IS_A_FILE, fault, said
 
 try:
     import fcntl
@@ -258,6 +260,18 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
         return pathlib.Path(os.environ["ELMO_JAX_HOME"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return pathlib.Path(base, "elmo_jax", "models")
+
+
+def _usable_root(cache_dir: str | os.PathLike | None) -> pathlib.Path:
+    """``cache_root(cache_dir)``, refused where a file stands at it or above it: such a path is
+    neither an empty cache to list nor one to name in a message saying where to put a file."""
+    root = cache_root(cache_dir)
+    if (bad := fault(root, "dir")) and bad[1] == IS_A_FILE:
+        if cache_dir is not None:
+            raise about(PretrainedError(f"cache_dir {said(*bad, str(root))}"), "cache_dir")
+        source = "ELMO_JAX_HOME=" if os.environ.get("ELMO_JAX_HOME") else "the default model cache "
+        raise PretrainedError(f"{source}{said(*bad, str(root))}; set ELMO_JAX_HOME to a directory")
+    return root
 
 
 def offline() -> bool:
@@ -638,7 +652,7 @@ def fetch(
     wanted = _files(model, files)
     pins = _pins(model, sha256)
     progress = sys.stderr.isatty() if progress is None else progress
-    model_dir = cache_root(cache_dir) / model.name
+    model_dir = _usable_root(cache_dir) / model.name
     manifest = _read_manifest(model_dir)
     missing = []
     for f in wanted:
@@ -700,7 +714,7 @@ def verify(
     """
     model = get_model(name)
     pins = _pins(model, sha256)
-    model_dir = cache_root(cache_dir) / model.name
+    model_dir = _usable_root(cache_dir) / model.name
     manifest = _read_manifest(model_dir)
     out = {}
     for files in model.files.values():
@@ -734,10 +748,12 @@ class FileStatus:
 def cache_status(
     cache_dir: str | os.PathLike | None = None, models: Sequence[str | PretrainedModel] | None = None
 ) -> list[FileStatus]:
-    """Every released file of ``models`` (default: all) and whether it is cached; checks sizes only."""
+    """Every released file of ``models`` (default: all) and whether it is cached; checks sizes only.
+    A cache directory that does not exist yet has nothing in it (``_usable_root``)."""
+    root = _usable_root(cache_dir)
     rows = []
     for model in (get_model(m) for m in (models if models is not None else MODELS)):
-        model_dir = cache_root(cache_dir) / model.name
+        model_dir = root / model.name
         manifest = _read_manifest(model_dir)
         for role, files in model.files.items():
             for f in files:
