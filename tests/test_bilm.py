@@ -1,4 +1,5 @@
 import functools
+import re
 
 import h5py
 import jax
@@ -163,6 +164,49 @@ def test_jit_and_grad_through_bilm(allennlp_model):
     leaves = jax.tree_util.tree_leaves(grads)
     assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
     assert np.abs(np.asarray(grads["lstm"][0]["w_h"])).sum() > 0
+
+
+def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(allennlp_model):
+    """Word ids ``[batch, time]``, floats, ids past the char embedding, a state of other shapes,
+    swapped or training-state params: each is refused before anything runs, in words. (Before:
+    jax's "zero-size array to reduction operation max", a broadcasting or einsum error; ids out of
+    range were taken silently, the gather clamping them to a real character.)"""
+    config, params = allennlp_model
+    ids = batch_to_ids([["a", "b"], ["c"]])
+    rows = params["char_cnn"]["char_embed"].shape[0]
+    shape = "char_ids must be [batch, time, chars] (from batch_to_ids); got shape "
+    refused = [
+        (ids[..., 0], ValueError, shape + "(2, 2): ELMo reads each token's characters, not a word id"),
+        (ids[None], ValueError, shape + "(1, 2, 2, 50): ELMo reads each token's characters, not a word id"),
+        (ids.astype(np.float32), TypeError, "char_ids must be integers [batch, time, chars] (int32, from batch_to_ids); got float32"),
+        (np.where(ids > 0, rows, 0), ValueError, f"char_ids hold {rows}; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),
+        (np.where(ids > 0, -1, 0), ValueError, f"char_ids hold -1; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),
+        ("a b", TypeError, "char_ids is a str; expected an int32 array (from batch_to_ids)"),
+    ]  # fmt: skip
+    for bad, error, said in refused:
+        with pytest.raises(error) as e:
+            bilm_apply(params, config, bad)
+        assert str(e.value) == said
+    # Shape and type are checked in a traced call too; a traced array's values are not read.
+    with pytest.raises(ValueError, match=re.escape(shape + "(2, 2)")):
+        jax.jit(lambda x: bilm_apply(params, config, x))(ids[..., 0])
+    jax.jit(lambda x: bilm_apply(params, config, x))(np.where(ids > 0, rows, 0))
+    # The edges of the range, and nested lists, are taken (the same numbers as the array's).
+    layers, _, state = bilm_apply(params, config, ids)
+    np.testing.assert_array_equal(bilm_apply(params, config, ids.tolist())[0], layers)
+    bilm_apply(params, config, np.where(ids > 0, rows - 1, 0))
+
+    with pytest.raises(
+        ValueError, match=r"here \{'c': \(2, 2, 2, 64\), 'h': \(2, 2, 2, 16\)\} .*; got \{'c': \(2, 2, 3, 64\)"
+    ):
+        bilm_apply(params, config, ids, {k: v[:, :, :1].repeat(3, axis=2) for k, v in state.items()})
+    bilm_apply(params, config, ids, state)
+    with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig: bilm_apply"):
+        bilm_apply(config, params, ids)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold them as params\['bilm'\]$"
+    ):
+        bilm_apply({"bilm": params, "softmax": {}}, config, ids)
 
 
 @pytest.mark.parametrize("layout", ["_layer_rows", "_layer_columns"])

@@ -284,6 +284,21 @@ def test_precomputed_layers_give_the_char_ids_output(model, convention):
         with_bilm(on_layers, params)
 
 
+def test_word_ids_or_char_ids_out_of_range_are_refused_in_words_by_the_modules(model):
+    """A downstream model's most likely slip: its word ids ``[B, T]`` where char ids go (before:
+    jax's "zero-size array to reduction operation max"), or char ids made some other way."""
+    config, params, char_ids = model
+    elmo = Elmo(config)
+    variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    with pytest.raises(ValueError, match=re.escape("got shape (4, 7): ELMo reads each token's characters")):
+        elmo.apply(variables, char_ids[..., 0], deterministic=True)
+    with pytest.raises(ValueError, match="^char_ids hold 300; the char embedding has rows 0 .padding. to 261"):
+        elmo.apply(variables, np.where(char_ids > 0, 300, 0), deterministic=True)
+    nnx_elmo = ElmoNNX(config, bilm_params=params, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=re.escape("got shape (4, 7): ELMo reads")):
+        nnx_elmo(char_ids[..., 0], deterministic=True)
+
+
 def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
     config, params, char_ids = model
     elmo, weights = Elmo.from_hdf5(*model_files("allennlp"), dropout=0.0)

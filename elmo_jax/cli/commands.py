@@ -72,8 +72,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     options, weights = (args.options, args.weights) if args.options else bundled_model()
     config, params = load_hdf5(options, weights)
     sentences = [s.split() for s in (args.sentence or DEMO_SENTENCES)]
-    layers, mask, _ = bilm_apply(params, config, batch_to_ids(sentences))
-    layers, mask = np.asarray(layers), np.asarray(mask)
+    layers, mask = (np.asarray(x) for x in bilm_apply(params, config, batch_to_ids(sentences))[:2])
     print(f"model: {weights}")
     print(
         f"  {config.lstm.n_layers} LSTM layers, dim {config.lstm.dim}, projection {config.lstm.projection_dim}; "

@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import char_cnn, lstm
@@ -60,11 +61,10 @@ def add_sentence_markers(
     return jnp.where(t <= lengths[:, None, None] + 1, x, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "compute"))
 def bilm_apply(
     params: dict,
     config: ModelConfig,
-    char_ids: jax.Array,
+    char_ids: ArrayLike,
     state: dict | None = None,
     *,
     keep_sentence_markers: bool = False,
@@ -90,7 +90,57 @@ def bilm_apply(
       ``layers [n_layers + 1, batch, time, 2P]`` float32 (layer 0 is ``[e; e]``; exactly 0 at
       padding), ``mask [batch, time]`` bool, and the new state (per row: forward after ``</S>``,
       backward after ``<S>``).
+
+    Raises ``TypeError`` or ``ValueError`` (one line, before anything runs) for char ids of the
+    wrong shape or type, or out of range (``char_cnn.check_char_ids``), and for a ``state`` of
+    other shapes than the model's.
     """
+    _check_model(params, config)
+    ids = char_cnn.check_char_ids(params["char_cnn"], config, char_ids, ndim=3)
+    if state is not None:
+        _check_state(config, state, ids.shape[0])
+    return _bilm_apply(params, config, ids, state, keep_sentence_markers=keep_sentence_markers, compute=compute)
+
+
+def _check_model(params, config) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(
+            f"config is a {type(config).__name__}; expected a ModelConfig: bilm_apply(params, config, char_ids)"
+        )
+    if not (isinstance(params, dict) and {"char_cnn", "lstm"} <= params.keys()):
+        keys = sorted(params) if isinstance(params, dict) else type(params).__name__
+        hint = (
+            ": a training state's params hold them as params['bilm']"
+            if isinstance(params, dict) and "bilm" in params
+            else ""
+        )
+        raise TypeError(
+            f"params must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"
+        )
+
+
+def _check_state(config: ModelConfig, state, batch: int) -> None:
+    l = config.lstm
+    want = {"c": (2, l.n_layers, batch, l.dim), "h": (2, l.n_layers, batch, l.projection_dim)}
+    got = {k: tuple(getattr(state.get(k), "shape", ())) for k in want} if isinstance(state, dict) else None
+    if got != want:
+        raise ValueError(
+            f"state must be {{'c': [2, n_layers, batch, dim], 'h': [2, n_layers, batch, P]}}, here {want} "
+            f"(a state that bilm_apply returned for the same batch size); got {got or type(state).__name__}"
+        )
+
+
+# Jitted apart from its checks: they read a host array's values, which a traced one has none of.
+@functools.partial(jax.jit, static_argnames=("config", "keep_sentence_markers", "compute"))
+def _bilm_apply(
+    params: dict,
+    config: ModelConfig,
+    char_ids: jax.Array,
+    state: dict | None,
+    *,
+    keep_sentence_markers: bool,
+    compute: Compute,
+) -> tuple[jax.Array, jax.Array, dict]:
     lengths = jnp.any(char_ids > 0, axis=-1).sum(axis=-1).astype(jnp.int32)
     tokens = char_cnn.apply(params["char_cnn"], config, char_ids, compute=compute)
     return bilm_from_tokens(

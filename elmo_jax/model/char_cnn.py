@@ -151,6 +151,43 @@ def trim_char_ids(char_ids: np.ndarray, config: ModelConfig, multiple: int = 8) 
     return np.ascontiguousarray(char_ids[..., :width])
 
 
+def check_char_ids(params: dict, config: ModelConfig, char_ids, *, ndim: int | None = None) -> jax.Array | np.ndarray:
+    """``char_ids`` as an array, or ``TypeError``/``ValueError`` (one line) for ids the encoder
+    would read wrongly without a word: not integers, more chars per token than the model takes,
+    not ``ndim`` axes (word ids ``[batch, time]`` given for char ids). Their values (0 for padding,
+    up to the char embedding's rows) are checked too where they are on the host (numpy, a list: as
+    ``batch_to_ids`` gives them): out of range, the gather would clamp them to a real character.
+    A traced or device array keeps its values unread, so a jitted call costs nothing more.
+    """
+    if isinstance(char_ids, (list, tuple)):
+        char_ids = np.asarray(char_ids)
+    shape, dtype = getattr(char_ids, "shape", None), getattr(char_ids, "dtype", None)
+    if shape is None or dtype is None:
+        raise TypeError(f"char_ids is a {type(char_ids).__name__}; expected an int32 array (from batch_to_ids)")
+    axes = "[batch, time, chars]" if ndim == 3 else "[..., chars]"
+    if (ndim is not None and len(shape) != ndim) or len(shape) == 0:
+        raise ValueError(
+            f"char_ids must be {axes} (from batch_to_ids); got shape {tuple(shape)}: "
+            "ELMo reads each token's characters, not a word id"
+        )
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"char_ids must be integers {axes} (int32, from batch_to_ids); got {dtype}")
+    if shape[-1] > config.char_cnn.max_characters_per_token:
+        raise ValueError(
+            f"char_ids have {shape[-1]} chars per token; the model takes at most "
+            f"{config.char_cnn.max_characters_per_token}"
+        )
+    if isinstance(char_ids, np.ndarray) and char_ids.size:
+        rows = params["char_embed"].shape[0]
+        lo, hi = int(char_ids.min()), int(char_ids.max())
+        if lo < 0 or hi >= rows:
+            raise ValueError(
+                f"char_ids hold {lo if lo < 0 else hi}; the char embedding has rows 0 (padding) to {rows - 1}: "
+                "make them with batch_to_ids"
+            )
+    return char_ids
+
+
 def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Compute = Compute()) -> jax.Array:
     """``[..., chars] int32`` char ids (shifted) -> ``[..., projection_dim]`` float32 token vectors.
 
@@ -161,12 +198,9 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Co
     """
     c = config.char_cnn
     precision, dtype = compute.precision, compute.dtype
-    lead = char_ids.shape[:-1]
-    ids = char_ids.reshape(-1, char_ids.shape[-1])
-    if ids.shape[-1] > c.max_characters_per_token:
-        raise ValueError(
-            f"char_ids have {ids.shape[-1]} chars per token; the model takes at most {c.max_characters_per_token}"
-        )
+    checked = jnp.asarray(check_char_ids(params, config, char_ids))
+    lead = checked.shape[:-1]
+    ids = checked.reshape(-1, checked.shape[-1])
 
     layout = compute.resolved_layout()
 

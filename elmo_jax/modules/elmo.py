@@ -275,7 +275,7 @@ def _layers_from_inputs(module, weights, char_ids, layers, mask):
         layers, mask, _ = _bilm.bilm_apply(
             weights,
             module.config,
-            jnp.asarray(char_ids),
+            char_ids,  # a host array as it is: bilm_apply checks its values there
             None,
             keep_sentence_markers=module.convention == "allennlp",
             compute=Compute.from_policy(module.precision),
