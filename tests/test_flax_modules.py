@@ -1,5 +1,6 @@
 """Flax modules: scalar mix (both conventions) against numpy, linen ``Elmo`` and ``ElmoNNX``."""
 
+import dataclasses
 import re
 import textwrap
 
@@ -15,6 +16,7 @@ from helpers import model_files
 
 import elmo_jax.modules.elmo as fm
 from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
+from elmo_jax import init_bilm as bilm_init
 from elmo_jax._util.hlo import constant_sizes
 from elmo_jax.config import Options
 from elmo_jax.model.compute import Compute
@@ -297,6 +299,22 @@ def test_word_ids_or_char_ids_out_of_range_are_refused_in_words_by_the_modules(m
     nnx_elmo = ElmoNNX(config, bilm_params=params, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=re.escape("got shape (4, 7): ELMo reads")):
         nnx_elmo(char_ids[..., 0], deterministic=True)
+
+
+def test_elmo_nnx_refuses_weights_of_another_model_when_built(model):
+    """(Before: a KeyError 'char_embed', or a shape error in the char CNN at the first call.)"""
+    config, params, _ = model
+    with pytest.raises(
+        ValueError, match=r"^bilm_params do not have the shapes of the config's biLM: a training state's"
+    ):
+        ElmoNNX(config, bilm_params={"bilm": params, "softmax": {}}, rngs=nnx.Rngs(0))
+    other = bilm_init(jax.random.PRNGKey(0), dataclasses.replace(config, lstm=dataclasses.replace(config.lstm, dim=8)))
+    with pytest.raises(ValueError, match=re.escape("biLM (another ModelConfig?)")):
+        ElmoNNX(config, bilm_params=other, rngs=nnx.Rngs(0))
+    # bilm-tf's options say 261 characters; the weights as read carry the padding row too (262).
+    c261 = dataclasses.replace(config, char_cnn=dataclasses.replace(config.char_cnn, n_characters=261))
+    assert params["char_cnn"]["char_embed"].shape[0] == 262
+    ElmoNNX(c261, bilm_params=params, rngs=nnx.Rngs(0))
 
 
 def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
