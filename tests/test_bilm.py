@@ -201,10 +201,10 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
     ):
         bilm_apply(params, config, ids, {k: v[:, :, :1].repeat(3, axis=2) for k, v in state.items()})
     bilm_apply(params, config, ids, state)
-    with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig: bilm_apply"):
+    with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig$"):
         bilm_apply(config, params, ids)  # type: ignore[arg-type]
     with pytest.raises(
-        TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold them as params\['bilm'\]$"
+        TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's as params\['bilm'\]$"
     ):
         bilm_apply({"bilm": params, "softmax": {}}, config, ids)
 

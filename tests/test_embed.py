@@ -326,6 +326,22 @@ def test_a_str_where_tokens_are_expected_is_rejected(embedder):
     assert batch_to_ids([("a", "b"), ["c"]]).shape == (2, 2, 50)  # any sequence of str is fine
 
 
+def test_weights_that_are_not_the_configs_bilm_are_refused_before_anything_compiles(model):
+    """(Before: a KeyError 'char_cnn' for a training state's params, jax's "Cannot interpret value
+    of type ModelConfig" for the two swapped, a broadcasting error for another model's weights.)"""
+    config, params = model
+    with pytest.raises(TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's"):
+        Embedder(config, {"bilm": params, "softmax": {}})
+    with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig$"):
+        Embedder(params, config)  # type: ignore[arg-type]
+    smaller = dataclasses.replace(config, lstm=dataclasses.replace(config.lstm, projection_dim=8))
+    with pytest.raises(
+        ValueError,
+        match=r"^params are not this config's biLM: params\['char_cnn'\]\['proj'\]\['b'\] is \(16,\) where the config's is \(8,\)",
+    ):
+        Embedder(smaller, params)
+
+
 def test_embed_texts_is_embed_of_the_tokenized_text(embedder):
     from elmo_jax.text.tokenize import tokenize
 

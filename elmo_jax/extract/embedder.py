@@ -59,7 +59,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import ConfigError, ModelConfig
 from elmo_jax.model import char_cnn, lstm
-from elmo_jax.model.bilm import bilm_from_tokens, marker_vectors
+from elmo_jax.model.bilm import bilm_from_tokens, check_params, marker_vectors
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout, for_backend
 from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
@@ -511,6 +511,7 @@ class Embedder:
         stateful: bool = False,
         layout: Layout | None = None,
     ):
+        check_params(params, config, shapes=True)
         self.config = config
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)

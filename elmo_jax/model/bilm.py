@@ -7,6 +7,7 @@ softmax lives with the training state, not here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -95,28 +96,48 @@ def bilm_apply(
     wrong shape or type, or out of range (``char_cnn.check_char_ids``), and for a ``state`` of
     other shapes than the model's.
     """
-    _check_model(params, config)
+    check_params(params, config)
     ids = char_cnn.check_char_ids(params["char_cnn"], config, char_ids, ndim=3)
     if state is not None:
         _check_state(config, state, ids.shape[0])
     return _bilm_apply(params, config, ids, state, keep_sentence_markers=keep_sentence_markers, compute=compute)
 
 
-def _check_model(params, config) -> None:
+def check_params(params, config, *, shapes: bool = False, name: str = "params") -> None:
+    """``TypeError`` or ``ValueError`` (one line) for ``params`` that are not ``config``'s biLM:
+    the two swapped, a training state's ``{"bilm": ..., "softmax": ...}``, or with ``shapes``
+    another model's weights (each would fail later as a missing key, or a shape deep in the char
+    CNN or the LSTM). ``shapes`` traces ``init`` once, making no arrays: for constructors, not for
+    every call. ``name``: the argument, as the caller calls it."""
     if not isinstance(config, ModelConfig):
+        raise TypeError(f"config is a {type(config).__name__}; expected a ModelConfig")
+    hint = (
+        f": a training state's params hold the biLM's as {name}['bilm']"
+        if isinstance(params, Mapping) and "bilm" in params
+        else ""
+    )
+    if not (isinstance(params, Mapping) and {"char_cnn", "lstm"} <= params.keys()):
+        keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
         raise TypeError(
-            f"config is a {type(config).__name__}; expected a ModelConfig: bilm_apply(params, config, char_ids)"
+            f"{name} must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"
         )
-    if not (isinstance(params, dict) and {"char_cnn", "lstm"} <= params.keys()):
-        keys = sorted(params) if isinstance(params, dict) else type(params).__name__
-        hint = (
-            ": a training state's params hold them as params['bilm']"
-            if isinstance(params, dict) and "bilm" in params
-            else ""
+    if not shapes:
+        return
+    want, got = _shapes(jax.eval_shape(init, jax.random.PRNGKey(0), config)), _shapes(params)
+    embed = "['char_cnn']['char_embed']"  # 261 rows (bilm-tf's options) or 262 (with the padding row): either
+    if embed in got and {got[embed][0], want[embed][0]} <= {261, 262}:
+        got[embed] = want[embed]
+    if got != want:
+        key = next(k for k in [*want, *got] if got.get(k) != want.get(k))
+        raise ValueError(
+            f"{name} are not this config's biLM: {name}{key} is {got.get(key, 'missing')} where the config's is "
+            f"{want.get(key, 'absent')} (another model's weights?)"
         )
-        raise TypeError(
-            f"params must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"
-        )
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    """Leaf shapes by path, so that a FrozenDict or tuples compare as dicts and lists do."""
+    return {jax.tree_util.keystr(k): tuple(jnp.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def _check_state(config: ModelConfig, state, batch: int) -> None:

@@ -224,28 +224,6 @@ def _plain(tree: Any) -> Any:
     return jnp.asarray(tree)
 
 
-def _check_bilm_shapes(config: ModelConfig, bilm_params: Any) -> None:
-    """ValueError (one line) for weights that are not ``config``'s biLM (another model's, or a
-    training state's ``{"bilm", "softmax"}``): later they would fail as a missing key or a shape
-    deep in the char CNN."""
-
-    def shapes(tree) -> dict:  # by path, so that a FrozenDict or tuples compare as dicts and lists
-        return {jax.tree_util.keystr(k): tuple(jnp.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-    want = shapes(jax.eval_shape(_bilm.init, jax.random.PRNGKey(0), config))
-    got = shapes(bilm_params) if isinstance(bilm_params, Mapping) else None
-    embed = "['char_cnn']['char_embed']"  # 261 rows (bilm-tf's options) or 262 (with the padding row): either
-    if got and embed in got and {got[embed][0], want[embed][0]} <= {261, 262}:
-        got[embed] = want[embed]
-    if got != want:
-        hint = (
-            ": a training state's params hold them as params['bilm']"
-            if isinstance(bilm_params, Mapping) and "bilm" in bilm_params
-            else " (another ModelConfig?)"
-        )
-        raise ValueError(f"bilm_params do not have the shapes of the config's biLM{hint}")
-
-
 def _split_inputs(char_ids, layers, mask):
     if (char_ids is None) == (layers is None):
         raise ValueError("pass either char_ids [B, T, C] or precomputed layers (with their mask), not both")
@@ -485,7 +463,7 @@ class ElmoNNX(nnx.Module):
         if bilm_params is None and trainable_bilm:
             bilm_params = _bilm.init(rngs.params(), config)
         elif bilm_params is not None:
-            _check_bilm_shapes(config, bilm_params)
+            _bilm.check_params(bilm_params, config, shapes=True, name="bilm_params")
         kind = nnx.Param if trainable_bilm else FrozenBiLM
         self.bilm = nnx.data(None if bilm_params is None else jax.tree.map(kind, _plain(bilm_params)))
         for k in range(num_output_representations):
