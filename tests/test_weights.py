@@ -161,6 +161,12 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
     with pytest.raises(WeightsError, match="params do not fit the config"):
         save_hdf5(config, broken, tmp_path / "o.json", tmp_path / "w.hdf5")
     assert (tmp_path / "w.hdf5").read_bytes() == before
+    # A training state's params, or the two arguments swapped (before: a KeyError, an AttributeError).
+    with pytest.raises(TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's"):
+        save_hdf5(config, {"bilm": params, "softmax": {}}, tmp_path / "o.json", tmp_path / "w.hdf5")
+    with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig$"):
+        save_hdf5(params, config, tmp_path / "o.json", tmp_path / "w.hdf5")  # type: ignore[arg-type]
+    assert (tmp_path / "w.hdf5").read_bytes() == before
 
     def fail(*a, **k):
         raise KeyboardInterrupt

@@ -19,6 +19,7 @@ from elmo_jax._util import disk_full
 from elmo_jax._util.atomic import atomic_path
 from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ModelConfig, Options
+from elmo_jax.model.bilm import check_params
 
 
 class WeightsError(ValueError):
@@ -197,6 +198,7 @@ def save_hdf5(
 ) -> None:
     """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically (a full
     disk: ``disk_full.OutOfSpaceError`` naming the file)."""
+    check_params(params, config.model if isinstance(config, Options) else config)
     options = config if isinstance(config, Options) else Options(model=config)
     datasets = to_datasets(options.model, params)
     with disk_full.reported(weights_path), atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
