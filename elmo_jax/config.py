@@ -36,6 +36,13 @@ def _check_int(where: str, name: str, value: Any, minimum: int = 1) -> None:
         _fail(where, f"'{name}' must be an integer >= {minimum}, found {value!r}")
 
 
+def _check_type(where: str, name: str, value: Any, kind: type) -> None:
+    """A sub-config given as something else (a dict of its keys): refused here, not as a missing
+    attribute at its first use."""
+    if not isinstance(value, kind):
+        _fail(where, f"'{name}' must be of type {kind.__name__}, found {type(value).__name__}")
+
+
 def _is_int(value: Any, minimum: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= minimum
 
@@ -134,6 +141,8 @@ class ModelConfig:
     lstm: LSTMConfig = LSTMConfig()
 
     def __post_init__(self):
+        _check_type("model", "char_cnn", self.char_cnn, CharCNNConfig)
+        _check_type("model", "lstm", self.lstm, LSTMConfig)
         if self.char_cnn.n_filters < self.lstm.projection_dim:
             _fail(
                 "model",
@@ -265,6 +274,11 @@ class Options:
 
     model: ModelConfig = ModelConfig()
     train: TrainConfig | None = None
+
+    def __post_init__(self):
+        _check_type("options", "model", self.model, ModelConfig)
+        if self.train is not None:
+            _check_type("options", "train", self.train, TrainConfig)
 
     @property
     def training(self) -> TrainConfig:

@@ -147,6 +147,22 @@ def test_unknown_preset():
         preset("huge")
 
 
+def test_a_sub_config_given_as_a_dict_is_refused_when_made():
+    """(Before: taken, then an AttributeError such as 'dict' object has no attribute
+    'projection_dim' wherever it was first read.)"""
+    from elmo_jax.config import LSTMConfig
+
+    for make, said in [
+        (lambda: ModelConfig(lstm={"dim": 3}), "model: 'lstm' must be of type LSTMConfig, found dict"),
+        (lambda: Options(model={"lstm": {}}), "options: 'model' must be of type ModelConfig, found dict"),
+        (lambda: Options(train={"batch_size": 2}), "options: 'train' must be of type TrainConfig, found dict"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            make()
+        assert str(e.value) == said
+    Options(model=ModelConfig(lstm=LSTMConfig()), train=None)
+
+
 def test_train_config_validation():
     with pytest.raises(ConfigError, match="'batch_size' must be an integer >= 1"):
         TrainConfig(batch_size=0)
