@@ -104,3 +104,13 @@ def test_bad_vocabulary_files(tmp_path):
         Vocabulary.load(p)
     with pytest.raises(VocabError, match="vocabulary file not found"):
         Vocabulary.load(tmp_path / "missing.txt")
+
+
+def test_a_vocabulary_made_from_a_str_or_with_a_token_not_a_str_is_refused():
+    """(Before: a str was read as its letters, a word list of one-letter words or a complaint that
+    <S>, </S> and <UNK> were missing; an int token was taken, a word no text can hold.)"""
+    with pytest.raises(VocabError, match=r"^vocabulary: words is one str \('<S> </S> <UNK> a'\); expected a list"):
+        Vocabulary("<S> </S> <UNK> a")
+    with pytest.raises(VocabError, match="^vocabulary: line 4: token 3 has type int; expected str$"):
+        Vocabulary(["<S>", "</S>", "<UNK>", 3])  # type: ignore[list-item]
+    assert len(Vocabulary(("<S>", "</S>", "<UNK>", "a"))) == 4  # any sequence of str

@@ -128,7 +128,12 @@ class Vocabulary:
     """
 
     def __init__(self, words: Sequence[str], lm: bool = True, source: str = "vocabulary"):
+        if isinstance(words, str):  # a str is a sequence of its letters
+            raise VocabError(f"{source}: words is one str ({words[:40]!r}); expected a list of tokens, one per line")
         self.words = list(words)
+        for i, w in enumerate(self.words):
+            if not isinstance(w, str):
+                raise VocabError(f"{source}: line {i + 1}: token {w!r:.40} has type {type(w).__name__}; expected str")
         self.source = source
         self.lm = lm
         self._index: dict[str, int] = {}

@@ -217,7 +217,10 @@ def _check_recipe(spec: TrainSpec) -> None:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it."""
     config = spec.config or (None if spec.init_from else "tiny")
-    train = _config_options(config, None, _ANY_VOCAB).train or TrainConfig(n_tokens_vocab=_ANY_VOCAB)
+    if config is None:  # the recipe of an init_from source, whose model is not read yet
+        train = _recipe_train(_ANY_VOCAB)
+    else:
+        train = _config_options(config, None, _ANY_VOCAB).train or TrainConfig(n_tokens_vocab=_ANY_VOCAB)
     overrides = dict(
         batch_size=spec.batch_size,
         rows_per_draw=spec.rows_per_draw,
