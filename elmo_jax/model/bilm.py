@@ -92,9 +92,10 @@ def bilm_apply(
       padding), ``mask [batch, time]`` bool, and the new state (per row: forward after ``</S>``,
       backward after ``<S>``).
 
-    Raises ``TypeError`` or ``ValueError`` (one line, before anything runs) for char ids of the
-    wrong shape or type, or out of range (``char_cnn.check_char_ids``), and for a ``state`` of
-    other shapes than the model's.
+    Raises ``TypeError`` or ``ValueError`` (one line, before anything runs) for params that are
+    not a biLM's or a config that is not a ``ModelConfig`` (``check_params``), char ids of the
+    wrong shape or type, or out of range (``char_cnn.check_char_ids``), and a ``state`` of other
+    shapes than the model's.
     """
     check_params(params, config)
     ids = char_cnn.check_char_ids(params["char_cnn"], config, char_ids, ndim=3)
@@ -143,7 +144,7 @@ def _shapes(tree) -> dict[str, tuple]:
 def _check_state(config: ModelConfig, state, batch: int) -> None:
     l = config.lstm
     want = {"c": (2, l.n_layers, batch, l.dim), "h": (2, l.n_layers, batch, l.projection_dim)}
-    got = {k: tuple(getattr(state.get(k), "shape", ())) for k in want} if isinstance(state, dict) else None
+    got = {k: tuple(getattr(state.get(k), "shape", ())) for k in want} if isinstance(state, Mapping) else None
     if got != want:
         raise ValueError(
             f"state must be {{'c': [2, n_layers, batch, dim], 'h': [2, n_layers, batch, P]}}, here {want} "
