@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 from helpers import FIXTURES, embed_sentences, model_files, reference_batches, xla_flags
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
+from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
 from elmo_jax.model.layout import Layout
 
@@ -340,6 +342,29 @@ def test_weights_that_are_not_the_configs_bilm_are_refused_before_anything_compi
         match=r"^params are not this config's biLM: params\['char_cnn'\]\['proj'\]\['b'\] is \(16,\) where the config's is \(8,\)",
     ):
         Embedder(smaller, params)
+
+
+def test_embed_stream_checks_its_arguments_when_called_not_at_its_first_window(embedder):
+    """(Before: ``window=0`` held every sentence, then embedded them all at once, without a word;
+    a bad ``layers`` was said only once a window's sentences had been read.)"""
+    read = []
+
+    def lines():
+        for s in [["a", "b"], ["c"], ["d", "e", "f"]]:
+            read.append(s)
+            yield s
+
+    for kwargs, error, said in [
+        ({"window": 0}, ConfigError, "window must be an integer >= 1; got 0"),
+        ({"window": 2.5}, ConfigError, "window must be an integer >= 1; got 2.5"),
+        ({"layers": "bottom"}, ValueError, "layers"),
+        ({"pool": "sum"}, ValueError, "pool"),
+    ]:
+        with pytest.raises(error, match=re.escape(said)):
+            embedder.embed_stream(lines(), **kwargs)
+    assert read == []
+    got = list(embedder.embed_stream(lines(), window=2, layers="top"))
+    assert [k for k, _ in got] == [0, 1, 2] and [x.shape[0] for _, x in got] == [2, 1, 3]
 
 
 def test_embed_texts_is_embed_of_the_tokenized_text(embedder):

@@ -964,7 +964,20 @@ class Embedder:
         self, sentences: Iterable[Sequence[str]], window: int = 2048, *, layers: Layers = "all", pool: str | None = None
     ) -> Iterable[tuple[int, np.ndarray]]:
         """``(index, array)`` for an iterable of tokenized sentences, ``window`` at a time (bounded
-        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences)."""
+        memory); ``layers`` and ``pool`` as for ``embed`` (a warning per window with empty sentences).
+
+        The arguments are checked here, not at the first window: a generator's body would wait
+        until a window's sentences had been read, and ``window`` 0 never fills one (the whole
+        input was held, then embedded at once)."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise about(ConfigError(f"window must be an integer >= 1; got {window!r}"), "window")
+        check_layers(layers, self.config.n_output_layers)
+        check_pool(pool)
+        return self._stream(sentences, window, layers, pool)
+
+    def _stream(
+        self, sentences: Iterable[Sequence[str]], window: int, layers: Layers, pool: str | None
+    ) -> Iterator[tuple[int, np.ndarray]]:
         buf: list[Sequence[str]] = []
         base = 0
         for s in sentences:
