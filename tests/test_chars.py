@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 from helpers import FIXTURES
@@ -114,3 +116,17 @@ def test_a_vocabulary_made_from_a_str_or_with_a_token_not_a_str_is_refused():
     with pytest.raises(VocabError, match="^vocabulary: line 4: token 3 has type int; expected str$"):
         Vocabulary(["<S>", "</S>", "<UNK>", 3])  # type: ignore[list-item]
     assert len(Vocabulary(("<S>", "</S>", "<UNK>", "a"))) == 4  # any sequence of str
+
+
+def test_token_to_ids_refuses_a_token_not_a_str_or_too_few_chars():
+    """(Before: an int was an AttributeError out of ``.encode``; ``max_chars`` 2 kept only the
+    begin and end of word, dropping every byte of the word, and 2 for ``<S>`` a broadcasting error.)"""
+    with pytest.raises(TypeError, match="^token 3 has type int; expected str$"):
+        token_to_ids(3)  # type: ignore[arg-type]
+    for bad in (2, 0, 2.5):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"max_chars must be an integer >= 3 (begin and end of word, and a byte); got {bad!r}"),
+        ):
+            token_to_ids("abc", bad)  # type: ignore[arg-type]
+    assert token_to_ids("abc", 3).tolist() == [259, 98, 260] and token_to_ids("<S>", 3).tolist() == [259, 257, 260]

@@ -41,6 +41,10 @@ def token_to_ids(token: str, max_chars: int = 50) -> np.ndarray:
     Bytes are cut at ``max_chars - 2``, possibly inside a multi-byte character: the ids are bytes,
     so a cut character is just its leading bytes.
     """
+    if not isinstance(token, str):  # bytes or a number would fail in .encode, or be taken
+        raise TypeError(f"token {token!r:.40} has type {type(token).__name__}; expected str")
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 3:
+        raise ValueError(f"max_chars must be an integer >= 3 (begin and end of word, and a byte); got {max_chars!r}")
     if token == BOS_TOKEN:
         return _marker_ids(BOS_CHAR, max_chars)
     if token == EOS_TOKEN:
