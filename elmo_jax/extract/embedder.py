@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import load_hdf5
-from elmo_jax.config import ConfigError, ModelConfig
+from elmo_jax.config import ConfigError, ModelConfig, check_counts
 from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.bilm import bilm_from_tokens, check_params, marker_vectors
 from elmo_jax.model.compute import Compute
@@ -969,8 +969,7 @@ class Embedder:
         The arguments are checked here, not at the first window: a generator's body would wait
         until a window's sentences had been read, and ``window`` 0 never fills one (the whole
         input was held, then embedded at once)."""
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise about(ConfigError(f"window must be an integer >= 1; got {window!r}"), "window")
+        check_counts(1, window=window)
         check_layers(layers, self.config.n_output_layers)
         check_pool(pool)
         return self._stream(sentences, window, layers, pool)

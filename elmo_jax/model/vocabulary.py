@@ -43,8 +43,17 @@ def token_to_ids(token: str, max_chars: int = 50) -> np.ndarray:
     """
     if not isinstance(token, str):  # bytes or a number would fail in .encode, or be taken
         raise TypeError(f"token {token!r:.40} has type {type(token).__name__}; expected str")
+    _check_max_chars(max_chars)
+    return _token_ids(token, max_chars)
+
+
+def _check_max_chars(max_chars: int) -> None:
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 3:
         raise ValueError(f"max_chars must be an integer >= 3 (begin and end of word, and a byte); got {max_chars!r}")
+
+
+def _token_ids(token: str, max_chars: int) -> np.ndarray:
+    """``token_to_ids`` without its checks, for loops over words already checked."""
     if token == BOS_TOKEN:
         return _marker_ids(BOS_CHAR, max_chars)
     if token == EOS_TOKEN:
@@ -64,10 +73,13 @@ def sentence_markers(max_chars: int = 50) -> tuple[np.ndarray, np.ndarray]:
 
 
 def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
-    """``[len(words), max_chars] int32``; each word's ids are computed once here."""
+    """``[len(words), max_chars] int32``; each word's ids are computed once here. The words are
+    str already (a tokenized batch, a vocabulary: each checked where it was made), so only
+    ``max_chars`` is checked, once, not per word (a vocabulary of 793k words comes through here)."""
+    _check_max_chars(max_chars)
     out = np.zeros((len(words), max_chars), dtype=np.int32)
     for i, w in enumerate(words):
-        out[i] = token_to_ids(w, max_chars)
+        out[i] = _token_ids(w, max_chars)
     return out
 
 
