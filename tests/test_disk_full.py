@@ -9,7 +9,8 @@ import pytest
 from helpers import model_files
 
 from elmo_jax import load_hdf5, save_hdf5
-from elmo_jax._util.disk_full import OutOfSpaceError, WriteFailed, is_out_of_space, os_errno, reported
+from elmo_jax._util.disk_full import OutOfSpaceError, WriteFailed, is_out_of_space, os_errno, remedy, reported
+from elmo_jax.training import hooks
 
 
 @pytest.mark.parametrize(
@@ -40,6 +41,33 @@ def test_reported_names_the_file_and_the_space_left_and_passes_other_errors(tmp_
     with pytest.raises(FileNotFoundError):
         with reported(path):
             raise FileNotFoundError(errno.ENOENT, "gone")
+
+
+def test_a_read_only_file_system_is_said_with_what_to_do_for_it_not_for_a_full_disk(tmp_path):
+    """A file system mounted (or remounted, after an I/O error) read-only has room: its lines say
+    to make it writable or write elsewhere, never to free space, and give no free-space figure."""
+    path = tmp_path / "out.hdf5"
+    with pytest.raises(OutOfSpaceError) as e:
+        with reported(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    assert (
+        str(e.value)
+        == f"{path}: not written: {tmp_path} is on a read-only file system; choose another output path and rerun"
+    )
+    metrics = str(tmp_path / "metrics.jsonl")
+    assert str(hooks._not_logged(metrics, OSError(errno.EROFS, "Read-only file system"))) == (
+        f"{metrics}: not written: the file system is read-only; once the file system is writable again, rerun "
+        "the same command: the run resumes from its newest checkpoint"
+    )
+    # The negative control: a full disk is still told to free space.
+    assert str(hooks._not_logged(metrics, OSError(errno.ENOSPC, "No space left on device"))) == (
+        f"{metrics}: not written: the disk is full; free space and rerun the same command: the run resumes "
+        "from its newest checkpoint"
+    )
+    assert (
+        remedy(errno.EDQUOT, "free space (or keep fewer checkpoints) and")
+        == "free space (or keep fewer checkpoints) and"
+    )
 
 
 def test_reported_words_another_failure_of_the_file_system_in_one_line(tmp_path):

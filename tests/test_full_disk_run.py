@@ -10,6 +10,7 @@ system (an I/O error, a step directory that cannot be made) are checked at the `
 import asyncio
 import errno
 import gc
+import logging
 import os
 import pathlib
 import shutil
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import run_elmo_jax
+from helpers import run_elmo_jax, xla_flags
 from test_faults import TRAIN, _error_lines, _steps, _train_args
 
 from elmo_jax import cli
@@ -68,7 +69,17 @@ def small_fs(tmp_path):
     def grow(size: int) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
 
-    make.grow = grow
+    def read_only(ro: bool = True) -> None:
+        """Remounts it read-only (as the kernel does a file system after an I/O error), or back.
+        The kernel refuses while a file is open for writing on it (EBUSY), as it is for a moment
+        at each save: tried again until it takes."""
+        for _ in range(500):
+            if subprocess.run(["mount", "-o", "remount,ro" if ro else "remount,rw", str(mount)]).returncode == 0:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"{mount} could not be remounted {'read-only' if ro else 'writable'}")
+
+    make.grow, make.read_only = grow, read_only
     yield make
     for m in mounted:
         subprocess.run(["umount", str(m)], check=False)
@@ -129,6 +140,77 @@ def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(refere
     assert cli.main(args) == 0
     assert f"resuming {fs / 'run'} from step {resume_from}" in capsys.readouterr().out
     _assert_same_weights(fs / "run", ref_params)
+
+
+@pytest.mark.slow
+def test_a_file_system_remounted_read_only_under_the_run_stops_in_one_line_and_the_rerun_resumes(small_fs, tmp_path):
+    """The file system of the run dir turns read-only while the run trains (as ext4 does after an
+    I/O error): one line that names the step not saved and the steps intact, and says to rerun
+    once the file system is writable, not to free space; the same command then resumes.
+
+    Before: every writer thread of Orbax's printed its traceback (~350 lines), the log file for
+    them failed to open and printed its own, and the line said no step was intact and to start
+    again (the failed save's clean-up had failed too, and taken the listing with it)."""
+    fs = small_fs(64 << 20)
+    args = _train_args(fs, str(TRAIN / "data.txt"), "--steps", "3000")
+    run = fs / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmo_jax", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XLA_FLAGS": xla_flags(1)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "20").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        small_fs.read_only()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-3000:]
+    kept = _steps(run)
+    assert kept[:2] == [10, 20], kept
+    failed = kept[-1] + 10
+    assert err.strip() == (
+        f"elmo-jax train: error: {run}: step {failed} not saved: the file system is read-only; step(s) "
+        f"{', '.join(map(str, kept))} are intact; once the file system is writable again, rerun the same "
+        f"command to resume from step {kept[-1]}"
+    )
+    small_fs.read_only(False)
+    again = run_elmo_jax(*args[:-2], "--steps", str(failed + 10))  # the same command, to a nearer end
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {run} from step {kept[-1]} " in again.stdout
+    assert _steps(run)[-1] == failed + 10
+
+
+def test_a_failed_save_lists_the_steps_intact_when_its_clean_up_fails_too(tmp_path, monkeypatch):
+    """On a read-only file system the failed save's clean-up (its host file's removal) fails as
+    well: the steps before it are still listed as intact. (Before: none was, and the line said
+    to start again.)"""
+    ckpt = Checkpointer(tmp_path / "run", async_save=False)
+    for step in (1, 2):
+        ckpt.save(step, {"w": jnp.ones(4)}, {"h": jnp.ones(2)}, {"x": np.zeros(1)}, {})
+    removed = []
+
+    def read_only(path, *args, **kwargs):
+        removed.append(path.name)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(type(ckpt._host_path(3, 0)), "unlink", read_only)  # epath's class for a local path
+        failed = ckpt._save_failed(3, errno.EROFS, None)
+    ckpt.close()
+    assert removed == ["3.p0.npz"]
+    assert failed.kept == [1, 2]
+    assert str(failed) == (
+        f"{tmp_path / 'run'}: step 3 not saved: the file system is read-only; step(s) 1, 2 are intact; once "
+        "the file system is writable again, rerun the same command to resume from step 2"
+    )
 
 
 def test_a_failed_save_leaves_nothing_alive_that_logs_when_collected(small_fs):
@@ -329,6 +411,35 @@ def test_orbax_log_takes_orbax_s_noise_and_nothing_else(tmp_path, monkeypatch, r
     assert [str(u.exc_value) for u in seen] == ["ours"]  # the hook in place before had the rest
     assert [str(w.message) for w in recwarn] == ["a warning of ours"]
     assert sys.unraisablehook == seen.append  # put back
+
+
+def test_orbax_log_takes_the_tracebacks_of_orbax_s_threads_and_survives_a_log_it_cannot_open(tmp_path, monkeypatch):
+    """A thread of Orbax's that a failed write ends (its ``array_type_handler`` writers, whose
+    exception the save raises again to the run) has its traceback sent to the log; a thread of
+    other code keeps the hook in place before (the negative control). And a log file that cannot
+    be made (a read-only file system) drops Orbax's log lines rather than raising into Orbax's
+    logging call."""
+    namespace: dict = {}
+    code = "import threading\nclass Writer(threading.Thread):\n    def run(self):\n        raise ValueError('orbax write')\n"
+    exec(compile(code, os.path.join(os.sep, "venv", "site-packages", "orbax", "checkpoint", "f.py"), "exec"), namespace)
+
+    def ours():
+        raise ValueError("our thread")
+
+    seen: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(str(args.exc_value)))
+    log = tmp_path / "orbax.log"
+    with orbax_log(str(log)):
+        for thread in (namespace["Writer"](name="array_type_handler"), threading.Thread(target=ours)):
+            thread.start()
+            thread.join()
+    assert seen == ["our thread"]
+    text = log.read_text()
+    assert text.startswith("Exception in thread array_type_handler:\nTraceback") and "ValueError: orbax write" in text
+    assert "our thread" not in text
+    with orbax_log(str(tmp_path / "missing" / "orbax.log")):  # its open fails, as on a read-only file system
+        logging.getLogger("absl").error("a failed write")
+    assert not (tmp_path / "missing").exists()
 
 
 def test_a_coroutine_of_orbax_alive_before_the_block_is_not_waited_for_again(monkeypatch):

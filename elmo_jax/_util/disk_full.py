@@ -25,7 +25,7 @@ import re
 import shutil
 from collections.abc import Iterator
 
-from elmo_jax._util.paths import PATH_ERRORS
+from elmo_jax._util.paths import PATH_ERRORS, READ_ONLY
 
 OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write failed: ..., errno = 28, ..."
@@ -96,6 +96,13 @@ def reason(code: int | None) -> str:
     )
 
 
+def remedy(code: int | None, free: str = "free space and") -> str:
+    """What to do before the rerun, for a write refused with ``code`` (one of
+    ``OUT_OF_SPACE_ERRNOS``): ``free`` for a full disk or quota. A file system remounted read-only
+    under a run (as ext4 does after an I/O error) has room; it needs to be writable again."""
+    return "once the file system is writable again," if code == errno.EROFS else free
+
+
 def is_out_of_space(exc: BaseException) -> bool:
     """Whether ``exc`` means a full disk, a full quota or a read-only file system."""
     return out_of_space_errno(exc) is not None
@@ -116,8 +123,11 @@ def free_space(path: str | os.PathLike) -> int | None:
 
 
 def out_of_space_message(path: str | os.PathLike, code: int | None = errno.ENOSPC) -> str:
-    """``path: not written: <reason> (N bytes free in DIR); free space or choose another output path and rerun``."""
+    """``path: not written: <reason> (N bytes free in DIR); free space or choose another output path and rerun``
+    (a read-only file system: ``path: not written: DIR is on a read-only file system; choose ...``)."""
     path = os.fspath(path)
+    if code == errno.EROFS:  # free space is beside the point
+        return f"{path}: not written: {os.path.dirname(os.path.abspath(path))} {READ_ONLY}; choose another output path and rerun"
     free = free_space(path)
     left = f"{size(free)} free" if free is not None else "free space unknown"
     return (

@@ -10,6 +10,7 @@ front (``elmo_jax.cli.commands``); a library error puts the path.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Literal
 
@@ -22,6 +23,8 @@ PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirect
 IS_A_FILE = "is a file, not a directory"
 IS_A_DIR = "is a directory, not a file"
 MISSING = "does not exist"
+NOT_WRITABLE = "is not writable by this user (permission denied)"
+READ_ONLY = "is on a read-only file system"
 
 
 def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tuple[str, str] | None:
@@ -57,8 +60,8 @@ def _missing(p: str) -> tuple[str, str]:
 
 
 def describe(exc: OSError) -> tuple[str, str]:
-    """The path at fault and what is wrong with it, for one of ``PATH_ERRORS`` (any ``OSError``
-    with a file name: its own words)."""
+    """The path at fault and what is wrong with it, for one of ``PATH_ERRORS`` or a read-only file
+    system's ``EROFS`` (any other ``OSError`` with a file name: its own words)."""
     p = os.fspath(exc.filename) if exc.filename is not None else ""
     if not is_local(p):  # its own file system's words; there is no parent to look at here
         return p, exc.strerror or str(exc)
@@ -70,7 +73,16 @@ def describe(exc: OSError) -> tuple[str, str]:
         return p, IS_A_FILE if os.path.isfile(p) else "already exists"
     if isinstance(exc, FileNotFoundError):
         return _missing(p)
-    if isinstance(exc, PermissionError):
+    if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
+        # Refused a file that does not exist yet (a new file, a temporary one, a directory to
+        # make): the fault is its directory's, and that is the path to name.
+        at = p if os.path.lexists(p) else os.path.dirname(p) or "."
+        if exc.errno == errno.EROFS:
+            return at, READ_ONLY
+        # Searchable but not writable: a file cannot be made there. (Not searchable: nothing in it
+        # can be reached, to read or write; said of the path as the OS refused it.)
+        if os.path.isdir(at) and os.access(at, os.X_OK) and not os.access(at, os.W_OK):
+            return at, NOT_WRITABLE
         return p, "is not open to this user (permission denied)"
     return p, exc.strerror or str(exc)
 

@@ -55,6 +55,7 @@ from elmo_jax._util.disk_full import (
     os_errno,
     out_of_space_errno,
     reason,
+    remedy,
     size,
 )
 from elmo_jax._util.processes import agree_max
@@ -472,13 +473,18 @@ class Checkpointer:
         """Removes what the failed save wrote (to give the space back) and says what is kept.
         ``error``: the file system's words, for a failure other than space (None)."""
         self._remove_partial(step)
-        try:
+        # On a file system remounted read-only the removal fails, yet the steps before are intact
+        # and must be listed: a run told that none is left would be started again.
+        with contextlib.suppress(OSError):
             self._host_path(step, jax.process_index()).unlink(missing_ok=True)
+        try:
             self.manager.reload()
             kept = [s for s in self.steps() if s != step]
         except OSError:  # the directory itself is what failed (gone, unreadable): nothing to list
             kept = []
-        fix = "free space (or keep fewer checkpoints) and" if error is None else "once the cause is fixed,"
+        fix = (
+            remedy(code, "free space (or keep fewer checkpoints) and") if error is None else "once the cause is fixed,"
+        )
         if kept:
             then = (
                 f"step(s) {', '.join(map(str, kept))} are intact; {fix} rerun the same command to "
@@ -491,8 +497,9 @@ class Checkpointer:
             need = f"a checkpoint needs about {size(self.nbytes)}" + (
                 f", {size(free)} free" if free is not None else ""
             )
+            why = reason(code) + (f" ({need})" if code != errno.EROFS else "")
             return DiskFull(
-                f"{self.run_dir}: step {step} not saved: {reason(code)} ({need}); {then}",
+                f"{self.run_dir}: step {step} not saved: {why}; {then}",
                 str(self.run_dir),
                 code,
                 step,

@@ -29,6 +29,7 @@ from elmo_jax._util.disk_full import (
     os_errno,
     out_of_space_errno,
     reason,
+    remedy,
 )
 from elmo_jax._util.signals import HANGUP, as_interrupt, handling
 
@@ -163,7 +164,7 @@ def _not_logged(path: str, e: OSError) -> WriteFailed:
     space = out_of_space_errno(e)
     code = space if space is not None else (os_errno(e) or errno.EIO)
     why = reason(space) if space is not None else innermost_message(e)
-    fix = "free space and" if space is not None else "once the cause is fixed,"
+    fix = remedy(space) if space is not None else "once the cause is fixed,"
     said = f"{path}: not written: {why}; {fix} rerun the same command: the run resumes from its newest checkpoint"
     return OutOfSpaceError(said, path, code) if space is not None else WriteFailed(said, path, code)
 

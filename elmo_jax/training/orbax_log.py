@@ -4,6 +4,8 @@ A failed save or a damaged checkpoint's restore ends in one exception that the r
 one line, but Orbax and tensorstore also print around it, hundreds of lines in all:
 - Orbax's own log (absl) and asyncio's "exception was never retrieved", one traceback for each
   write or read that failed after the first one was reported;
+- the traceback of each of Orbax's writer threads that a failed write ended ("Exception in thread
+  array_type_handler"), the exception its save then raises to the run;
 - "Event loop is closed", printed by tensorstore's threads (which Python did not start) as the
   reads and writes still in flight find Orbax's event loop gone;
 - "Exception ignored in: <coroutine ...>", each with a tensorstore spec of ~60 lines, from
@@ -49,16 +51,18 @@ def orbax_log(path: str | None) -> Iterator[None]:
     for logger in loggers:
         logger.addHandler(handler)
         logger.propagate = False
-    showwarning = warnings.showwarning
+    showwarning, excepthook = warnings.showwarning, threading.excepthook
     sys.stderr = _ForeignThreadsTo(handler, stderr)
     sys.unraisablehook = _OrbaxFinalizersTo(handler, unraisable)
     warnings.showwarning = _UnawaitedTo(handler, showwarning)
+    threading.excepthook = _OrbaxThreadsTo(handler, excepthook)
     earlier = weakref.WeakSet(_orbax_coroutines())
     try:
         yield
     finally:
         _settle(earlier)
         sys.stderr, sys.unraisablehook, warnings.showwarning = stderr, unraisable, showwarning
+        threading.excepthook = excepthook
         for logger, p in zip(loggers, propagate):
             logger.removeHandler(handler)
             logger.propagate = p
@@ -97,6 +101,15 @@ class _LogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # FileHandler opens its file (delay=True) outside the try that routes errors to
+        # handleError: on a read-only file system the open's OSError would reach Orbax's logging
+        # call, and print as "During handling of the above exception" under its own.
+        try:
+            super().emit(record)
+        except OSError:
+            pass
 
     def write(self, text: str) -> int:
         try:
@@ -153,6 +166,26 @@ class _OrbaxFinalizersTo:
             return
         head = f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}\n"
         self.log.write(head + "".join(traceback.format_exception(unraisable.exc_value)))
+
+
+class _OrbaxThreadsTo:
+    """``threading.excepthook`` that sends an exception that ended one of Orbax's own threads (its
+    ``array_type_handler`` writers: each failed write of a save made on a read-only file system)
+    to a log file. Orbax hands the exception on to the caller waiting for the save, which reports
+    it; the thread's traceback would print it once more, at length."""
+
+    def __init__(self, log: _LogFile, hook):
+        self.log, self.hook = log, hook
+
+    def __call__(self, args) -> None:
+        # Orbax's own thread class (its futures' ``run``), not any thread whose stack passes
+        # through Orbax's code: a thread of ours that calls Orbax keeps its traceback.
+        run = getattr(type(args.thread), "run", None)
+        if f"{os.sep}orbax{os.sep}" not in getattr(getattr(run, "__code__", None), "co_filename", ""):
+            self.hook(args)
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        self.log.write(f"Exception in thread {name}:\n" + "".join(traceback.format_exception(args.exc_value)))
 
 
 class _UnawaitedTo:
