@@ -739,8 +739,9 @@ def error_line(exc: BaseException, flags: dict[str, str], given: argparse.Namesp
     A fault of a path (``PATH_ERRORS``: missing, a directory where a file is read, a file where a
     directory is made) is said after the flag whose value ``given`` holds it, or holds a path
     above or below it: ``--run-dir a.txt: is a file, not a directory``, not the OS's
-    ``[Errno 17] File exists: 'a.txt'``."""
-    if isinstance(exc, PATH_ERRORS) and exc.filename is not None:
+    ``[Errno 17] File exists: 'a.txt'``. Any other ``OSError`` that names a file (a read-only file
+    system, a name too long) is said the same way, in the OS's words where ``describe`` has none."""
+    if isinstance(exc, OSError) and exc.filename is not None:
         culprit, phrase = describe(exc)
         flag, value = _flag_of(culprit, phrase, flags, given)
         return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase, os.fspath(exc.filename))
@@ -843,6 +844,10 @@ def _exit_code(exc: BaseException) -> int | None:
         return 2
     # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
     if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, CoordinatorError)):
+        return 1
+    # The OS refused a file for another reason (a file system mounted read-only, a name too long):
+    # the file is named, and nothing of the program is at fault.
+    if isinstance(exc, OSError) and exc.filename is not None:
         return 1
     return None
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import write_text_atomic
-from elmo_jax._util.paths import IS_A_FILE, fault, said
+from elmo_jax._util.paths import IS_A_FILE, describe, fault, said
 
 try:
     import fcntl
@@ -267,11 +267,18 @@ def _usable_root(cache_dir: str | os.PathLike | None) -> pathlib.Path:
     neither an empty cache to list nor one to name in a message saying where to put a file."""
     root = cache_root(cache_dir)
     if (bad := fault(root, "dir")) and bad[1] == IS_A_FILE:
-        if cache_dir is not None:
-            raise about(PretrainedError(f"cache_dir {said(*bad, str(root))}"), "cache_dir")
-        source = "ELMO_JAX_HOME=" if os.environ.get("ELMO_JAX_HOME") else "the default model cache "
-        raise PretrainedError(f"{source}{said(*bad, str(root))}; set ELMO_JAX_HOME to a directory")
+        raise _cache_error(cache_dir, root, *bad)
     return root
+
+
+def _cache_error(cache_dir: str | os.PathLike | None, root: pathlib.Path, culprit: str, phrase: str) -> PretrainedError:
+    """The model cache at ``root`` cannot serve: ``culprit`` ``phrase`` (``paths.describe``'s
+    words), said of ``cache_dir`` where the caller gave one, else of the variable that chose it."""
+    if cache_dir is not None:
+        return about(PretrainedError(f"cache_dir {said(culprit, phrase, str(root))}"), "cache_dir")
+    source = "ELMO_JAX_HOME=" if os.environ.get("ELMO_JAX_HOME") else "the default model cache "
+    kind = "a directory" if phrase == IS_A_FILE else "a directory this user can write"
+    return PretrainedError(f"{source}{said(culprit, phrase, str(root))}; set ELMO_JAX_HOME to {kind}")
 
 
 def offline() -> bool:
@@ -668,7 +675,10 @@ def fetch(
             f"get {source_of(f)} and put it at {model_dir / f.local}"
         )
     if missing:
-        _make_dirs(model_dir)
+        try:
+            model_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # not this user's, a read-only file system
+            raise _cache_error(cache_dir, model_dir.parent, *describe(e)) from None
         with _locked(model_dir):
             manifest = _read_manifest(model_dir)
             for f in missing:

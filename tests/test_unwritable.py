@@ -1,0 +1,155 @@
+"""Outputs where this user may not write: a directory whose permissions refuse it, and a file
+system mounted read-only. Each command says so in one line that names its flag and the directory
+at fault, and writes nothing there; the compile cache falls back to compiling, with a warning.
+
+The refusals are the kernel's own, not mocks. Root's writes ignore permission bits
+(CAP_DAC_OVERRIDE), so as root the commands run under ``setpriv`` without that capability; the
+read-only file system is a tmpfs mounted ``ro`` (root only: skipped where it cannot be mounted).
+Before: the temporary file's name instead of the flag (``/d/.x.hdf5.host-1.abc.tmp.hdf5: is not
+open to this user``); on a read-only file system, tracebacks from ``vocab`` and ``train``, advice
+to free space from ``embed``, ``ELMO_JAX_HOME`` named for a ``--cache-dir`` given, and jax's own
+warning for the compile cache.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import FIXTURES, xla_flags
+from test_pretrain import TRAIN, _write_tiny_options
+
+ELMO = FIXTURES / "allennlp_elmo"
+
+# Runs each command of argv[1] (a JSON list) through the program's own entry point, as
+# ``elmo-jax ...`` runs it (one-line warnings included), in this one process: [exit code, stderr].
+DRIVER = """
+import contextlib, io, json, sys
+from elmo_jax import cli
+said = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["elmo-jax", *argv]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main()
+    said.append([code, err.getvalue()])
+print(json.dumps(said))
+"""
+
+# Root without the capabilities that let it write where the permissions say no.
+NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def _commands(refused, tmp_path) -> list[list[str]]:
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("the cat sat .\n")
+    options = _write_tiny_options(tmp_path / "options.json")
+    train = ["train", "--config", str(options), "--train-files", str(TRAIN / "data.txt")]
+    train += ["--vocab", str(TRAIN / "vocab.txt"), "--steps", "1", "--no-progress"]
+    return [
+        ["embed", "--input", str(sentences), "--output", f"{refused}/x.hdf5"]
+        + ["--options", str(ELMO / "options.json"), "--weights", str(ELMO / "lm_weights.hdf5")],
+        ["vocab", "--train-files", str(TRAIN / "data.txt"), "--out", f"{refused}/vocab.txt"],
+        [*train, "--run-dir", f"{refused}/run"],
+        [*train, "--run-dir", str(refused)],
+        ["models", "--cache-dir", f"{refused}/cache", "--fetch", "small"],
+        ["--compile-cache", f"{refused}/xla", "vocab", "--train-files", str(TRAIN / "data.txt")]
+        + ["--out", str(tmp_path / "vocab.txt")],
+    ]
+
+
+def _run(commands, prefix=()) -> list[tuple[int, str]]:
+    env = {
+        **os.environ,
+        "XLA_FLAGS": xla_flags(1),
+        # A mirror that is not there: a fetch that got past the cache directory would fail on it,
+        # never reach the network.
+        "ELMO_JAX_MIRROR": "file:///nonexistent-mirror",
+    }
+    r = subprocess.run(
+        [*prefix, sys.executable, "-c", DRIVER, json.dumps(commands)], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [(code, err) for code, err in json.loads(r.stdout)]
+
+
+def _assert_said(said, expected) -> None:
+    for (code, err), (want_code, want_line) in zip(said, expected, strict=True):
+        assert "Traceback" not in err, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith(("elmo-jax", "warning:"))]
+        assert (code, lines) == (want_code, [want_line]), err[-3000:]
+
+
+def _no_override(tmp_path) -> list[str]:
+    """The prefix under which this user's writes obey the permission bits (none but root's need one)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to run without CAP_DAC_OVERRIDE")
+    probe = tmp_path / "probe"
+    probe.mkdir(mode=0o555)
+    r = subprocess.run([*NO_OVERRIDE, "touch", str(probe / "x")], capture_output=True, text=True)
+    if r.returncode == 0 or "Permission denied" not in r.stderr:
+        pytest.skip(f"setpriv cannot drop CAP_DAC_OVERRIDE here: {r.stderr.strip()[:80]}")
+    return NO_OVERRIDE
+
+
+@pytest.mark.slow
+def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(tmp_path):
+    refused = tmp_path / "theirs"
+    refused.mkdir()
+    refused.chmod(0o555)
+    try:
+        said = _run(_commands(refused, tmp_path), _no_override(tmp_path))
+        assert os.listdir(refused) == []  # nothing written, not even a temporary file
+    finally:
+        refused.chmod(0o755)
+    why = f"{refused} is not writable by this user (permission denied)"
+    _assert_said(
+        said,
+        [
+            (2, f"elmo-jax embed: error: --output {refused}/x.hdf5: {why}"),
+            (2, f"elmo-jax vocab: error: --out {refused}/vocab.txt: {why}"),
+            (2, f"elmo-jax train: error: --run-dir {refused}/run: {why}"),
+            (2, f"elmo-jax train: error: --run-dir {refused}: is not writable by this user (permission denied)"),
+            (2, f"elmo-jax models: error: --cache-dir {refused}/cache: {why}"),
+            (
+                0,
+                f"warning: the compile cache {refused}/xla: {why}; compiling without one: give it another "
+                "directory ($ELMO_JAX_COMPILE_CACHE, or elmo-jax --compile-cache)",
+            ),
+        ],
+    )
+    assert (tmp_path / "vocab.txt").is_file()  # the command the compile cache could not serve ran
+
+
+@pytest.mark.slow
+def test_a_read_only_file_system_is_one_line_naming_the_flag_and_it(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()[:80]})")
+    try:
+        said = _run(_commands(mount, tmp_path))
+        assert os.listdir(mount) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+    why = f"{mount} is on a read-only file system"
+    _assert_said(
+        said,
+        [
+            (1, f"elmo-jax embed: error: {mount}/x.hdf5: not written: {why}; choose another output path and rerun"),
+            (1, f"elmo-jax vocab: error: --out {mount}/vocab.txt: {why}"),
+            (1, f"elmo-jax train: error: --run-dir {mount}/run: {why}"),
+            (1, f"elmo-jax train: error: --run-dir {mount}: is on a read-only file system"),
+            (2, f"elmo-jax models: error: --cache-dir {mount}/cache: {why}"),
+            (
+                0,
+                f"warning: the compile cache {mount}/xla: {why}; compiling without one: give it another "
+                "directory ($ELMO_JAX_COMPILE_CACHE, or elmo-jax --compile-cache)",
+            ),
+        ],
+    )
