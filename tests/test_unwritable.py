@@ -101,11 +101,20 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
     refused = tmp_path / "theirs"
     refused.mkdir()
     refused.chmod(0o555)
+    # A run dir of this user's whose checkpoints are not: refused before a step is trained (it
+    # would train up to its first save).
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints").chmod(0o555)
+    commands = _commands(refused, tmp_path)
+    commands.append([*commands[2][: commands[2].index("--run-dir")], "--run-dir", str(run)])
     try:
-        said = _run(_commands(refused, tmp_path), _no_override(tmp_path))
+        said = _run(commands, _no_override(tmp_path))
         assert os.listdir(refused) == []  # nothing written, not even a temporary file
     finally:
         refused.chmod(0o755)
+        (run / "checkpoints").chmod(0o755)
+    assert os.listdir(run / "checkpoints") == []
     why = f"{refused} is not writable by this user (permission denied)"
     _assert_said(
         said,
@@ -119,6 +128,10 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
                 0,
                 f"warning: the compile cache {refused}/xla: {why}; compiling without one: give it another "
                 "directory ($ELMO_JAX_COMPILE_CACHE, or elmo-jax --compile-cache)",
+            ),
+            (
+                2,
+                f"elmo-jax train: error: --run-dir {run}: {run}/checkpoints is not writable by this user (permission denied)",
             ),
         ],
     )

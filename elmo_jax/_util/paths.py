@@ -87,6 +87,26 @@ def describe(exc: OSError) -> tuple[str, str]:
     return p, exc.strerror or str(exc)
 
 
+def check_writable(*paths: str | os.PathLike) -> None:
+    """Raises the OS's error for the first of ``paths`` that exists and this user cannot write
+    (``PermissionError``, or ``EROFS`` on a file system mounted read-only), as a write there would,
+    but before any work: a run resumed in another owner's run dir would otherwise train up to its
+    first save. Missing paths and URIs pass."""
+    for path in paths:
+        p = os.fspath(path)
+        if is_local(p) and os.path.lexists(p) and not os.access(p, os.W_OK):
+            code = errno.EROFS if read_only(p) else errno.EACCES
+            raise OSError(code, os.strerror(code), p)
+
+
+def read_only(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
+
+
 def said(culprit: str, phrase: str, given: str | None = None) -> str:
     """``"given: phrase"`` when the fault is the given path itself, else ``"given: culprit phrase"``
     (``"runs/x/y: runs/x is a file, not a directory"``); without ``given``, ``"culprit: phrase"``."""

@@ -16,7 +16,7 @@ import sys
 import warnings
 
 from elmo_jax._util.atomic import is_local
-from elmo_jax._util.paths import MISSING, NOT_WRITABLE, READ_ONLY, describe, fault, said
+from elmo_jax._util.paths import MISSING, check_writable, describe, fault, said
 
 __all__ = [
     "GPU_KERNELS",
@@ -49,16 +49,16 @@ def enable_compile_cache(path: str | None = None) -> str | None:
     if path.lower() in ("", "none"):
         return None
     bad = fault(path, "dir")
-    if bad is None and is_local(path) and not os.access(path, os.W_OK):
-        bad = (path, READ_ONLY if _read_only(path) else NOT_WRITABLE)
-    elif bad is not None and bad[1] == MISSING:
-        # Made now rather than by jax at its first write, where a directory it cannot make (not
-        # this user's, a read-only file system) is a warning per program, naming none of this.
-        try:
+    try:
+        if bad is None:
+            check_writable(path)
+        elif bad[1] == MISSING:
+            # Made now rather than by jax at its first write, where a directory it cannot make
+            # (not this user's, a read-only file system) is a warning per program, naming none of this.
             os.makedirs(path, exist_ok=True)
             bad = None
-        except OSError as e:
-            bad = describe(e)
+    except OSError as e:
+        bad = describe(e)
     if bad is not None:  # jax would ignore a file there, and fail to write in the others
         warnings.warn(
             f"the compile cache {said(*bad, path)}; compiling without one: give it another directory "
@@ -72,14 +72,6 @@ def enable_compile_cache(path: str | None = None) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
-
-
-def _read_only(path: str) -> bool:
-    """Whether ``path`` lies on a file system mounted read-only."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):  # no statvfs (Windows)
-        return False
 
 
 # How XLA picks the kernels of a GPU program (``elmo-jax train --gpu-kernels``): "saved" autotunes

@@ -25,6 +25,7 @@ from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
+from elmo_jax._util.paths import check_writable
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model import lstm
@@ -401,6 +402,9 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     t = options.training
     data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
+    check_writable(
+        settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))
+    )
     n_local, devices = jax.local_device_count(), jax.devices()
     if settings.devices is not None:
         if jax.process_count() > 1 and settings.devices != n_local:
