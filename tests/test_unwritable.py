@@ -11,6 +11,7 @@ to free space from ``embed``, ``ELMO_JAX_HOME`` named for a ``--cache-dir`` give
 warning for the compile cache.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ import sys
 import pytest
 from helpers import FIXTURES, xla_flags
 from test_pretrain import TRAIN, _write_tiny_options
+
+from elmo_jax._util.atomic import write_text_atomic
 
 ELMO = FIXTURES / "allennlp_elmo"
 
@@ -147,6 +150,10 @@ def test_a_read_only_file_system_is_one_line_naming_the_flag_and_it(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()[:80]})")
     try:
         said = _run(_commands(mount, tmp_path))
+        # A library caller is told of the directory, not of the temporary name the write tried.
+        with pytest.raises(OSError) as refused:
+            write_text_atomic(mount / "vocab.txt", "a\n")
+        assert (refused.value.errno, refused.value.filename) == (errno.EROFS, str(mount))
         assert os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=False)

@@ -69,9 +69,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     # For a URI the writers (h5py, np.savez) still need a local file: it goes in the temp dir and
     # is uploaded as one object write, which the store makes visible all at once (it has no rename).
     prefix, suffix = _temporary(name)
-    fd, tmp = tempfile.mkstemp(
-        dir=(directory or ".") if local else None, prefix=f"{prefix}{os.getpid()}.", suffix=suffix
-    )
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=(directory or ".") if local else None, prefix=f"{prefix}{os.getpid()}.", suffix=suffix
+        )
+    except OSError as e:  # the directory refused a new file: name it, not the temporary name tried
+        raise OSError(e.errno, e.strerror, (directory or ".") if local else e.filename) from None
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)
     try:
         yield tmp
