@@ -188,6 +188,27 @@ def test_a_file_system_remounted_read_only_under_the_run_stops_in_one_line_and_t
     assert _steps(run)[-1] == failed + 10
 
 
+def test_a_vocabulary_or_a_run_dir_s_first_files_on_a_full_disk_are_one_line_and_leave_nothing(small_fs, capsys):
+    """``elmo-jax vocab --out`` and a new run's ``vocab.txt`` on a disk without room for them: one
+    line naming the file and the space left, and no partial file. (Before: a traceback out of the
+    write, whose OSError names no file.)"""
+    fs = small_fs(16 << 10)  # the sample's vocabulary is larger
+    out = fs / "vocab.txt"
+    sample = pathlib.Path(cli.__file__).parents[1] / "data" / "sample" / "train.txt"
+    assert cli.main(["vocab", "--train-files", str(sample), "--out", str(out)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"elmo-jax vocab: error: {out}: not written: the disk is full ("), line
+    assert line.endswith(f" free in {fs}); free space or choose another output path and rerun"), line
+    assert os.listdir(fs) == []
+    assert cli.main(["train", "--run-dir", str(fs / "run"), "--steps", "1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "Traceback" not in err
+        and f"elmo-jax train: error: {fs / 'run' / 'vocab.txt'}: not written: the disk is full" in err
+    )
+    assert not [p.name for p in (fs / "run").iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
 def test_a_failed_save_lists_the_steps_intact_when_its_clean_up_fails_too(tmp_path, monkeypatch):
     """On a read-only file system the failed save's clean-up (its host file's removal) fails as
     well: the steps before it are still listed as intact. (Before: none was, and the line said

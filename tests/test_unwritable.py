@@ -23,6 +23,8 @@ from helpers import FIXTURES, xla_flags
 from test_pretrain import TRAIN, _write_tiny_options
 
 from elmo_jax._util.atomic import write_text_atomic
+from elmo_jax._util.disk_full import OutOfSpaceError
+from elmo_jax._util.paths import READ_ONLY
 
 ELMO = FIXTURES / "allennlp_elmo"
 
@@ -150,10 +152,14 @@ def test_a_read_only_file_system_is_one_line_naming_the_flag_and_it(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()[:80]})")
     try:
         said = _run(_commands(mount, tmp_path))
-        # A library caller is told of the directory, not of the temporary name the write tried.
-        with pytest.raises(OSError) as refused:
+        # A library caller is told of the file, in the same words.
+        with pytest.raises(OutOfSpaceError) as refused:
             write_text_atomic(mount / "vocab.txt", "a\n")
-        assert (refused.value.errno, refused.value.filename) == (errno.EROFS, str(mount))
+        assert refused.value.errno == errno.EROFS
+        assert (
+            str(refused.value)
+            == f"{mount}/vocab.txt: not written: {mount} {READ_ONLY}; choose another output path and rerun"
+        )
         assert os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=False)
@@ -162,7 +168,7 @@ def test_a_read_only_file_system_is_one_line_naming_the_flag_and_it(tmp_path):
         said,
         [
             (1, f"elmo-jax embed: error: {mount}/x.hdf5: not written: {why}; choose another output path and rerun"),
-            (1, f"elmo-jax vocab: error: --out {mount}/vocab.txt: {why}"),
+            (1, f"elmo-jax vocab: error: {mount}/vocab.txt: not written: {why}; choose another output path and rerun"),
             (1, f"elmo-jax train: error: --run-dir {mount}/run: {why}"),
             (1, f"elmo-jax train: error: --run-dir {mount}: is on a read-only file system"),
             (2, f"elmo-jax models: error: --cache-dir {mount}/cache: {why}"),

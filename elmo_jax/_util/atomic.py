@@ -144,22 +144,23 @@ def remove_orphans(path: str | os.PathLike) -> list[str]:
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    if not is_local(path):
-        with open_binary(path, "wb") as f:  # one object write: atomic, no temp object, no rename
+    """``data`` as the file ``path``, all or nothing. A full disk, a quota or a read-only file
+    system raises ``disk_full.OutOfSpaceError`` naming ``path`` (another failure of the file system,
+    ``disk_full.WriteFailed``): a write's own OSError names no file."""
+    # Imported here: disk_full's import of paths imports this module.
+    from elmo_jax._util.disk_full import reported
+
+    with reported(path):
+        if not is_local(path):
+            with open_binary(path, "wb") as f:  # one object write: atomic, no temp object, no rename
+                f.write(data)
+            return
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.write(data)
-        return
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """UTF-8 with ``\\n`` line ends on every platform."""
-    if not is_local(path):
-        write_bytes_atomic(path, text.encode("utf-8"))
-        return
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    """``write_bytes_atomic`` of ``text`` in UTF-8, with ``\\n`` line ends on every platform."""
+    write_bytes_atomic(path, text.encode("utf-8"))

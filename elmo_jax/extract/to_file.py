@@ -176,12 +176,10 @@ def embed_file(
             pool=options.pool,
             input=os.path.abspath(input_path),
         )
-        with disk_full.reported(manifest):
-            write_text_atomic(
-                manifest,
-                json.dumps(shard_manifest(output_path, start, step, total, bool(options.pool), **extra), indent=1)
-                + "\n",
-            )
+        write_text_atomic(
+            manifest,
+            json.dumps(shard_manifest(output_path, start, step, total, bool(options.pool), **extra), indent=1) + "\n",
+        )
     return EmbedFileResult(
         output=output, manifest=manifest, lines=total, written=mine, empty_pooled=empty if options.pool else 0
     )

@@ -176,6 +176,5 @@ def export_run(
         with h5py.File(tmp, "w") as f:
             f["softmax/W"] = np.asarray(params["softmax"]["w"], np.float32)
             f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
-    with disk_full.reported(paths[3]):
-        write_vocab_file(paths[3], vocab)
+    write_vocab_file(paths[3], vocab)
     return paths
