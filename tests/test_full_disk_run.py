@@ -209,6 +209,27 @@ def test_a_vocabulary_or_a_run_dir_s_first_files_on_a_full_disk_are_one_line_and
     assert not [p.name for p in (fs / "run").iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+def test_a_model_fetched_into_a_full_cache_is_one_line_and_the_rerun_completes(small_fs, tmp_path, monkeypatch, capsys):
+    """``elmo-jax models --fetch`` whose cache fills mid-file: one line naming the file and the
+    space left, exit 1; the partial file stays for the rerun to go on from. (Before: the copy's
+    OSError and its traceback.)"""
+    from model_server import fixture_model, fixture_tree
+
+    from elmo_jax.pretrained import registry
+
+    monkeypatch.setitem(registry.MODELS, "original", fixture_model("original"))
+    monkeypatch.setenv("ELMO_JAX_MIRROR", str(fixture_tree(tmp_path / "mirror")))
+    fs = small_fs(256 << 10)  # room for the options, not the weights (~450 kB)
+    assert cli.main(["models", "--fetch", "original", "--cache-dir", str(fs), "--no-progress"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    weights = fs / "original" / registry.MODELS["original"].files["weights"][0].local
+    assert line.startswith(f"elmo-jax models: error: {weights}: not written: the disk is full ("), line
+    assert line.endswith("; free space or choose another output path and rerun"), line
+    small_fs.grow(4 << 20)
+    assert cli.main(["models", "--fetch", "original", "--cache-dir", str(fs), "--no-progress"]) == 0
+    assert registry.verify("original", cache_dir=fs)[weights.name]
+
+
 def test_a_failed_save_lists_the_steps_intact_when_its_clean_up_fails_too(tmp_path, monkeypatch):
     """On a read-only file system the failed save's clean-up (its host file's removal) fails as
     well: the steps before it are still listed as intact. (Before: none was, and the line said

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import write_text_atomic
+from elmo_jax._util.disk_full import OutOfSpaceError, out_of_space_errno, out_of_space_message
 from elmo_jax._util.paths import IS_A_FILE, describe, fault, said
 
 try:
@@ -619,6 +620,10 @@ def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, pr
     except PretrainedError:
         part.unlink(missing_ok=True)  # refused content (404, an HTML page, a wrong size or hash): none of it stays
         raise
+    except OSError as e:  # the cache's disk is full (or read-only): said, and the partial file kept to resume
+        if (code := out_of_space_errno(e)) is None:
+            raise
+        raise OutOfSpaceError(out_of_space_message(path, code), str(path), code) from None
     os.replace(part, path)
     _record(
         model_dir,
