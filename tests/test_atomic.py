@@ -10,7 +10,9 @@ import warnings
 import numpy as np
 import pytest
 
+from elmo_jax._util import atomic
 from elmo_jax._util.atomic import atomic_path, remove_orphans, write_bytes_atomic, write_text_atomic
+from elmo_jax._util.disk_full import WriteFailed
 
 
 def test_writes_bytes_and_text(tmp_path):
@@ -150,3 +152,26 @@ def _gone_pid() -> int:
     """The id of a process that has ended."""
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(p.stdout)
+
+
+def test_a_name_near_the_file_systems_limit_is_written_and_its_partial_file_found(tmp_path):
+    """A name the file system takes (here 250 bytes, of its 255) is written atomically: its
+    temporary name is cut, with a hash of the whole, and a killed writer's partial file is still
+    found by the next write. (Before: "File name too long", of the temporary name.) A name the
+    file system refuses is said of that name, not of the temporary one."""
+    name = "x" * 246 + ".txt"
+    write_text_atomic(tmp_path / name, "a\n")
+    assert os.listdir(tmp_path) == [name] and (tmp_path / name).read_text() == "a\n"
+    left = _killed_mid_write(tmp_path / name)
+    assert len(left.encode()) <= 255 and left.startswith(".x") and left.endswith(".tmp.txt"), left
+    with pytest.warns(UserWarning, match="removed, 3.0 MiB"):
+        write_text_atomic(tmp_path / name, "b\n")
+    assert os.listdir(tmp_path) == [name]
+    # Negative control: names that differ only past the cut get temporary names of their own.
+    other = "x" * 246 + ".txy"
+    assert atomic._temporary(name)[0] != atomic._temporary("x" * 247 + ".txt")[0] != atomic._temporary(other)[0]
+    too_long = tmp_path / ("y" * 300 + ".txt")
+    with pytest.raises(WriteFailed, match=r"File name too long") as refused:
+        write_text_atomic(too_long, "a\n")
+    assert str(refused.value).startswith(f"{too_long}: not written: ") and ".tmp" not in str(refused.value)
+    assert os.listdir(tmp_path) == [name]

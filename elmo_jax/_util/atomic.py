@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -73,8 +74,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         fd, tmp = tempfile.mkstemp(
             dir=(directory or ".") if local else None, prefix=f"{prefix}{os.getpid()}.", suffix=suffix
         )
-    except OSError as e:  # the directory refused a new file: name it, not the temporary name tried
-        raise OSError(e.errno, e.strerror, (directory or ".") if local else e.filename) from None
+        refused = None
+    except OSError as e:
+        # The directory refused a new file (not this user's, read-only, missing): name it, not the
+        # temporary name tried; a name too long is the name given. Raised outside the handler, so
+        # that no chain leads back to the temporary name (disk_full.innermost_message follows it).
+        at = path if e.errno == errno.ENAMETOOLONG else (directory or ".") if local else e.filename
+        refused = OSError(e.errno, e.strerror, at)
+    if refused is not None:
+        raise refused
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)
     try:
         yield tmp
@@ -91,11 +99,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         raise
 
 
+# A file name's most bytes on the common file systems (ext4, xfs, tmpfs; NAME_MAX), and the most
+# the temporary name adds to ``name``'s: its dots, a process id of 7 digits and mkstemp's 8 letters.
+_NAME_MAX = 255
+_ADDED = len(".." + "-" + "1234567" + "." + "abcdefgh" + ".tmp")
+
+
 def _temporary(name: str) -> tuple[str, str]:
     """How the temporary files of ``name`` written on this host begin and end: ``.NAME.HOST-``,
-    the writer's process id, a dot, ``mkstemp``'s letters, then ``.tmp`` and ``name``'s extension."""
+    the writer's process id, a dot, ``mkstemp``'s letters, then ``.tmp`` and ``name``'s extension.
+
+    A name near the file system's limit is cut in the temporary name, with a hash of the whole
+    kept, so that every name that can be written can be written atomically (before, a name of
+    about 220 bytes or more failed as "File name too long", of a name the user never gave)."""
     host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
-    return f".{name}.{host}-", ".tmp" + os.path.splitext(name)[1]
+    suffix = ".tmp" + os.path.splitext(name)[1]
+    room = _NAME_MAX - _ADDED - len(host) - len(suffix) + len(".tmp")
+    if len(name.encode()) > room:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        name = name.encode()[: max(room - len(digest) - 1, 0)].decode(errors="ignore") + "~" + digest
+    return f".{name}.{host}-", suffix
 
 
 def _gone(pid: int) -> bool:
