@@ -23,6 +23,7 @@ PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirect
 IS_A_FILE = "is a file, not a directory"
 IS_A_DIR = "is a directory, not a file"
 MISSING = "does not exist"
+NOT_OPEN = "is not open to this user (permission denied)"
 NOT_WRITABLE = "is not writable by this user (permission denied)"
 READ_ONLY = "is on a read-only file system"
 
@@ -83,8 +84,24 @@ def describe(exc: OSError) -> tuple[str, str]:
         # can be reached, to read or write; said of the path as the OS refused it.)
         if os.path.isdir(at) and os.access(at, os.X_OK) and not os.access(at, os.W_OK):
             return at, NOT_WRITABLE
-        return p, "is not open to this user (permission denied)"
+        return p, NOT_OPEN
     return p, exc.strerror or str(exc)
+
+
+def closed_above(path: str | os.PathLike) -> str | None:
+    """The directory at or above ``path`` that exists but that this user may not list or enter,
+    where a lookup or a glob of ``path`` finds nothing though its files may be there (None: no
+    such directory, or a URI)."""
+    p = os.fspath(path)
+    if not is_local(p):
+        return None
+    p = os.path.abspath(p)
+    while not os.path.isdir(p):
+        up = os.path.dirname(p)
+        if up == p:
+            return None
+        p = up
+    return None if os.access(p, os.R_OK | os.X_OK) else p
 
 
 def check_writable(*paths: str | os.PathLike) -> None:

@@ -8,6 +8,7 @@ direction and layer, float32 everywhere, no stored forget bias.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 from collections.abc import Callable
 
@@ -84,6 +85,8 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     except OSError as e:
         if bad := fault(path, "file"):  # a directory, or a path under a file: h5py's words run to lines
             raise WeightsError(said(*bad, path)) from None
+        if isinstance(e, PermissionError):  # not this user's: not a question of the file's format
+            raise PermissionError(e.errno, os.strerror(e.errno or errno.EACCES), path) from None
         raise WeightsError(f"{path}: not a readable HDF5 file ({str(e).splitlines()[0]})") from None
     with f:
         extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import glob as globlib
 import hashlib
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from elmo_jax._util.paths import NOT_OPEN, closed_above
 
 
 class DataError(ValueError):
@@ -45,9 +48,13 @@ class TextFiles:
         )
         if not files:
             folder = next((p for p in patterns if os.path.isdir(os.path.expanduser(p))), None)
+            # A directory this user may not enter globs to nothing, silently: said, with where.
+            closed = next(filter(None, (closed_above(_literal_dir(os.path.expanduser(p))) for p in patterns)), None)
             hint = (
                 f" ({folder} is a directory: give a pattern of its files, '{os.path.join(folder, '*.txt')}')"
                 if folder is not None
+                else f" ({closed} {NOT_OPEN})"
+                if closed is not None
                 else ""
             )
             raise DataError(f"no files match {' '.join(patterns)!s}{hint}")
@@ -101,6 +108,12 @@ class TextFiles:
             more = f"; and {len(skipped) - 1} more line(s) so" if len(skipped) > 1 else ""
             warnings.warn(f"{path}: {skipped[0]}{more}", stacklevel=2)
         return [line for line in lines if line.strip()]
+
+
+def _literal_dir(pattern: str) -> str:
+    """The directory of ``pattern`` above its first wildcard: what must be entered to glob it."""
+    head = re.split(r"[*?[]", pattern, maxsplit=1)[0]
+    return head if head.endswith(os.sep) or head == pattern else os.path.dirname(head) or "."
 
 
 def no_sentences(names: Sequence[str]) -> DataError:

@@ -7,6 +7,7 @@ formats are read (see ``checkpoint``).
 
 from __future__ import annotations
 
+import errno
 import os
 
 import h5py
@@ -16,6 +17,7 @@ from etils import epath
 
 from elmo_jax._util import disk_full
 from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax._util.paths import closed_above
 from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
@@ -86,6 +88,8 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath)."""
     options_path = os.path.join(run_dir, "options.json")
     if not epath.Path(options_path).is_file():
+        if closed := closed_above(options_path):  # its files may be there, out of this user's reach
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), closed)
         raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
     options = Options.load(options_path, saved=True)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))

@@ -1,14 +1,17 @@
-"""Outputs where this user may not write: a directory whose permissions refuse it, and a file
-system mounted read-only. Each command says so in one line that names its flag and the directory
-at fault, and writes nothing there; the compile cache falls back to compiling, with a warning.
+"""Files this user may not read, and outputs where it may not write: a directory or file whose
+permissions refuse it, and a file system mounted read-only. Each command says so in one line that
+names its flag and the path at fault, and writes nothing there; the compile cache falls back to
+compiling, with a warning.
 
-The refusals are the kernel's own, not mocks. Root's writes ignore permission bits
-(CAP_DAC_OVERRIDE), so as root the commands run under ``setpriv`` without that capability; the
-read-only file system is a tmpfs mounted ``ro`` (root only: skipped where it cannot be mounted).
-Before: the temporary file's name instead of the flag (``/d/.x.hdf5.host-1.abc.tmp.hdf5: is not
-open to this user``); on a read-only file system, tracebacks from ``vocab`` and ``train``, advice
-to free space from ``embed``, ``ELMO_JAX_HOME`` named for a ``--cache-dir`` given, and jax's own
-warning for the compile cache.
+The refusals are the kernel's own, not mocks. Root's reads and writes ignore permission bits
+(CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so as root the commands run under ``setpriv`` without
+those capabilities; the read-only file system is a tmpfs mounted ``ro`` (root only: skipped where
+it cannot be mounted). Before: the temporary file's name instead of the flag (``/d/.x.hdf5.host-1
+.abc.tmp.hdf5: is not open to this user``); on a read-only file system, tracebacks from ``vocab``
+and ``train``, advice to free space from ``embed``, ``ELMO_JAX_HOME`` named for a ``--cache-dir``
+given, and jax's own warning for the compile cache; weights not this user's called "not a
+readable HDF5 file", a run dir it may not enter "not a run directory", and a glob into a
+directory it may not enter "no files match" without a word why.
 """
 
 import errno
@@ -141,6 +144,45 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
         ],
     )
     assert (tmp_path / "vocab.txt").is_file()  # the command the compile cache could not serve ran
+
+
+@pytest.mark.slow
+def test_inputs_this_user_may_not_read_are_one_line_naming_the_flag_and_the_path(tmp_path):
+    weights = tmp_path / "weights.hdf5"
+    shutil.copyfile(ELMO / "lm_weights.hdf5", weights)
+    text = tmp_path / "text.txt"
+    shutil.copyfile(TRAIN / "data.txt", text)
+    shards, run = tmp_path / "shards", tmp_path / "run"
+    shards.mkdir()
+    shutil.copyfile(TRAIN / "data.txt", shards / "a.txt")
+    run.mkdir()
+    (run / "options.json").write_text("{}")
+    closed = [weights, text, shards, run]
+    embed = ["embed", "--output", str(tmp_path / "out.hdf5"), "--options", str(ELMO / "options.json")]
+    commands = [
+        [*embed, "--input", str(TRAIN / "data.txt"), "--weights", str(weights)],
+        [*embed, "--input", str(text), "--weights", str(ELMO / "lm_weights.hdf5")],
+        ["vocab", "--train-files", f"{shards}/*.txt", "--out", str(tmp_path / "vocab.txt")],
+        ["export", "--run-dir", str(run), "--out-dir", str(tmp_path / "export")],
+    ]
+    for path in closed:
+        path.chmod(0)
+    try:
+        said = _run(commands, _no_override(tmp_path))
+    finally:
+        for path in closed:
+            path.chmod(0o755)
+    why = "is not open to this user (permission denied)"
+    _assert_said(
+        said,
+        [
+            (2, f"elmo-jax embed: error: --weights {weights}: {why}"),
+            (2, f"elmo-jax embed: error: --input {text}: {why}"),  # as before: the control
+            (2, f"elmo-jax vocab: error: no files match {shards}/*.txt ({shards} {why})"),
+            (2, f"elmo-jax export: error: --run-dir {run}: {why}"),
+        ],
+    )
+    assert sorted(set(os.listdir(tmp_path)) - {"probe"}) == ["run", "shards", "text.txt", "weights.hdf5"]
 
 
 @pytest.mark.slow
