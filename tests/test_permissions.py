@@ -46,7 +46,7 @@ for argv in json.loads(sys.argv[1]):
 print(json.dumps(said))
 """
 
-# Root without the capabilities that let it write where the permissions say no.
+# Root without the capabilities that let it read and write where the permissions say no.
 NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
 
 
@@ -91,7 +91,8 @@ def _assert_said(said, expected) -> None:
 
 
 def _no_override(tmp_path) -> list[str]:
-    """The prefix under which this user's writes obey the permission bits (none but root's need one)."""
+    """The prefix under which this user's reads and writes obey the permission bits (only root's
+    need one); a skip where it cannot be had."""
     if os.geteuid() != 0:
         return []
     if shutil.which("setpriv") is None:
