@@ -100,9 +100,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
 
 
 # A file name's most bytes on the common file systems (ext4, xfs, tmpfs; NAME_MAX), and the most
-# the temporary name adds to ``name``'s: its dots, a process id of 7 digits and mkstemp's 8 letters.
+# the temporary name adds besides the host and the suffix: its dots, a process id of 7 digits and
+# mkstemp's 8 letters.
 _NAME_MAX = 255
-_ADDED = len(".." + "-" + "1234567" + "." + "abcdefgh" + ".tmp")
+_ADDED = len(".." + "-" + "1234567" + "." + "abcdefgh")
 
 
 def _temporary(name: str) -> tuple[str, str]:
@@ -114,7 +115,7 @@ def _temporary(name: str) -> tuple[str, str]:
     about 220 bytes or more failed as "File name too long", of a name the user never gave)."""
     host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
     suffix = ".tmp" + os.path.splitext(name)[1]
-    room = _NAME_MAX - _ADDED - len(host) - len(suffix) + len(".tmp")
+    room = _NAME_MAX - _ADDED - len(host) - len(suffix)
     if len(name.encode()) > room:
         digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         name = name.encode()[: max(room - len(digest) - 1, 0)].decode(errors="ignore") + "~" + digest

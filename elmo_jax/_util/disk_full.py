@@ -137,9 +137,10 @@ def out_of_space_message(path: str | os.PathLike, code: int | None = errno.ENOSP
 
 
 @contextlib.contextmanager
-def reported(path: str | os.PathLike) -> Iterator[None]:
+def reported(path: str | os.PathLike, space_only: bool = False) -> Iterator[None]:
     """Re-raises an out-of-space ``OSError`` of the block as ``OutOfSpaceError`` naming ``path``,
-    and another failure of the file system as ``WriteFailed``."""
+    and another failure of the file system as ``WriteFailed`` (``space_only``: passes it unchanged,
+    for a block whose other OSErrors are not the file system's, such as a download's)."""
     try:
         yield
     except WriteFailed:
@@ -148,6 +149,8 @@ def reported(path: str | os.PathLike) -> Iterator[None]:
         code = out_of_space_errno(e)
         if code is not None:
             raise OutOfSpaceError(out_of_space_message(path, code), os.fspath(path), code) from e
+        if space_only:
+            raise
         code = os_errno(e)
         if code is None or isinstance(e, PATH_ERRORS):
             raise

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import write_text_atomic
-from elmo_jax._util.disk_full import OutOfSpaceError, out_of_space_errno, out_of_space_message
+from elmo_jax._util.disk_full import reported
 from elmo_jax._util.paths import IS_A_FILE, describe, fault, said
 
 try:
@@ -367,15 +367,6 @@ def _locked(model_dir: pathlib.Path) -> Iterator[None]:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _make_dirs(path: pathlib.Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # FileExistsError / NotADirectoryError when a parent is a regular file
-        raise PretrainedError(
-            f"cache directory {path} cannot be created ({e.strerror or e}); set ELMO_JAX_HOME to a writable directory"
-        ) from None
-
-
 # --- checks ------------------------------------------------------------------------------------
 
 
@@ -605,25 +596,23 @@ def _copy(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, src: str, p
 def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, progress: bool, pin: str | None) -> None:
     """Fetches ``f`` into ``model_dir`` (call with the model's lock held): ``.part``, checks, rename, manifest."""
     path = model_dir / f.local
-    _make_dirs(path.parent)
     part = path.with_name(path.name + ".part")
     kind, _ = _mirror()
     source = source_of(f)
+    # A full (or read-only) cache is said naming the file, and the partial file kept to resume;
+    # the network's OSErrors pass as they are.
     try:
-        if kind == "http":
-            _http_get(model, f, part, source, progress)
-        else:
-            _copy(model, f, part, source, progress)
-        digest = _finish(model, f, part, source, pin)
+        with reported(path, space_only=True):
+            if kind == "http":
+                _http_get(model, f, part, source, progress)
+            else:
+                _copy(model, f, part, source, progress)
+            digest = _finish(model, f, part, source, pin)
     except _Interrupted:
         raise  # a broken transfer: the partial file stays for the next run to resume
     except PretrainedError:
         part.unlink(missing_ok=True)  # refused content (404, an HTML page, a wrong size or hash): none of it stays
         raise
-    except OSError as e:  # the cache's disk is full (or read-only): said, and the partial file kept to resume
-        if (code := out_of_space_errno(e)) is None:
-            raise
-        raise OutOfSpaceError(out_of_space_message(path, code), str(path), code) from None
     os.replace(part, path)
     _record(
         model_dir,
@@ -680,9 +669,10 @@ def fetch(
             f"get {source_of(f)} and put it at {model_dir / f.local}"
         )
     if missing:
-        try:
-            model_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # not this user's, a read-only file system
+        try:  # the model's directory and those of its files (a TF checkpoint's are nested)
+            for d in dict.fromkeys([model_dir, *((model_dir / f.local).parent for f in missing)]):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # not this user's, a read-only file system, a file in the way
             raise _cache_error(cache_dir, model_dir.parent, *describe(e)) from None
         with _locked(model_dir):
             manifest = _read_manifest(model_dir)
