@@ -493,11 +493,12 @@ class Checkpointer:
         else:
             then = f"no step is intact on disk; {fix} rerun the same command to start again"
         if error is None:
-            free = free_space(str(self.run_dir / "checkpoints"))
-            need = f"a checkpoint needs about {size(self.nbytes)}" + (
-                f", {size(free)} free" if free is not None else ""
-            )
-            why = reason(code) + (f" ({need})" if code != errno.EROFS else "")
+            why = reason(code)
+            if code != errno.EROFS:  # a read-only file system has room: its free space is beside the point
+                free = free_space(str(self.run_dir / "checkpoints"))
+                why += f" (a checkpoint needs about {size(self.nbytes)}" + (
+                    f", {size(free)} free)" if free is not None else ")"
+                )
             return DiskFull(
                 f"{self.run_dir}: step {step} not saved: {why}; {then}",
                 str(self.run_dir),
