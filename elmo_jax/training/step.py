@@ -13,13 +13,13 @@ non-zero rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -33,7 +33,10 @@ from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax
 AXIS = "data"
 
 
-@struct.dataclass
+# A pytree whose five fields are all data (none static), registered with jax itself: the
+# training core needs no Flax, whose import costs every run a tenth of a second.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainState:
     """Everything a step changes. As global arrays: ``step``, ``rng`` and the dense biLM
     (``params["bilm"]``, ``opt["bilm"]``) replicated; ``params["softmax"]`` (``w [V_pad, P]``,
@@ -45,6 +48,9 @@ class TrainState:
     opt: dict
     lstm: dict
     rng: jax.Array  # a raw uint32 key: checkpoints as a plain array
+
+    def replace(self, **changes) -> TrainState:
+        return dataclasses.replace(self, **changes)
 
     def shared(self) -> dict:
         """What is the same for any number of rows: the checkpoint's ``state`` item."""
