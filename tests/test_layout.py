@@ -10,6 +10,8 @@ The rules:
 - ``_util`` imports nothing of the package;
 - no module imports ``cli`` but ``cli`` itself and ``__main__``, and none imports the repository's
   ``benchmarks/`` or ``experiments/`` (by package name or by script name);
+- only ``modules`` (the Flax modules) imports Flax: the model, training and extraction are plain
+  jax over parameter pytrees;
 - no cycles between units.
 
 ``python tests/test_layout.py`` prints the figures (units, dependencies between them, violations).
@@ -37,6 +39,7 @@ ALLOWED = {  # unit -> the other units it may import (a unit may always import i
     "_util": set(),
 }
 CLI_IMPORTERS = {"cli", "__main__"}
+ONLY_IN = {"flax": {"modules"}}  # a third-party package -> the only units that import it
 OUTSIDE = ("benchmarks", "experiments")  # repository folders of scripts
 
 
@@ -98,6 +101,8 @@ def check(
             top = imported.split(".")[0]
             if top in OUTSIDE or top in outside_scripts:
                 violations.append(f"{module} imports {imported} (outside the package: {top})")
+            if top in ONLY_IN and unit not in ONLY_IN[top]:
+                violations.append(f"{module} imports {imported}: only {', '.join(sorted(ONLY_IN[top]))} imports {top}")
             target = unit_of(imported, package)
             if target is None or target == unit:
                 continue
@@ -189,7 +194,7 @@ def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
             "text/__init__.py": "",
             "text/vocab.py": "import fakepkg.training.step\n",
             "training/__init__.py": "",
-            "training/step.py": "from fakepkg.text import vocab\nimport harness\n",
+            "training/step.py": "from fakepkg.text import vocab\nimport harness\nfrom flax import struct\n",
             "extract/__init__.py": "",
             "extract/embedder.py": "from fakepkg.cli import main\n",
             "cli/__init__.py": "from fakepkg.cli.commands import main\n",
@@ -206,9 +211,10 @@ def test_the_checker_sees_forbidden_imports_and_cycles(tmp_path):
     assert "fakepkg.text.vocab imports fakepkg.training.step: text may import only" in text
     assert "fakepkg.extract.embedder imports fakepkg.cli: only the command line's own modules import cli" in text
     assert "fakepkg.training.step imports harness (outside the package: harness)" in text
+    assert "fakepkg.training.step imports flax: only modules imports flax" in text
     assert "import cycle between units: text -> training" in text
     assert "import cycle between units: cli -> extract" in text
-    assert len(violations) == 7, text  # nothing else: lstm's and __main__'s imports are allowed
+    assert len(violations) == 8, text  # nothing else: lstm's and __main__'s imports are allowed
 
 
 def test_a_clean_package_has_no_violations(tmp_path):
