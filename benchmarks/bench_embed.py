@@ -13,9 +13,11 @@ precision (``--job-precisions``, default float32), first cold (every compile inc
 user's first call) and then again warm (``--job-repeats`` times), each pass with its wall time
 split by phase (``Phases``: the token table, the biLSTM calls' dispatch, output arrays, copies and
 waits for the device). ``--job-tokens``,
-``--job-steps`` and ``--job-layers`` compare ``batch_tokens`` and ``Layout.extract_steps``
-values (rows x steps per biLSTM call, steps per call) and ``embed(layers=)``, ``--job-pool`` ``embed(pool=)``. ``--host-only gpu``
-times only the host's share of the job under that backend's layout. ``--job-only`` runs only that; it also runs the previous commit's
+``--job-steps``, ``--job-blocks`` and ``--job-layers`` compare ``batch_tokens``, ``Layout.extract_steps``
+and ``Layout.extract_block_mib`` values (rows x steps per biLSTM call, steps per call, the outputs'
+shared blocks) and ``embed(layers=)``, ``--job-pool`` ``embed(pool=)``. ``--host-only gpu``
+times only the host's share of the job under that backend's layout (``--blocks`` compares
+``extract_block_mib`` values there). ``--job-only`` runs only that; it also runs the previous commit's
 tree (``git archive``), whose ``Embedder`` took ``dtype=``.
 """
 
@@ -89,7 +91,10 @@ class Phases:
     - biLSTM calls, split into the host's dispatch of each call, the output arrays (``new_outputs``,
       layer 0 filled in), the copies of each call's outputs into them (``Packing.scatter``), and the
       rest: the host waiting for the device (its results, or a free slot for the next call);
-    - other: the rest of ``embed`` (checks, packing, the index streams, mixing, pooling)."""
+    - other: the rest of ``embed`` (checks, packing, the index streams, mixing, pooling).
+
+    Also the process's minor page faults during the block (``getrusage``): each is the kernel
+    mapping a page of memory on its first touch, 4 KiB (or 2 MiB, a transparent huge page)."""
 
     def __init__(self, embedder):
         from elmo_jax.extract import embedder as module
@@ -104,6 +109,7 @@ class Phases:
             (embedder, "_gather", "dispatch"),
         ]
         self.saved: list[tuple[object, str, object]] = []
+        self.faults = 0
 
     def _timed(self, fn, key: str):
         def wrapper(*args, **kw):
@@ -123,9 +129,11 @@ class Phases:
                 raw = owner.__dict__[attr] if isinstance(owner, type) else fn
                 self.saved.append((owner, attr, raw))
                 setattr(owner, attr, self._timed(raw, key))
+        self.faults = -resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return self
 
     def __exit__(self, *exc) -> None:
+        self.faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for owner, attr, raw in reversed(self.saved):
             setattr(owner, attr, raw)
 
@@ -137,7 +145,8 @@ class Phases:
         return (
             f"token table {ms(s['token table'])}; biLSTM calls {ms(s['biLSTM calls'])} = dispatch "
             f"{ms(s['dispatch'])} + output arrays {ms(s['output arrays'])} + copies into them "
-            f"{ms(s['copies into them'])} + waiting for the device {ms(wait)}; other {ms(other)}"
+            f"{ms(s['copies into them'])} + waiting for the device {ms(wait)}; other {ms(other)}; "
+            f"{self.faults:,} minor page faults"
         )
 
 
@@ -161,7 +170,7 @@ def bench_job(
     for precision in precisions:
         for kw, layers, pool in ((kw, layers, pool) for kw in settings for layers in layer_choices for pool in pools):
             embedder = make_embedder(config, params, precision, devices=1, **kw)
-            label = " ".join(f"extract_steps={v.extract_steps}" if k == "layout" else f"{k}={v}" for k, v in kw.items())
+            label = " ".join(layout_label(v) if k == "layout" else f"{k}={v}" for k, v in kw.items())
             label += (f" layers={layers}" if layers != "all" else "") + (f" pool={pool}" if pool else "")
             if precision == precisions[0] and layers == layer_choices[0] and pool == pools[0]:
                 print(f"{name:8s} {label} {job_plan(embedder, [len(s) for s in sents])}", flush=True)
@@ -181,7 +190,7 @@ def bench_job(
                 print(f"{name:8s}   where the {sec:.2f} s went: {phases.line(sec)}", flush=True)
 
 
-def bench_host(name: str, config, path: str | None, backend: str) -> tuple[object, dict]:
+def bench_host(name: str, config, path: str | None, backend: str, block_mib: int | None = None) -> tuple[object, dict]:
     """The host's share of the job under ``backend``'s layout, no device involved (the device's
     outputs are zeros here), ms each and the tokens/s they allow: the packing and index streams,
     then per output form the host's work on each call's outputs: every layer (the per-sentence
@@ -190,6 +199,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     device: the piece table, then adding each call's piece sums). Each form twice: first, and
     again once the first pass's arrays are freed, as every window of a long job after the first
     reuses the memory of the one before (new memory costs a page fault per 4 KiB page).
+    ``block_mib``: ``Layout.extract_block_mib`` for the outputs (default: the layout's).
 
     Returns the job's ``Packing`` and ``{(form, run): seconds}``, the packing and index streams
     included (``gpu_projection.py`` builds on them)."""
@@ -210,9 +220,11 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     pack.streams(token_rows, len(slot), len(slot) + 1)
     common = {"packing": t1 - t, "index streams": time.perf_counter() - t1}
     threads = copy_thread_count(layout)  # as Embedder.embed picks them
+    block = getattr(layout, "extract_block_mib", 0) if block_mib is None else block_mib
     print(
         f"{name:8s} host side under the {backend} layout, {len(sents):,} sentences ({sum(lengths):,} tokens) in "
-        f"{pack.calls} calls of {pack.rows} x {pack.steps}, {threads} copy thread(s): "
+        f"{pack.calls} calls of {pack.rows} x {pack.steps}, {threads} copy thread(s), "
+        f"{f'outputs in blocks of {block} MiB' if block else 'an array a sentence'}: "
         + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in common.items()),
         flush=True,
     )
@@ -220,6 +232,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
     for form in ("all", "top", "pooled"):
         for run in ("first", "again"):
             times = dict(common)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             if form == "pooled":
                 t = time.perf_counter()
                 segment, owner = pack.pieces(1)
@@ -236,7 +249,7 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
             else:
                 with copy_threads(threads) as copier:
                     t = time.perf_counter()
-                    out = new_outputs(table, token_rows, n_out if form == "all" else 1, copier)
+                    out = new_outputs(table, token_rows, n_out if form == "all" else 1, copier, block << 20)
                     times["new arrays" + (" and layer 0" if form == "all" else "")] = time.perf_counter() - t
                     ys = np.zeros((n_out - 1 if form == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
                     t = time.perf_counter()
@@ -248,25 +261,35 @@ def bench_host(name: str, config, path: str | None, backend: str) -> tuple[objec
             print(
                 f"{name:8s}   {form} ({gb:.2f} GB from the device), {run}: "
                 + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in times.items() if k not in common)
-                + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran",
+                + f"; {sum(lengths) / sum(times.values()):,.0f} tokens/s with the above, if nothing else ran; "
+                + f"{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults:,} minor page faults",
                 flush=True,
             )
             seconds[form, run] = sum(times.values())
     return pack, seconds
 
 
-def job_settings(tokens: list[int] | None, steps: list[int] | None) -> list[dict]:
-    """Embedder keywords for each (batch_tokens, extract_steps) asked for; [{}]: the defaults
-    (the only choice a tree from before ``Layout.extract_steps`` has)."""
+def layout_label(layout) -> str:
+    block = getattr(layout, "extract_block_mib", 0)  # a baseline tree's Layout may lack it
+    return f"extract_steps={layout.extract_steps}" + (f" extract_block_mib={block}" if block else "")
+
+
+def job_settings(tokens: list[int] | None, steps: list[int] | None, blocks: list[int] | None = None) -> list[dict]:
+    """Embedder keywords for each (batch_tokens, extract_steps, extract_block_mib) asked for; [{}]:
+    the defaults (the only choice a tree from before ``Layout.extract_steps`` has)."""
     out = []
     for t in tokens or [None]:
         for k in steps or [None]:
-            kw = {} if t is None else {"batch_tokens": t}
-            if k is not None:
-                from elmo_jax.model.layout import for_backend  # only here: a baseline tree may lack it
+            for b in blocks or [None]:
+                kw = {} if t is None else {"batch_tokens": t}
+                if k is not None or b is not None:
+                    from elmo_jax.model.layout import for_backend  # only here: a baseline tree may lack it
 
-                kw["layout"] = dataclasses.replace(for_backend(), extract_steps=k)
-            out.append(kw)
+                    change = {"extract_steps": k, "extract_block_mib": b}
+                    kw["layout"] = dataclasses.replace(
+                        for_backend(), **{f: v for f, v in change.items() if v is not None}
+                    )
+                out.append(kw)
     return out
 
 
@@ -279,6 +302,9 @@ def main() -> None:
     ap.add_argument("--job-precisions", nargs="+", default=["float32"])
     ap.add_argument("--job-tokens", nargs="+", type=int, help="batch_tokens values to compare (default: the library's)")
     ap.add_argument("--job-steps", nargs="+", type=int, help="extract_steps values to compare (default: the layout's)")
+    ap.add_argument(
+        "--job-blocks", nargs="+", type=int, help="extract_block_mib values to compare (default: the layout's)"
+    )
     ap.add_argument("--job-repeats", type=int, default=1, help="warm runs of the job after the cold one")
     ap.add_argument(
         "--job-layers",
@@ -299,10 +325,14 @@ def main() -> None:
         metavar="BACKEND",
         help="only the host's share of the job under this backend's layout (e.g. gpu), no device",
     )
+    ap.add_argument(
+        "--blocks", nargs="+", type=int, help="with --host-only: extract_block_mib values to compare, in turn"
+    )
     args = ap.parse_args()
     if args.host_only:
         for name in args.shapes:
-            bench_host(name, preset(name), args.job_file, args.host_only)
+            for block in args.blocks or [None]:
+                bench_host(name, preset(name), args.job_file, args.host_only, block)
         return
     peak, limit = matmul_gflops()
     print(f"device: {jax.devices()[0].device_kind} x1; {limit}: {peak:.1f} GFLOP/s")
@@ -317,7 +347,7 @@ def main() -> None:
             args.job_file,
             args.job_precisions,
             peak,
-            job_settings(args.job_tokens, args.job_steps),
+            job_settings(args.job_tokens, args.job_steps, args.job_blocks),
             args.job_repeats,
             tuple(args.job_layers),
             tuple(None if v == "none" else v for v in args.job_pool),

@@ -51,7 +51,10 @@ the last first).
   table, the host's share of the biLSTM calls, the waits for the device). Then the same job with
   ``layers="top"``, a third of the bytes to copy off the device and into the outputs: if it runs
   much faster, the job is bound by those bytes, not by the biLSTM's work (experiments/README.md,
-  "The GPU calls, prepared", says why this is open).
+  "The GPU calls, prepared", says why this is open). Each of the two, as the layout has it and
+  with the outputs in shared 64 MiB blocks (``Layout.extract_block_mib``: one allocation, backed by
+  2 MiB pages, instead of one a sentence, faulted in 4 KiB pages); each pass's line counts the
+  process's minor page faults.
 - ``autodiff128``: ``step128`` with the LSTM differentiated by autodiff of the scan (the
   layout's ``lstm_vjp=False``): what the hand-written backward pass gains, in one call.
 - ``profile``: ``step128`` again with XLA's command buffers off (each kernel its own trace event),
@@ -559,7 +562,8 @@ def drive(args) -> None:
         (
             "extract",
             [sys.executable, os.path.join(HERE, "bench_embed.py"), "--shapes", s["shape"], "--job-only"]
-            + ["--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2", "--job-layers", "all", "top"],
+            + ["--job-file", job, "--job-precisions", "bfloat16", "--job-repeats", "2", "--job-layers", "all", "top"]
+            + ["--job-blocks", "0", "64"],
             env,
         ),
         (f"axis2_{r1}", step(r1, "--time-axis", "2", "--tag", "axis2"), env),

@@ -115,6 +115,50 @@ def test_copy_threads_give_the_same_arrays_and_do_the_copies(model, sentences, m
             np.testing.assert_array_equal(a, b)
 
 
+def test_outputs_in_shared_blocks_equal_each_sentence_s_own_array(model, sentences):
+    """``Layout.extract_block_mib``: the sentences' arrays are views into shared blocks, bit for bit
+    the arrays of the default (one allocation a sentence), C-contiguous and of the same shapes, with
+    every layer or one. The negative control: by default no two sentences share memory."""
+    config, params = model
+    layout = Layout("columns", 1, 32, extract_steps=4, extract_tokens=64, extract_copy_threads=2)
+    out = {
+        mib: {
+            layers: Embedder(config, params, layout=dataclasses.replace(layout, extract_block_mib=mib)).embed(
+                sentences, layers=layers
+            )
+            for layers in ("all", "top")
+        }
+        for mib in (0, 1)
+    }
+    for layers in ("all", "top"):
+        own, shared = out[0][layers], out[1][layers]
+        assert len(own) == len(shared) == len(sentences)
+        for a, b in zip(own, shared):
+            assert a.shape == b.shape and a.dtype == b.dtype == np.float32 and b.flags.c_contiguous
+            np.testing.assert_array_equal(a, b)
+        # The memory's owner (numpy points a view of a view at the array that owns the memory).
+        owners = {mib: [x if x.base is None else x.base for x in out[mib][layers]] for mib in (0, 1)}
+        assert len({id(o) for o in owners[0]}) == len(sentences), "the default's arrays share memory"
+        # The fixture's sentences (a few KiB each) fit in one 1 MiB block.
+        assert len({id(o) for o in owners[1]}) == 1 and owners[1][0].size == sum(x.size for x in shared)
+
+
+def test_block_views_fill_each_block_to_its_size_then_start_the_next():
+    from elmo_jax.extract.embedder import block_views
+
+    views = block_views([3, 5, 0, 7, 2, 9], block_bytes=32)  # blocks of 8 floats or more
+    assert [v.shape for v in views] == [(3,), (5,), (0,), (7,), (2,), (9,)]
+    assert all(v.dtype == np.float32 and v.flags.c_contiguous for v in views)
+    blocks = [v.base for v in views]
+    # [3, 5] make 8; [0, 7, 2] make 9; [9] alone (the last block)
+    assert blocks[0] is blocks[1] and blocks[2] is blocks[3] is blocks[4] and blocks[5] is not blocks[4]
+    assert blocks[1] is not blocks[2] and [b.size for b in (blocks[0], blocks[2], blocks[5])] == [8, 9, 9]
+    for v in views:  # each view is its own part of its block
+        v[...] = v.size
+    assert [int(v[0]) for v in views if v.size] == [3, 5, 7, 2, 9]
+    assert block_views([], 32) == [] and len({id(v.base) for v in block_views([4] * 6, 1 << 20)}) == 1
+
+
 def test_an_error_in_a_copy_thread_reaches_the_caller():
     from elmo_jax.extract.embedder import copy_threads
 

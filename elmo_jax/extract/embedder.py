@@ -458,24 +458,54 @@ def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     return out
 
 
+def block_views(sizes: Sequence[int], block_bytes: int) -> list[np.ndarray]:
+    """Empty flat float32 arrays of ``sizes[i]`` elements, each a view into a block that it shares
+    with its neighbours: consecutive items fill a block until it holds ``block_bytes`` or more
+    (the last block may hold less), and each block is one ``np.empty``."""
+    views: list[np.ndarray] = []
+    first = 0
+    ends = np.cumsum(sizes, dtype=np.int64)
+    while first < len(sizes):
+        base = ends[first - 1] if first else 0
+        # the first item whose end puts the block at block_bytes or more closes it
+        last = min(int(np.searchsorted(ends, base + -(-block_bytes // 4))), len(sizes) - 1)
+        block = np.empty(int(ends[last] - base), np.float32)
+        bounds = np.concatenate([[0], ends[first : last + 1] - base])
+        views += [block[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        first = last + 1
+    return views
+
+
 def new_outputs(
-    table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int, run: Runner = serial
+    table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int, run: Runner = serial, block_bytes: int = 0
 ) -> list[np.ndarray]:
     """Each sentence's ``[layers, n, 2P]`` float32 array, for ``table [words, P]`` and each
     sentence's rows in it; with every layer (``layers > 1``), layer 0 is filled in: each token's
     vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``. ``run``: see
-    ``copy_threads``."""
+    ``copy_threads``.
+
+    ``block_bytes`` > 0 (``Layout.extract_block_mib``): the arrays are C-contiguous views into
+    blocks of at least that many bytes (``block_views``). A block is one allocation, which numpy
+    asks the kernel to back with 2 MiB pages where transparent huge pages are on, so the first
+    writes into it fault once a 2 MiB page, not once every 4 KiB as a sentence's own array of a
+    few hundred KiB does; keeping one sentence's array keeps its whole block."""
     p = table.shape[1]
-    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(token_rows)
+    n = len(token_rows)
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * n
+    if block_bytes > 0:
+        flat = block_views([layers * len(ids) * 2 * p for ids in token_rows], block_bytes)
+        out = [x.reshape(layers, len(ids), 2 * p) for x, ids in zip(flat, token_rows)]
 
     def make(sentences: np.ndarray) -> None:
         for i in sentences:
             ids = token_rows[i]
-            x = out[i] = np.empty((layers, len(ids), 2 * p), np.float32)
+            if block_bytes <= 0:
+                out[i] = np.empty((layers, len(ids), 2 * p), np.float32)
             if layers > 1:
+                x = out[i]
                 x[0, :, :p] = x[0, :, p:] = table[ids]
 
-    run(make, np.arange(len(token_rows)))
+    run(make, np.arange(n))
     return out
 
 
@@ -828,15 +858,16 @@ class Embedder:
             pooled = self._pool_packed(pack, table, token_rows, layers, weights, pool)
             return [x[0].copy() if weights is not None else x.copy() for x in pooled]
         outputs: list[list[np.ndarray]] = []
+        block = self.layout.extract_block_mib << 20
         with copy_threads(copy_thread_count(self.layout)) as run:
 
             def take(c: int, ys: np.ndarray) -> None:
                 if not outputs:  # made only now, while the device runs the first calls
-                    outputs.append(new_outputs(table, token_rows, layers, run))
+                    outputs.append(new_outputs(table, token_rows, layers, run, block))
                 pack.scatter(outputs[0], c, ys, run)
 
             self._run_packed(pack, table, token_rows, take, weights)
-            out = outputs[0] if outputs else new_outputs(table, token_rows, layers, run)
+            out = outputs[0] if outputs else new_outputs(table, token_rows, layers, run, block)
         return out if weights is None else [x[0] for x in out]
 
     def _pool_packed(

@@ -20,6 +20,14 @@ each call's outputs into the sentences' arrays in ``extract_copy_threads`` threa
 | gpu     | 40            | 16384          | 4                    | not measured: two unrolled blocks of 20 a call, and rows enough that the job's longest sentence, not the row count, sets the sequential steps (experiments/README.md, "What the extraction target asks of the GPU"). The copies: on the 2-core CPU with no device work (``bench_embed.py --host-only gpu``, `original`, the sample's 45,668 held-out tokens, every layer), 2 threads took the host's share from 218-221 ms to 114-143 (``benchmarks/results/cpu/extract_host_threads.txt``); an H200's host spent 650-665 ms of a 1.24 s job on them |
 | tpu     | 40            | 16384          | 4                    | not measured: the GPU's choice |
 
+``extract_block_mib`` is 0 everywhere (an array a sentence) until a GPU times it (``gpu_measure.py``'s
+``extract`` part runs the job with 0 and 64). On the 2-core CPU with no device work (``bench_embed.py
+--host-only gpu --blocks 0 64``, `original`, the sample's 45,668 held-out tokens, every layer; a fresh
+process each, ``benchmarks/results/cpu/extract_blocks.txt``), 64 MiB blocks cut the minor page
+faults of a pass from 87,000-137,000 to about 5,000 and, once the process had run a job, the host's
+share from 158-170 ms to 92 ms (202 in the other process); but each process's first job spent
+510-540 ms more, the kernel compacting memory to find its first 2 MiB pages.
+
 The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
 gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
 (``benchmarks/bench_grad.py``, ``benchmarks/results/cpu/lstm_grad.txt``), the biLSTM's gradient at
@@ -80,7 +88,10 @@ class Layout:
     ``l``'s step ``t`` at step ``t + l`` (``elmo_jax.model.wavefront``): ``T + n_layers - 1``
     sequential steps instead of ``n_layers x T``, each a matmul over every layer; the same
     function, not yet timed on a GPU. It is time-major and has its own backward pass, so
-    ``lstm_time_axis`` and ``lstm_vjp`` do not apply to it."""
+    ``lstm_time_axis`` and ``lstm_vjp`` do not apply to it. ``extract_block_mib``: extraction's
+    per-sentence arrays (every layer, or one) are views into shared blocks of at least this many
+    MiB, one allocation a block, instead of one allocation a sentence (0); see
+    ``elmo_jax.extract.embedder.new_outputs``."""
 
     lstm: str = "rows"
     unroll: int = 1
@@ -93,6 +104,7 @@ class Layout:
     cnn_vjp: bool = False
     extract_copy_threads: int = 4
     lstm_wavefront: bool = False
+    extract_block_mib: int = 0
 
     def __post_init__(self):
         if self.lstm not in ("rows", "columns"):
@@ -103,11 +115,11 @@ class Layout:
             raise ValueError(f"Layout.row_sums must be one of {SUMS}, got {self.row_sums!r}")
         if (
             min(self.unroll, self.extract_steps, self.extract_tokens, self.extract_copy_threads) < 1
-            or self.cnn_chunk < 0
+            or min(self.cnn_chunk, self.extract_block_mib) < 0
         ):
             raise ValueError(
                 "Layout needs unroll, extract_steps, extract_tokens and extract_copy_threads >= 1 and "
-                f"cnn_chunk >= 0, got {self}"
+                f"cnn_chunk and extract_block_mib >= 0, got {self}"
             )
 
 
