@@ -25,8 +25,9 @@ each call's outputs into the sentences' arrays in ``extract_copy_threads`` threa
 --host-only gpu --blocks 0 64``, `original`, the sample's 45,668 held-out tokens, every layer; a fresh
 process each, ``benchmarks/results/cpu/extract_blocks.txt``), 64 MiB blocks cut the minor page
 faults of a pass from 87,000-137,000 to about 5,000 and, once the process had run a job, the host's
-share from 158-170 ms to 92 ms (202 in the other process); but each process's first job spent
-510-540 ms more, the kernel compacting memory to find its first 2 MiB pages.
+share from 158-170 ms to 92 ms (202 in the other process); but in each process's first job the
+new arrays and layer 0 took 512-540 ms, not 82-85, the kernel compacting memory to find its first
+2 MiB pages.
 
 The rows layout's LSTM is differentiated by its hand-written backward pass (``lstm_vjp``: weight
 gradients as one matmul after the reverse scan, not accumulated in it). On this project's 2-core CPU
