@@ -73,13 +73,31 @@ def test_embed_matches_bilm_apply_per_sentence_in_any_batching(model, sentences,
     np.testing.assert_allclose(again, out[0], atol=1e-5, rtol=0)
 
 
+def _every_layer_and_the_top(model, sentences, **fields) -> dict:
+    """``{value: {"all" | "top": embed's arrays}}`` for each value of the one ``Layout`` field given
+    as a tuple (the other fields fixed), under a layout of many short calls: sentences cross them."""
+    config, params = model
+    [(name, values)] = [(k, v) for k, v in fields.items() if isinstance(v, tuple)]
+    layout = Layout(
+        "columns", 1, 32, extract_steps=4, extract_tokens=64, **{k: v for k, v in fields.items() if k != name}
+    )
+    return {
+        value: {
+            layers: Embedder(config, params, layout=dataclasses.replace(layout, **{name: value})).embed(
+                sentences, layers=layers
+            )
+            for layers in ("all", "top")
+        }
+        for value in values
+    }
+
+
 def test_copy_threads_give_the_same_arrays_and_do_the_copies(model, sentences, monkeypatch):
     """Outputs copied into the sentences' arrays by several threads (``Layout.extract_copy_threads``)
     equal, bit for bit, those copied by the calling thread alone; and the copies did run in the
     copy threads (else the comparison would hold vacuously)."""
     from elmo_jax.extract import embedder as module
 
-    config, params = model
     used: list[int] = []
     where: set[str] = set()
     made = module.copy_threads
@@ -99,16 +117,7 @@ def test_copy_threads_give_the_same_arrays_and_do_the_copies(model, sentences, m
             yield run_watched
 
     monkeypatch.setattr(module, "copy_threads", watched)
-    layout = Layout("columns", 1, 32, extract_steps=4, extract_tokens=64)  # many calls: sentences cross them
-    out = {
-        threads: {
-            layers: Embedder(config, params, layout=dataclasses.replace(layout, extract_copy_threads=threads)).embed(
-                sentences, layers=layers
-            )
-            for layers in ("all", "top")
-        }
-        for threads in (1, 2)
-    }
+    out = _every_layer_and_the_top(model, sentences, extract_copy_threads=(1, 2))
     assert used == [1, 1, 2, 2] and any(n.startswith("elmo-copy") for n in where) and "MainThread" in where
     for layers in ("all", "top"):
         for a, b in zip(out[1][layers], out[2][layers]):
@@ -119,17 +128,7 @@ def test_outputs_in_shared_blocks_equal_each_sentence_s_own_array(model, sentenc
     """``Layout.extract_block_mib``: the sentences' arrays are views into shared blocks, bit for bit
     the arrays of the default (one allocation a sentence), C-contiguous and of the same shapes, with
     every layer or one. The negative control: by default no two sentences share memory."""
-    config, params = model
-    layout = Layout("columns", 1, 32, extract_steps=4, extract_tokens=64, extract_copy_threads=2)
-    out = {
-        mib: {
-            layers: Embedder(config, params, layout=dataclasses.replace(layout, extract_block_mib=mib)).embed(
-                sentences, layers=layers
-            )
-            for layers in ("all", "top")
-        }
-        for mib in (0, 1)
-    }
+    out = _every_layer_and_the_top(model, sentences, extract_block_mib=(0, 1), extract_copy_threads=2)
     for layers in ("all", "top"):
         own, shared = out[0][layers], out[1][layers]
         assert len(own) == len(shared) == len(sentences)
