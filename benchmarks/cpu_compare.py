@@ -5,7 +5,7 @@
 
 Each figure is a median of 10 timed calls, taken in a child process per tree with
 ``PYTHONPATH`` set to it; the trees alternate for ``--rounds`` rounds (the machine is shared and
-drifts) and the median over rounds is reported. Extraction: ``Embedder.embed`` with its
+drifts), each first in every other round, and the median over rounds is reported. Extraction: ``Embedder.embed`` with its
 defaults, float32, `small` shape, on 32 x 20 random words, the 30 natural sentences of the
 bilm-tf fixture, and the whole job of the sample's ``heldout.txt`` (warm; 5 calls), each also as
 its best call ("best": less moved by other load on a shared machine than the median). Training:
@@ -94,7 +94,9 @@ def main() -> None:
     trees = {"baseline": args.baseline, "this tree": os.path.dirname(HERE)}
     figures = {name: {} for name in trees}
     for r in range(args.rounds):
-        for name, tree in trees.items():
+        # Each tree goes first in every other round: a child that runs after the other tree's
+        # training (memory just freed, the kernel still reclaiming it) is not always the same tree's.
+        for name, tree in list(trees.items())[:: 1 if r % 2 == 0 else -1]:
             got = {**extraction(tree), "train step": train(tree)}
             print(f"round {r + 1}, {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True)
             for k, v in got.items():
