@@ -249,7 +249,9 @@ def bench_host(name: str, config, path: str | None, backend: str, block_mib: int
             else:
                 with copy_threads(threads) as copier:
                     t = time.perf_counter()
-                    out = new_outputs(table, token_rows, n_out if form == "all" else 1, copier, block << 20)
+                    # A tree from before Layout.extract_block_mib takes no block size.
+                    blocked = [block << 20] if block else []
+                    out = new_outputs(table, token_rows, n_out if form == "all" else 1, copier, *blocked)
                     times["new arrays" + (" and layer 0" if form == "all" else "")] = time.perf_counter() - t
                     ys = np.zeros((n_out - 1 if form == "all" else 1, 2, pack.rows, pack.steps, p), np.float32)
                     t = time.perf_counter()
