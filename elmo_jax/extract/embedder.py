@@ -490,22 +490,21 @@ def new_outputs(
     writes into it fault once a 2 MiB page, not once every 4 KiB as a sentence's own array of a
     few hundred KiB does; keeping one sentence's array keeps its whole block."""
     p = table.shape[1]
-    n = len(token_rows)
-    out: list[np.ndarray] = [np.empty(0, np.float32)] * n
-    if block_bytes > 0:
+    shared = block_bytes > 0
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(token_rows)
+    if shared:
         flat = block_views([layers * len(ids) * 2 * p for ids in token_rows], block_bytes)
         out = [x.reshape(layers, len(ids), 2 * p) for x, ids in zip(flat, token_rows)]
 
     def make(sentences: np.ndarray) -> None:
         for i in sentences:
             ids = token_rows[i]
-            if block_bytes <= 0:
-                out[i] = np.empty((layers, len(ids), 2 * p), np.float32)
+            x = out[i] if shared else np.empty((layers, len(ids), 2 * p), np.float32)
+            out[i] = x
             if layers > 1:
-                x = out[i]
                 x[0, :, :p] = x[0, :, p:] = table[ids]
 
-    run(make, np.arange(n))
+    run(make, np.arange(len(token_rows)))
     return out
 
 

@@ -34,7 +34,7 @@ AXIS = "data"
 
 
 # A pytree whose five fields are all data (none static), registered with jax itself: the
-# training core needs no Flax, whose import costs every run a tenth of a second.
+# training core needs no Flax (only elmo_jax.modules imports it; tests/test_layout.py checks).
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
