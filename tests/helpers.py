@@ -51,6 +51,11 @@ def spelled_inputs(batch: dict) -> np.ndarray:
     return np.stack([chars[k][inputs[k]] for k in range(chars.shape[0])])
 
 
+def heavy_modules_loaded() -> list[str]:
+    """Which of jax, jaxlib, flax and orbax this process has imported (run in a child process)."""
+    return sorted(m for m in ("jax", "jaxlib", "flax", "orbax") if m in sys.modules)
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on (free when asked; a coordinator's, say)."""
     with socket.socket() as s:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import multiprocessing
+import os
 import signal
 import warnings
 import weakref
@@ -126,12 +127,12 @@ _LOADER_VOCAB: dict[str, int] = {}  # in a loader process: the vocabulary's word
 def _loader_started(words: list[str]) -> None:
     """In a loader process, at its start: the vocabulary. Ctrl-C is the parent's to handle (it
     stops the process)."""
-    import jax
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The loader computes nothing with jax, which it imported with elmo_jax: should anything
-    # start a backend here all the same, let it be the CPU's, not a second claim on the GPU.
-    jax.config.update("jax_platforms", "cpu")
+    # The loader computes nothing with jax and does not import it: that took about half a second
+    # of its start and 120 MB it held for the run. Should a source's own library import jax all
+    # the same and start a backend, let it be the CPU's, not a second claim on the GPU: jax reads
+    # this variable at its import.
+    os.environ["JAX_PLATFORMS"] = "cpu"
     _LOADER_VOCAB.update((w, i) for i, w in enumerate(words))
 
 
