@@ -205,7 +205,14 @@ def bench_host(name: str, config, path: str | None, backend: str, block_mib: int
     included (``gpu_projection.py`` builds on them)."""
     import numpy as np
 
-    from elmo_jax.extract.embedder import copy_thread_count, copy_threads, new_outputs, pack_sentences
+    # A tree from before elmo_jax.extract.packing kept these in the embedder module.
+    packing = importlib.import_module(
+        "elmo_jax.extract.packing"
+        if importlib.util.find_spec("elmo_jax.extract.packing")
+        else "elmo_jax.extract.embedder"
+    )
+    copy_thread_count, copy_threads = packing.copy_thread_count, packing.copy_threads
+    new_outputs, pack_sentences = packing.new_outputs, packing.pack_sentences
     from elmo_jax.model.layout import BY_BACKEND
 
     sents = sample_sentences(path)

@@ -9,7 +9,7 @@ Inputs, each printed with its source:
 - the H100's training steps (``results/gpu_h100/call2_variants.txt``, ``call1_variants.txt``):
   time and executed FLOPs of the default step (bfloat16, GPU layout) and of float32 steps, so
   their achieved FLOP/s;
-- the job's plan under the GPU layout (``elmo_jax.extract.embedder.pack_sentences``) and its FLOPs:
+- the job's plan under the GPU layout (``elmo_jax.extract.packing.pack_sentences``) and its FLOPs:
   ``harness.lstm_flops`` per padded token-step, ``encoder_flops`` per distinct word;
 - the host's share of the job, measured here and now with no device (``bench_embed.bench_host``);
 - the training loop's host pipeline, measured here and now (``bench_train.bench_host_pipeline``).

@@ -6,7 +6,8 @@ from helpers import embed_sentences, model_files
 
 from elmo_jax import load_hdf5
 from elmo_jax.extract import embedder as module
-from elmo_jax.extract.embedder import Embedder, Packing
+from elmo_jax.extract.embedder import Embedder
+from elmo_jax.extract.packing import Packing
 
 
 def test_phases_split_the_call_and_leave_the_embedder_as_it_was():

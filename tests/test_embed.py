@@ -143,7 +143,7 @@ def test_outputs_in_shared_blocks_equal_each_sentence_s_own_array(model, sentenc
 
 
 def test_block_views_fill_each_block_to_its_size_then_start_the_next():
-    from elmo_jax.extract.embedder import block_views
+    from elmo_jax.extract.packing import block_views
 
     views = block_views([3, 5, 0, 7, 2, 9], block_bytes=32)  # blocks of 8 floats or more
     assert [v.shape for v in views] == [(3,), (5,), (0,), (7,), (2,), (9,)]
@@ -159,7 +159,7 @@ def test_block_views_fill_each_block_to_its_size_then_start_the_next():
 
 
 def test_an_error_in_a_copy_thread_reaches_the_caller():
-    from elmo_jax.extract.embedder import copy_threads
+    from elmo_jax.extract.packing import copy_threads
 
     def fail(part):
         if 3 in part:
@@ -234,14 +234,14 @@ def test_packing_places_every_sentence_once_without_overlap_within_the_budget(mo
 
 
 def test_a_small_call_runs_one_short_call_and_jobs_share_one_bilstm_program(model):
-    from elmo_jax.extract.embedder import _length_bucket
+    from elmo_jax.extract.packing import length_bucket
 
     config, params = model
     embedder = Embedder(
         config, params, devices=1, layout=Layout("columns", 1, 32, extract_steps=16, extract_tokens=128)
     )
     pack = embedder._packing([3, 5, 4])  # in 4 rows, 7 steps: one call of a length bucket, not of 16 steps
-    assert (pack.rows, pack.steps, pack.calls) == (4, _length_bucket(5) + 2, 1) and pack.steps < 16
+    assert (pack.rows, pack.steps, pack.calls) == (4, length_bucket(5) + 2, 1) and pack.steps < 16
     rng = random.Random(0)
     # Each job has its own vocabulary size, so its token table is a bucket of its own; its words
     # are all 5 chars, so their char-CNN blocks all have one shape.
@@ -483,7 +483,8 @@ def test_pooling_over_the_tokens(embedder, sentences):
 def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, sentences, devices, monkeypatch):
     """Pooled, the host receives one sum (or max) per piece of a sentence that a call runs, never
     its tokens' vectors; with 5-step calls most sentences are split over several calls."""
-    from elmo_jax.extract.embedder import Packing, pool_tokens, select_layers
+    from elmo_jax.extract.embedder import pool_tokens, select_layers
+    from elmo_jax.extract.packing import Packing
 
     config, params = model
     embedder = Embedder(
@@ -509,14 +510,14 @@ def test_pooling_runs_on_the_device_and_equals_pooling_every_token(model, senten
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_pieces_name_each_sentences_tokens_in_every_call(devices):
-    from elmo_jax.extract.embedder import _batch_rows, pack_sentences
+    from elmo_jax.extract.packing import batch_rows, pack_sentences
 
     rng = random.Random(devices)
     lengths = [rng.choice([0, 1, 2, 5, 9, 30, 61]) for _ in range(400)]
     pack = pack_sentences(lengths, devices, 8 * 7, 7)
     segment, owner = pack.pieces(devices)
     per_device, s = pack.rows // devices, owner.shape[1] // devices
-    assert pack.calls > 10 and s == _batch_rows(s) and segment.shape == (pack.rows, pack.calls * pack.steps)
+    assert pack.calls > 10 and s == batch_rows(s) and segment.shape == (pack.rows, pack.calls * pack.steps)
     seen = np.zeros(segment.shape, bool)
     for i, (n, r, start) in enumerate(zip(lengths, pack.row, pack.start)):
         for t in range(start + 1, start + n + 1):  # the sentence's token steps, markers excluded
@@ -663,7 +664,7 @@ def test_cli_pool_writes_one_dataset(tmp_path, expected, sentences, capsys):
 @pytest.mark.slow
 def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
     from elmo_jax.cli.commands import bundled_model
-    from elmo_jax.extract.embedder import ShardedEmbeddings
+    from elmo_jax.extract import ShardedEmbeddings
 
     options, weights = bundled_model()
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
@@ -729,7 +730,7 @@ def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
 
 
 def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
-    from elmo_jax.extract.embedder import ShardedEmbeddings
+    from elmo_jax.extract import ShardedEmbeddings
 
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences[:7]) + "\n", encoding="utf-8")
     for i in range(3):  # in turn, in one process: the files are what counts here

@@ -629,7 +629,7 @@ def _add_embed(sub) -> None:
         "row i for line i. With --num-shards 4, shard 1 of --output e.hdf5 writes "
         "e-00001-of-00004.hdf5 (datasets still named by input line; with --pool, its own lines in "
         "order) and, once complete, its manifest e-00001-of-00004.hdf5.json; "
-        "elmo_jax.extract.embedder.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order",
+        "elmo_jax.extract.ShardedEmbeddings('e.hdf5') reads all shards as one, in line order",
     )
     em.add_argument(
         "--layers",

@@ -29,24 +29,20 @@ previous call (no reordering, splitting or device spreading), until ``reset()``.
 ``pool_tokens``: pure functions; stateless, a mix of layers is computed on the device, so the
 host receives and keeps only that layer, and so is a pool, so it receives one sum or max per piece
 of a sentence that a call runs, ``Packing.pieces``), ``hub_outputs`` gives TF-Hub's ELMo
-outputs, and ``ShardedEmbeddings`` reads back the files of a sharded ``elmo-jax embed`` run.
+outputs.
+
+The host's side of packing (the plan, the per-sentence output arrays, the copies into them) is
+``elmo_jax.extract.packing``; the hdf5 output files and their reader, ``elmo_jax.extract.to_file``.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import dataclasses
 import functools
-import glob
-import heapq
-import json
-import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +54,15 @@ from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import ConfigError, ModelConfig, check_counts
+from elmo_jax.extract.packing import (
+    Packing,
+    batch_rows,
+    copy_thread_count,
+    copy_threads,
+    length_bucket,
+    new_outputs,
+    pack_sentences,
+)
 from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.bilm import bilm_from_tokens, check_params, marker_vectors
 from elmo_jax.model.compute import Compute
@@ -260,191 +265,6 @@ def _contextualize_packed(
     return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
 
 
-def _length_bucket(n: int) -> int:
-    """The padded time axis for sentences of up to ``n`` tokens (markers not counted).
-
-    The biLSTM runs ``time + 2`` steps (``<S>``, ``</S>``), so it is that count that is
-    rounded: to multiples of 4 up to 32, of 8 up to 64, then steps of about 1.25x. Every padded
-    step is a full step of the sequential LSTM, so short sentences get fine buckets.
-    """
-    steps = n + 2
-    if steps <= 32:
-        steps = max(4, -(-steps // 4) * 4)
-    elif steps <= 64:
-        steps = -(-steps // 8) * 8
-    else:
-        steps = int(64 * 1.25 ** math.ceil(math.log(steps / 64, 1.25)) // 8 * 8 + 8)
-    return steps - 2
-
-
-def _batch_rows(n: int) -> int:
-    """Sentence rows of a batch: 1, 2, 4, 8, then powers of 2 and 1.5x powers of 2 (12, 16, 24, ...)."""
-    if n <= 8:
-        return 1 << max(n - 1, 0).bit_length()
-    p = 1 << (n - 1).bit_length()
-    return 3 * p // 4 if 3 * p // 4 >= n else p
-
-
-def _rows_within(n: int) -> int:
-    """The largest ``_batch_rows`` value not above ``n`` (at least 1)."""
-    if n < 12:
-        return 1 << max(n.bit_length() - 1, 0)
-    p = 1 << (n.bit_length() - 1)
-    return 3 * p // 2 if 3 * p // 2 <= n else p
-
-
-def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Longest first, each item into the row that is shortest so far (LPT scheduling: no row is
-    longer than the mean plus the longest item). ``steps`` of 0 take no room.
-
-    Returns each item's row and first step, and the longest row's steps.
-    """
-    load = np.zeros(rows, np.int64)
-    row, start = np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64)
-    heap = [(0, r) for r in range(rows)]
-    for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
-        if steps[i]:
-            at, r = heapq.heappop(heap)
-            row[i], start[i], load[r] = r, at, at + steps[i]
-            heapq.heappush(heap, (load[r], r))
-    return row, start, int(load.max(initial=0))
-
-
-Runner = Callable[[Callable[[np.ndarray], None], np.ndarray], None]  # run(fn, items): fn over parts of items
-
-
-def serial(fn: Callable[[np.ndarray], None], items: np.ndarray) -> None:
-    fn(items)
-
-
-def copy_thread_count(layout: Layout) -> int:
-    """``layout.extract_copy_threads``, at most the CPUs this process may run on."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(layout.extract_copy_threads, cpus))
-
-
-@contextlib.contextmanager
-def copy_threads(threads: int) -> Iterator[Runner]:
-    """For one call of ``embed``: ``run(fn, items)`` calls ``fn(part)`` on ``threads`` parts of
-    ``items`` (sentence indices) at once, each in a thread of its own (``serial`` for one).
-
-    For the host's copies into the sentences' arrays: numpy lets go of the GIL while it copies a
-    block, and a first write into new memory also pays the kernel's page faults, so a few threads
-    copy and fault in parallel. Each sentence is in one part only, so no two threads write one array.
-    """
-    if threads <= 1:
-        yield serial
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="elmo-copy") as pool:
-
-        def run(fn: Callable[[np.ndarray], None], items: np.ndarray) -> None:
-            for done in [pool.submit(fn, part) for part in np.array_split(items, threads) if len(part)]:
-                done.result()
-
-        yield run
-
-
-@dataclasses.dataclass(frozen=True)
-class Packing:
-    """Sentences laid end to end in ``rows`` streams, run ``steps`` at a time in ``calls`` calls.
-
-    Sentence i (``length[i]`` tokens, ``+ 2`` steps with its markers; 0: not run) takes steps
-    ``start[i]`` .. of row ``row[i]``. The
-    backward stream holds each sentence reversed in the same place, so both directions restart at
-    the same steps and a row's padding is only at its end.
-    """
-
-    rows: int
-    steps: int
-    calls: int
-    row: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-
-    def streams(
-        self, token_rows: Sequence[np.ndarray], bos: int, eos: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``index [2, rows, T]`` int32 (table rows of the forward and backward streams), ``mask``
-        and ``starts`` ``[rows, T]`` bool (a step of a sentence; its first step), ``T = calls x steps``."""
-        shape = (self.rows, self.calls * self.steps)
-        index, mask, starts = np.zeros((2,) + shape, np.int32), np.zeros(shape, bool), np.zeros(shape, bool)
-        for ids, r, s in zip(token_rows, self.row, self.start):
-            n = len(ids)
-            if n:
-                index[0, r, s], index[0, r, s + 1 : s + n + 1], index[0, r, s + n + 1] = bos, ids, eos
-                index[1, r, s], index[1, r, s + 1 : s + n + 1], index[1, r, s + n + 1] = eos, ids[::-1], bos
-                mask[r, s : s + n + 2] = True
-                starts[r, s] = True
-        return index, mask, starts
-
-    def scatter(self, out: list[np.ndarray], call: int, ys: np.ndarray, run: Runner = serial) -> None:
-        """Copies call ``call``'s outputs ``ys [L, 2, rows, steps, P]`` into the last ``L`` layers of
-        the sentences' arrays ``out[i] [layers, n, 2P]``, backward steps back in token order.
-        ``run``: see ``copy_threads``."""
-        lo, hi = call * self.steps, (call + 1) * self.steps
-        first = out[0].shape[0] - ys.shape[0] if out else 0
-        p = ys.shape[-1]
-
-        def copy(sentences: np.ndarray) -> None:
-            # Token j is step s + 1 + j forward and step s + n - j backward: both in [s + 1, s + n + 1).
-            for i in sentences:
-                n, r, s = self.length[i], self.row[i], self.start[i]
-                a, b = max(s + 1, lo), min(s + n + 1, hi)
-                if a < b:
-                    out[i][first:, a - s - 1 : b - s - 1, :p] = ys[:, 0, r, a - lo : b - lo]
-                    out[i][first:, s + n - b + 1 : s + n - a + 1, p:] = ys[:, 1, r, a - lo : b - lo][:, ::-1]
-
-        run(copy, np.flatnonzero((self.start + 1 < hi) & (self.start + self.length + 1 > lo) & (self.length > 0)))
-
-    def pieces(self, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
-        """For pooling on the device: the part of a sentence's tokens that one call runs is a piece.
-
-        Returns ``segment [rows, calls x steps]`` int32, each token step's piece, numbered within its
-        call and device from 0 (-1: a marker or padding step), and ``owner [calls, n_devices x S]``
-        int64, the sentence of device d's piece j at ``d x S + j`` (-1: none). ``S``, the pieces a
-        call and device may hold, is a row bucket, so that jobs share a few program shapes.
-        """
-        k, per_device = self.steps, self.rows // n_devices
-        sent = np.flatnonzero(self.length > 0)
-        first = self.start[sent] + 1  # token j of a sentence is step start + 1 + j in both streams
-        end = first + self.length[sent]
-        c0, c1 = first // k, (end - 1) // k
-        count = c1 - c0 + 1
-        i = np.repeat(sent, count)
-        call = np.repeat(c0, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-        group = call * n_devices + self.row[i] // per_device
-        order = np.argsort(group, kind="stable")
-        sizes = np.bincount(group, minlength=self.calls * n_devices)
-        local = np.empty(len(i), np.int64)
-        local[order] = np.arange(len(i)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        s = _batch_rows(int(sizes.max(initial=1)))
-        owner = np.full((self.calls, n_devices * s), -1, np.int64)
-        owner[call, (self.row[i] // per_device) * s + local] = i
-        segment = np.full((self.rows, self.calls * k), -1, np.int32)
-        for j, c, q in zip(i, call, local):
-            segment[
-                self.row[j], max(self.start[j] + 1, c * k) : min(self.start[j] + self.length[j] + 1, (c + 1) * k)
-            ] = q
-        return segment, owner
-
-
-def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, max_steps: int) -> Packing:
-    """Where each sentence of ``lengths`` tokens runs (see ``Packing``): the fewest rows (a row
-    bucket, a multiple of ``n_devices``) that hold them in about the longest sentence's steps, at
-    most ``batch_tokens // max_steps`` a device (at least 1), in calls of ``max_steps`` steps, or
-    fewer (a length bucket) when the rows are shorter than that."""
-    steps = [n + 2 if n > 0 else 0 for n in lengths]  # an empty sentence has no outputs: not run
-    length = np.asarray(lengths, np.int64).reshape(-1)
-    if not any(steps):
-        return Packing(n_devices, 1, 0, np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64), length)
-    per_device = _rows_within(max(1, batch_tokens // max_steps))
-    need = _batch_rows(-(-sum(steps) // (max(steps) * n_devices)))
-    rows = n_devices * min(per_device, need)
-    row, start, longest = _pack(steps, rows)
-    k = min(max_steps, _length_bucket(longest - 2) + 2)
-    return Packing(rows, k, -(-longest // k), row, start, length)
-
-
 def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     """Stacks up to ``n`` arrays of one rank into ``[n, ...]``, padding every axis to the largest.
 
@@ -455,56 +275,6 @@ def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     out = np.full((n,) + shape, fill, arrays[0].dtype)
     for k, a in enumerate(arrays):
         out[(k,) + tuple(slice(0, d) for d in a.shape)] = a
-    return out
-
-
-def block_views(sizes: Sequence[int], block_bytes: int) -> list[np.ndarray]:
-    """Empty flat float32 arrays of ``sizes[i]`` elements, each a view into a block that it shares
-    with its neighbours: consecutive items fill a block until it holds ``block_bytes`` or more
-    (the last block may hold less), and each block is one ``np.empty``."""
-    views: list[np.ndarray] = []
-    first = 0
-    ends = np.cumsum(sizes, dtype=np.int64)
-    while first < len(sizes):
-        base = ends[first - 1] if first else 0
-        # the first item whose end puts the block at block_bytes or more closes it
-        last = min(int(np.searchsorted(ends, base + -(-block_bytes // 4))), len(sizes) - 1)
-        block = np.empty(int(ends[last] - base), np.float32)
-        bounds = np.concatenate([[0], ends[first : last + 1] - base])
-        views += [block[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        first = last + 1
-    return views
-
-
-def new_outputs(
-    table: np.ndarray, token_rows: Sequence[np.ndarray], layers: int, run: Runner = serial, block_bytes: int = 0
-) -> list[np.ndarray]:
-    """Each sentence's ``[layers, n, 2P]`` float32 array, for ``table [words, P]`` and each
-    sentence's rows in it; with every layer (``layers > 1``), layer 0 is filled in: each token's
-    vector, twice (bilm-tf's layer 0). The rest is left for ``Packing.scatter``. ``run``: see
-    ``copy_threads``.
-
-    ``block_bytes`` > 0 (``Layout.extract_block_mib``): the arrays are C-contiguous views into
-    blocks of at least that many bytes (``block_views``). A block is one allocation, which numpy
-    asks the kernel to back with 2 MiB pages where transparent huge pages are on, so the first
-    writes into it fault once a 2 MiB page, not once every 4 KiB as a sentence's own array of a
-    few hundred KiB does; keeping one sentence's array keeps its whole block."""
-    p = table.shape[1]
-    shared = block_bytes > 0
-    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(token_rows)
-    if shared:
-        flat = block_views([layers * len(ids) * 2 * p for ids in token_rows], block_bytes)
-        out = [x.reshape(layers, len(ids), 2 * p) for x, ids in zip(flat, token_rows)]
-
-    def make(sentences: np.ndarray) -> None:
-        for i in sentences:
-            ids = token_rows[i]
-            x = out[i] if shared else np.empty((layers, len(ids), 2 * p), np.float32)
-            out[i] = x
-            if layers > 1:
-                x[0, :, :p] = x[0, :, p:] = table[ids]
-
-    run(make, np.arange(len(token_rows)))
     return out
 
 
@@ -919,7 +689,7 @@ class Embedder:
         # of the lookup per bucket, not per word count); the lookup runs on the device, so only
         # indices cross to it per call.
         bos, eos = len(table), len(table) + 1
-        device_table = np.zeros((_batch_rows(len(table) + 2), p), np.float32)
+        device_table = np.zeros((batch_rows(len(table) + 2), p), np.float32)
         device_table[: len(table)], device_table[bos : eos + 1] = table, np.asarray(self._markers)
         index, mask, starts = pack.streams(token_rows, bos, eos)
         l = self.config.lstm
@@ -977,7 +747,7 @@ class Embedder:
                     grown[k][:, :, :n] = self.state[k]
             self.state = grown
         table, token_rows = self._token_table(sentences)
-        b = self._batch(table, token_rows, rows, _length_bucket(max(len(s) for s in sentences)))
+        b = self._batch(table, token_rows, rows, length_bucket(max(len(s) for s in sentences)))
         # A batch smaller than the stored state continues (and updates) only its first rows.
         state = {k: v[:, :, :rows] for k, v in self.state.items()}
         layers, new_state = self._contextualize(self.params, b["tokens"], b["lengths"], self._markers, state)
@@ -1017,136 +787,3 @@ class Embedder:
                 buf = []
         if buf:
             yield from zip(range(base, base + len(buf)), self.embed(buf, layers=layers, pool=pool))
-
-
-# -- sharded output: `elmo-jax embed --num-shards N --shard-index I` ---------------------------
-MANIFEST_FORMAT = "elmo-jax-embed-shard/1"
-
-
-def shard_file(output: str | os.PathLike, index: int, num_shards: int) -> str:
-    """Shard ``index``'s hdf5 for ``--output``: ``elmo.hdf5`` -> ``elmo-00001-of-00004.hdf5``.
-
-    Its manifest is that name plus ``.json``. Each shard writes only its own two files, so N
-    processes never write the same file.
-    """
-    root, ext = os.path.splitext(os.fspath(output))
-    return f"{root}-{index:05d}-of-{num_shards:05d}{ext}"
-
-
-def shard_manifest(
-    output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool, **extra
-) -> dict:
-    """The manifest of shard ``index``: it holds lines ``index, index + num_shards, ...`` of the
-    input's ``num_lines``, each as dataset ``str(line)``, or, when ``pooled``, as row
-    ``(line - index) // num_shards`` of dataset ``embeddings``. ``file`` is relative to the manifest."""
-    return {
-        "format": MANIFEST_FORMAT,
-        "file": os.path.basename(shard_file(output, index, num_shards)),
-        "shard_index": index,
-        "num_shards": num_shards,
-        "num_lines": num_lines,
-        "lines": {"start": index, "stop": num_lines, "step": num_shards},
-        "dataset": "embeddings" if pooled else "{line}",
-        **extra,
-    }
-
-
-class ShardedEmbeddings:
-    """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
-    processes of a ``--num-shards N`` run, or the one file of an unsharded run.
-
-    ``source``: the ``--output`` the shards were given (their manifests are found next to it),
-    a list of the shards' manifests (``*.hdf5.json``), or the hdf5 of an unsharded run.
-    ``len(view)`` is the input's line count; ``view[i]`` is line i's array as stored (float32
-    ``[n_layers + 1, n_tokens, 2P]`` by default, ``[2P]`` with ``--pool``, ...); iteration yields
-    them in line order. Files open on first use; ``close()`` (or ``with``) closes them.
-    """
-
-    def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike]):
-        self._files: dict[str, Any] = {}  # path -> open h5py.File (h5py has no type information)
-        if not isinstance(source, (str, os.PathLike)):
-            self._shards = self._check([self._read_manifest(os.fspath(p)) for p in source])
-            return
-        source = os.fspath(source)
-        if source.endswith(".json"):
-            self._shards = self._check([self._read_manifest(source)])
-            return
-        root, ext = os.path.splitext(source)
-        paths = sorted(glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json"))
-        self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
-
-    @staticmethod
-    def _read_manifest(path: str) -> dict:
-        with open(path, encoding="utf-8") as f:
-            m = json.load(f)
-        if m.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"{path}: not an elmo-jax embed shard manifest (format {m.get('format')!r})")
-        return {**m, "path": os.path.join(os.path.dirname(path), m["file"]), "manifest": path}
-
-    @staticmethod
-    def _check(shards: list[dict]) -> list[dict]:
-        if not shards:
-            raise FileNotFoundError("no shard manifests given")
-        runs = {(m["num_shards"], m["num_lines"]) for m in shards}
-        if len(runs) > 1:
-            raise ValueError(
-                f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
-                f"{', '.join(m['manifest'] for m in shards)}"
-            )
-        n = shards[0]["num_shards"]
-        by_index = {m["shard_index"]: m for m in shards}
-        missing = [i for i in range(n) if i not in by_index]
-        if missing:
-            hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
-            raise FileNotFoundError(
-                f"shard(s) {missing} of {n} have no manifest next to {hint} (still running, or failed?)"
-            )
-        return [by_index[i] for i in range(n)]
-
-    @staticmethod
-    def _unsharded(path: str) -> dict:
-        import h5py
-
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
-        with h5py.File(path, "r") as f:
-            pooled = "embeddings" in f
-            n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
-        return {
-            "path": path,
-            "num_lines": n,
-            "lines": {"start": 0, "stop": n, "step": 1},
-            "dataset": "embeddings" if pooled else "{line}",
-        }
-
-    def __len__(self) -> int:
-        return self._shards[0]["num_lines"]
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"line {i} out of range for {n} lines")
-        i = int(i) % n
-        shard = self._shards[i % len(self._shards)]  # shard k holds the lines i with i % N == k
-        f = self._files.get(shard["path"])
-        if f is None:
-            import h5py
-
-            f = self._files[shard["path"]] = h5py.File(shard["path"], "r")
-        if shard["dataset"] == "embeddings":
-            return f["embeddings"][(i - shard["lines"]["start"]) // shard["lines"]["step"]]
-        return f[str(i)][()]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return (self[i] for i in range(len(self)))
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-
-    def __enter__(self) -> ShardedEmbeddings:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -13,16 +13,21 @@ complete (``elmo_jax._util.atomic``): an error or Ctrl-C leaves no file under th
 full disk (or quota, or a read-only file system) is one ``OutOfSpaceError`` naming the file and the
 space left (``elmo_jax._util.disk_full``).
 Errors about the options name their fields (``window must be 1 or more ...``).
+
+``ShardedEmbeddings`` reads what ``embed_file`` wrote back in line order: the files of the N
+processes of a sharded run (each found by its manifest), or one file.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +53,7 @@ class EmbedFileOptions:
     ahead: windows the embedding may run ahead of the writes, which a background thread does
       (0: written in the loop; each costs a window's memory).
     num_shards, shard_index: this process embeds the lines ``i`` with ``i % num_shards ==
-      shard_index`` into its own file and manifest (``embedder.shard_file``); None: every line.
+      shard_index`` into its own file and manifest (``shard_file``); None: every line.
     sentence_to_index: also write AllenNLP's ``sentence_to_index`` JSON dataset.
     progress: a tqdm bar over the lines.
     """
@@ -117,8 +122,8 @@ def embed_file(
     """ELMo layers of every line of ``input_path`` (UTF-8, one whitespace-tokenized sentence a line)
     into the hdf5 ``output_path``: dataset ``str(i)`` for line ``i`` (0-based), or with
     ``options.pool`` one dataset ``embeddings``, row ``i`` for line ``i``. Sharded, the file is
-    ``embedder.shard_file(output_path, ...)`` and its manifest that name plus ``.json``, written once
-    the file is complete (``embedder.ShardedEmbeddings`` reads the shards back as one).
+    ``shard_file(output_path, ...)`` and its manifest that name plus ``.json``, written once
+    the file is complete (``ShardedEmbeddings`` reads the shards back as one).
 
     ``embedder``: an ``Embedder``, or a function of no arguments returning one, called after the
     paths are checked. Raises ``DataError`` (input missing or not UTF-8, output directory missing),
@@ -136,7 +141,7 @@ def embed_file(
         raise DataError(said(*bad, output_path))
     if callable(embedder):
         embedder = embedder()
-    from elmo_jax.extract.embedder import check_layers, shard_file, shard_manifest
+    from elmo_jax.extract.embedder import check_layers
 
     try:
         layers = check_layers(options.layers, embedder.config.n_output_layers)
@@ -272,4 +277,137 @@ def _pooled_rows(out, n_rows: int, config, layers, window: int) -> Callable[[np.
     return write
 
 
-__all__ = ["EmbedFileOptions", "EmbedFileResult", "embed_file"]
+# -- sharded output: `elmo-jax embed --num-shards N --shard-index I` ---------------------------
+MANIFEST_FORMAT = "elmo-jax-embed-shard/1"
+
+
+def shard_file(output: str | os.PathLike, index: int, num_shards: int) -> str:
+    """Shard ``index``'s hdf5 for ``--output``: ``elmo.hdf5`` -> ``elmo-00001-of-00004.hdf5``.
+
+    Its manifest is that name plus ``.json``. Each shard writes only its own two files, so N
+    processes never write the same file.
+    """
+    root, ext = os.path.splitext(os.fspath(output))
+    return f"{root}-{index:05d}-of-{num_shards:05d}{ext}"
+
+
+def shard_manifest(
+    output: str | os.PathLike, index: int, num_shards: int, num_lines: int, pooled: bool, **extra
+) -> dict:
+    """The manifest of shard ``index``: it holds lines ``index, index + num_shards, ...`` of the
+    input's ``num_lines``, each as dataset ``str(line)``, or, when ``pooled``, as row
+    ``(line - index) // num_shards`` of dataset ``embeddings``. ``file`` is relative to the manifest."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "file": os.path.basename(shard_file(output, index, num_shards)),
+        "shard_index": index,
+        "num_shards": num_shards,
+        "num_lines": num_lines,
+        "lines": {"start": index, "stop": num_lines, "step": num_shards},
+        "dataset": "embeddings" if pooled else "{line}",
+        **extra,
+    }
+
+
+class ShardedEmbeddings:
+    """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
+    processes of a ``--num-shards N`` run, or the one file of an unsharded run.
+
+    ``source``: the ``--output`` the shards were given (their manifests are found next to it),
+    a list of the shards' manifests (``*.hdf5.json``), or the hdf5 of an unsharded run.
+    ``len(view)`` is the input's line count; ``view[i]`` is line i's array as stored (float32
+    ``[n_layers + 1, n_tokens, 2P]`` by default, ``[2P]`` with ``--pool``, ...); iteration yields
+    them in line order. Files open on first use; ``close()`` (or ``with``) closes them.
+    """
+
+    def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike]):
+        self._files: dict[str, Any] = {}  # path -> open h5py.File (h5py has no type information)
+        if not isinstance(source, (str, os.PathLike)):
+            self._shards = self._check([self._read_manifest(os.fspath(p)) for p in source])
+            return
+        source = os.fspath(source)
+        if source.endswith(".json"):
+            self._shards = self._check([self._read_manifest(source)])
+            return
+        root, ext = os.path.splitext(source)
+        paths = sorted(glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json"))
+        self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
+
+    @staticmethod
+    def _read_manifest(path: str) -> dict:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+        if m.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{path}: not an elmo-jax embed shard manifest (format {m.get('format')!r})")
+        return {**m, "path": os.path.join(os.path.dirname(path), m["file"]), "manifest": path}
+
+    @staticmethod
+    def _check(shards: list[dict]) -> list[dict]:
+        if not shards:
+            raise FileNotFoundError("no shard manifests given")
+        runs = {(m["num_shards"], m["num_lines"]) for m in shards}
+        if len(runs) > 1:
+            raise ValueError(
+                f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
+                f"{', '.join(m['manifest'] for m in shards)}"
+            )
+        n = shards[0]["num_shards"]
+        by_index = {m["shard_index"]: m for m in shards}
+        missing = [i for i in range(n) if i not in by_index]
+        if missing:
+            hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
+            raise FileNotFoundError(
+                f"shard(s) {missing} of {n} have no manifest next to {hint} (still running, or failed?)"
+            )
+        return [by_index[i] for i in range(n)]
+
+    @staticmethod
+    def _unsharded(path: str) -> dict:
+        import h5py
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
+        with h5py.File(path, "r") as f:
+            pooled = "embeddings" in f
+            n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
+        return {
+            "path": path,
+            "num_lines": n,
+            "lines": {"start": 0, "stop": n, "step": 1},
+            "dataset": "embeddings" if pooled else "{line}",
+        }
+
+    def __len__(self) -> int:
+        return self._shards[0]["num_lines"]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"line {i} out of range for {n} lines")
+        i = int(i) % n
+        shard = self._shards[i % len(self._shards)]  # shard k holds the lines i with i % N == k
+        f = self._files.get(shard["path"])
+        if f is None:
+            import h5py
+
+            f = self._files[shard["path"]] = h5py.File(shard["path"], "r")
+        if shard["dataset"] == "embeddings":
+            return f["embeddings"][(i - shard["lines"]["start"]) // shard["lines"]["step"]]
+        return f[str(i)][()]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> ShardedEmbeddings:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["EmbedFileOptions", "EmbedFileResult", "ShardedEmbeddings", "embed_file", "shard_file", "shard_manifest"]

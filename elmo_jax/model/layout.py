@@ -92,7 +92,7 @@ class Layout:
     ``lstm_time_axis`` and ``lstm_vjp`` do not apply to it. ``extract_block_mib``: extraction's
     per-sentence arrays (every layer, or one) are views into shared blocks of at least this many
     MiB, one allocation a block, instead of one allocation a sentence (0); see
-    ``elmo_jax.extract.embedder.new_outputs``."""
+    ``elmo_jax.extract.packing.new_outputs``."""
 
     lstm: str = "rows"
     unroll: int = 1
