@@ -16,7 +16,7 @@ from test_pretrain import TRAIN, _write_tiny_options
 
 from elmo_jax import cli
 from elmo_jax._util.arguments import about
-from elmo_jax._util.device_memory import OutOfDeviceMemory
+from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli import commands
 from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
@@ -474,12 +474,29 @@ def test_embed_on_a_full_disk_is_one_line_leaves_no_file_and_a_rerun_completes(
         assert sorted(map(int, f)) == list(range(len(sentences)))
 
 
-def test_embed_out_of_device_memory_is_one_line_naming_batch_tokens_and_leaves_no_file(
-    tmp_path, monkeypatch, capsys, sentences
+@pytest.mark.parametrize(
+    ("xla", "said"),
+    [
+        (
+            "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2.00GiB.",
+            "the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2.00GiB.); "
+            "--batch-tokens 64 per device is more than it holds: lower --batch-tokens and rerun",
+        ),
+        (
+            "INTERNAL: CUDA error: an illegal memory access was encountered",
+            "the device failed (INTERNAL: CUDA error: an illegal memory access was encountered); check the device "
+            "(nvidia-smi, on a GPU); once it works, rerun",
+        ),
+    ],
+    ids=["out-of-memory", "device-failed"],
+)
+def test_embed_out_of_device_memory_or_a_failed_device_is_one_line_and_leaves_no_file(
+    tmp_path, monkeypatch, capsys, sentences, xla, said
 ):
-    """XLA's out-of-memory error after three sentences (injected: a CPU has the host's memory):
-    one line with XLA's words and --batch-tokens, exit 1, nothing under the output's name.
-    (Before: XLA's traceback.)"""
+    """XLA's out-of-memory error, or a device that fails under the job, after three sentences
+    (injected: a CPU has the host's memory, and does not fail): one line with XLA's words (and
+    --batch-tokens for the memory), exit 1, nothing under the output's name. (Before: XLA's
+    traceback.)"""
     import jax
 
     from elmo_jax.extract.embedder import Embedder
@@ -487,23 +504,19 @@ def test_embed_out_of_device_memory_is_one_line_naming_batch_tokens_and_leaves_n
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
     real = Embedder.embed_stream
 
-    def too_big(self, *args, **kwargs):
+    def failing(self, *args, **kwargs):
         for i, x in enumerate(real(self, *args, **kwargs)):
             if i == 3:
-                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2.00GiB.")
+                raise jax.errors.JaxRuntimeError(xla)
             yield x
 
-    monkeypatch.setattr(Embedder, "embed_stream", too_big)
+    monkeypatch.setattr(Embedder, "embed_stream", failing)
     out = tmp_path / "o.hdf5"
     assert (
         run_cli("--input", str(tmp_path / "in.txt"), "--output", str(out), "--window", "3", "--batch-tokens", "64") == 1
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"elmo-jax embed: error: {out}: not written: the device ran out of memory (RESOURCE_EXHAUSTED: Out of "
-        "memory while trying to allocate 2.00GiB.); --batch-tokens 64 per device is more than it holds: lower "
-        "--batch-tokens and rerun"
-    ], err
+    assert err == [f"elmo-jax embed: error: {out}: not written: {said}"], err
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
@@ -523,7 +536,8 @@ def test_gpu_kernels_are_fixed_by_default_and_the_old_flag_still_parses(capsys):
 
 def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
     """XLA's out-of-memory error in the held-out evaluation (injected) becomes one line that names
-    eval's --batch-size; any other runtime error is left as it is."""
+    eval's --batch-size, and a device that failed under it one line too; a runtime error of the
+    program (not the device's) is left as it is."""
     import jax
     import jax.numpy as jnp
 
@@ -548,6 +562,12 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
         "--batch-size 64 rows is more than it holds: lower --batch-size (the perplexity with carried state "
         "depends on it: compare models at one --batch-size)"
     )
-    raised[0] = jax.errors.JaxRuntimeError("INTERNAL: something else")
-    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):  # the negative control
+    raised[0] = jax.errors.JaxRuntimeError("UNAVAILABLE: TPU halted")
+    with pytest.raises(DeviceFailed) as failed:
+        evaluate_module.evaluate(params, None, None, None, batch_size=64)
+    assert commands.error_line(failed.value, flags) == (
+        "the device failed (UNAVAILABLE: TPU halted); check the device (nvidia-smi, on a GPU); once it works, rerun"
+    )
+    raised[0] = jax.errors.JaxRuntimeError("INVALID_ARGUMENT: something else")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):  # the negative control
         evaluate_module.evaluate(params, None, None, None, batch_size=64)

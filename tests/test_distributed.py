@@ -1081,8 +1081,8 @@ setup._run_options = unread
 sys.exit(cli.main(sys.argv[1:]))
 """
 
-# Process 1's device runs out of memory at its 7th step (XLA's error), the other's does not.
-OUT_OF_MEMORY_ON_PROCESS_1 = """
+# Process 1's device fails at its 7th step with XLA's error {xla!r}, the others' do not.
+DEVICE_ERROR_ON_PROCESS_1 = """
 import sys, jax
 from elmo_jax import cli
 from elmo_jax.training import loop
@@ -1093,12 +1093,14 @@ def make(*args, **kwargs):
     def step(*args, **kwargs):
         calls[0] += 1
         if calls[0] == 7:
-            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB.")
+            raise jax.errors.JaxRuntimeError({xla!r})
         return real(*args, **kwargs)
     return step
 loop.make_train_step = make
 sys.exit(cli.main(sys.argv[1:]))
 """
+OUT_OF_MEMORY = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB."
+ILLEGAL_ADDRESS = "INTERNAL: CUDA error: an illegal memory access was encountered"
 
 
 @pytest.mark.slow
@@ -1107,18 +1109,27 @@ sys.exit(cli.main(sys.argv[1:]))
     [
         (UNREAD_ON_PROCESS_1, 2, "/elmo-jax-test-missing-vocab.txt: does not exist"),
         (
-            OUT_OF_MEMORY_ON_PROCESS_1,
+            DEVICE_ERROR_ON_PROCESS_1.format(xla=OUT_OF_MEMORY),
             1,
             "{run}: the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
             "4.00GiB.); --batch-size 1 rows per device is more than it holds: lower --batch-size, or spread the "
             "rows over more devices; step(s) 5 are intact: rerun with a lower --batch-size to resume from step 5",
         ),
+        (
+            DEVICE_ERROR_ON_PROCESS_1.format(xla=ILLEGAL_ADDRESS),
+            1,
+            "{run}: the device failed during the run (INTERNAL: CUDA error: an illegal memory access was "
+            "encountered); step(s) 5 are intact: check the device (nvidia-smi, on a GPU); once it works, rerun the "
+            "same command to resume from step 5",
+        ),
     ],
-    ids=["before-training", "out-of-memory-in-a-step"],
+    ids=["before-training", "out-of-memory-in-a-step", "device-failed-in-a-step"],
 )
 def test_a_process_failing_alone_stops_the_others_with_its_line(tmp_path, worker_cache, program, code, said):
     """Process 1 of 3 stops with its one-line error where no agreement carries it: before
-    training, or out of device memory in a step. Processes 0 and 2, waiting in a collective, stop
+    training, out of device memory in a step, or its device failed in a step (which first waits
+    to see that no peer died: XLA's words for a collective that lost its peer may read as a device
+    failure). Processes 0 and 2, waiting in a collective, stop
     too, within seconds, with one line quoting process 1's; all three leave through jax's shutdown
     barrier. (Before, with 2 processes: before training, process 0's collective timed out 30 s
     later with a traceback from inside jax; in a step, it waited in the step's collective past the

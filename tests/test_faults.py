@@ -304,6 +304,68 @@ def test_out_of_device_memory_stops_in_one_line_naming_the_batch_size(
         assert _steps(run)[-1] == 40
 
 
+class _Unreadable:
+    """A step's result whose read fails, as a device that failed while it ran makes every read of
+    that step's outputs fail (it shows at the read, not at the call, the step being asynchronous)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def addressable_data(self, index: int):
+        raise self.error
+
+
+def _device_fails_at(monkeypatch, at_call: int, error: Exception, shows: str) -> None:
+    """The ``at_call``-th training step fails on the device with ``error``: raised by the call
+    (``shows="at the call"``), or by the first read of its metrics (``"at the read"``)."""
+    from elmo_jax.training import loop
+
+    calls = [0]
+
+    def failing(real):
+        def call(state, batch):
+            calls[0] += 1
+            if calls[0] == at_call and shows == "at the call":
+                raise error
+            state, metrics = real(state, batch)
+            if calls[0] == at_call:
+                metrics = {k: _Unreadable(error) for k in metrics}
+            return state, metrics
+
+        return call
+
+    real_make = loop.make_train_step
+    monkeypatch.setattr(loop, "make_train_step", lambda *a, **k: failing(real_make(*a, **k)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shows", ["at the call", "at the read"])
+def test_a_device_that_fails_in_a_step_stops_in_one_line_keeping_every_step_before_and_the_rerun_resumes(
+    tmp_path, monkeypatch, capsys, shows
+):
+    """A GPU's illegal address in step 25, said when the step is called or when its results are
+    first read (a step later, as an asynchronous failure shows): one line with XLA's words and what
+    to do, exit 1, and nothing saved after it: the state it leaves is not the run's. The same
+    command resumes from step 20. (Before: XLA's traceback.)"""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "40")
+    xla = "INTERNAL: CUDA error: an illegal memory access was encountered"
+    _device_fails_at(monkeypatch, 25, jax.errors.JaxRuntimeError(xla), shows)
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    [line] = _error_lines(err)
+    assert "Traceback" not in err
+    assert line == (
+        f"elmo-jax train: error: {run}: the device failed during the run ({xla}); step(s) 10, 20 are intact: "
+        "check the device (nvidia-smi, on a GPU); once it works, rerun the same command to resume from step 20"
+    )
+    assert _steps(run) == [10, 20]
+    monkeypatch.undo()
+    assert cli.main(args) == 0
+    assert f"resuming {run} from step 20 " in capsys.readouterr().out
+    assert _steps(run)[-1] == 40
+
+
 @pytest.mark.slow
 def test_a_training_file_unreadable_mid_run_stops_in_one_line_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):
     """The training file fails to read mid-run (a failing disk or mount, a file gone since the

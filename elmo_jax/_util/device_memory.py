@@ -1,5 +1,8 @@
-"""A device out of memory, told apart from XLA's other runtime errors, for one line that names the
-knob to turn (the training's ``batch_size``, the extraction's ``batch_tokens``)."""
+"""XLA's runtime errors told apart, for one line each: a device out of memory, which names the knob
+to turn (the training's ``batch_size``, the extraction's ``batch_tokens``), and a device that
+failed while it ran a program (a GPU's illegal address or ECC error, a TPU core that halted, a
+link between devices that broke). Any other runtime error is the program's: a bug, shown with its
+traceback."""
 
 from __future__ import annotations
 
@@ -8,9 +11,38 @@ class OutOfDeviceMemory(RuntimeError):
     """A computation needed more device memory than there is."""
 
 
-def out_of_memory(e: BaseException) -> str | None:
-    """XLA's first line when ``e`` is its out-of-memory error (``RESOURCE_EXHAUSTED``), else None."""
-    text = str(e).strip()
-    if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or "RESOURCE_EXHAUSTED" not in text:
+class DeviceFailed(RuntimeError):
+    """The device, its driver or a link between devices failed while a computation ran."""
+
+
+# What a ``DeviceFailed`` line tells the user to do, before "rerun ...".
+CHECK_THE_DEVICE = "check the device (nvidia-smi, on a GPU); once it works,"
+
+
+# XLA's status codes for a program that compiled and then met a device that failed under it. Not
+# INVALID_ARGUMENT or FAILED_PRECONDITION: a buffer donated and used again is the program's error.
+FAILURE_CODES = ("INTERNAL", "UNAVAILABLE", "ABORTED", "DATA_LOSS", "UNKNOWN", "DEADLINE_EXCEEDED")
+
+
+def _runtime_error_line(e: BaseException) -> str | None:
+    """XLA's first line (at most 200 characters) when ``e`` is its runtime error, else None."""
+    if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
         return None
-    return text.splitlines()[0][:200]
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """XLA's first line when ``e`` is its out-of-memory error (``RESOURCE_EXHAUSTED``, wherever XLA
+    puts it in the text), else None."""
+    line = _runtime_error_line(e)
+    return line if line is not None and "RESOURCE_EXHAUSTED" in str(e) else None
+
+
+def device_failure(e: BaseException) -> str | None:
+    """XLA's first line when ``e`` says the device failed under a running program (its status, the
+    text's first word, one of ``FAILURE_CODES``) and is not ``out_of_memory``, else None."""
+    line = _runtime_error_line(e)
+    if line is None or out_of_memory(e) is not None or line.split(":", 1)[0] not in FAILURE_CODES:
+        return None
+    return line

@@ -18,7 +18,7 @@ from importlib import resources
 import numpy as np
 
 from elmo_jax._util.arguments import arguments_of
-from elmo_jax._util.device_memory import OutOfDeviceMemory
+from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax._util.disk_full import WriteFailed
 from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, said, same_path, under
 from elmo_jax._util.runtime import (
@@ -125,7 +125,8 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 def _watched(watch: multihost.PeerWatch | None, args: argparse.Namespace):
     """Tells the other processes how this one's training ended (``watch``: None for one process).
     An error the command line has no line for waits to see whether another process died first (a
-    collective that lost its peer raises here), and then that process's line is the one said."""
+    collective that lost its peer raises here), and then that process's line is the one said. So
+    does a device failure: XLA's words for a collective that lost its peer may read as one."""
     from elmo_jax.training.global_batches import PeerFailed
 
     if watch is None:
@@ -134,10 +135,11 @@ def _watched(watch: multihost.PeerWatch | None, args: argparse.Namespace):
     try:
         yield
     except Exception as e:
-        if _exit_code(e) is not None:
-            watch.failed(error_line(e, args.flags, args), follow=isinstance(e, PeerFailed))
-        else:
+        if _exit_code(e) is None:
             watch.failed(f"{type(e).__name__}: {e}", wait=True)
+        else:
+            line = error_line(e, args.flags, args)
+            watch.failed(line, follow=isinstance(e, PeerFailed), wait=isinstance(e, DeviceFailed))
         raise
     except BaseException:
         watch.failed("interrupted")
@@ -843,7 +845,7 @@ def _exit_code(exc: BaseException) -> int | None:
     if isinstance(exc, USER_ERRORS):
         return 2
     # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
-    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, CoordinatorError)):
+    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, DeviceFailed, CoordinatorError)):
         return 1
     # The OS refused a file for another reason (a file system mounted read-only, a name too long):
     # the file is named, and nothing of the program is at fault.

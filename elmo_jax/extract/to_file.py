@@ -34,7 +34,13 @@ import numpy as np
 from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
-from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
+from elmo_jax._util.device_memory import (
+    CHECK_THE_DEVICE,
+    DeviceFailed,
+    OutOfDeviceMemory,
+    device_failure,
+    out_of_memory,
+)
 from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import utf8_lines
@@ -160,21 +166,25 @@ def embed_file(
             pass
     lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
     mine = len(range(start, total, step))
-    xla = None
+    error: RuntimeError | None = None
     try:
         with disk_full.reported(output):
             empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
     except RuntimeError as e:
-        if (xla := out_of_memory(e)) is None:
+        if (xla := out_of_memory(e)) is not None:
+            error = about(
+                OutOfDeviceMemory(
+                    f"{output}: not written: the device ran out of memory ({xla}); batch_tokens "
+                    f"{embedder.batch_tokens} per device is more than it holds: lower batch_tokens and rerun"
+                ),
+                "batch_tokens",
+            )
+        elif (xla := device_failure(e)) is not None:
+            error = DeviceFailed(f"{output}: not written: the device failed ({xla}); {CHECK_THE_DEVICE} rerun")
+        else:
             raise
-    if xla is not None:  # raised here, outside the clause: XLA's traceback is not the message
-        raise about(
-            OutOfDeviceMemory(
-                f"{output}: not written: the device ran out of memory ({xla}); batch_tokens "
-                f"{embedder.batch_tokens} per device is more than it holds: lower batch_tokens and rerun"
-            ),
-            "batch_tokens",
-        )
+    if error is not None:  # raised here, outside the clause: XLA's traceback is not the message
+        raise error
     if manifest:
         extra = dict(
             layers=layers if isinstance(layers, str) else layers.tolist(),

@@ -24,7 +24,13 @@ from jax.sharding import Mesh, NamedSharding
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
-from elmo_jax._util.device_memory import OutOfDeviceMemory, out_of_memory
+from elmo_jax._util.device_memory import (
+    CHECK_THE_DEVICE,
+    DeviceFailed,
+    OutOfDeviceMemory,
+    device_failure,
+    out_of_memory,
+)
 from elmo_jax._util.paths import check_writable
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
@@ -486,32 +492,39 @@ def pretrain(
                 Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
             ) from None
         except jax.errors.JaxRuntimeError as e:
-            if (xla := out_of_memory(e)) is None:
-                raise
             # Raised below, outside this clause: XLA's traceback is not the message, and its
             # frames hold the run's device arrays.
-            said = _out_of_memory(run, xla)
+            if (xla := out_of_memory(e)) is not None:
+                rows = run.options.training.batch_size
+                error: RuntimeError = about(
+                    OutOfDeviceMemory(
+                        f"{run.settings.run_dir}: the device ran out of memory ({xla}); batch_size {rows} rows per "
+                        "device is more than it holds: lower batch_size, or spread the rows over more devices"
+                        + _intact(run, "rerun with a lower batch_size")
+                    ),
+                    "batch_size",
+                )
+            elif (xla := device_failure(e)) is not None:
+                then = f"{CHECK_THE_DEVICE} rerun the same command"
+                error = DeviceFailed(
+                    f"{run.settings.run_dir}: the device failed during the run ({xla})" + _intact(run, then)
+                )
+            else:
+                raise
         finally:
             run.ckpt.close()
-    raise about(OutOfDeviceMemory(said), "batch_size")
+    raise error
 
 
-def _out_of_memory(run: _Run, xla: str) -> str:
-    """What ``OutOfDeviceMemory`` says: XLA's first line, the knob, and what is kept."""
-    with contextlib.suppress(Exception):  # a save in flight is kept if it completes
+def _intact(run: _Run, then: str) -> str:
+    """What a run stopped by its device keeps: ``"; step(s) 10, 20 are intact: {then} to resume from
+    step 20"``, once a save in flight has completed (kept if it does)."""
+    with contextlib.suppress(Exception):
         run.ckpt.wait()
     steps = run.ckpt.steps()
-    rows = run.options.training.batch_size
-    said = (
-        f"{run.settings.run_dir}: the device ran out of memory ({xla}); batch_size {rows} rows per device is "
-        "more than it holds: lower batch_size, or spread the rows over more devices"
-    )
     if not steps:
-        return said + "; no checkpoint was saved before it"
-    return (
-        said
-        + f"; step(s) {', '.join(map(str, steps))} are intact: rerun with a lower batch_size to resume from step {steps[-1]}"
-    )
+        return "; no checkpoint was saved before it"
+    return f"; step(s) {', '.join(map(str, steps))} are intact: {then} to resume from step {steps[-1]}"
 
 
 def _orbax_log(run_dir: str):
