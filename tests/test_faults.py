@@ -13,8 +13,10 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -486,6 +488,48 @@ def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_res
              "--stall-timeout", "0"],
             capture_output=True, text=True, timeout=15, env=env,
         )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_second_session_in_a_run_dir_in_use_is_refused_in_one_line_and_touches_nothing(tmp_path, capsys):
+    """The same command started twice (a job requeued while the first still runs): the second
+    session stops before it opens anything in the run dir, in one line naming the first one's
+    process, exit 2; the run dir is as the first one left it. Once the first is gone, killed
+    outright even, the same command resumes. (Before: the second trained into the same run dir,
+    its checkpoint manager deleting the first one's saves in flight as it opened.)"""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "30")
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", read_never_returns(15), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _steps_listed(run) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _steps(run) == [10], first.poll()  # saved step 10, then hangs at its 15th batch
+        before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+        assert cli.main(args) == 2
+        [line] = _error_lines(capsys.readouterr().err)
+        note = re.escape(f"process {first.pid} on {socket.gethostname()}, training since ")
+        assert re.fullmatch(
+            f"elmo-jax train: error: {re.escape(str(run))}: another session is training in this run dir \\({note}"
+            r"[^)]+\); wait for it to end or stop it, or give another --run-dir",
+            line,
+        ), line
+        assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+        assert first.poll() is None  # the first goes on, untouched
+    finally:
+        first.kill()
+        first.wait()
+    assert cli.main(args) == 0
+    assert f"resuming {run} from step 10 " in capsys.readouterr().out
+    assert _steps(run)[-1] == 30
+
+
+def _steps_listed(run: pathlib.Path) -> bool:
+    """Whether a checkpoint of ``run`` is committed (read without opening a checkpoint manager)."""
+    return (run / "checkpoints").is_dir() and any(p.name.isdigit() for p in (run / "checkpoints").iterdir())
 
 
 @pytest.mark.slow

@@ -43,12 +43,8 @@ from dataclasses import dataclass
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import write_text_atomic
 from elmo_jax._util.disk_full import reported
+from elmo_jax._util.lock import FileLock
 from elmo_jax._util.paths import IS_A_FILE, describe, fault, said
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock, so concurrent fetches of one model are not coordinated there
-    fcntl = None  # type: ignore[assignment]  # the optional module's stand-in
 
 __all__ = [
     "BASE_URL",
@@ -353,18 +349,9 @@ def _record(model_dir: pathlib.Path, local: str, entry: dict) -> None:
     write_text_atomic(model_dir / MANIFEST, json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n")
 
 
-@contextlib.contextmanager
-def _locked(model_dir: pathlib.Path) -> Iterator[None]:
-    # flock, not a lock file's existence: the kernel drops it when a process dies, so a killed
-    # download never leaves the model locked.
-    with open(model_dir / ".lock", "a+b") as f:
-        if fcntl is not None:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+def _locked(model_dir: pathlib.Path) -> FileLock:
+    """The model's lock, for one download or cache check at a time (none on Windows)."""
+    return FileLock(model_dir / ".lock")
 
 
 # --- checks ------------------------------------------------------------------------------------

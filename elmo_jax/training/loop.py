@@ -11,7 +11,9 @@ import dataclasses
 import itertools
 import math
 import os
+import socket
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, cast
@@ -31,6 +33,7 @@ from elmo_jax._util.device_memory import (
     device_failure,
     out_of_memory,
 )
+from elmo_jax._util.lock import FileLock, Held
 from elmo_jax._util.paths import check_writable
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
@@ -396,6 +399,8 @@ class _Run:
     """The newest checkpoint's metadata (None: a fresh run)."""
     data: list[dict] | None
     """The training files as ``sources.fingerprint`` records them."""
+    lock: FileLock | None = None
+    """The run dir's, held by process 0 for the session (``_lock_run_dir``)."""
 
     @property
     def lead(self) -> bool:
@@ -429,9 +434,12 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     total = settings.steps
     if total is None and epochs is not None:
         total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
-    ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
-    meta = ckpt.latest_meta()
+    # Before the checkpoint manager opens: a writer's deletes the unfinished saves it finds.
+    lock = _lock_run_dir(settings.run_dir)
+    ckpt = None
     try:
+        ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
+        meta = ckpt.latest_meta()
         if meta is not None:
             check_compatible(meta, options, vocab, settings.run_dir)
             if not settings.new_data:
@@ -440,7 +448,10 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
             options.save(os.path.join(settings.run_dir, "options.json"))
             write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
     except BaseException:
-        ckpt.close()
+        if ckpt is not None:
+            ckpt.close()
+        if lock is not None:
+            lock.release()
         raise
     return _Run(
         options,
@@ -455,7 +466,31 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
         ckpt,
         meta,
         data,
+        lock,
     )
+
+
+def _lock_run_dir(run_dir: str) -> FileLock | None:
+    """The run dir's lock (``RUN/.lock``), taken by process 0, or ``CheckpointError`` naming the
+    process that holds it. Two sessions in one run dir at once would save the same steps over each
+    other, and the second one's checkpoint manager, as it opens, would delete the first one's saves
+    in flight. None on the other processes, which share process 0's run, and for a run dir in an
+    object store (``gs://``), which has no locks."""
+    if jax.process_index() != 0 or not is_local(run_dir):
+        return None
+    lock = FileLock(os.path.join(run_dir, ".lock"), wait=False)
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:
+        lock.acquire(note=f"process {os.getpid()} on {socket.gethostname()}, training since {since}")
+    except Held as e:
+        raise about(
+            CheckpointError(
+                f"{run_dir}: another session is training in this run dir ({e.note}); wait for it to end or stop "
+                "it, or give another run_dir"
+            ),
+            "run_dir",
+        ) from None
+    return lock
 
 
 def pretrain(
@@ -512,7 +547,9 @@ def pretrain(
             else:
                 raise
         finally:
-            run.ckpt.close()
+            run.ckpt.close()  # its saves in flight complete before the run dir's lock goes
+            if run.lock is not None:
+                run.lock.release()
     raise error
 
 
