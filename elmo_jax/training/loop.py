@@ -547,9 +547,11 @@ def pretrain(
             else:
                 raise
         finally:
-            run.ckpt.close()  # its saves in flight complete before the run dir's lock goes
-            if run.lock is not None:
-                run.lock.release()
+            try:
+                run.ckpt.close()  # its saves in flight complete before the run dir's lock goes
+            finally:
+                if run.lock is not None:
+                    run.lock.release()
     raise error
 
 
