@@ -41,7 +41,11 @@ class FileLock:
 
     def acquire(self, note: str = "") -> None:
         """Takes the lock, then writes ``note`` in the file for the next process that asks for it."""
-        f = open(self.path, "a+b")
+        with open(self.path, "ab"):  # made if missing
+            pass
+        # Held open for reading only: flock needs no write access, and a file open for writing
+        # would keep its file system from being remounted read-only (EBUSY) while the lock is held.
+        f = open(self.path, "rb")
         try:
             if fcntl is not None:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
@@ -55,9 +59,8 @@ class FileLock:
                 f.close()
                 raise
         if note:
-            f.truncate(0)
-            f.write(note.encode())
-            f.flush()
+            with open(self.path, "wb") as w:
+                w.write(note.encode())
         self._file = f
 
     def release(self) -> None:

@@ -166,22 +166,12 @@ def embed_file(
             pass
     lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
     mine = len(range(start, total, step))
-    error: RuntimeError | None = None
+    error = None
     try:
         with disk_full.reported(output):
             empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
     except RuntimeError as e:
-        if (xla := out_of_memory(e)) is not None:
-            error = about(
-                OutOfDeviceMemory(
-                    f"{output}: not written: the device ran out of memory ({xla}); batch_tokens "
-                    f"{embedder.batch_tokens} per device is more than it holds: lower batch_tokens and rerun"
-                ),
-                "batch_tokens",
-            )
-        elif (xla := device_failure(e)) is not None:
-            error = DeviceFailed(f"{output}: not written: the device failed ({xla}); {CHECK_THE_DEVICE} rerun")
-        else:
+        if (error := _device_error(e, output, embedder.batch_tokens)) is None:
             raise
     if error is not None:  # raised here, outside the clause: XLA's traceback is not the message
         raise error
@@ -198,6 +188,22 @@ def embed_file(
     return EmbedFileResult(
         output=output, manifest=manifest, lines=total, written=mine, empty_pooled=empty if options.pool else 0
     )
+
+
+def _device_error(e: BaseException, output: str, batch_tokens: int) -> RuntimeError | None:
+    """The one-line error for XLA's error ``e`` when the device ran out of memory or failed; None
+    for any other error."""
+    if (xla := out_of_memory(e)) is not None:
+        return about(
+            OutOfDeviceMemory(
+                f"{output}: not written: the device ran out of memory ({xla}); batch_tokens {batch_tokens} per "
+                "device is more than it holds: lower batch_tokens and rerun"
+            ),
+            "batch_tokens",
+        )
+    if (xla := device_failure(e)) is not None:
+        return DeviceFailed(f"{output}: not written: the device failed ({xla}); {CHECK_THE_DEVICE} rerun")
+    return None
 
 
 def _write_hdf5(
