@@ -54,6 +54,19 @@ def test_max_characters_per_token_10():
     assert token_to_ids("ab", 10).tolist() == [259, 98, 99, 260] + [261] * 6
 
 
+@pytest.mark.parametrize("max_chars", [3, 4, 10, 50])
+def test_words_to_ids_gives_each_word_its_token_to_ids_row(max_chars):
+    """The whole-array path (a 793k-word vocabulary goes through it at each run's start) against
+    the per-token one the published cases check: markers (whole even where their letters would be
+    cut), the empty word, cuts inside a multi-byte character, lone surrogates, NUL bytes in a word."""
+    words = ["<S>", "</S>", "<UNK>", "", "x" * 100, "a" * 47 + "é", "東京", "🙂", "e\u0301", "a\udcff"]
+    words += ["\x00", "a\x00\x00", "<S>\x00", "<S", "the", "<S>", "naïve"]
+    ids = words_to_ids(words, max_chars)
+    assert ids.shape == (len(words), max_chars) and ids.dtype == np.int32
+    np.testing.assert_array_equal(ids, np.stack([token_to_ids(w, max_chars) for w in words]))
+    assert words_to_ids([], max_chars).shape == (0, max_chars)
+
+
 def test_batch_to_ids_pads_with_zero_rows():
     ids = batch_to_ids([["a", "b", "a"], [], ["c"]])
     assert ids.shape == (3, 3, 50) and ids.dtype == np.int32

@@ -73,13 +73,26 @@ def sentence_markers(max_chars: int = 50) -> tuple[np.ndarray, np.ndarray]:
 
 
 def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
-    """``[len(words), max_chars] int32``; each word's ids are computed once here. The words are
-    str already (a tokenized batch, a vocabulary: each checked where it was made), so only
-    ``max_chars`` is checked, once, not per word (a vocabulary of 793k words comes through here)."""
+    """``[len(words), max_chars] int32``, row i ``token_to_ids(words[i])``. The words are str
+    already (a tokenized batch, a vocabulary: each checked where it was made), so only
+    ``max_chars`` is checked, once, not per word.
+
+    A vocabulary of 793k words comes through here at every run's start (once per batcher), so
+    the words go through numpy as one fixed-width byte array, not a row at a time."""
     _check_max_chars(max_chars)
-    out = np.zeros((len(words), max_chars), dtype=np.int32)
-    for i, w in enumerate(words):
-        out[i] = _token_ids(w, max_chars)
+    width = max_chars - 2
+    data = [w.encode("utf-8", "ignore")[:width] for w in words]
+    n = len(data)
+    lengths = np.fromiter(map(len, data), np.int64, n)
+    # Fixed-width bytes, NUL-padded: a word's own NUL bytes are kept apart from padding by its length.
+    fixed = np.array(data, dtype=f"S{width}") if n else np.zeros(0, f"S{width}")
+    out = np.empty((n, max_chars), dtype=np.int32)
+    out[:, 0] = BOW_CHAR + 1
+    out[:, 1 : width + 1] = fixed.view(np.uint8).reshape(n, width) + 1
+    out[np.arange(max_chars) > lengths[:, None]] = PAD_CHAR + 1
+    out[np.arange(n), lengths + 1] = EOW_CHAR + 1
+    for i in [i for i, w in enumerate(words) if w in (BOS_TOKEN, EOS_TOKEN)]:  # one id each, not their letters
+        out[i] = _token_ids(words[i], max_chars)
     return out
 
 
