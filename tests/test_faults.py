@@ -66,6 +66,22 @@ def _error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("elmo-jax train: error:")]
 
 
+def _one_error_line(args: list[str], capsys, code: int) -> str:
+    """``elmo-jax train ARGS`` run here: it exits ``code`` with one error line and no traceback."""
+    assert cli.main(args) == code
+    err = capsys.readouterr().err
+    [line] = _error_lines(err)
+    assert "Traceback" not in err
+    return line
+
+
+def _resumes(args: list[str], capsys, run: pathlib.Path, step: int, last: int) -> None:
+    """``elmo-jax train ARGS`` run here resumes ``run`` from ``step`` and trains to ``last``."""
+    assert cli.main(args) == 0
+    assert f"resuming {run} from step {step} " in capsys.readouterr().out
+    assert _steps(run)[-1] == last
+
+
 def _force_loss(monkeypatch, from_step: int, value: float) -> None:
     """The logged loss from ``from_step`` on is ``value``, as a blown-up run would log it."""
     real = hooks.summarise
@@ -287,10 +303,7 @@ def test_out_of_device_memory_stops_in_one_line_naming_the_batch_size(
     heldout = ["--heldout-files", str(TRAIN / "data.txt"), "--eval-every", "10"] if where == "evaluation" else []
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "40", *heldout)
     _out_of_memory_at(monkeypatch, where, at_call)
-    assert cli.main(args) == 1
-    err = capsys.readouterr().err
-    [line] = _error_lines(err)
-    assert "Traceback" not in err
+    line = _one_error_line(args, capsys, 1)
     newest = intact.split(", ")[-1]
     assert line == (
         f"elmo-jax train: error: {run}: the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while "
@@ -301,9 +314,7 @@ def test_out_of_device_memory_stops_in_one_line_naming_the_batch_size(
     assert _steps(run) == [int(s) for s in intact.split(", ")]
     if where == "step":
         monkeypatch.undo()
-        assert cli.main([*args, "--batch-size", "1"]) == 0
-        assert f"resuming {run} from step {newest} " in capsys.readouterr().out
-        assert _steps(run)[-1] == 40
+        _resumes([*args, "--batch-size", "1"], capsys, run, int(newest), 40)
 
 
 class _Unreadable:
@@ -353,19 +364,14 @@ def test_a_device_that_fails_in_a_step_stops_in_one_line_keeping_every_step_befo
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "40")
     xla = "INTERNAL: CUDA error: an illegal memory access was encountered"
     _device_fails_at(monkeypatch, 25, jax.errors.JaxRuntimeError(xla), shows)
-    assert cli.main(args) == 1
-    err = capsys.readouterr().err
-    [line] = _error_lines(err)
-    assert "Traceback" not in err
+    line = _one_error_line(args, capsys, 1)
     assert line == (
         f"elmo-jax train: error: {run}: the device failed during the run ({xla}); step(s) 10, 20 are intact: "
         "check the device (nvidia-smi, on a GPU); once it works, rerun the same command to resume from step 20"
     )
     assert _steps(run) == [10, 20]
     monkeypatch.undo()
-    assert cli.main(args) == 0
-    assert f"resuming {run} from step 20 " in capsys.readouterr().out
-    assert _steps(run)[-1] == 40
+    _resumes(args, capsys, run, 20, 40)
 
 
 @pytest.mark.slow
@@ -385,10 +391,7 @@ def test_a_training_file_unreadable_mid_run_stops_in_one_line_and_the_rerun_resu
         return open(path, mode, *a, **k)
 
     monkeypatch.setattr(sources, "open", failing_open, raising=False)
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err
-    [line] = _error_lines(err)
-    assert "Traceback" not in err
+    line = _one_error_line(args, capsys, 2)
     assert line == (
         f"elmo-jax train: error: {TRAIN / 'data.txt'}: cannot be read (OSError: Input/output error); once it can, "
         "rerun the same command (a training run resumes from its newest checkpoint)"
@@ -396,9 +399,7 @@ def test_a_training_file_unreadable_mid_run_stops_in_one_line_and_the_rerun_resu
     saved = _steps(run)
     assert saved and 10 < saved[-1] < 60, saved  # the step reached, past step 10, saved
     monkeypatch.undo()
-    assert cli.main(args) == 0
-    assert f"resuming {run} from step {saved[-1]} " in capsys.readouterr().out
-    assert _steps(run)[-1] == 60
+    _resumes(args, capsys, run, saved[-1], 60)
 
 
 @pytest.mark.slow
@@ -418,10 +419,7 @@ def test_a_metrics_line_the_disk_refuses_stops_in_one_line_and_the_rerun_resumes
         return open(path, mode, *a, **k)
 
     monkeypatch.setattr(hooks, "open", full, raising=False)
-    assert cli.main(args) == 1
-    err = capsys.readouterr().err
-    [line] = _error_lines(err)
-    assert "Traceback" not in err
+    line = _one_error_line(args, capsys, 1)
     assert line == (
         f"elmo-jax train: error: {run / 'metrics.jsonl'}: not written: the disk is full; free space and rerun "
         "the same command: the run resumes from its newest checkpoint"
@@ -509,8 +507,7 @@ def test_a_second_session_in_a_run_dir_in_use_is_refused_in_one_line_and_touches
             time.sleep(0.2)
         assert _steps(run) == [10], first.poll()  # saved step 10, then hangs at its 15th batch
         before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
-        assert cli.main(args) == 2
-        [line] = _error_lines(capsys.readouterr().err)
+        line = _one_error_line(args, capsys, 2)
         note = re.escape(f"process {first.pid} on {socket.gethostname()}, training since ")
         assert re.fullmatch(
             f"elmo-jax train: error: {re.escape(str(run))}: another session is training in this run dir \\({note}"
@@ -522,9 +519,7 @@ def test_a_second_session_in_a_run_dir_in_use_is_refused_in_one_line_and_touches
     finally:
         first.kill()
         first.wait()
-    assert cli.main(args) == 0
-    assert f"resuming {run} from step 10 " in capsys.readouterr().out
-    assert _steps(run)[-1] == 30
+    _resumes(args, capsys, run, 10, 30)
 
 
 def _steps_listed(run: pathlib.Path) -> bool:
