@@ -2,11 +2,11 @@
 training run's directory.
 
 It is ``flock``, not the lock file's existence: the kernel drops the lock when its process ends,
-however it ends (``kill -9``, the out-of-memory killer), so no lock outlives its holder and there is
-never a stale one to remove by hand. The file stays; a holder may write a note in it (a training
-run's: its process, host and start), which a process refused the lock is told. Where the platform has no
-``flock`` (Windows), or the file system refuses it (some network mounts: ``ENOLCK``), nothing is
-locked.
+however it ends (``kill -9``, the out-of-memory killer), so no lock outlives its holder and there
+is never a stale one to remove by hand. The file stays; a holder may write a note in it (a
+training run's: its process, host and start), which a process refused the lock is told. Where the
+platform has no ``flock`` (Windows), or the file system refuses it (some network mounts:
+``ENOLCK``), nothing is locked.
 """
 
 from __future__ import annotations
