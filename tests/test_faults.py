@@ -27,6 +27,7 @@ from elmo_jax import cli
 from elmo_jax.training import hooks
 from elmo_jax.training.checkpoint import Checkpointer
 from elmo_jax.training.hooks import Diverged, DivergenceGuard
+from elmo_jax.training.setup import saved_steps
 
 TRAIN = FIXTURES / "bilm_tf_train"
 
@@ -503,7 +504,7 @@ def test_a_second_session_in_a_run_dir_in_use_is_refused_in_one_line_and_touches
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _steps_listed(run) and first.poll() is None and time.monotonic() < deadline:
+        while not saved_steps(str(run)) and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _steps(run) == [10], first.poll()  # saved step 10, then hangs at its 15th batch
         before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
@@ -520,11 +521,6 @@ def test_a_second_session_in_a_run_dir_in_use_is_refused_in_one_line_and_touches
         first.kill()
         first.wait()
     _resumes(args, capsys, run, 10, 30)
-
-
-def _steps_listed(run: pathlib.Path) -> bool:
-    """Whether a checkpoint of ``run`` is committed (read without opening a checkpoint manager)."""
-    return (run / "checkpoints").is_dir() and any(p.name.isdigit() for p in (run / "checkpoints").iterdir())
 
 
 @pytest.mark.slow

@@ -6,6 +6,10 @@ traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from elmo_jax._util.arguments import about
+
 
 class OutOfDeviceMemory(RuntimeError):
     """A computation needed more device memory than there is."""
@@ -46,3 +50,17 @@ def device_failure(e: BaseException) -> str | None:
     if line is None or out_of_memory(e) is not None or line.split(":", 1)[0] not in FAILURE_CODES:
         return None
     return line
+
+
+def device_error(
+    e: BaseException, *, out_of_memory_said: Callable[[str], str], knob: str, failed_said: Callable[[str], str]
+) -> RuntimeError | None:
+    """The one-line error that stands for XLA's runtime error ``e``, made from XLA's first line:
+    ``OutOfDeviceMemory(out_of_memory_said(line))`` naming the argument ``knob`` to lower, or
+    ``DeviceFailed(failed_said(line))``; None for any other error (the program's: re-raise it).
+    Callers raise it outside their ``except`` clause: XLA's traceback is not the message."""
+    if (xla := out_of_memory(e)) is not None:
+        return about(OutOfDeviceMemory(out_of_memory_said(xla)), knob)
+    if (xla := device_failure(e)) is not None:
+        return DeviceFailed(failed_said(xla))
+    return None

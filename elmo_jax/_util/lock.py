@@ -41,11 +41,9 @@ class FileLock:
 
     def acquire(self, note: str = "") -> None:
         """Takes the lock, then writes ``note`` in the file for the next process that asks for it."""
-        with open(self.path, "ab"):  # made if missing
-            pass
-        # Held open for reading only: flock needs no write access, and a file open for writing
-        # would keep its file system from being remounted read-only (EBUSY) while the lock is held.
-        f = open(self.path, "rb")
+        # Made if missing, and held open for reading only: flock needs no write access, and a file
+        # open for writing would keep its file system from being remounted read-only (EBUSY).
+        f = os.fdopen(os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644), "rb")
         try:
             if fcntl is not None:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))

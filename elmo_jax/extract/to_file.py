@@ -34,13 +34,7 @@ import numpy as np
 from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
-from elmo_jax._util.device_memory import (
-    CHECK_THE_DEVICE,
-    DeviceFailed,
-    OutOfDeviceMemory,
-    device_failure,
-    out_of_memory,
-)
+from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.paths import fault, said
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import utf8_lines
@@ -171,7 +165,16 @@ def embed_file(
         with disk_full.reported(output):
             empty = _write_hdf5(embedder, lines, output, layers, options, start, step, mine)
     except RuntimeError as e:
-        if (error := _device_error(e, output, embedder.batch_tokens)) is None:
+        error = device_error(
+            e,
+            out_of_memory_said=lambda xla: (
+                f"{output}: not written: the device ran out of memory ({xla}); batch_tokens "
+                f"{embedder.batch_tokens} per device is more than it holds: lower batch_tokens and rerun"
+            ),
+            knob="batch_tokens",
+            failed_said=lambda xla: f"{output}: not written: the device failed ({xla}); {CHECK_THE_DEVICE} rerun",
+        )
+        if error is None:
             raise
     if error is not None:  # raised here, outside the clause: XLA's traceback is not the message
         raise error
@@ -188,22 +191,6 @@ def embed_file(
     return EmbedFileResult(
         output=output, manifest=manifest, lines=total, written=mine, empty_pooled=empty if options.pool else 0
     )
-
-
-def _device_error(e: BaseException, output: str, batch_tokens: int) -> RuntimeError | None:
-    """The one-line error for XLA's error ``e`` when the device ran out of memory or failed; None
-    for any other error."""
-    if (xla := out_of_memory(e)) is not None:
-        return about(
-            OutOfDeviceMemory(
-                f"{output}: not written: the device ran out of memory ({xla}); batch_tokens {batch_tokens} per "
-                "device is more than it holds: lower batch_tokens and rerun"
-            ),
-            "batch_tokens",
-        )
-    if (xla := device_failure(e)) is not None:
-        return DeviceFailed(f"{output}: not written: the device failed ({xla}); {CHECK_THE_DEVICE} rerun")
-    return None
 
 
 def _write_hdf5(

@@ -85,7 +85,7 @@ def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
     n = len(data)
     lengths = np.fromiter(map(len, data), np.int64, n)
     # Fixed-width bytes, NUL-padded: a word's own NUL bytes are kept apart from padding by its length.
-    fixed = np.array(data, dtype=f"S{width}") if n else np.zeros(0, f"S{width}")
+    fixed = np.array(data, dtype=f"S{width}")
     out = np.empty((n, max_chars), dtype=np.int32)
     out[:, 0] = BOW_CHAR + 1
     out[:, 1 : width + 1] = fixed.view(np.uint8).reshape(n, width) + 1

@@ -29,13 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax._util.arguments import about
-from elmo_jax._util.device_memory import (
-    CHECK_THE_DEVICE,
-    DeviceFailed,
-    OutOfDeviceMemory,
-    device_failure,
-    out_of_memory,
-)
+from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
@@ -102,17 +96,16 @@ def evaluate(
     try:
         return evaluator(params)
     except jax.errors.JaxRuntimeError as e:
-        if (xla := out_of_memory(e)) is not None:
-            error: RuntimeError = about(
-                OutOfDeviceMemory(
-                    f"the device ran out of memory ({xla}); batch_size {batch_size} rows is more than it holds: lower "
-                    "batch_size (the perplexity with carried state depends on it: compare models at one batch_size)"
-                ),
-                "batch_size",
-            )
-        elif (xla := device_failure(e)) is not None:
-            error = DeviceFailed(f"the device failed ({xla}); {CHECK_THE_DEVICE} rerun")
-        else:
+        error = device_error(
+            e,
+            out_of_memory_said=lambda xla: (
+                f"the device ran out of memory ({xla}); batch_size {batch_size} rows is more than it holds: lower "
+                "batch_size (the perplexity with carried state depends on it: compare models at one batch_size)"
+            ),
+            knob="batch_size",
+            failed_said=lambda xla: f"the device failed ({xla}); {CHECK_THE_DEVICE} rerun",
+        )
+        if error is None:
             raise
     raise error  # outside the clause: XLA's traceback is not the message
 

@@ -26,13 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from elmo_jax import policy
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
-from elmo_jax._util.device_memory import (
-    CHECK_THE_DEVICE,
-    DeviceFailed,
-    OutOfDeviceMemory,
-    device_failure,
-    out_of_memory,
-)
+from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.lock import FileLock, Held
 from elmo_jax._util.paths import check_writable
 from elmo_jax._util.processes import agree_max
@@ -529,22 +523,21 @@ def pretrain(
         except jax.errors.JaxRuntimeError as e:
             # Raised below, outside this clause: XLA's traceback is not the message, and its
             # frames hold the run's device arrays.
-            if (xla := out_of_memory(e)) is not None:
-                rows = run.options.training.batch_size
-                error: RuntimeError = about(
-                    OutOfDeviceMemory(
-                        f"{run.settings.run_dir}: the device ran out of memory ({xla}); batch_size {rows} rows per "
-                        "device is more than it holds: lower batch_size, or spread the rows over more devices"
-                        + _intact(run, "rerun with a lower batch_size")
-                    ),
-                    "batch_size",
-                )
-            elif (xla := device_failure(e)) is not None:
-                then = f"{CHECK_THE_DEVICE} rerun the same command"
-                error = DeviceFailed(
-                    f"{run.settings.run_dir}: the device failed during the run ({xla})" + _intact(run, then)
-                )
-            else:
+            run_dir, rows = run.settings.run_dir, run.options.training.batch_size
+            error = device_error(
+                e,
+                out_of_memory_said=lambda xla: (
+                    f"{run_dir}: the device ran out of memory ({xla}); batch_size {rows} rows per device is more "
+                    "than it holds: lower batch_size, or spread the rows over more devices"
+                    + _intact(run, "rerun with a lower batch_size")
+                ),
+                knob="batch_size",
+                failed_said=lambda xla: (
+                    f"{run_dir}: the device failed during the run ({xla})"
+                    + _intact(run, f"{CHECK_THE_DEVICE} rerun the same command")
+                ),
+            )
+            if error is None:
                 raise
         finally:
             try:
