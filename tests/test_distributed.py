@@ -624,19 +624,28 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 # Process 0, Orbax's primary, cannot make step 4's temporary directory (it does so in the
-# background, and the other processes' writes wait for its word that it did).
+# background, and the other processes' writes wait for its word that it did). Any write of step 4
+# that still starts on process 0 after that is said: it would land in the directory being removed.
 STEP_4_DIRECTORY_FAILS_ON_PROCESS_0 = """
-import errno, sys
+import errno, sys, threading
+from orbax.checkpoint._src.futures import future
 from orbax.checkpoint._src.path import atomicity
 from elmo_jax import cli
-real = atomicity._create_paths
+real, run_sync = atomicity._create_paths, future.asyncio_utils.run_sync
+failed = []
 async def failing(tmp_paths, *args, **kwargs):
     if sys.argv[sys.argv.index("--process-id") + 1] == "0" and any(
         "/4.orbax-checkpoint-tmp" in str(p.get()) for p in tmp_paths
     ):
+        failed.append(True)
         raise OSError(errno.EIO, "Input/output error")
     return await real(tmp_paths, *args, **kwargs)
+def saying_late_writes(coro):
+    if failed and isinstance(threading.current_thread(), future._SignalingThread):
+        print("write after the failure:", coro.__qualname__, flush=True)
+    return run_sync(coro)
 atomicity._create_paths = failing
+future.asyncio_utils.run_sync = saying_late_writes
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -1356,6 +1365,7 @@ def test_a_save_failing_on_one_process_stops_both_in_one_line_each(tmp_path, wor
     assert f"step 4 not saved: OSError: [Errno 5] Input/output error; {intact}" in lines[failing][0], lines
     assert f"step 4 not saved: another process could not save it; {intact}" in lines[1 - failing][0], lines
     assert not any("Traceback" in t or "mismatch" in t for t in texts), texts
+    assert not any("write after the failure" in t for t in texts), texts
     assert Checkpointer(run_dir, read_only=True).steps() == [2]
     assert not list((run_dir / "checkpoints").glob("4*")), "the failed step's partial files are removed"
     if injected is HOST_FILE_OF_STEP_4_FAILS:  # the rerun is the same whatever failed

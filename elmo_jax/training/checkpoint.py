@@ -127,25 +127,44 @@ def _denied(e: BaseException) -> bool:
     return os_errno(e) in (errno.EACCES, errno.EPERM)
 
 
-def _release_stranded_writes() -> int:
-    """Ends the Orbax write threads still waiting for a failed save's step directory; returns how
-    many it ended.
+def _stop_waiting_writes() -> list[threading.Thread]:
+    """Tells this process's Orbax write threads not to write; returns those still alive.
+
+    A thread still waiting for its step's directory returns without writing once its signal
+    comes; one already writing finishes. The signal is a key in the distributed store, set by
+    whichever process sends it, so a process whose save failed says this before it tells the
+    others: a peer that lets its own waiting writes go sets the same key, which would otherwise
+    send this process's writes into a directory it has given up (and is removing). Orbax's
+    internals (0.12); under a version without them, nothing is stopped."""
+    try:
+        from orbax.checkpoint._src.futures import future as orbax_future
+
+        alive = [t for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread) and t.is_alive()]
+        for t in alive:
+            t.cancel()
+    except (ImportError, AttributeError, TypeError):
+        return []
+    return alive
+
+
+def _release_stranded_writes() -> list[threading.Thread]:
+    """Ends the Orbax write threads still waiting for a failed save's step directory; returns
+    those it let go.
 
     Each write waits for a signal that its step's directory was made, for up to Orbax's barrier
     timeout (300 s). When making it failed (the checkpoints directory gone, a file, unwritable),
     the signal never comes, and as the threads are not daemons the process cannot exit for five
-    minutes. Cancelled, then sent their signal, they return without writing. Orbax's internals
-    (0.12): a version without them keeps the wait, nothing worse."""
+    minutes. Stopped (``_stop_waiting_writes``), then sent their signal, they return without
+    writing. Orbax's internals (0.12): a version without them keeps the wait, nothing worse."""
+    stopped = _stop_waiting_writes()
     try:
         from orbax.checkpoint._src.futures import future as orbax_future
 
-        stranded = [t for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread) and t.is_alive()]
-        for t in stranded:
-            t.cancel()
-            orbax_future.set_signals(t._receive_signals, operation_id=t._operation_id)
+        for t in stopped:
+            orbax_future.set_signals(t._receive_signals, operation_id=t._operation_id)  # type: ignore[attr-defined]
     except (ImportError, AttributeError, TypeError):
-        return 0
-    return len(stranded)
+        return []
+    return stopped
 
 
 class _FailedRead:
@@ -257,6 +276,7 @@ class _AgreedCommit:
                 raise  # cancelled by Orbax: its own clean path
         except Exception as e:  # noqa: BLE001 - raised by this process's next wait, past the barriers
             self.failed.append(e)
+            _stop_waiting_writes()  # before the others hear of it: see there
         self.client.key_value_set(f"{self.key}/{self.me}", "failed" if self.failed else "wrote", allow_overwrite=True)
         if not self.peers_failed:
             self.peers_failed = self._failed_by_word(blocking_ms=max(1, int(left() * 1000)))
@@ -746,7 +766,9 @@ class Checkpointer:
             # traceback the save's asyncio futures (see ``_failure``): let go of it.
             del self.manager
             if self._failed is not None:  # writes of the failed save that were still in flight
-                _release_stranded_writes()
+                deadline = time.monotonic() + 60.0
+                for t in _release_stranded_writes():  # their files must land before the removal
+                    threading.Thread.join(t, timeout=max(0.0, deadline - time.monotonic()))
                 self._remove_partial(self._failed.step)
         if failed is not None:
             raise failed
