@@ -348,7 +348,7 @@ def test_a_save_whose_step_directory_cannot_be_made_leaves_no_write_waiting(tmp_
 @pytest.mark.slow
 def test_without_the_release_the_writes_of_a_failed_save_wait(tmp_path, monkeypatch):
     """Negative control for the test above."""
-    monkeypatch.setattr(checkpoint, "_release_stranded_writes", lambda: [])
+    monkeypatch.setattr(checkpoint, "_release_stranded_writes", list)
     _fail_a_save_at_its_step_directory(tmp_path / "run")
     try:
         assert _waiting_orbax_writes()
