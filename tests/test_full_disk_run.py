@@ -9,6 +9,7 @@ system (an I/O error, a step directory that cannot be made) are checked at the `
 
 import asyncio
 import errno
+import functools
 import gc
 import logging
 import os
@@ -345,7 +346,10 @@ def test_a_save_whose_step_directory_cannot_be_made_leaves_no_write_waiting(tmp_
     assert _waiting_orbax_writes() == []
 
 
+# Outside any run (no ``orbax_log``), the failed save's coroutines are never awaited, and say so
+# when collected: here, at the end, not under whichever test the garbage collector runs in next.
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 def test_without_the_release_the_writes_of_a_failed_save_wait(tmp_path, monkeypatch):
     """Negative control for the test above."""
     monkeypatch.setattr(checkpoint, "_release_stranded_writes", list)
@@ -354,7 +358,12 @@ def test_without_the_release_the_writes_of_a_failed_save_wait(tmp_path, monkeypa
         assert _waiting_orbax_writes()
     finally:
         monkeypatch.undo()
-        assert checkpoint._release_stranded_writes()  # not left waiting 300 s at the suite's exit
+        released = checkpoint._release_stranded_writes()
+        assert released  # not left waiting 300 s at the suite's exit
+        for t in released:
+            threading.Thread.join(t, timeout=10)  # Orbax's join raises for a cancelled write
+        del released
+        gc.collect()
 
 
 def _waiting_orbax_writes() -> list[str]:
@@ -487,20 +496,48 @@ def test_orbax_log_takes_the_tracebacks_of_orbax_s_threads_and_survives_a_log_it
 def test_a_coroutine_of_orbax_alive_before_the_block_is_not_waited_for_again(monkeypatch):
     """A write that never ends (a disk that stays full) keeps its Orbax coroutine for the life of
     the process. The block that made it collects and looks again until the timeout; the blocks
-    after it (a notebook's next run, every ``load_run``) look once. Before, each of them waited the
-    5 s again, and the slow tier's in-process runs after one such test took three times as long.
-    (Looks are counted, not timed: in the whole suite's process one block's looks took a second.)"""
-    namespace: dict = {}
-    code = "async def write():\n    pass\n"
-    exec(compile(code, os.path.join(os.sep, "venv", "site-packages", "orbax", "checkpoint", "w.py"), "exec"), namespace)
-    settle, find, looks = orbax_log_module._settle, orbax_log_module._orbax_coroutines, []
-    monkeypatch.setattr(orbax_log_module, "_settle", lambda earlier: settle(earlier, timeout=2.0))
-    monkeypatch.setattr(orbax_log_module, "_orbax_coroutines", lambda: looks.append(1) or find())
+    after it (a notebook's next run) look once. Before, each of them waited the 5 s again, and the
+    slow tier's in-process runs after one such test took three times as long. (Looks are counted,
+    not timed: in the whole suite's process one block's looks took a second.)"""
+    stuck, looks = _stuck_orbax_coroutine(), _counted_looks(monkeypatch)
+    monkeypatch.setattr(orbax_log_module, "_settle", functools.partial(orbax_log_module._settle, timeout=2.0))
     with orbax_log(None):
-        stuck = namespace["write"]()  # made in the block, and alive at its end
-    assert len(looks) >= 3  # the negative control: this block looks again and again (and once as it begins)
+        coroutine = stuck()  # made in the block, and alive at its end
+    assert len(looks) >= 3  # the negative control: this block looks again and again
     looks.clear()
     with orbax_log(None):
         pass
-    assert len(looks) == 2  # as it begins, and once at its end
-    stuck.close()
+    assert len(looks) == 1
+    coroutine.close()
+
+
+def test_a_block_where_nothing_of_orbax_failed_does_not_look_for_its_coroutines(monkeypatch):
+    """Looking scans every object of the process: a third of a second a training run in the test
+    suite's process. A run whose checkpointer saw no read or write fail, and that raised nothing,
+    has no coroutine of Orbax's left, and skips it."""
+    stuck, looks = _stuck_orbax_coroutine(), _counted_looks(monkeypatch)
+    with orbax_log(None, failed=lambda: False):
+        coroutine = stuck()
+    assert looks == []
+    coroutine.close()
+    del coroutine
+    # The controls: a block where a read or write failed looks, and so does one that raised.
+    with orbax_log(None, failed=lambda: True):
+        pass
+    with pytest.raises(KeyError), orbax_log(None, failed=lambda: False):
+        raise KeyError("the run's error")
+    assert len(looks) == 2
+
+
+def _stuck_orbax_coroutine():
+    """A coroutine function whose code lies in Orbax's package, as far as ``orbax_log`` can tell."""
+    namespace: dict = {}
+    code = "async def write():\n    pass\n"
+    exec(compile(code, os.path.join(os.sep, "venv", "site-packages", "orbax", "checkpoint", "w.py"), "exec"), namespace)
+    return namespace["write"]
+
+
+def _counted_looks(monkeypatch) -> list:
+    find, looks = orbax_log_module._orbax_coroutines, []
+    monkeypatch.setattr(orbax_log_module, "_orbax_coroutines", lambda: looks.append(1) or find())
+    return looks

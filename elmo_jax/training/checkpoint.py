@@ -408,6 +408,9 @@ class Checkpointer:
         # (gloo then ends them from C++, a mismatch). Such a process enters none: it says its error
         # through the peer watch, which stops the others with it (``loop._steps``).
         self.alone = False
+        # Whether one of Orbax's reads or writes failed here: tensorstore may then still hold their
+        # coroutines, which ``orbax_log`` collects while their lines go to the run's orbax.log.
+        self.orbax_failed = False
         self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
         absl = logging.getLogger("absl")
         level = absl.level
@@ -475,6 +478,7 @@ class Checkpointer:
         exception holds the failed save's asyncio futures (through its traceback's frames), and
         those must be collectable inside the run (``loop._orbax_log``) for what they log when
         collected to go to ``orbax.log`` rather than after the run's one-line error."""
+        self.orbax_failed = True
         if isinstance(e, _PeerSaveFailed):
             return self._fail_once(step, errno.EIO, "another process could not save it")
         space = out_of_space_errno(e)
@@ -485,6 +489,7 @@ class Checkpointer:
 
     def _fail_once(self, step: int, code: int, error: str | None) -> SaveFailed:
         """``_save_failed``'s error, made at the first failure only: a second is the same one."""
+        self.orbax_failed = True
         if self._failed is None:
             self._failed = self._save_failed(step, code, error)
         return self._failed
@@ -564,8 +569,13 @@ class Checkpointer:
 
     def _read(self, step: int, **items) -> Any:
         """Orbax's restore of ``items`` (``ocp.args``) at ``step``, raising what its read raised."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except BaseException:
+            self.orbax_failed = True
+            raise
         if isinstance(restored, _FailedRead):
+            self.orbax_failed = True
             raise restored.error
         return restored
 

@@ -513,7 +513,7 @@ def pretrain(
         )
     _check_evaluation(settings, heldout, vocab, options)
     run = _open_run(options, vocab, source, settings)
-    with _orbax_log(settings.run_dir):
+    with _orbax_log(settings.run_dir, failed=lambda: run.ckpt.orbax_failed):
         try:
             return _train(run, source, heldout, init_state, fixed_candidates, on_metrics, on_progress)
         except Diverged as e:
@@ -559,13 +559,13 @@ def _intact(run: _Run, then: str) -> str:
     return f"; step(s) {', '.join(map(str, steps))} are intact: {then} to resume from step {steps[-1]}"
 
 
-def _orbax_log(run_dir: str):
+def _orbax_log(run_dir: str, failed: Callable[[], bool]):
     """``orbax_log`` into ``run_dir/orbax.log`` during a run (a gs:// run dir keeps the default),
     so that hundreds of lines do not bury the one line a run stops with."""
     if not is_local(run_dir):
         return contextlib.nullcontext()
     name = "orbax.log" if jax.process_count() == 1 else f"orbax.p{jax.process_index()}.log"
-    return orbax_log(os.path.join(run_dir, name))
+    return orbax_log(os.path.join(run_dir, name), failed)
 
 
 def _set_aside_diverged(run: _Run, e: Diverged) -> str:

@@ -13,8 +13,9 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
   "coroutine ... was never awaited" (a ``RuntimeWarning``) for those that never started: this
   package has no coroutines of its own, so every such warning is Orbax's.
 
-Futures and coroutines say theirs when they are collected, so the block ends by collecting until
-the Orbax coroutines it made are gone, while their lines still come here. Python's own threads (the batch prefetcher's warnings) and
+Futures and coroutines say theirs when they are collected, so a block in which a read or write
+failed ends by collecting until the Orbax coroutines it made are gone, while their lines still
+come here. Python's own threads (the batch prefetcher's warnings) and
 everything else print as before.
 """
 
@@ -32,17 +33,23 @@ import traceback
 import types
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # Where a finalizer's traceback must run through for its "Exception ignored" to be Orbax's.
 _ORBAX_FRAMES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}", f"{os.sep}asyncio{os.sep}")
 
 
 @contextlib.contextmanager
-def orbax_log(path: str | None) -> Iterator[None]:
+def orbax_log(path: str | None, failed: Callable[[], bool] | None = None) -> Iterator[None]:
     """Orbax's log, tensorstore's threads' prints, and Orbax's finalizers' tracebacks and
     unawaited-coroutine warnings go to the file ``path`` (created at the first line; None:
-    dropped) during the block."""
+    dropped) during the block.
+
+    ``failed``: asked as the block ends whether any of Orbax's reads or writes failed in it
+    (``Checkpointer.orbax_failed``). Only a failed one leaves coroutines to collect, and looking
+    for them scans every object of the process (in a test suite's or a notebook's, a third of a
+    second a run), so a block that raised nothing and where nothing failed skips it. None: always
+    look."""
     handler = _LogFile(path or os.devnull, delay=True)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -56,11 +63,13 @@ def orbax_log(path: str | None) -> Iterator[None]:
     sys.unraisablehook = _OrbaxFinalizersTo(handler, unraisable)
     warnings.showwarning = _UnawaitedTo(handler, showwarning)
     threading.excepthook = _OrbaxThreadsTo(handler, excepthook)
-    earlier = weakref.WeakSet(_orbax_coroutines())
+    raised = True
     try:
         yield
+        raised = False
     finally:
-        _settle(earlier)
+        if raised or failed is None or failed():
+            _settle()
         sys.stderr, sys.unraisablehook, warnings.showwarning = stderr, unraisable, showwarning
         threading.excepthook = excepthook
         for logger, p in zip(loggers, propagate):
@@ -77,22 +86,30 @@ def _orbax_coroutines() -> list[types.CoroutineType]:
     ]
 
 
-def _settle(earlier: weakref.WeakSet, timeout: float = 5.0) -> None:
-    """Collects garbage until no coroutine of Orbax's is left but ``earlier`` (those alive when
-    the block began), or for ``timeout`` seconds.
+# Orbax's coroutines that a block waited for in vain (a write that never ends: a disk that stays
+# full). They live as long as the process, whose later blocks must not wait for them again.
+_STRANDED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _settle(timeout: float = 5.0) -> None:
+    """Collects garbage until no coroutine of Orbax's is left but those of ``_STRANDED``, or for
+    ``timeout`` seconds.
 
     After a failed read or write, tensorstore still holds the coroutines of the reads and writes it
     had in flight (their callbacks), for as long as those take; they are finalized, and print,
-    when it lets go. A run that failed nothing has none left, and this is one collection. A write
-    that never ends (a disk that stays full) keeps its coroutine for the life of the process, so
-    the block that made it waits out the timeout once; later blocks (a notebook's next run, every
-    ``load_run``) leave it to the block that made it instead of each waiting the timeout again."""
+    when it lets go. A write that never ends keeps its coroutine for the life of the process: the
+    block that made it waits out the timeout once, and leaves it to ``_STRANDED``, so that later
+    blocks (a notebook's next run) do not each wait the timeout again."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
-        alive = any(o not in earlier for o in _orbax_coroutines())
-        if not alive or time.monotonic() > deadline:
+        alive = [o for o in _orbax_coroutines() if o not in _STRANDED]
+        if not alive:
             return
+        if time.monotonic() > deadline:
+            _STRANDED.update(alive)
+            return
+        del alive
         time.sleep(0.05)
 
 

@@ -96,7 +96,7 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     ckpt = Checkpointer(run_dir, read_only=True)
     # A damaged checkpoint's noise is dropped (a reader writes nothing into a run dir); the
     # warning or the error says what was unreadable.
-    with orbax_log(None):
+    with orbax_log(None, failed=lambda: ckpt.orbax_failed):
         try:
             shared, step = _restore(ckpt, run_dir, options, step)
         finally:
