@@ -167,6 +167,18 @@ def _release_stranded_writes() -> list[threading.Thread]:
     return stopped
 
 
+def _end_stranded_writes(timeout: float = 60.0) -> None:
+    """Releases the waiting writes (``_release_stranded_writes``) and waits for every write thread
+    to end, for up to ``timeout`` seconds in all.
+
+    Its own function so that no frame keeps a thread past it: a stopped thread still holds its
+    write's coroutine, never awaited, and a frame kept by the run's error (a local naming the last
+    thread) would have it collected, and warn, after the run's one line."""
+    deadline = time.monotonic() + timeout
+    for thread in _release_stranded_writes():
+        threading.Thread.join(thread, timeout=max(0.0, deadline - time.monotonic()))  # Orbax's join raises
+
+
 class _FailedRead:
     """What a process's Orbax read returns in place of raising: see ``_reach_the_barrier_on_failure``."""
 
@@ -776,9 +788,7 @@ class Checkpointer:
             # traceback the save's asyncio futures (see ``_failure``): let go of it.
             del self.manager
             if self._failed is not None:  # writes of the failed save that were still in flight
-                deadline = time.monotonic() + 60.0
-                for t in _release_stranded_writes():  # their files must land before the removal
-                    threading.Thread.join(t, timeout=max(0.0, deadline - time.monotonic()))
+                _end_stranded_writes()  # their files must land before the removal
                 self._remove_partial(self._failed.step)
         if failed is not None:
             raise failed
