@@ -15,8 +15,8 @@ one line, but Orbax and tensorstore also print around it, hundreds of lines in a
 
 Futures and coroutines say theirs when they are collected, so a block in which a read or write
 failed ends by collecting until the Orbax coroutines it made are gone, while their lines still
-come here. Python's own threads (the batch prefetcher's warnings) and
-everything else print as before.
+come here. Python's own threads (the batch prefetcher's warnings) and everything else print as
+before.
 """
 
 from __future__ import annotations
