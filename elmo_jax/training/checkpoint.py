@@ -490,7 +490,6 @@ class Checkpointer:
         exception holds the failed save's asyncio futures (through its traceback's frames), and
         those must be collectable inside the run (``loop._orbax_log``) for what they log when
         collected to go to ``orbax.log`` rather than after the run's one-line error."""
-        self.orbax_failed = True
         if isinstance(e, _PeerSaveFailed):
             return self._fail_once(step, errno.EIO, "another process could not save it")
         space = out_of_space_errno(e)
@@ -500,7 +499,9 @@ class Checkpointer:
         return self._fail_once(step, code, None if space is not None else innermost_message(e))
 
     def _fail_once(self, step: int, code: int, error: str | None) -> SaveFailed:
-        """``_save_failed``'s error, made at the first failure only: a second is the same one."""
+        """``_save_failed``'s error, made at the first failure only: a second is the same one.
+        Every failed save comes through here (one that does not is raised as it is, out of the
+        run's ``orbax_log`` block, which then looks for its coroutines anyway)."""
         self.orbax_failed = True
         if self._failed is None:
             self._failed = self._save_failed(step, code, error)
