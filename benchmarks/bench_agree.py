@@ -1,4 +1,4 @@
-"""The cost of the per-step agreement of a multi-process run (``elmo_jax.training.global_batches._agree_max``).
+"""The cost of the per-step agreement of a multi-process run (``elmo_jax._util.processes.agree_max``).
 
     python benchmarks/bench_agree.py [--processes 2] [--calls 200]
 
@@ -12,11 +12,10 @@ one machine.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import time
+
+from harness import local_processes
 
 
 def worker(port: int, n: int, rank: int, calls: int) -> None:
@@ -24,13 +23,13 @@ def worker(port: int, n: int, rank: int, calls: int) -> None:
     import numpy as np
 
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=rank)
-    from elmo_jax.training.global_batches import _agree_max
+    from elmo_jax._util.processes import agree_max
 
-    _agree_max([1, 2, 0])  # the first call compiles
+    agree_max([1, 2, 0])  # the first call compiles
     times = []
     for i in range(calls):
         t = time.perf_counter()
-        _agree_max([i, rank, 0])
+        agree_max([i, rank, 0])
         times.append(time.perf_counter() - t)
     if rank == 0:
         ms = np.array(times) * 1e3
@@ -48,27 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker[0], args.processes, args.worker[1], args.calls)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--processes",
-                str(args.processes),
-                "--calls",
-                str(args.calls),
-                "--worker",
-                str(port),
-                str(rank),
-            ],
-            env=env,
-        )
-        for rank in range(args.processes)
-    ]
+    procs = local_processes(__file__, args.processes, ["--processes", str(args.processes), "--calls", str(args.calls)])
     sys.exit(max(p.wait() for p in procs))
 
 

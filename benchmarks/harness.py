@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -197,6 +200,18 @@ def roofline_report(
                 f"peak, {peak[1][dtype]:,.0f} TFLOP/s"
             )
     return lines, rates
+
+
+def local_processes(script: str, n: int, args: list[str], env: dict[str, str] | None = None, **popen) -> list:
+    """``n`` processes of ``python script *args --worker PORT RANK`` on this machine, for a
+    benchmark of several jax.distributed processes on 127.0.0.1 (``PORT``: a free one), each with
+    one CPU device. ``env``: added to this process's environment; ``popen``: ``subprocess.Popen``'s."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu", **(env or {}))
+    command = [sys.executable, os.path.abspath(script), *args, "--worker", str(port)]
+    return [subprocess.Popen([*command, str(rank)], env=env, **popen) for rank in range(n)]
 
 
 def _time(fn) -> float:

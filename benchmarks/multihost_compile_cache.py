@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
-import sys
 import tempfile
+
+from harness import local_processes
 
 
 def worker(port: int, n: int, rank: int) -> None:
@@ -57,26 +57,12 @@ def worker(port: int, n: int, rank: int) -> None:
 
 
 def run(n: int, cache: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=cache,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--processes", str(n), "--worker", str(port), str(rank)],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(n)
-    ]
+    cache_env = {
+        "JAX_COMPILATION_CACHE_DIR": cache,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    procs = local_processes(__file__, n, ["--processes", str(n)], cache_env, stdout=subprocess.PIPE, text=True)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a worker failed: exit codes {[p.returncode for p in procs]}")
