@@ -174,6 +174,71 @@ def test_a_failure_while_building_ahead_is_reported_at_its_step(corpus):
         feed.close()
 
 
+def _failing_candidates_at(feed: GlobalBatches, step: int) -> None:
+    """Makes the candidate draw of ``step`` fail: after ``batcher.next()`` has moved the batcher on."""
+    real_add = feed.host.pool.add
+
+    def add(batch, s):
+        if s == step:
+            raise RuntimeError("a candidate sampling worker process died (simulated)")
+        return real_add(batch, s)
+
+    feed.host.pool.add = add
+
+
+def _peer_stops_at(monkeypatch, step: int) -> None:
+    """Another process's stop at ``step``, as the agreement reports it, after this one built its batch."""
+    import elmo_jax.training.global_batches as gb
+
+    real, calls = gb.agree_max, []
+
+    def agree(values):
+        calls.append(1)
+        return (*values[:2], StopTogether.REASONS.index("signal")) if len(calls) == step + 1 else real(values)
+
+    monkeypatch.setattr(gb, "agree_max", agree)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize("stop", ["failed build", "peer stops"])
+def test_a_batch_built_for_a_step_that_does_not_run_is_not_in_the_saved_data_state(corpus, prefetch, stop, monkeypatch):
+    """A checkpoint of the steps taken holds the batcher's position after the last batch taken,
+    so the resumed run trains on the batch of the step that did not run: not one batch further."""
+    reference, states, batches = _feed(corpus, prefetch=0), [], []
+    try:
+        for step in range(5):
+            batches.append(_host(reference.next(step)))
+            states.append(reference.data_state())
+    finally:
+        reference.close()
+    feed = _feed(corpus, prefetch=prefetch)
+    if stop == "failed build":
+        _failing_candidates_at(feed, 3)
+    else:
+        _peer_stops_at(monkeypatch, 3)
+    try:
+        for step in range(3):
+            feed.next(step)
+        with pytest.raises(StopTogether, match="error" if stop == "failed build" else "signal"):
+            feed.next(3)
+        saved, live = feed.data_state(), feed.batcher.state()
+        # the batcher itself went past step 3's batch (so the check below is not vacuous)
+        assert any(not np.array_equal(live[d][k], states[2][d][k]) for d in live for k in live[d])
+    finally:
+        feed.close()
+    _assert_states_equal(saved, states[2])
+    monkeypatch.undo()
+    resumed = _feed(corpus, prefetch=prefetch)
+    resumed.batcher.restore(saved)
+    try:
+        for step in (3, 4):
+            got = _host(resumed.next(step))
+            for k in ("chars", "inputs", "targets", "rows", "starts"):
+                np.testing.assert_array_equal(got[k], batches[step][k], err_msg=f"resumed, step {step}: {k}")
+    finally:
+        resumed.close()
+
+
 def _prefetch_threads() -> list:
     return [t for t in threading.enumerate() if t.name == "elmo-jax-prefetch"]
 

@@ -85,12 +85,15 @@ class GlobalBatches:
             first_device,
             fixed,
             workers,
-            keep_state=prefetch > 0,
             to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch else None,
         )
         self.host.agreed = capacity  # a resumed run's (``loop._restore_or_init``): batches start there
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
-        self._snapshot: list | None = None  # batcher.snapshot() after the last batch taken
+        # batcher.snapshot() after the last batch this process trained on (taken at the first next(),
+        # before any batch is built). Only a batch that next() returns moves it: a batch built but
+        # not taken (a failed build, or a step another process stops before) must not be skipped
+        # by a run resumed from the checkpoint of this stop.
+        self._snapshot: list | None = None
         # What to stop, in order; the finaliser holds the list, not self, so dropping self stops them.
         self._parts: list = [self.host]
         self._closer = weakref.finalize(self, _close_all, self._parts)
@@ -101,14 +104,15 @@ class GlobalBatches:
         ``stopping``: this process's own reason to stop (``StopTogether.REASONS``). An exception
         while building the batch is one too (kept in ``self.error``). Called once per step, in
         step order."""
-        n, local, capacity, arrays = self.mesh.size, None, 0, None
+        n, local, capacity, arrays, snapshot = self.mesh.size, None, 0, None, None
+        if self._snapshot is None:
+            self._snapshot = self.batcher.snapshot()
         if stopping is None:
             try:
                 item = self._take(step_number)
             except Exception as e:  # noqa: BLE001 - e.g. the prefetch thread is gone
                 item = HostBatch(step_number, error=e)
-            if item.data_snapshot is not None:
-                self._snapshot = item.data_snapshot
+            snapshot = item.data_snapshot
             if isinstance(item.error, StopIteration):
                 stopping = "end of data"
             elif item.error is not None:  # every process must hear of it before it stops
@@ -121,6 +125,7 @@ class GlobalBatches:
         if reason:
             raise StopTogether(str(StopTogether.REASONS[reason]))
         assert local is not None  # no process stops here, so this one built its batch
+        self._snapshot = snapshot
         if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity
             local, _ = plan_batch(local, self.train.n_tokens_vocab, n, capacity)
             arrays = None
@@ -133,8 +138,7 @@ class GlobalBatches:
     def _take(self, step_number: int) -> HostBatch:
         if not self.prefetch:
             return self.host.build(step_number)
-        if self._prefetcher is None:
-            self._snapshot = self.batcher.snapshot()  # before the thread moves the batcher on
+        if self._prefetcher is None:  # next() took the batcher's snapshot before the thread moves it on
             self._prefetcher = Prefetcher(self.host.build, step_number, self.prefetch)
             self._parts.insert(0, self._prefetcher)  # stopped before the pool it draws from
         item = self._prefetcher.take()
@@ -146,18 +150,14 @@ class GlobalBatches:
         return item
 
     def data_state(self) -> dict:
-        """The batcher's state after the last batch ``next`` took (what a checkpoint of the steps
-        taken so far holds; with prefetch the batcher itself is further on)."""
-        if self._prefetcher is None:
-            return self.batcher.state()
+        """The batcher's state after the last batch ``next`` returned (what a checkpoint of the
+        steps taken so far holds; the batcher itself may be further on: batches built ahead, or
+        one built for a step that did not run)."""
         return self.batcher.state(self._snapshot)
 
     def epoch(self) -> int:
-        """The batcher's epoch after the last batch ``next`` took (the one to log)."""
-        if self._prefetcher is None:
-            return self.batcher.epoch
-        assert self._snapshot is not None  # set when the prefetcher started
-        return LMBatcher.epoch_of(self._snapshot)
+        """The batcher's epoch after the last batch ``next`` returned (the one to log)."""
+        return self.batcher.epoch if self._snapshot is None else LMBatcher.epoch_of(self._snapshot)
 
     def close(self) -> None:
         """Stops the prefetch thread and the candidate workers (idempotent)."""

@@ -148,7 +148,8 @@ class HostBatch:
     """StopIteration at the end of the data, or what failed while building this step's batch."""
     data_snapshot: list | None = None
     """``batcher.snapshot()`` right after this step's ``batcher.next()``: what a checkpoint saved
-    after this step must hold. None when not captured (no prefetch: the batcher itself is there)."""
+    after this step must hold. None with ``error``: a failed build may have moved the batcher on,
+    so a checkpoint must keep the last batch taken's snapshot, never one from after a failure."""
 
 
 class HostPipeline:
@@ -160,8 +161,9 @@ class HostPipeline:
     on (``agreed``, set by the loop's thread), whichever is larger: the same capacity as
     ``prepare_batch(capacity=agreed)`` would give, or one that the loop's agreement replans.
 
-    ``keep_state``: capture ``batcher.snapshot()`` with each batch. ``to_device``: also make the
-    batch's global arrays, where it is built (the loop's thread then has nothing to copy).
+    Each batch carries ``batcher.snapshot()`` as it was right after the batch (~0.1 ms).
+    ``to_device``: also make the batch's global arrays, where it is built (the loop's thread then
+    has nothing to copy).
     """
 
     def __init__(
@@ -173,10 +175,9 @@ class HostPipeline:
         first_device: int,
         fixed: bool,
         workers: int = 0,
-        keep_state: bool = False,
         to_device: Callable[[dict], dict] | None = None,
     ):
-        self.batcher, self.n_devices, self.keep_state, self.to_device = batcher, n_devices, keep_state, to_device
+        self.batcher, self.n_devices, self.to_device = batcher, n_devices, to_device
         self.vocab_size = train_cfg.n_tokens_vocab
         self.pool = CandidatePool(
             seed=seed,
@@ -197,20 +198,17 @@ class HostPipeline:
         try:
             return self._build(step)
         except Exception as e:  # noqa: BLE001 - StopIteration (the end of the data) included
-            return HostBatch(step, error=e, data_snapshot=self._snapshot())
+            return HostBatch(step, error=e)
 
     def _build(self, step: int) -> HostBatch:
         batch = self.batcher.next()
-        snapshot = self._snapshot()
+        snapshot = self.batcher.snapshot()
         batch, capacity = plan_batch(
             self.pool.add(batch, step), self.vocab_size, self.n_devices, max(self.capacity, self.agreed)
         )
         self.capacity = capacity
         arrays = self.to_device(batch) if self.to_device is not None else None
         return HostBatch(step, batch, capacity, arrays, data_snapshot=snapshot)
-
-    def _snapshot(self) -> list | None:
-        return self.batcher.snapshot() if self.keep_state else None
 
     def close(self) -> None:
         """Stops the candidate workers and the batcher's shard loader."""
