@@ -751,11 +751,23 @@ def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
             )
             == 0
         )
+    # Another output next to it whose name extends this one's: p-x.hdf5, with its own values.
+    for i in range(3):
+        manifest = json.loads((tmp_path / f"p-{i:05d}-of-00003.hdf5.json").read_text())
+        manifest["file"] = f"p-x-{i:05d}-of-00003.hdf5"
+        (tmp_path / f"p-x-{i:05d}-of-00003.hdf5.json").write_text(json.dumps(manifest))
+        with h5py.File(tmp_path / f"p-x-{i:05d}-of-00003.hdf5", "w") as f:
+            f["embeddings"] = np.full((len(range(i, 7, 3)), 32), 7.0, np.float32)
     view = ShardedEmbeddings(tmp_path / "p.hdf5")
     assert len(view) == 7
     for got, e in zip(view, expected[:7]):
         np.testing.assert_allclose(got, e[-1].mean(axis=0), atol=1e-5, rtol=0)
     view.close()
+    with ShardedEmbeddings(tmp_path / "p-x.hdf5") as other:
+        assert all((x == 7.0).all() for x in other)
+    # Manifests of the two outputs given together name shard 0 twice: refused, not one silently taken.
+    with pytest.raises(ValueError, match="two manifests of shard 0"):
+        ShardedEmbeddings([tmp_path / "p-00000-of-00003.hdf5.json", tmp_path / "p-x-00000-of-00003.hdf5.json"])
 
 
 @pytest.fixture(scope="module")

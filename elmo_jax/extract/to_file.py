@@ -25,6 +25,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -333,7 +334,13 @@ class ShardedEmbeddings:
             self._shards = self._check([self._read_manifest(source)])
             return
         root, ext = os.path.splitext(source)
-        paths = sorted(glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json"))
+        # The glob's * would also take another output's shards: e-top-00000-of-00002.hdf5.json for e.hdf5.
+        name = re.compile(rf"{re.escape(os.path.basename(root))}-\d{{5,}}-of-\d{{5,}}{re.escape(ext)}\.json")
+        paths = sorted(
+            p
+            for p in glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json")
+            if name.fullmatch(os.path.basename(p))
+        )
         self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
 
     @staticmethod
@@ -355,7 +362,14 @@ class ShardedEmbeddings:
                 f"{', '.join(m['manifest'] for m in shards)}"
             )
         n = shards[0]["num_shards"]
-        by_index = {m["shard_index"]: m for m in shards}
+        by_index: dict[int, dict] = {}
+        for m in shards:
+            if m["shard_index"] in by_index:
+                raise ValueError(
+                    f"two manifests of shard {m['shard_index']}: {by_index[m['shard_index']]['manifest']} and "
+                    f"{m['manifest']}; give the manifests of one run"
+                )
+            by_index[m["shard_index"]] = m
         missing = [i for i in range(n) if i not in by_index]
         if missing:
             hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
