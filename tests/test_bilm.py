@@ -99,6 +99,15 @@ def test_empty_sentences_run_over_their_markers_and_update_state(allennlp_model)
     assert kept.shape == (3, 1, 3, 32) and np.asarray(kept_mask).tolist() == [[True, True, False]]
 
 
+def test_no_sentences_and_no_tokens_give_empty_arrays(allennlp_model):
+    config, params = allennlp_model
+    layers, mask, state = bilm_apply(params, config, batch_to_ids([]))
+    assert layers.shape[:2] == (3, 0) and layers.shape[-1] == 32 and mask.shape[0] == 0
+    assert state["h"].shape == (2, 2, 0, 16)
+    for shape in [(0, 50), (3, 0, 50)]:  # a reshape of -1 cannot infer a size beside a 0
+        assert char_cnn.apply(params["char_cnn"], config, jnp.zeros(shape, jnp.int32)).shape == shape[:-1] + (16,)
+
+
 def test_keep_sentence_markers_places_eos_after_each_row(allennlp_model):
     config, params = allennlp_model
     batch = [["a", "b", "c"], ["d"]]

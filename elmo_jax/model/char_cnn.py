@@ -220,4 +220,4 @@ def apply(params: dict, config: ModelConfig, char_ids: jax.Array, *, compute: Co
         # bilm-tf's "carry" gate multiplies the transform branch; the highway is always ReLU.
         h = gate * jax.nn.relu(z[:, f:]) + (1.0 - gate) * h
     out = jnp.dot(h, params["proj"]["w"].astype(dtype), precision=precision) + params["proj"]["b"].astype(dtype)
-    return out.astype(jnp.float32).reshape(*lead, -1)
+    return out.astype(jnp.float32).reshape(*lead, out.shape[-1])  # not -1: lead may hold a 0
