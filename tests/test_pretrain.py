@@ -481,6 +481,15 @@ def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path)
     assert [str(w.message) for w in said] == [
         f"{latin1}: line 1: skipped, not UTF-8 (invalid continuation byte at byte 3); and 2 more line(s) so"
     ]
+    # The other line breaks (\r, U+2028, form feed, ...) split sentences whether or not a line
+    # elsewhere in the file is skipped.
+    text = "a b\rc d\u2028e\x0cf\r\ng\x85h\n\u2029i\n"
+    (tmp_path / "breaks.txt").write_text(text, encoding="utf-8", newline="")
+    (tmp_path / "breaks_bad.txt").write_bytes(text.encode() + b"bad \xff\n")
+    clean = TextFiles(str(tmp_path / "breaks.txt")).read(0)
+    assert clean == ["a b", "c d", "e", "f", "g", "h", "i"]
+    with pytest.warns(UserWarning, match=r"breaks_bad.txt: line 4: skipped"):  # lines numbered by \n
+        assert TextFiles(str(tmp_path / "breaks_bad.txt")).read(0) == clean
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "word"])
     batcher = LMBatcher(
         TextFiles(str(f)), vocab, rows_per_device=1, unroll_steps=50, max_chars=10, max_epochs=1, shuffle=False

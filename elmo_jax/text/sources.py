@@ -96,13 +96,16 @@ class TextFiles:
         except OSError as e:  # gone since the glob, a failing disk or mount, no longer readable
             raise _unreadable(path, e) from None
         _check_text(path, data[:_ENDS])
+        # Lines are str.splitlines()'s, as tokenize.split_sentences splits. A file with a line that
+        # is not UTF-8 is split alike (at \n, numbered as `sed -n` numbers them, then at each
+        # line's other breaks: \r, U+2028, \x0c, ...), so that one bad byte changes no other sentence.
         try:
             lines = data.decode("utf-8").splitlines()
         except UnicodeDecodeError:
             lines, skipped = [], []
             for lineno, raw in enumerate(data.split(b"\n"), 1):
                 try:
-                    lines.append(raw.decode("utf-8"))
+                    lines.extend(raw.decode("utf-8").splitlines())
                 except UnicodeDecodeError as e:
                     skipped.append(f"line {lineno}: skipped, not UTF-8 ({e.reason} at byte {e.start})")
             more = f"; and {len(skipped) - 1} more line(s) so" if len(skipped) > 1 else ""
