@@ -121,6 +121,9 @@ def test_batch_tokens_and_layers_that_misfit_the_model_name_the_argument(tmp_pat
     with pytest.raises(ConfigError, match="^batch_tokens must be 1 or more; got 0$") as e:
         Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=0)
     assert arguments_of(e.value) == ("batch_tokens",)
+    with pytest.raises(ConfigError, match=r"^devices must be 1 or more \(None: every local device\); got -1$") as e:
+        Embedder.from_hdf5(OPTIONS, WEIGHTS, devices=-1)
+    assert arguments_of(e.value) == ("devices",)
     with pytest.raises(ConfigError, match="^layers: expected 3 weights") as e:
         embed_file(embedder, text, tmp_path / "o.hdf5", EmbedFileOptions(layers=(1, 2)))
     assert arguments_of(e.value) == ("layers",)

@@ -317,6 +317,8 @@ class Embedder:
         self.layout = layout or for_backend()
         if batch_tokens is not None and batch_tokens < 1:
             raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")
+        if devices is not None and devices < 1:
+            raise about(ConfigError(f"devices must be 1 or more (None: every local device); got {devices}"), "devices")
         self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
         self.policy = policy.check(precision)
         self.compute = Compute.from_policy(self.policy, layout=self.layout)
@@ -589,6 +591,7 @@ class Embedder:
           a warning, for an empty one);
         - ``sequence_len`` ``[B]`` int32.
         """
+        _check_many(inputs, "inputs", "a list of strings or of token lists (one sentence each)")
         inputs = list(inputs)
         kinds = {isinstance(x, str) for x in inputs}
         if kinds == {True, False}:
