@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +45,19 @@ def _check_type(where: str, name: str, value: Any, kind: type) -> None:
 
 
 def _is_int(value: Any, minimum: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= minimum
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and int(value) >= minimum
+
+
+def _check_number(where: str, name: str, value: Any) -> None:
+    """A string or a bool where a number belongs ("0.1" in a hand-edited options.json): refused
+    by name, not as a ``TypeError`` from the range check that follows."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(where, f"'{name}' must be a number, found {value!r}")
+
+
+def _check_bool(where: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(where, f"'{name}' must be true or false, found {value!r}")
 
 
 def check_counts(minimum: int, optional: bool = False, **values: Any) -> None:
@@ -80,14 +93,15 @@ class CharCNNConfig:
 
     def __post_init__(self):
         where = "char_cnn"
-        object.__setattr__(self, "filters", tuple(tuple(int(v) for v in f) for f in self.filters))
         _check_int(where, "embedding.dim", self.embedding_dim)
         _check_int(where, "n_highway", self.n_highway, minimum=0)
         if not self.filters:
             _fail(where, "'filters' must list at least one [width, count] pair, found []")
         for f in self.filters:
-            if len(f) != 2 or f[0] < 1 or f[1] < 1:
-                _fail(where, f"each filter must be [width >= 1, count >= 1], found {list(f)}")
+            # Integers only: int() would make a width of 1.7 a 1 and fail on "x" outside ConfigError.
+            if len(f) != 2 or not all(_is_int(v, 1) for v in f):
+                _fail(where, f"each filter must be two integers [width >= 1, count >= 1], found {list(f)}")
+        object.__setattr__(self, "filters", tuple(tuple(int(v) for v in f) for f in self.filters))
         if self.activation not in ACTIVATIONS:
             _fail(where, f"'activation' must be one of {ACTIVATIONS}, found {self.activation!r}")
         if self.n_characters not in (261, 262):
@@ -129,8 +143,7 @@ class LSTMConfig:
         _check_int(where, "n_layers", self.n_layers)
         _check_clip(where, "cell_clip", self.cell_clip)
         _check_clip(where, "proj_clip", self.proj_clip)
-        if not isinstance(self.use_skip_connections, bool):
-            _fail(where, f"'use_skip_connections' must be true or false, found {self.use_skip_connections!r}")
+        _check_bool(where, "use_skip_connections", self.use_skip_connections)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +225,10 @@ class TrainConfig:
             "n_train_tokens",
         ):
             _check_int(where, name, getattr(self, name))
+        for name in ("dropout", "all_clip_norm_val", "learning_rate", "reset_state_prob"):
+            _check_number(where, name, getattr(self, name))
+        for name in ("bidirectional", "sample_softmax", "share_embedding_softmax"):
+            _check_bool(where, name, getattr(self, name))
         if not 0.0 <= self.reset_state_prob <= 1.0:
             _fail(where, f"'reset_state_prob' must be in [0, 1], found {self.reset_state_prob!r}")
         _check_int(where, "rows_per_draw", self.rows_per_draw, minimum=0)
@@ -325,7 +342,8 @@ class Options:
             n_layers=lstm.get("n_layers", 1),
             cell_clip=lstm.get("cell_clip"),
             proj_clip=lstm.get("proj_clip"),
-            use_skip_connections=bool(lstm.get("use_skip_connections") or False),
+            # bilm-tf reads it with .get: missing or null is false. Not bool(): "false" would be true.
+            use_skip_connections=lstm.get("use_skip_connections") or False,
         )
         train_values = {k: d[k] for k in _TRAIN_KEYS if k in d}
         if train_values and saved:

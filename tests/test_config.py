@@ -106,8 +106,17 @@ def test_defaults_missing_optional_keys():
         (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a number >= 0"),
         (
             lambda d: d["char_cnn"].update(filters=[[1, 8], [0, 8]]),
-            "each filter must be [width >= 1, count >= 1], found [0, 8]",
+            "each filter must be two integers [width >= 1, count >= 1], found [0, 8]",
         ),
+        (
+            lambda d: d["char_cnn"].update(filters=[[1.7, 8]]),  # int() made it a width of 1
+            "each filter must be two integers [width >= 1, count >= 1], found [1.7, 8]",
+        ),
+        (lambda d: d["char_cnn"].update(filters=[[1, "x"]]), "found [1, 'x']"),
+        (lambda d: d.update(dropout="0.1"), "'dropout' must be a number, found '0.1'"),
+        (lambda d: d.update(learning_rate=None), "'learning_rate' must be a number, found None"),
+        (lambda d: d["lstm"].update(use_skip_connections="false"), "'use_skip_connections' must be true or false"),
+        (lambda d: d.update(share_embedding_softmax="false"), "'share_embedding_softmax' must be true or false"),
         (
             lambda d: d["char_cnn"].update(max_characters_per_token=4),
             "filter width 5 exceeds max_characters_per_token 4",
