@@ -168,6 +168,10 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
         f["other"] = np.zeros(3)
     with pytest.raises(WeightsError, match="softmax/W"):
         read_warmstart(str(d))
+    # A softmax file that is not HDF5 at all (a truncated download, text): one line naming it.
+    (d / names[2]).write_text("not hdf5\n")
+    with pytest.raises(WeightsError, match=rf"^{d / names[2]}: not a readable HDF5 file \("):
+        read_warmstart(str(d))
     # Not a model at all, and an unknown name.
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no options file"):

@@ -66,6 +66,21 @@ def _read(f: h5py.File, path: str, name: str, shape: tuple[int, ...], hint: str)
     return np.asarray(ds[...])
 
 
+def open_hdf5(path: str, what: str = "weight file") -> h5py.File:
+    """``h5py.File(path, "r")``, its failures as one line naming ``path``: a ``WeightsError``
+    (missing, a directory, not HDF5), or a ``PermissionError`` for a file this user may not read."""
+    try:
+        return h5py.File(path, "r")
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: {what} not found") from None
+    except OSError as e:
+        if bad := fault(path, "file"):  # a directory, or a path under a file: h5py's words run to lines
+            raise WeightsError(said(*bad, path)) from None
+        if isinstance(e, PermissionError):  # not this user's: not a question of the file's format
+            raise PermissionError(e.errno, os.strerror(e.errno or errno.EACCES), path) from None
+        raise WeightsError(f"{path}: not a readable HDF5 file ({str(e).splitlines()[0]})") from None
+
+
 def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves.
 
@@ -78,17 +93,7 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     hint = f" (per the options in {os.fspath(options_path)})"
     shapes = expected_datasets(config)
     c, l = config.char_cnn, config.lstm
-    try:
-        f = h5py.File(path, "r")
-    except FileNotFoundError:
-        raise WeightsError(f"{path}: weight file not found") from None
-    except OSError as e:
-        if bad := fault(path, "file"):  # a directory, or a path under a file: h5py's words run to lines
-            raise WeightsError(said(*bad, path)) from None
-        if isinstance(e, PermissionError):  # not this user's: not a question of the file's format
-            raise PermissionError(e.errno, os.strerror(e.errno or errno.EACCES), path) from None
-        raise WeightsError(f"{path}: not a readable HDF5 file ({str(e).splitlines()[0]})") from None
-    with f:
+    with open_hdf5(path) as f:
         extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)
         if extra_highway in f:
             raise WeightsError(f"{path}: has '{extra_highway}' but the options say n_highway {c.n_highway}{hint}")

@@ -25,13 +25,12 @@ import dataclasses
 import glob
 import os
 
-import h5py
 import jax
 import numpy as np
 from etils import epath
 
 from elmo_jax._util.arguments import about
-from elmo_jax.compat.hdf5 import WeightsError, load_hdf5
+from elmo_jax.compat.hdf5 import WeightsError, load_hdf5, open_hdf5
 from elmo_jax.config import ModelConfig, Options
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.training.checkpoint import CheckpointError
@@ -220,7 +219,7 @@ def _from_hdf5_files(source: str, files: dict[str, str]) -> Warmstart:
 
 
 def _read_softmax(path: str, projection_dim: int) -> dict:
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path, "softmax file") as f:
         try:
             w, b = f["softmax/W"][...], f["softmax/b"][...]
         except KeyError:
