@@ -94,15 +94,3 @@ def training_default(device=None) -> tuple[str, str]:
             return "bfloat16", f"{where}: native bfloat16"
         return "float32", f"{where}: no native bfloat16, float32 is faster"
     return "float32", f"{platform.upper() or kind}: bfloat16 matmuls are slower here"
-
-
-def default_for_training(backend: str | None = None) -> str:
-    """``training_default``'s policy for the first device of ``backend`` (default: jax's default
-    backend). A backend with no device in this process gets the platform's answer: float32 on a
-    CPU, bfloat16 on a TPU or a GPU (assumed to be of compute capability 8.0 or later)."""
-    backend = backend or jax.default_backend()
-    try:
-        device = jax.devices(backend)[0]
-    except RuntimeError:  # no such backend here: nothing to read the model from
-        return "float32" if backend == "cpu" else "bfloat16"
-    return training_default(device)[0]

@@ -49,11 +49,6 @@ def test_tf32_is_refused_off_a_gpu_in_one_line():
         policy.check("tf32", backend="cpu")
 
 
-def test_training_defaults_to_bfloat16_on_accelerators_only():
-    assert policy.default_for_training("cpu") == "float32"
-    assert policy.default_for_training("gpu") == policy.default_for_training("tpu") == "bfloat16"
-
-
 def test_embedder_takes_the_policy():
     from elmo_jax.extract.embedder import Embedder
 
@@ -182,7 +177,6 @@ def test_tpus_and_cpus():
     assert policy.training_default(FakeDevice("cpu", "cpu")) == ("float32", "CPU: bfloat16 matmuls are slower here")
     # This process's own device (a CPU in the test suite), as the training loop asks.
     assert policy.training_default() == policy.training_default(jax.devices()[0])
-    assert policy.default_for_training() == policy.training_default()[0]
 
 
 def test_the_capability_decides_not_the_name():

@@ -522,7 +522,7 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         "--heldout-files, at every --save-every)",
     )
     tr.add_argument("--log-every", type=int, default=10)
-    _add_precision(tr, "default: bfloat16 on a GPU or TPU, float32 on a CPU")
+    _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument(
         "--prefetch", type=int, default=2, metavar="N", help="host batches built ahead in a thread (0: off)"

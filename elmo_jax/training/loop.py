@@ -66,7 +66,8 @@ class RunSettings:
     so that held-out text given is never ignored; without it, never."""
     log_every: int = 10
     precision: str | None = None
-    """Matmul policy (``elmo_jax.policy``): None is bfloat16 on a GPU or TPU, float32 on a CPU."""
+    """Matmul policy (``elmo_jax.policy``). None: ``policy.training_default``, bfloat16 on a TPU or
+    a GPU of compute capability 8.0 and up, float32 on older GPUs (T4, V100) and on a CPU."""
     progress: bool = True
     async_save: bool = True
     devices: int | None = None
