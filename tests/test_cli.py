@@ -571,3 +571,17 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
     raised[0] = jax.errors.JaxRuntimeError("INVALID_ARGUMENT: something else")
     with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):  # the negative control
         evaluate_module.evaluate(params, None, None, None, batch_size=64)
+
+
+def test_demo_compares_every_occurrence_of_the_word_whatever_its_case(capsys):
+    """(Before: ``--word Apple`` matched nothing, and a word twice in one sentence was found at its
+    first place twice.)"""
+    argv = ["demo", "--sentence", "The Apple fell .", "--sentence", "apple to apple", "--word", "Apple"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cosine similarity of 'Apple'" in out
+    layer0 = next(line for line in out.splitlines() if line.strip().startswith("layer 0:"))
+    pairs = dict(pair.split(": ") for pair in layer0.split(": ", 1)[1].split(", "))
+    assert list(pairs) == ["0-1", "0-2", "1-2"] and pairs["1-2"] == "1.000"  # three places; 1, 2 spelled alike
+    layer1 = next(line for line in out.splitlines() if line.strip().startswith("layer 1:"))
+    assert "1-2: 1.000" not in layer1  # the two places in one sentence are two contexts

@@ -54,3 +54,22 @@ def test_a_released_lock_is_free_for_the_next_and_release_twice_is_harmless(tmp_
     first.release()
     with FileLock(path, wait=False):
         pass
+
+
+def test_a_note_that_cannot_be_written_lets_the_lock_go_at_once(tmp_path, monkeypatch):
+    """A full or read-only disk while the note is written: the error reaches the caller and the
+    lock is free, even while the error (and so the frame that opened the file) is kept."""
+    import elmo_jax._util.lock as lock_module
+
+    path = tmp_path / ".lock"
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lock_module, "open", full, raising=False)
+    with pytest.raises(OSError, match="No space left") as kept:
+        FileLock(path, wait=False).acquire(note="mine")
+    monkeypatch.undo()
+    with FileLock(path, wait=False):
+        pass
+    assert kept.value.__traceback__ is not None

@@ -57,8 +57,12 @@ class FileLock:
                 f.close()
                 raise
         if note:
-            with open(self.path, "wb") as w:
-                w.write(note.encode())
+            try:
+                with open(self.path, "wb") as w:
+                    w.write(note.encode())
+            except BaseException:  # a full or read-only disk: let the lock go now, not when f is collected
+                f.close()
+                raise
         self._file = f
 
     def release(self) -> None:

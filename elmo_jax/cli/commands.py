@@ -84,7 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         norms = np.linalg.norm(layers[:, i, :n], axis=-1).mean(axis=1)
         print(f"  [{i}] {n:2d} tokens  mean |layer| = {', '.join(f'{x:.3f}' for x in norms)}  {' '.join(s)}")
     word = args.word
-    found = [(i, s.index(t)) for i, s in enumerate(sentences) for t in s if t.lower() == word][:8]
+    found = [(i, k) for i, s in enumerate(sentences) for k, t in enumerate(s) if t.lower() == word.lower()][:8]
     if len(found) >= 2:
         print(
             f"cosine similarity of '{word}' across sentences (layer 0 is context-free: the same spelling always gives 1.000):"
