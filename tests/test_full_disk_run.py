@@ -545,7 +545,8 @@ def test_a_coroutine_of_orbax_alive_before_the_block_is_not_waited_for_again(mon
     monkeypatch.setattr(orbax_log_module, "_settle", functools.partial(orbax_log_module._settle, timeout=2.0))
     with orbax_log(None):
         coroutine = stuck()  # made in the block, and alive at its end
-    assert len(looks) >= 3  # the negative control: this block looks again and again
+    # The negative control: this block looks again (as often as 2 s allow: twice on a loaded machine).
+    assert len(looks) >= 2
     looks.clear()
     with orbax_log(None):
         pass

@@ -58,12 +58,17 @@ def test_a_signal_becomes_a_request_and_a_second_one_interrupts_as_itself(second
     one stopped it and exits 128 + its number (before, a second SIGTERM or SIGHUP was Ctrl-C's
     KeyboardInterrupt: "interrupted" and 130, found by ``tests/probe_signals.py --twice``)."""
     before = signal.getsignal(signal.SIGTERM)
-    with SignalStop() as stop:
-        assert not stop.requested
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested
-        with pytest.raises(KeyboardInterrupt) as e:
-            os.kill(os.getpid(), getattr(signal, second))
+    # As from a terminal: a suite run under nohup inherits SIGHUP ignored, and SignalStop keeps that.
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with SignalStop() as stop:
+            assert not stop.requested
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.requested
+            with pytest.raises(KeyboardInterrupt) as e:
+                os.kill(os.getpid(), getattr(signal, second))
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     assert signal.getsignal(signal.SIGTERM) is before  # restored on exit
     assert getattr(e.value, "signum", signal.SIGINT) == getattr(signal, second)
     assert isinstance(e.value, Terminated) == (second != "SIGINT")
