@@ -85,27 +85,9 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
     text = tmp_path / "new.txt"
     text.write_text("the zebra said hello .\nhello zebra .\n" * 5)
     out = tmp_path / "ft"
-    assert (
-        cli.main(
-            [
-                "train",
-                "--init-from",
-                str(released),
-                "--train-files",
-                str(text),
-                "--run-dir",
-                str(out),
-                "--steps",
-                "1",
-                "--batch-size",
-                "2",
-                "--devices",
-                "1",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    argv = ["train", "--init-from", str(released), "--train-files", str(text), "--run-dir", str(out)]
+    argv += ["--batch-size", "2", "--devices", "1", "--no-progress"]
+    assert cli.main([*argv, "--steps", "1"]) == 0
     new_vocab = Vocabulary.load(out / "vocab.txt")
     assert set(vocab.words) <= set(new_vocab.words) and {"zebra", "hello"} <= set(new_vocab.words)
     counts = dict.fromkeys(new_vocab.words, 0)
@@ -119,6 +101,11 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
     assert saved.train.learning_rate == NO_ACCUMULATORS_LEARNING_RATE
     assert "has no optimizer state" in capsys.readouterr().out
     assert load_run(str(out))[3] == 1
+    # The same command resumes: with the run's own options, not the default preset's (before: "holds
+    # a run with different options"), its learning rate kept, the source not read again.
+    assert cli.main([*argv, "--steps", "2"]) == 0, capsys.readouterr().err
+    assert load_run(str(out))[3] == 2 and "has no optimizer state" not in capsys.readouterr().out
+    assert Options.load(out / "options.json") == saved
 
 
 def test_released_model_by_name(trained_run, released, tmp_path, monkeypatch):

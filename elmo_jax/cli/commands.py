@@ -437,8 +437,8 @@ def _add_train(sub) -> None:
     )
     tr.add_argument(
         "--config",
-        help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: "
-        "tiny, or with --init-from the source's biLM and bilm-tf's recipe)",
+        help="preset (tiny, small, medium, original) or a bilm-tf options.json (default: a resumed "
+        "run's own; for a new run tiny, or with --init-from the source's biLM and bilm-tf's recipe)",
     )
     tr.add_argument("--train-files", help="glob of training shards (default: the bundled sample)")
     tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")

@@ -28,8 +28,9 @@ class TrainSpec:
     """What to train (where and for how long: ``loop.RunSettings``)."""
 
     config: str | None = None
-    """A preset (tiny, small, medium, original) or a bilm-tf options.json (default: tiny, or
-    with ``init_from`` the source's biLM and bilm-tf's recipe)."""
+    """A preset (tiny, small, medium, original) or a bilm-tf options.json (default: a resumed
+    run's own options; for a new run tiny, or with ``init_from`` the source's biLM and bilm-tf's
+    recipe)."""
     vocab: str | None = None
     """An LM vocabulary (default: the run dir's vocab.txt, built from the training text)."""
     min_count: int = 1
@@ -142,7 +143,14 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
             "n_train_tokens",
             "steps",
         )
-    config = spec.config or (None if warm is not None else "tiny")
+    # A resumed run keeps its recipe and its learning rate unless an argument or the config says
+    # otherwise (pretrain's start line names both), and without a config it keeps its own options:
+    # the same command resumes an init_from run, whose source is no longer read, and a run that
+    # started from a config not given again.
+    saved = saved_options(settings.run_dir)
+    config: str | Options | None = spec.config or (None if warm is not None else "tiny")
+    if spec.config is None and saved is not None:
+        config = Options.from_dict(saved, where=f"{settings.run_dir}'s newest checkpoint", saved=True)
     learning_rate = spec.learning_rate
     if (
         learning_rate is None
@@ -157,9 +165,6 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
             f"instead of bilm-tf's 0.2 (learning_rate to choose)",
             "learning_rate",
         )
-    # A resumed run keeps its recipe and its learning rate unless an argument or the config says
-    # otherwise (pretrain's start line names both).
-    saved = saved_options(settings.run_dir)
     reset_state_prob = spec.reset_state_prob
     if reset_state_prob is None and saved is not None and not _config_sets(spec.config, "reset_state_prob"):
         reset_state_prob = saved_reset_state_prob(saved)
@@ -178,7 +183,7 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
 
 
 def training_options(
-    config: str | None,
+    config: str | Options | None,
     vocab,
     batch_size: int | None,
     n_train_tokens: int | None,
@@ -187,8 +192,9 @@ def training_options(
     learning_rate: float | None = None,
     rows_per_draw: int | None = None,
 ) -> Options:
-    """Options for a run: ``config`` (a preset or an options.json), or with ``config=None`` the
-    biLM ``model`` of an ``init_from`` source with bilm-tf's training recipe."""
+    """Options for a run: ``config`` (a preset, an options.json, or a resumed run's ``Options``),
+    or with ``config=None`` the biLM ``model`` of an ``init_from`` source with bilm-tf's training
+    recipe."""
     strict = config is not None and config not in PRESETS
     options = _config_options(config, model, len(vocab))
     overrides: tuple[tuple[str, Any], ...] = (
@@ -233,9 +239,11 @@ def _check_recipe(spec: TrainSpec) -> None:
 _ANY_VOCAB = 10**9  # a vocabulary size for checks that do not depend on it
 
 
-def _config_options(config: str | None, model, n_tokens_vocab: int) -> Options:
+def _config_options(config: str | Options | None, model, n_tokens_vocab: int) -> Options:
     """``config``'s options for a vocabulary of ``n_tokens_vocab`` words: a preset's, an
     options.json's, or with ``config=None`` the biLM ``model`` with bilm-tf's recipe."""
+    if isinstance(config, Options):
+        return config
     if config is None:
         return Options(model=model, train=_recipe_train(n_tokens_vocab))
     if config in PRESETS:
