@@ -674,6 +674,18 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     for steps in ("2", "3", "3"):
         assert cli.main([*common, "--steps", steps]) == 0
         outputs.append(capsys.readouterr())
+        if steps == "2":  # files that eval, embed and export read, broken between sessions
+            (run / "options.json").write_text('{"lstm": ')
+            (run / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nother\n")
+    # The resumed session wrote both again, each with one warning; the run reads back.
+    warned = [l for l in outputs[1].err.splitlines() if l.startswith("warning:")]
+    assert warned == [
+        f"warning: {run / 'options.json'}: not valid JSON (line 1, column 10: Expecting value); wrote it again "
+        "from the newest checkpoint's options",
+        f"warning: {run / 'vocab.txt'}: holds another vocabulary than the run's; wrote it again from "
+        f"{TRAIN / 'vocab.txt'}",
+    ]
+    assert load_run(str(run))[3] == 3 and (run / "vocab.txt").read_text() == (TRAIN / "vocab.txt").read_text()
     said = [[l for l in out.out.splitlines() if l.startswith(("starting", "resuming", str(run)))] for out in outputs]
     assert said == [
         [

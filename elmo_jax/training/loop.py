@@ -33,7 +33,7 @@ from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
-from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
@@ -439,6 +439,8 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
             check_compatible(meta, options, vocab, settings.run_dir)
             if not settings.new_data:
                 check_same_data(meta, data, settings.run_dir)
+            if jax.process_index() == 0:
+                _mend_run_files(settings.run_dir, meta, vocab)
         elif jax.process_index() == 0:
             options.save(os.path.join(settings.run_dir, "options.json"))
             write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
@@ -463,6 +465,26 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
         data,
         lock,
     )
+
+
+def _mend_run_files(run_dir: str, meta: dict, vocab: Vocabulary) -> None:
+    """A resumed run's options.json and vocab.txt, which eval, embed and export read, written
+    again (with a warning) when they are gone or unreadable or hold another vocabulary: the
+    checkpoint's options and the vocabulary it was checked against are the run's own."""
+    options_path, vocab_path = os.path.join(run_dir, "options.json"), os.path.join(run_dir, "vocab.txt")
+    try:
+        Options.load(options_path, saved=True)
+    except ConfigError as e:
+        Options.from_dict(meta["options"], where=options_path, saved=True).save(options_path)
+        print(f"warning: {e}; wrote it again from the newest checkpoint's options", file=sys.stderr)
+    try:
+        same = vocab_hash(Vocabulary.load(vocab_path)) == meta["vocab_sha256"]
+        why = "holds another vocabulary than the run's"
+    except VocabError as e:
+        same, why = False, str(e).removeprefix(f"{vocab_path}: ")
+    if not same:
+        write_vocab_file(vocab_path, vocab)
+        print(f"warning: {vocab_path}: {why}; wrote it again from {vocab.source}", file=sys.stderr)
 
 
 def _lock_run_dir(run_dir: str) -> FileLock | None:
