@@ -585,3 +585,27 @@ def test_demo_compares_every_occurrence_of_the_word_whatever_its_case(capsys):
     assert list(pairs) == ["0-1", "0-2", "1-2"] and pairs["1-2"] == "1.000"  # three places; 1, 2 spelled alike
     layer1 = next(line for line in out.splitlines() if line.strip().startswith("layer 1:"))
     assert "1-2: 1.000" not in layer1  # the two places in one sentence are two contexts
+
+
+def test_the_next_commands_run_as_printed(tmp_path, monkeypatch):
+    """After the README's install the venv is not activated: the commands name the program by the
+    path it was started by, unless the shell finds that same one as ``elmo-jax``; embed reads the
+    held-out file when there is one."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "elmo-jax").write_text("#!/bin/sh\n")
+    (bin_dir / "elmo-jax").chmod(0o755)
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("a b\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "argv", [str(bin_dir / "elmo-jax"), "train"])
+    assert commands.program() == ".venv/bin/elmo-jax"
+    text = commands.next_commands("runs/r", str(heldout))
+    assert f"  .venv/bin/elmo-jax embed --run-dir runs/r --input {heldout} --output elmo.hdf5" in text
+    assert f"  .venv/bin/elmo-jax eval --run-dir runs/r --files {heldout}" in text
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")  # activated: the shell finds this one
+    assert commands.program() == "elmo-jax"
+    monkeypatch.setattr(sys, "argv", ["/somewhere/else/python", "-m", "elmo_jax"])
+    assert commands.program() == "elmo-jax"
+    assert "--input sentences.txt" in commands.next_commands("runs/r", "corpus/*.txt")  # a glob: a placeholder

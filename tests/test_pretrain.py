@@ -698,6 +698,9 @@ def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     ]
     # Each session's first metrics line times its start-up (compile) apart from the steps.
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    # A session with nothing to do prints the last metrics of the step it is at, as the others do.
+    printed = [json.loads(l) for out in outputs for l in out.out.splitlines() if l.startswith("{")]
+    assert printed[1]["loss"] == printed[2]["loss"] == round(metrics[-1]["loss"], 4) and printed[2]["step"] == 3
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert [("startup_s" in m) for m in metrics] == [True, False, True]
     assert all(m["startup_s"] > 0 and m["tokens_per_s"] > 0 for m in metrics if "startup_s" in m)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import threading
 import warnings
@@ -198,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         if stall is not None:
             stall.close()
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and last.get("step"):  # a run with no step (--steps 0) has nothing to use
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
@@ -241,18 +242,35 @@ def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:
-    """What to do with a trained run dir: ready-to-run commands (placeholders for the user's files)."""
-    run = shlex.quote(run_dir)
+    """What to do with a trained run dir: commands ready to run as printed, on the held-out file
+    when there is one (else placeholders for the user's files)."""
+    run, me = shlex.quote(run_dir), program()
     files = shlex.quote(heldout_files) if heldout_files else "heldout.txt"
     if heldout_files and heldout_files.startswith("tfds:") and tfds_data_dir:
         files += f" --tfds-data-dir {shlex.quote(tfds_data_dir)}"
+    lines = shlex.quote(heldout_files) if heldout_files and os.path.isfile(heldout_files) else "sentences.txt"
     return "\n".join(
         [
             "next:",
-            f"  elmo-jax embed --run-dir {run} --input sentences.txt --output elmo.hdf5   # ELMo vectors of each line",
-            f"  elmo-jax eval --run-dir {run} --files {files}   # full-softmax perplexity",
-            f"  elmo-jax export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
+            f"  {me} embed --run-dir {run} --input {lines} --output elmo.hdf5   # ELMo vectors of each line",
+            f"  {me} eval --run-dir {run} --files {files}   # full-softmax perplexity",
+            f"  {me} export --run-dir {run} --out-dir export/   # bilm-tf/AllenNLP files",
         ]
+    )
+
+
+def program() -> str:
+    """This program as the shell can run it again from here: ``elmo-jax`` when that is the one it
+    finds, else the path it was started by (``.venv/bin/elmo-jax`` of a venv not activated)."""
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "elmo-jax":  # python -m elmo_jax, a test, a notebook
+        return "elmo-jax"
+    found = shutil.which("elmo-jax")
+    if found and same_path(found, started):
+        return "elmo-jax"
+    relative = os.path.relpath(started)
+    return shlex.quote(
+        started if relative.startswith("..") else relative if os.sep in relative else f".{os.sep}{relative}"
     )
 
 

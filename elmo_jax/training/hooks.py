@@ -169,12 +169,28 @@ def _not_logged(path: str, e: OSError) -> WriteFailed:
     return OutOfSpaceError(said, path, code) if space is not None else WriteFailed(said, path, code)
 
 
-def _logged_after(line: bytes, start: int) -> bool:
+def _record(line: bytes) -> dict | None:
+    """A metrics line's record, or None for a line that is not a JSON object."""
     try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError):  # not JSON (UnicodeDecodeError is a ValueError), not an object
-        return False
+        record = json.loads(line)
+    except ValueError:  # not JSON (UnicodeDecodeError is a ValueError)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _logged_after(line: bytes, start: int) -> bool:
+    step = (_record(line) or {}).get("step")
     return isinstance(step, int) and step > start
+
+
+def logged(path: str, step: int) -> dict:
+    """The last record ``metrics.jsonl`` at ``path`` holds for ``step`` ({} if none, or no file)."""
+    try:
+        with open_binary(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    return next((r for r in map(_record, reversed(lines)) if r is not None and r.get("step") == step), {})
 
 
 class SignalStop:

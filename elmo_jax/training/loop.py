@@ -39,7 +39,15 @@ from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator, too_little_text
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
-from elmo_jax.training.hooks import Diverged, DivergenceGuard, MetricsFile, MetricsWindow, Progress, SignalStop
+from elmo_jax.training.hooks import (
+    Diverged,
+    DivergenceGuard,
+    MetricsFile,
+    MetricsWindow,
+    Progress,
+    SignalStop,
+    logged,
+)
 from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
@@ -634,7 +642,7 @@ def _train(
     )
     if run.total is not None and start >= run.total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
-        return {"step": start}
+        return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
     compute = _announce(run, start, batcher, state, init_state is not None)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
