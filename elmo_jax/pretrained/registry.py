@@ -595,8 +595,8 @@ def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, pr
             else:
                 _copy(model, f, part, source, progress)
             digest = _finish(model, f, part, source, pin)
-    except _Interrupted:
-        raise  # a broken transfer: the partial file stays for the next run to resume
+    except _Interrupted as e:  # a broken transfer: the partial file stays for the next run to resume
+        raise PretrainedError(str(e)) from None  # the public type (_Interrupted is the retries' signal)
     except PretrainedError:
         part.unlink(missing_ok=True)  # refused content (404, an HTML page, a wrong size or hash): none of it stays
         raise
