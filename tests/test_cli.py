@@ -339,7 +339,7 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
     )
     assert "--batch-tokens must be 1 or more; got 0" in capsys.readouterr().err
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--ahead", "-1") == 2
-    assert "--window must be 1 or more and --ahead 0 or more; got 2048 and -1" in capsys.readouterr().err
+    assert "elmo-jax embed: error: --ahead must be an integer >= 0; got -1\n" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
@@ -609,3 +609,27 @@ def test_the_next_commands_run_as_printed(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/somewhere/else/python", "-m", "elmo_jax"])
     assert commands.program() == "elmo-jax"
     assert "--input sentences.txt" in commands.next_commands("runs/r", "corpus/*.txt")  # a glob: a placeholder
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["train", "--learning-rate", "abc"],
+            "elmo-jax train: error: argument --learning-rate: invalid float value: 'abc'",
+        ),
+        (["train", "--stepz", "5"], "elmo-jax train: error: unrecognized arguments: --stepz 5"),
+        (
+            ["embed", "--options", "o.json", "--input", "a", "--output", "b"],
+            "elmo-jax embed: error: --options needs --weights",
+        ),
+        (["demo", "--options", "o.json"], "elmo-jax demo: error: --options needs --weights"),
+    ],
+)
+def test_argparse_refusals_are_one_line_of_the_subcommand(argv, line, capsys):
+    """(Before: argparse's usage block first, 20 lines for train; an unrecognized flag and
+    --options without --weights were said by the top-level parser.)"""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"{line} (see {' '.join(line.split()[:2]).rstrip(':')} --help)\n"

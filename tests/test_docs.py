@@ -86,5 +86,5 @@ def test_a_flag_the_command_line_does_not_have_is_caught():
     assert "expected one argument" in refusal("train --steps")
     block = "```bash\nelmo-jax train --stepz 5  # a comment\n```\n```python\nelmo-jax = 1\n```"
     assert [refusal(c) for b in shell_blocks(block) for c in commands(b)] == [
-        "elmo-jax: error: unrecognized arguments: --stepz 5"
+        "elmo-jax train: error: unrecognized arguments: --stepz 5 (see elmo-jax train --help)"
     ]

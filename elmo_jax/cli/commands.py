@@ -12,6 +12,7 @@ import shlex
 import shutil
 import sys
 import threading
+import typing
 import warnings
 from collections.abc import Callable
 from importlib import resources
@@ -399,8 +400,23 @@ def cmd_models(args: argparse.Namespace) -> None:
 ARGUMENT_DESTS = {"train": {"source": "init_from"}}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusals as one line, like the commands' own errors (not the usage block first);
+    its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:  # said by the subcommand they were given to, whose --help lists its flags
+            command = getattr(parsed, "command", None)
+            (_subcommand(self, command) if command else self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="elmo-jax", description="ELMo biLMs in JAX.")
+    p = _Parser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     p.add_argument(
         "--compile-cache",
         default=default_compile_cache(),
@@ -413,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in sub.choices.items():
         command.set_defaults(flags=_flags(command, ARGUMENT_DESTS.get(name, {})))
     return p
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``name``."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
 
 
 def _flags(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:
@@ -807,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
-        parser.error("--options needs --weights")
+        _subcommand(parser, args.command).error("--options needs --weights")
     if argv is None:  # the program, not a caller's Python: a warning is one line, as an error is
         warnings.formatwarning = _one_line_warning
     if args.command in COMPUTE_COMMANDS:

@@ -12,7 +12,7 @@ The file is written under a temporary name next to ``output_path`` and renamed i
 complete (``elmo_jax._util.atomic``): an error or Ctrl-C leaves no file under the final name, and a
 full disk (or quota, or a read-only file system) is one ``OutOfSpaceError`` naming the file and the
 space left (``elmo_jax._util.disk_full``).
-Errors about the options name their fields (``window must be 1 or more ...``).
+Errors about the options name their fields (``window must be an integer >= 1; got 0``).
 
 ``ShardedEmbeddings`` reads what ``embed_file`` wrote back in line order: the files of the N
 processes of a sharded run (each found by its manifest), or one file.
@@ -37,7 +37,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.paths import fault, said
-from elmo_jax.config import ConfigError
+from elmo_jax.config import ConfigError, check_counts
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
 
@@ -89,12 +89,8 @@ class EmbedFileOptions:
             raise about(ConfigError(f"num_shards {n} needs shard_index in 0..{n - 1}"), "num_shards", "shard_index")
         if i is not None and n is None:
             raise about(ConfigError("shard_index needs num_shards"), "shard_index", "num_shards")
-        if self.window < 1 or self.ahead < 0:
-            raise about(
-                ConfigError(f"window must be 1 or more and ahead 0 or more; got {self.window} and {self.ahead}"),
-                "window",
-                "ahead",
-            )
+        check_counts(1, window=self.window)
+        check_counts(0, ahead=self.ahead)
 
     @property
     def sharded(self) -> bool:
