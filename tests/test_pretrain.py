@@ -467,6 +467,20 @@ def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):
         )
 
 
+def test_a_resumed_run_without_a_config_counts_its_epochs_with_its_own_options(trained_run, tmp_path):
+    """No config and a vocabulary without a token-count sidecar: the run's own options hold the
+    count (before: refused for want of one, as if it were a new run of the tiny preset)."""
+    from elmo_jax.training.setup import TrainSpec, train
+
+    run_dir, options, _ = trained_run
+    copy = tmp_path / "r"
+    shutil.copytree(run_dir, copy)
+    epochs = 4 * 10 / options.training.n_train_tokens  # 4 steps of 2 rows x 5 tokens: where the run is
+    settings = RunSettings(run_dir=str(copy), epochs=epochs, progress=False, devices=1)
+    out = train(TrainSpec(vocab=str(TRAIN / "vocab.txt")), TextFiles(str(TRAIN / "data.txt")), settings)
+    assert out["step"] == 4
+
+
 def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path):
     f = tmp_path / "data.txt"
     f.write_bytes(b"the cat sat\nbad \xff\xfe line\n" + (" ".join(["word"] * 10_000)).encode() + b"\n")

@@ -67,7 +67,9 @@ def train(
     read and as each shard is counted for the vocabulary."""
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
-    _check_recipe(spec)  # before the vocabulary pass, which can take minutes, and writes
+    # A resumed run's own options (None for a new run): without a config they are the run's.
+    saved = saved_options(settings.run_dir)
+    _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
     beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
@@ -75,7 +77,7 @@ def train(
         warm = read_warmstart(spec.init_from)
     vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
-    options = _run_options(spec, settings, vocab, vocab_path, warm, say)
+    options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say)
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
     return pretrain(options, vocab, source, settings, heldout=heldout, init_state=init_state, on_progress=on_progress)
 
@@ -125,13 +127,17 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
     return vocab_path
 
 
-def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, say) -> Options:
-    """The run's Options: ``spec.config`` (or ``warm``'s biLM) with the values that override its recipe."""
+def _run_options(
+    spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, saved: dict | None, say
+) -> Options:
+    """The run's Options: ``spec.config`` (or ``warm``'s biLM, or a resumed run's ``saved``
+    options) with the values that override its recipe."""
     from elmo_jax.text.vocab import read_vocab_meta
 
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
-    if n_train_tokens is None and settings.steps is None and not _config_sets(spec.config, "n_train_tokens"):
+    counted = _config_sets(spec.config, "n_train_tokens") or (spec.config is None and saved is not None)
+    if n_train_tokens is None and settings.steps is None and not counted:
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
         raise about(
             ConfigError(
@@ -147,10 +153,7 @@ def _run_options(spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str,
     # otherwise (pretrain's start line names both), and without a config it keeps its own options:
     # the same command resumes an init_from run, whose source is no longer read, and a run that
     # started from a config not given again.
-    saved = saved_options(settings.run_dir)
-    config: str | Options | None = spec.config or (None if warm is not None else "tiny")
-    if spec.config is None and saved is not None:
-        config = Options.from_dict(saved, where=f"{settings.run_dir}'s newest checkpoint", saved=True)
+    config = _config(spec, warm is not None, saved)
     learning_rate = spec.learning_rate
     if (
         learning_rate is None
@@ -219,11 +222,21 @@ def _overridden(train: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
         raise about(e, *given) from None
 
 
-def _check_recipe(spec: TrainSpec) -> None:
+def _config(spec: TrainSpec, warm: bool, saved: dict | None) -> str | Options | None:
+    """What the run's options start from: ``spec.config``; without it a resumed run's ``saved``
+    options, else for a new run tiny, or with an init_from source (``warm``) None (its biLM)."""
+    if spec.config is None and saved is not None:
+        return Options.from_dict(saved, where="the run's newest checkpoint", saved=True)
+    return spec.config or (None if warm else "tiny")
+
+
+def _check_recipe(spec: TrainSpec, saved: dict | None) -> None:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it."""
-    config = spec.config or (None if spec.init_from else "tiny")
-    if config is None:  # the recipe of an init_from source, whose model is not read yet
+    config = _config(spec, bool(spec.init_from), saved)
+    if isinstance(config, Options):  # a resumed run's, whose vocabulary is the run's own
+        train = config.training
+    elif config is None:  # the recipe of an init_from source, whose model is not read yet
         train = _recipe_train(_ANY_VOCAB)
     else:
         train = _config_options(config, None, _ANY_VOCAB).train or TrainConfig(n_tokens_vocab=_ANY_VOCAB)
