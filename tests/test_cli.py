@@ -427,6 +427,13 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
         (["--config", "huge"], "neither a preset"),
         (["--batch-size", "4", "--rows-per-draw", "3"], "'--rows-per-draw' (3) must divide '--batch-size' (4)"),
         (["--num-processes", "2", "--process-id", "2"], "--process-id must be 0 to 1 (--num-processes - 1); got 2"),
+        # Not two runs of one process each into one run dir:
+        (["--num-processes", "2", "--process-id", "1"], "several processes need a --coordinator: the host:port"),
+        (["--process-id", "1"], "several processes need a --coordinator"),
+        (
+            ["--coordinator", "host0", "--num-processes", "2", "--process-id", "0"],
+            "--coordinator 'host0': expected host:port",
+        ),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: expected a whole number of seconds, 1 or more"),
         (["--stall-timeout", "-1"], "argument --stall-timeout: expected a whole number of seconds (0: off): '-1'"),
     ]

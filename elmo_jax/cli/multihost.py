@@ -18,6 +18,7 @@ import argparse
 import atexit
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -88,11 +89,21 @@ def check_processes(args: argparse.Namespace, source) -> None:
     (it aborts that process itself, "Unexpected task")."""
     from elmo_jax.text.sources import shard_for_process
 
-    n, i = args.num_processes, args.process_id
+    n, i, address = args.num_processes, args.process_id, coordinator(args)
     if n and i is not None and not 0 <= i < n:
         raise about(
             ConfigError(f"process_id must be 0 to {n - 1} (num_processes - 1); got {i}"), "process_id", "num_processes"
         )
+    if ((n or 1) > 1 or (i or 0) > 0) and not address:  # else each host would train a run of its own into one run dir
+        raise about(
+            ConfigError(
+                "several processes need a coordinator: the host:port of process 0 (or JAX_COORDINATOR_ADDRESS), "
+                "given to every process"
+            ),
+            "coordinator",
+        )
+    if address and not re.fullmatch(r"\S+:\d+", address):  # jax would fail on it with a traceback
+        raise about(ConfigError(f"coordinator {address!r}: expected host:port, e.g. host0:8476"), "coordinator")
     if n:
         shard_for_process(source, 0, n)
 
