@@ -121,6 +121,9 @@ def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
 
         _, _, params, step = load_run(RUN)
         assert step == 6
+        from elmo_jax.training.setup import saved_steps
+
+        assert saved_steps(RUN) == [4, 6]  # Orbax's own commit files, as saved_steps looks for them
         paths = export_run(RUN, "gs://bucket/export")
         assert paths[0] == "gs://bucket/export/options.json"
 
@@ -157,3 +160,23 @@ def test_metrics_file_drops_later_steps_and_keeps_everything_else(monkeypatch, t
         before = local.stat().st_mtime_ns
         MetricsFile(os.fspath(path), start=4)
         assert local.stat().st_mtime_ns == before
+
+
+def test_a_step_orbax_has_not_committed_on_gcs_is_not_a_saved_step(monkeypatch, tmp_path):
+    """On an object store Orbax writes into checkpoints/<step>/ and commits it with
+    commit_success.txt: a step without it is a save cut short (before: counted as saved, so
+    --init-from was skipped and a stopped run named it as intact). Locally the step's name is the
+    commit (a rename of a temporary directory)."""
+    from elmo_jax.training.setup import saved_steps
+
+    with gcs_like(monkeypatch, tmp_path):
+        for step, committed in ((2, True), (4, False)):
+            d = epath.Path(RUN, "checkpoints", str(step))
+            d.mkdir(parents=True)
+            if committed:
+                (d / "commit_success.txt").write_text("")
+        assert saved_steps(RUN) == [2]
+    local = tmp_path / "local"
+    (local / "checkpoints" / "4").mkdir(parents=True)
+    (local / "checkpoints" / "6.orbax-checkpoint-tmp-1").mkdir()
+    assert saved_steps(str(local)) == [4]

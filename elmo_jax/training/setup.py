@@ -89,11 +89,21 @@ def has_checkpoint(run_dir: str) -> bool:
 
 def saved_steps(run_dir: str) -> list[int]:
     """The committed checkpoints' steps in ``run_dir`` (local or gs://), by their directories alone,
-    without opening Orbax: a save in flight is a temporary directory until it commits."""
+    without opening Orbax. A local save in flight is a temporary directory until its rename
+    commits it; on an object store Orbax writes into the step's own directory and commits it
+    with a ``commit_success.txt`` there (``elmo_jax.training.checkpoint``)."""
     from etils import epath
 
-    checkpoints = epath.Path(run_dir, "checkpoints")
-    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.is_dir() else []
+    from elmo_jax._util.atomic import is_local
+
+    checkpoints, local = epath.Path(run_dir, "checkpoints"), is_local(run_dir)
+    if not checkpoints.is_dir():
+        return []
+    return sorted(
+        int(p.name)
+        for p in checkpoints.iterdir()
+        if p.name.isdigit() and (local or (p / "commit_success.txt").exists())
+    )
 
 
 def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[[str], None]) -> str:
