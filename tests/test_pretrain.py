@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from jax.sharding import Mesh
 from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
+from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli.commands import bundled_sample
 from elmo_jax.compat.hdf5 import load_hdf5
 from elmo_jax.config import Options
@@ -437,6 +439,42 @@ def test_a_checkpoint_denied_to_this_user_stops_the_run_and_moves_nothing(traine
     with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
         assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)["step"] == 5
     assert (copy / "unreadable" / "4").is_dir()
+
+
+@pytest.mark.parametrize(
+    "xla, raised, said",
+    [
+        (
+            "RESOURCE_EXHAUSTED: Out of memory while allocating",
+            OutOfDeviceMemory,
+            "restoring checkpoint 4 ran the devices out",
+        ),
+        (
+            "INTERNAL: CUDA error: an illegal memory access",
+            DeviceFailed,
+            "the device failed while restoring checkpoint 4",
+        ),
+    ],
+    ids=["out-of-memory", "device-failed"],
+)
+def test_a_restore_the_device_fails_stops_in_one_line_and_moves_nothing(
+    trained_run, tmp_path, monkeypatch, xla, raised, said
+):
+    """Not the files' fault: falling back would move good checkpoints aside (and a fresh start on
+    the same device would fail alike); a rerun on a device that works resumes from step 4."""
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    xla_error = type("JaxRuntimeError", (RuntimeError,), {})  # what jax raises, by its name
+
+    def restore(self, step, *args, **kwargs):
+        raise xla_error(xla)
+
+    monkeypatch.setattr(Checkpointer, "restore", restore)
+    settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
+    with pytest.raises(raised, match=f"^{re.escape(str(copy))}: {said} .*; nothing was moved"):
+        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    assert Checkpointer(str(copy), read_only=True).steps() == [2, 4] and not (copy / "unreadable").exists()
 
 
 def test_a_run_dir_holding_another_config_is_refused(trained_run, tmp_path):

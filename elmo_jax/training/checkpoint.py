@@ -47,6 +47,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from elmo_jax._util.atomic import atomic_path, is_local
+from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.disk_full import (
     OutOfSpaceError,
     WriteFailed,
@@ -120,6 +121,27 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 def checkpoint_bytes(shared: dict, lstm: dict) -> int:
     """About what a checkpoint of these global arrays takes on disk (their bytes, uncompressed)."""
     return sum(x.nbytes for x in jax.tree_util.tree_leaves((shared, lstm)))
+
+
+def _device_error(run_dir, step: int, e: BaseException | None) -> RuntimeError | None:
+    """The one-line error for a restore of ``step`` that the device failed or ran out of memory
+    in (not damage: falling back would move good checkpoints aside), else None."""
+    return (
+        None
+        if e is None
+        else device_error(
+            e,
+            out_of_memory_said=lambda xla: (
+                f"{run_dir}: restoring checkpoint {step} ran the devices out of memory ({xla}); nothing was moved: "
+                "rerun on more devices or devices with more memory"
+            ),
+            knob="devices",
+            failed_said=lambda xla: (
+                f"{run_dir}: the device failed while restoring checkpoint {step} ({xla}); nothing was moved: "
+                f"{CHECK_THE_DEVICE} rerun the same command"
+            ),
+        )
+    )
 
 
 def _denied(e: BaseException) -> bool:
@@ -616,11 +638,17 @@ class Checkpointer:
     def _failed_anywhere(self, step: int, error: BaseException | None) -> bool:
         """Whether the read of ``step`` failed on any process (``error``: this one's failure, or
         None), agreed by all: every process then falls back alike. (Otherwise they would train
-        from two states, or mismatch their collectives.) A denied read stops them all alike."""
-        mine = 0 if error is None else 2 if _denied(error) else 1
+        from two states, or mismatch their collectives.) A read that failed for a reason that is
+        not damage (denied, or the device's) stops them all alike, and moves nothing."""
+        mine = 0 if error is None else 2 if _denied(error) else 3 if _device_error(self.run_dir, step, error) else 1
         worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
         if worst == 2:
             self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
+        if worst == 3:
+            raise _device_error(self.run_dir, step, error) or CheckpointError(
+                f"{self.run_dir}: checkpoint {step}: another process's device failed or ran out of memory while restoring it; "
+                "nothing was moved: see that process's line"
+            )
         return bool(worst)
 
     def restore(
