@@ -1191,3 +1191,15 @@ def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_buil
         "saving step 1, the last",
     ]
     assert (run / "vocab.txt").exists()
+
+
+def test_too_little_held_out_text_names_the_setting_that_can_help(tmp_path):
+    """With one row a batch already, a smaller batch cannot help; shorter windows can."""
+    from elmo_jax._util.arguments import arguments_of
+    from elmo_jax.training.evaluate import too_little_text
+
+    (tmp_path / "h.txt").write_text("a b\n")
+    source = TextFiles(str(tmp_path / "h.txt"))
+    for rows, knob in ((2, "batch_size"), (1, "unroll_steps")):
+        e = too_little_text(source, rows, 20)
+        assert str(e).endswith(f"give more text or a smaller {knob}") and arguments_of(e) == (knob,)

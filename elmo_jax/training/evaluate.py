@@ -113,12 +113,13 @@ def evaluate(
 def too_little_text(source: Source, batch_size: int, unroll_steps: int) -> DataError:
     """The error for held-out text that fills no evaluation window (empty, or too short)."""
     names = ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
+    knob = "batch_size" if batch_size > 1 else "unroll_steps"  # one row already: only shorter ones can help
     return about(
         DataError(
             f"the held-out text ({names}) is smaller than one evaluation batch ({batch_size} rows x "
-            f"{unroll_steps} tokens); give more text or a smaller batch_size"
+            f"{unroll_steps} tokens); give more text or a smaller {knob}"
         ),
-        "batch_size",
+        knob,
     )
 
 
