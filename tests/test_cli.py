@@ -640,3 +640,20 @@ def test_argparse_refusals_are_one_line_of_the_subcommand(argv, line, capsys):
         cli.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err == f"{line} (see {' '.join(line.split()[:2]).rstrip(':')} --help)\n"
+
+
+def test_a_run_dir_that_is_not_there_is_said_after_its_flag(tmp_path, capsys):
+    """(Before: "runs/nope: not a run directory (no options.json)", neither the flag nor what is wrong.)"""
+    (tmp_path / "a.txt").write_text("x\n")
+    for argv, said in [
+        (["eval", "--run-dir", str(tmp_path / "nope"), "--files", str(tmp_path / "a.txt")], "nope: does not exist"),
+        (
+            ["export", "--run-dir", str(tmp_path / "a.txt"), "--out-dir", str(tmp_path / "x")],
+            "a.txt: is a file, not a directory",
+        ),
+    ]:
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"elmo-jax {argv[0]}: error: --run-dir {tmp_path}/{said}\n"
+    (tmp_path / "empty").mkdir()  # negative control: a directory that is there, but no run
+    assert cli.main(["export", "--run-dir", str(tmp_path / "empty"), "--out-dir", str(tmp_path / "x")]) == 2
+    assert "not a run directory (no options.json)" in capsys.readouterr().err

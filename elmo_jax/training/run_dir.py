@@ -16,7 +16,7 @@ import numpy as np
 from etils import epath
 
 from elmo_jax._util import disk_full
-from elmo_jax._util.atomic import atomic_path, write_text_atomic
+from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.paths import closed_above
 from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
@@ -87,6 +87,11 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     """(options, vocab, shared state with the softmax in id order, step) of a run directory's
     newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath)."""
     options_path = os.path.join(run_dir, "options.json")
+    if is_local(run_dir) and not os.path.isdir(run_dir) and not closed_above(run_dir):
+        # The OS's error for the path: the command line says it after the flag that gave it.
+        exists = os.path.exists(run_dir)
+        code = errno.ENOTDIR if exists else errno.ENOENT
+        raise (NotADirectoryError if exists else FileNotFoundError)(code, os.strerror(code), os.fspath(run_dir))
     if not epath.Path(options_path).is_file():
         if closed := closed_above(options_path):  # its files may be there, out of this user's reach
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), closed)
