@@ -412,6 +412,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
     cases = [
         (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
         (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
+        (["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(empty)], f"no sentences in {empty}"),
         (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(no_unk)], "must contain ['<UNK>']"),
         (
             [
@@ -447,7 +448,9 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
         assert code == 2, (args, err)
         lines = [l for l in err.splitlines() if l.startswith("elmo-jax train: error:")]
         assert len(lines) == 1 and message in lines[0], (args, err)
-        if args[0] in ("--config", "--batch-size"):  # refused before the vocabulary is built into the run dir
+        if (
+            args[0] in ("--config", "--batch-size") or "--heldout-files" in args
+        ):  # before the vocabulary is built into the run dir
             assert not run.exists(), args
         assert "Traceback" not in err
 

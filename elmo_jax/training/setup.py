@@ -65,11 +65,14 @@ def train(
     """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics.
     ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
     read and as each shard is counted for the vocabulary."""
+    from elmo_jax.text.sources import fingerprint
     from elmo_jax.training.warmstart import finetune_state, read_warmstart
 
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
     _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
+    if heldout is not None:  # and held-out text that is empty, binary or unreadable, as the training text is
+        fingerprint(heldout)
     beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
