@@ -7,6 +7,7 @@ test_prefetch.py and test_distributed.py, the divergence guard in test_divergenc
 import math
 import os
 import signal
+import sys
 
 import jax.numpy as jnp
 import pytest
@@ -86,3 +87,14 @@ def test_progress_is_silent_when_disabled_and_shows_the_record_otherwise(capsys)
     on.close()
     err = capsys.readouterr().err
     assert "3/5" in err and "loss=1.250" in err
+
+
+def test_progress_into_a_log_file_redraws_once_a_minute(capsys, monkeypatch):
+    """Every redraw of a bar stays in a log file; on a terminal it overwrites the last."""
+    into_a_file = Progress(True, total=5, start=0)
+    assert into_a_file.bar.mininterval == 60.0
+    into_a_file.close()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    on_a_terminal = Progress(True, total=5, start=0)
+    assert on_a_terminal.bar.mininterval < 1  # tqdm's own default
+    on_a_terminal.close()
