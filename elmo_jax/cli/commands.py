@@ -678,14 +678,14 @@ def _add_embed(sub) -> None:
         type=_layers_arg,
         default="all",
         metavar="{all,top,average,W0,W1,...}",
-        help="all: [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated weights "
-        "(a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]",
+        help="all (the default): [n_layers+1, n_tokens, 2P]; top, average, or n_layers+1 comma-separated "
+        "weights (a weighted sum, the weights used as given, not normalised): [n_tokens, 2P]",
     )
     em.add_argument(
         "--pool",
         choices=["mean", "max"],
-        help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings' "
-        "[n_lines, 2P], or [n_lines, n_layers+1, 2P] with --layers all",
+        help="pool each line over its tokens (an empty line gives zeros): one dataset 'embeddings', "
+        "[n_lines, n_layers+1, 2P] with --layers all (the default), else [n_lines, 2P]",
     )
     em.add_argument(
         "--num-shards",
