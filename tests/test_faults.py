@@ -206,7 +206,7 @@ def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on
     other.write_text((TRAIN / "data.txt").read_text().replace(" the ", " a "))
     assert cli.main(_train_args(tmp_path, str(other), "--steps", "30")) == 2
     [line] = _error_lines(capsys.readouterr().err)
-    assert "other.txt is new; a.txt is gone" in line
+    assert "(a.txt is gone; other.txt is new)" in line
 
     (data / "b.txt").unlink()
     with open(data / "a.txt", "a") as f:  # regenerated in place: same name, other content

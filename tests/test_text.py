@@ -275,3 +275,21 @@ def test_sample_is_a_fixed_point_of_the_tokenizer(sample):
     for name, lines in sample.items():
         for line in lines:
             assert format_sentence(tokenize(line)) == line, f"{name}: {line!r}"
+
+
+def test_data_changes_say_files_gone_before_the_many_new_ones():
+    """(Before: one entry a file, new ones first, so "p0.txt is new; p1.txt is new; p2.txt is new
+    and 2 more" hid that the training file itself was gone.)"""
+    from elmo_jax.text.sources import data_changes
+
+    def files(*names, size=10):
+        return [{"name": n, "size": size, "sha256_ends": "x"} for n in names]
+
+    saved = files("train.txt", "kept.txt")
+    now = files("kept.txt", "p0.txt", "p1.txt", "p2.txt", "p3.txt")
+    assert data_changes(saved, now) == ["train.txt is gone", "p0.txt, p1.txt, p2.txt and 1 more are new"]
+    assert data_changes(saved, files("train.txt", "kept.txt", size=11)) == [
+        "kept.txt changed size (10 -> 11 bytes)",
+        "train.txt changed size (10 -> 11 bytes)",
+    ]
+    assert data_changes(saved, saved) == []

@@ -232,15 +232,31 @@ def data_changes(saved: list[dict], now: list[dict]) -> list[str]:
     """How ``now`` differs from ``saved`` (both from ``fingerprint``), by file name: a file moved
     to another directory is the same file, a regenerated one is not."""
     before, after = {f["name"]: f for f in saved}, {f["name"]: f for f in now}
-    changes = [f"{name} is new" for name in after if name not in before]
-    changes += [f"{name} is gone" for name in before if name not in after]
-    for name in before.keys() & after.keys():
+    # One entry for all the files gone and one for all the new ones, the gone first: a caller that
+    # shows the first few must not hide a file gone behind a glob's many new ones.
+    changes = [
+        _listed(names, what)
+        for names, what in (
+            ([n for n in before if n not in after], "gone"),
+            ([n for n in after if n not in before], "new"),
+        )
+        if names
+    ]
+    for name in sorted(before.keys() & after.keys()):
         b, a = before[name], after[name]
         if b["size"] != a["size"]:
             changes.append(f"{name} changed size ({b['size']:,} -> {a['size']:,} bytes)")
         elif b["sha256_ends"] != a["sha256_ends"]:
             changes.append(f"{name} changed content")
     return changes
+
+
+def _listed(names: list[str], what: str) -> str:
+    """``a.txt is new``, or ``a.txt, b.txt, c.txt and 2 more are new``."""
+    if len(names) == 1:
+        return f"{names[0]} is {what}"
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"{', '.join(names[:3])}{more} are {what}"
 
 
 def open_source(spec: str, data_dir: str | None = None) -> Source:
