@@ -233,3 +233,19 @@ def test_read_vocab_meta_missing_and_malformed(tmp_path):
     # A hand-written sidecar without a checksum is taken as it is.
     (tmp_path / "vocab.txt.json").write_text('{"n_train_tokens": 5}', encoding="utf-8")
     assert read_vocab_meta(path) == {"n_train_tokens": 5}
+
+
+def test_the_vocab_command_counts_the_markers_the_text_s_words_and_the_kept_old_ones(tmp_path, capsys):
+    """(Before, with --extend: "17740 tokens (of 2679 distinct)", more kept than there were.)"""
+    from elmo_jax.cli import commands
+
+    (tmp_path / "t.txt").write_text("a a b\na c\n")
+    (tmp_path / "old.txt").write_text("<S>\n</S>\n<UNK>\nb\nzzz\nqqq\n")
+    argv = ["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "v.txt"), "--min-count", "2"]
+    assert commands.main([*argv, "--extend", str(tmp_path / "old.txt")]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said == (
+        f"{tmp_path / 'v.txt'}: 7 entries: the 3 markers, 1 of the text's 3 distinct words, 3 more of "
+        f"{tmp_path / 'old.txt'}; 5 tokens, 2 sentences, 1 shard(s)"
+    )
+    assert len((tmp_path / "v.txt").read_text().split()) == 7

@@ -110,16 +110,21 @@ def bundled_sample() -> tuple[str, str]:
 def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.text.sources import open_source
-    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
+    from elmo_jax.text.vocab import SPECIALS, build_vocab, count_tokens, write_vocab
 
     files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
     extend = Vocabulary.load(args.extend).words if args.extend else None
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
     write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
+    # The markers, and with --extend the old words kept whatever their count here, said apart from
+    # the text's words (before: "17740 tokens (of 2679 distinct)").
+    frequent = sum(counts.get(w, 0) >= args.min_count for w in words[len(SPECIALS) :])
+    old = len(words) - len(SPECIALS) - frequent
+    kept = f", {old} more of {args.extend}" if extend else ""
     print(
-        f"{args.out}: {len(words)} tokens (of {len(counts)} distinct) from {n_sentences} sentences, "
-        f"{n_tokens} tokens in {len(files)} shard(s)"
+        f"{args.out}: {len(words)} entries: the {len(SPECIALS)} markers, {frequent} of the text's {len(counts)} "
+        f"distinct words{kept}; {n_tokens} tokens, {n_sentences} sentences, {len(files)} shard(s)"
     )
 
 
