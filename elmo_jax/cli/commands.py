@@ -463,7 +463,7 @@ def _add_vocab(sub) -> None:
     vocab = sub.add_parser("vocab", help="count words in training text and write an LM vocabulary")
     vocab.add_argument("--train-files", required=True, help="glob of text shards, one tokenized sentence per line")
     vocab.add_argument("--out", required=True, help="vocabulary file to write (a .json sidecar records counts)")
-    vocab.add_argument("--min-count", type=int, default=1)
+    vocab.add_argument("--min-count", type=int, default=1, help="keep words seen at least this often (default: 1)")
     vocab.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT")
     vocab.add_argument("--max-size", type=int, default=None, help="at most this many lines, specials included")
     vocab.add_argument(
@@ -489,7 +489,11 @@ def _add_train(sub) -> None:
     tr.add_argument("--heldout-files", help="glob of held-out text for perplexity every --eval-every steps")
     tr.add_argument("--tfds-data-dir", help="tfds data dir, for --train-files tfds:NAME/SPLIT (ArrayRecord)")
     tr.add_argument("--vocab", help="LM vocabulary (default: built from --train-files into the run dir)")
-    tr.add_argument("--run-dir", default="runs/tiny-sample", help="checkpoints, metrics.jsonl, options, vocab")
+    tr.add_argument(
+        "--run-dir",
+        default="runs/tiny-sample",
+        help="checkpoints, metrics.jsonl, options, vocab; the same command again resumes it (default: %(default)s)",
+    )
     stop = tr.add_mutually_exclusive_group()
     stop.add_argument("--steps", type=int, help="train until this global step")
     stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
@@ -547,8 +551,10 @@ def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
 
 def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     """elmo-jax train: checkpoints, logging, devices."""
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--save-every", type=int, default=500)
+    tr.add_argument("--seed", type=int, default=0, help="initial weights, data order, dropout (default: 0)")
+    tr.add_argument(
+        "--save-every", type=int, default=500, help="a checkpoint every N steps, and at the end (default: 500)"
+    )
     tr.add_argument(
         "--stall-timeout",
         type=_seconds_or_off,
@@ -559,14 +565,14 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         "1, so that the run can be restarted from its newest checkpoint (0: wait for ever); it must exceed the "
         "first step's compile",
     )
-    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep, the newest (default: 3)")
     tr.add_argument(
         "--eval-every",
         type=int,
         help="held-out perplexity every N steps, a multiple of --log-every (0: never; default: with "
         "--heldout-files, at every --save-every)",
     )
-    tr.add_argument("--log-every", type=int, default=10)
+    tr.add_argument("--log-every", type=int, default=10, help="a metrics.jsonl line every N steps (default: 10)")
     _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument(
@@ -647,12 +653,14 @@ def _add_multihost_args(tr: argparse.ArgumentParser) -> None:
 def _add_eval(sub) -> None:
     """elmo-jax eval"""
     ev = sub.add_parser("eval", help="full-softmax perplexity of a run's checkpoint on held-out text (one JSON line)")
-    ev.add_argument("--run-dir", required=True)
+    ev.add_argument("--run-dir", required=True, help="a run directory of elmo-jax train")
     ev.add_argument("--files", required=True, help="glob of text files, or tfds:NAME/SPLIT as for train")
     ev.add_argument("--tfds-data-dir", help="tfds data dir, for --files tfds:NAME/SPLIT")
-    ev.add_argument("--step", type=int)
-    ev.add_argument("--batch-size", type=int, default=16)
-    ev.add_argument("--unroll-steps", type=int, default=20)
+    ev.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest readable)")
+    ev.add_argument("--batch-size", type=int, default=16, help="rows of text scored at a time (default: 16)")
+    ev.add_argument(
+        "--unroll-steps", type=int, default=20, help="tokens per row and window, the state carried on (default: 20)"
+    )
     ev.add_argument(
         "--reset-state-per-sentence",
         action="store_true",
@@ -706,7 +714,9 @@ def _add_embed(sub) -> None:
         default=None,
         help="token-steps of one biLSTM call per device (default: the backend's, 4096 on a CPU)",
     )
-    em.add_argument("--window", type=int, default=2048, help="sentences read, sorted and written at a time")
+    em.add_argument(
+        "--window", type=int, default=2048, help="sentences read, sorted and written at a time (default: 2048)"
+    )
     em.add_argument(
         "--ahead",
         type=int,
@@ -725,9 +735,9 @@ def _add_export(sub) -> None:
     ex = sub.add_parser(
         "export", help="a run's checkpoint -> bilm-tf options.json, weights.hdf5, softmax.hdf5, vocab.txt"
     )
-    ex.add_argument("--run-dir", required=True)
-    ex.add_argument("--out-dir", required=True)
-    ex.add_argument("--step", type=int)
+    ex.add_argument("--run-dir", required=True, help="a run directory of elmo-jax train")
+    ex.add_argument("--out-dir", required=True, help="made if missing; its files of the same names are replaced")
+    ex.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest readable)")
     ex.add_argument(
         "--layout",
         choices=["elmo_jax", "released"],
