@@ -1166,6 +1166,11 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
     capsys.readouterr()
     assert not any(d.startswith("evaluating") for d in doings(8, eval_every=0))  # 0: never
     assert "held-out perplexity" not in capsys.readouterr().out
+    # A session that ends before the next evaluation says so at its start.
+    assert not any(d.startswith("evaluating") for d in doings(9, eval_every=4))
+    assert "; held-out perplexity every 4 steps (none in this session: the first would be at step 12)" in (
+        capsys.readouterr().out
+    )
 
 
 def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_builds(tmp_path):

@@ -848,8 +848,10 @@ def _learning_rate_change(run: _Run) -> str:
 def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
     until += f" ({matmuls}, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
-    if run.settings.eval_every:
-        until += f"; held-out perplexity every {run.settings.eval_every} steps"
+    if every := run.settings.eval_every:
+        until += f"; held-out perplexity every {every} steps"
+        if run.total is not None and (first := (start // every + 1) * every) > run.total:
+            until += f" (none in this session: the first would be at step {first})"
     if start:
         stream = batcher.streams[0]
         return (
