@@ -660,3 +660,12 @@ def test_a_run_dir_that_is_not_there_is_said_after_its_flag(tmp_path, capsys):
     (tmp_path / "empty").mkdir()  # negative control: a directory that is there, but no run
     assert cli.main(["export", "--run-dir", str(tmp_path / "empty"), "--out-dir", str(tmp_path / "x")]) == 2
     assert "not a run directory (no options.json)" in capsys.readouterr().err
+
+
+def test_demo_refuses_what_it_would_silently_ignore_and_says_when_nothing_is_compared(capsys):
+    assert cli.main(["demo", "--weights", "w.hdf5"]) == 2  # before: the bundled model, the weights unused
+    assert capsys.readouterr().err == "elmo-jax demo: error: --weights needs --options (its options.json)\n"
+    assert cli.main(["demo", "--sentence", ""]) == 2  # before: nan and numpy's warnings
+    assert "--sentence: an empty one has no tokens" in capsys.readouterr().err
+    assert cli.main(["demo", "--sentence", "a pear", "--word", "pear"]) == 0
+    assert "'pear' occurs 1 time(s) in the sentences: no two of its vectors to compare" in capsys.readouterr().out

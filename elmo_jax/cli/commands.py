@@ -19,7 +19,7 @@ from importlib import resources
 
 import numpy as np
 
-from elmo_jax._util.arguments import arguments_of
+from elmo_jax._util.arguments import about, arguments_of
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax._util.disk_full import WriteFailed
 from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, said, same_path, under
@@ -71,16 +71,20 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from elmo_jax.model.bilm import bilm_apply
     from elmo_jax.model.vocabulary import batch_to_ids
 
+    if args.weights and not args.options:
+        raise about(ConfigError("weights needs options (its options.json)"), "weights", "options")
+    sentences = [s.split() for s in (args.sentence or DEMO_SENTENCES)]
+    if not all(sentences):
+        raise about(ConfigError("sentence: an empty one has no tokens to embed"), "sentence")
     options, weights = (args.options, args.weights) if args.options else bundled_model()
     config, params = load_hdf5(options, weights)
-    sentences = [s.split() for s in (args.sentence or DEMO_SENTENCES)]
     layers, mask = (np.asarray(x) for x in bilm_apply(params, config, batch_to_ids(sentences))[:2])
     print(f"model: {weights}")
     print(
         f"  {config.lstm.n_layers} LSTM layers, dim {config.lstm.dim}, projection {config.lstm.projection_dim}; "
         f"ELMo layers: {config.n_output_layers} x {config.output_dim}"
     )
-    print(f"batch: {len(sentences)} sentences -> layers {list(layers.shape)}, mask {list(mask.shape)}")
+    print(f"batch: {len(sentences)} sentence(s) -> layers {list(layers.shape)}, mask {list(mask.shape)}")
     for i, s in enumerate(sentences):
         n = int(mask[i].sum())
         norms = np.linalg.norm(layers[:, i, :n], axis=-1).mean(axis=1)
@@ -97,6 +101,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
             sims = v @ v.T
             pairs = [f"{a}-{b}: {sims[a, b]:.3f}" for a in range(len(found)) for b in range(a + 1, len(found))]
             print(f"  layer {layer}: {', '.join(pairs)}")
+    else:
+        print(f"'{word}' occurs {len(found)} time(s) in the sentences: no two of its vectors to compare (--word)")
     if not args.options:
         print("(the bundled model is AllenNLP's tiny test biLM: the numbers show the plumbing, not meaning)")
 
