@@ -343,6 +343,26 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert load_run(str(copy))[3] == 5
 
 
+def test_a_run_with_no_readable_checkpoint_stops_and_the_rerun_starts_afresh(trained_run, tmp_path):
+    """Before: it started from fresh weights there and then, unasked (and without the init_from
+    source, which a run dir with checkpoints does not read), the warnings saying it fell back to
+    an older checkpoint."""
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    for f in (copy / "checkpoints").rglob("*"):
+        if f.is_file() and "state" in str(f) and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")
+    settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
+    args = (options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    with pytest.warns(UserWarning) as said, pytest.raises(CheckpointError, match="none of its checkpoints is readable"):
+        pretrain(*args)
+    unreadable = [str(w.message) for w in said if "is unreadable" in str(w.message)]
+    assert [m.rsplit("; ", 1)[1] for m in unreadable] == ["falling back to an older one", "no older one is readable"]
+    assert sorted(p.name for p in (copy / "unreadable").iterdir()) == ["2", "4"]
+    assert pretrain(*args)["step"] == 5  # the rerun: afresh
+
+
 def test_a_step_that_this_process_never_lists_stops_the_resume_in_one_line(trained_run, monkeypatch):
     """As process 1 of 2, when another process lists a newer step than any this one ever lists
     (its view of the run dir is not the others'): after ``VISIBLE_WAIT`` looks, one line. (The

@@ -704,10 +704,12 @@ class Checkpointer:
         moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
         for step, why in unreadable:
             where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""
-            warnings.warn(
-                f"{self.run_dir}: checkpoint {step} is unreadable ({why}); {where}falling back to an older one",
-                stacklevel=2,
+            then = (
+                "no older one is readable"
+                if found is None and step == unreadable[-1][0]
+                else "falling back to an older one"
             )
+            warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable ({why}); {where}{then}", stacklevel=2)
         return found
 
     def _agreed_steps(self) -> Iterator[int]:

@@ -247,6 +247,12 @@ def _restore_or_init(
         abstract = _restore_targets(options, shardings, global_rows, keep_data)
         # Unreadable newer checkpoints are moved aside: this run saves those steps again.
         restored = ckpt.restore_latest(abstract, with_host=keep_data, set_aside="unreadable")
+        if restored is None:  # not a fresh start unasked: the weights (or an init_from source's) would be lost silently
+            raise CheckpointError(
+                f"{settings.run_dir}: none of its checkpoints is readable (each moved to "
+                f"{os.path.join(settings.run_dir, 'unreadable')}, the warnings say why); rerun the same "
+                "command to start the run afresh (from init_from when it is given)"
+            )
     if restored is None:
         key = jax.random.PRNGKey(settings.seed)
         if init_state is None:
