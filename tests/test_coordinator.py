@@ -184,3 +184,18 @@ def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
         f"elmo-jax train: error: --coordinator {address}: another program answers there; stop it, or give every "
         "process another port"
     )
+
+
+def test_a_keeper_too_slow_to_start_is_said_as_slow_not_as_a_port_taken(monkeypatch):
+    """(Before: "could not listen at [::]:PORT (its process ended with -9); check that the port is
+    free", the -9 being our own kill at the timeout.)"""
+    import elmo_jax.cli.coordinator as coordinator
+
+    monkeypatch.setattr(coordinator, "START_TIMEOUT", 0.001)  # far less than a Python start
+    address = _free_address()
+    with pytest.raises(CoordinatorError) as e:
+        Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=1)
+    assert str(e.value) == (
+        f"--coordinator {address}: jax's coordination service did not start within 0 s (its process had not yet "
+        "imported jaxlib: a host too loaded?); rerun the same command"
+    )

@@ -113,10 +113,16 @@ class Coordinator:
         word = _first_line(proc, START_TIMEOUT)
         if word == "serving":
             return cls(proc)
+        silent = not word and proc.poll() is None  # alive, and said nothing: slow, not refused
         proc.kill()
         proc.wait()
         if word.startswith("unavailable"):
             return None
+        if silent:
+            raise CoordinatorError(
+                f"--coordinator {address}: jax's coordination service did not start within {START_TIMEOUT:.0f} s "
+                "(its process had not yet imported jaxlib: a host too loaded?); rerun the same command"
+            )
         raise CoordinatorError(
             f"--coordinator {address}: jax's coordination service could not listen at {bind} "
             f"({word or f'its process ended with {proc.returncode}'}); check that the port is free on this host, "
