@@ -8,8 +8,10 @@ A run directory holds::
                                  row), and JSON ``meta`` (the options, the vocabulary's hash and
                                  size, the global row count, the softmax layout, the format)
     host_state/<step>.p<i>.npz   per process: its data position (epoch, shard, sentence, the
-                                 rows' buffered pairs)
-    options.json, vocab.txt      what the run was started with
+                                 rows' buffered pairs) and the softmax fetch capacity its batches
+                                 were planned with
+    options.json, vocab.txt      what the run was started with (written again on a resume that
+                                 finds them unreadable)
     metrics.jsonl                one JSON line per logged step
 
 The state is saved as global ``jax.Array``s: each process writes the shards it holds, and a

@@ -28,10 +28,10 @@ from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
 
 
-def abstract_shared(options: Options, meta: dict, sharding=None) -> dict:
+def abstract_shared(options: Options, meta: dict) -> dict:
     """Restore target of a checkpoint's ``state`` item, written in ``meta['format']``; every leaf
-    on ``sharding`` (default: this process's first device)."""
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    on this process's first device (the trainer puts its own shardings on the shapes)."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     train = options.train
     assert train is not None  # a run's options have their training keys
     shared = jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, train, 1)).shared()
