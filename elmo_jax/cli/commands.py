@@ -523,6 +523,7 @@ def _add_train(sub) -> None:
         "holds a checkpoint",
     )
     _add_train_run_args(tr)
+    _add_train_watch_args(tr)
     _add_multihost_args(tr)
     tr.set_defaults(func=cmd_train)
 
@@ -556,29 +557,8 @@ def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
 
 
 def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
-    """elmo-jax train: checkpoints, logging, devices."""
+    """elmo-jax train: how the run computes (seed, precision, devices, its host pipeline)."""
     tr.add_argument("--seed", type=int, default=0, help="initial weights, data order, dropout (default: 0)")
-    tr.add_argument(
-        "--save-every", type=int, default=500, help="a checkpoint every N steps, and at the end (default: 500)"
-    )
-    tr.add_argument(
-        "--stall-timeout",
-        type=_seconds_or_off,
-        default=1800,
-        metavar="SECONDS",
-        help="when the run makes no progress for this long (no training step, held-out window or vocabulary shard "
-        "completes, from the start on), write every thread's stack to RUN/stalled.txt, say so in one line and exit "
-        "1, so that the run can be restarted from its newest checkpoint (0: wait for ever); it must exceed the "
-        "first step's compile",
-    )
-    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep, the newest (default: 3)")
-    tr.add_argument(
-        "--eval-every",
-        type=int,
-        help="held-out perplexity every N steps, a multiple of --log-every (0: never; default: with "
-        "--heldout-files, at every --save-every)",
-    )
-    tr.add_argument("--log-every", type=int, default=10, help="a metrics.jsonl line every N steps (default: 10)")
     _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument(
@@ -590,14 +570,6 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="processes that draw the sampled candidates ahead (0: drawn with each batch)",
-    )
-    tr.add_argument("--no-progress", action="store_true")
-    tr.add_argument(
-        "--on-divergence",
-        choices=("stop", "warn"),
-        default="stop",
-        help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
-        "checkpoint of the diverged state left as the newest (default), or warn once and go on",
     )
     tr.add_argument(
         "--gpu-kernels",
@@ -617,6 +589,39 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resume on training files other than the run's: keep the weights and optimizer state, start "
         "the data position afresh (without it such a resume is refused)",
+    )
+
+
+def _add_train_watch_args(tr: argparse.ArgumentParser) -> None:
+    """elmo-jax train: checkpoints, logging and the watches on the run."""
+    tr.add_argument(
+        "--save-every", type=int, default=500, help="a checkpoint every N steps, and at the end (default: 500)"
+    )
+    tr.add_argument("--keep", type=int, default=3, help="checkpoints to keep, the newest (default: 3)")
+    tr.add_argument(
+        "--eval-every",
+        type=int,
+        help="held-out perplexity every N steps, a multiple of --log-every (0: never; default: with "
+        "--heldout-files, at every --save-every)",
+    )
+    tr.add_argument("--log-every", type=int, default=10, help="a metrics.jsonl line every N steps (default: 10)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument(
+        "--stall-timeout",
+        type=_seconds_or_off,
+        default=1800,
+        metavar="SECONDS",
+        help="when the run makes no progress for this long (no training step, held-out window or vocabulary shard "
+        "completes, from the start on), write every thread's stack to RUN/stalled.txt, say so in one line and exit "
+        "1, so that the run can be restarted from its newest checkpoint (0: wait for ever); it must exceed the "
+        "first step's compile",
+    )
+    tr.add_argument(
+        "--on-divergence",
+        choices=("stop", "warn"),
+        default="stop",
+        help="a training loss that is not finite, or above ln V + 1 for 3 logged steps: stop, with no "
+        "checkpoint of the diverged state left as the newest (default), or warn once and go on",
     )
 
 
