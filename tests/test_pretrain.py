@@ -1228,3 +1228,23 @@ def test_too_little_held_out_text_names_the_setting_that_can_help(tmp_path):
     for rows, knob in ((2, "batch_size"), (1, "unroll_steps")):
         e = too_little_text(source, rows, 20)
         assert str(e).endswith(f"give more text or a smaller {knob}") and arguments_of(e) == (knob,)
+
+
+def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_last_steps(tmp_path, capsys):
+    """At the end of the data (or a signal) between logged steps (before: the record of the last
+    logged step, under the number of the step it stopped at)."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    quiet = {"progress": False, "devices": 1, "async_save": False, "epochs": 1}  # the data ends long before
+
+    def run(name: str, log_every: int) -> tuple[dict, list[dict]]:
+        settings = RunSettings(run_dir=str(tmp_path / name), log_every=log_every, **quiet)
+        last = pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+        return last, [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    _, every = run("every", 1)
+    last, logged = run("fours", 4)
+    assert "end of data at step" in capsys.readouterr().out
+    assert last["step"] == every[-1]["step"] == logged[-1]["step"] + 1
+    # The one step since the last logged one: its loss, not the logged window's.
+    assert last["loss"] == pytest.approx(every[-1]["loss"], rel=1e-6) and last["loss"] != logged[-1]["loss"]
