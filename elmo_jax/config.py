@@ -198,7 +198,7 @@ class TrainConfig:
     learning_rate: float = 0.2
     """Adagrad learning rate (bilm-tf default 0.2)."""
     sample_softmax: bool = True
-    """bilm-tf's switch between sampled and full softmax in training."""
+    """bilm-tf's switch between sampled and full softmax in training; must be true here."""
     share_embedding_softmax: bool = False
     """bilm-tf option for word-input models only; must be false for char models."""
     reset_state_prob: float = 0.1
@@ -246,6 +246,12 @@ class TrainConfig:
             _fail(where, f"'learning_rate' must be a finite number > 0, found {self.learning_rate!r}")
         if self.bidirectional is not True:
             _fail(where, "'bidirectional' must be true: elmo_jax trains bidirectional biLMs only")
+        if self.sample_softmax is not True:  # taken and ignored before: a full-softmax recipe trained sampled
+            _fail(
+                where,
+                "'sample_softmax' must be true: elmo_jax trains with the sampled softmax only "
+                "(its held-out perplexity is the full softmax's)",
+            )
         if self.share_embedding_softmax:
             _fail(where, "'share_embedding_softmax' needs word inputs; elmo_jax models are character models")
         if self.n_negative_samples_batch >= self.n_tokens_vocab:

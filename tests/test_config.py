@@ -123,6 +123,7 @@ def test_defaults_missing_optional_keys():
         ),
         (lambda d: d.update(dropout=1.5), "'dropout' must be in [0, 1), found 1.5"),
         (lambda d: d.update(bidirectional=False), "bidirectional biLMs only"),
+        (lambda d: d.update(sample_softmax=False), "'sample_softmax' must be true: elmo_jax trains with the sampled"),
         (lambda d: d.update(n_negative_samples_batch=64), "must be smaller than 'n_tokens_vocab' (32)"),
         (lambda d: d["lstm"].update(projection_dim=1000), "fewer than lstm.projection_dim 1000"),
         (lambda d: d["char_cnn"].update(embedding={"size": 4}), "'embedding' must be {\"dim\": N}"),
