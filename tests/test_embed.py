@@ -822,3 +822,14 @@ def test_cli_memory_does_not_grow_with_the_input(tmp_path, wide_model):
     leak_kb = (large_n - small_n) * MEMORY_TOKENS * 1024 * 4 // 1024
     small, large = _peak_rss_kb(tmp_path, small_n, *wide_model), _peak_rss_kb(tmp_path, large_n, *wide_model)
     assert large - small < leak_kb / 4, (small, large, leak_kb)
+
+
+def test_length_buckets_pad_to_the_next_size_and_no_further():
+    from elmo_jax.extract.packing import length_bucket
+
+    steps = {n: length_bucket(n) + 2 for n in range(1000)}  # the biLSTM's steps, markers included
+    assert all(steps[n] >= n + 2 and steps[n + 1] >= steps[n] for n in range(999))
+    # 80 and 128 are 64 x 1.25 and 64 x 1.25^3 rounded up to 8: exactly that, not a further 8
+    # (before: 88 and 136), and the buckets that follow are the next sizes.
+    assert [steps[n] for n in (63, 78, 79, 99, 124)] == [80, 80, 104, 128, 160]
+    assert len(set(steps.values())) == 25  # few programs for a long tail of lengths

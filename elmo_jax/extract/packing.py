@@ -22,6 +22,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 
 import numpy as np
 
@@ -41,7 +42,9 @@ def length_bucket(n: int) -> int:
     elif steps <= 64:
         steps = -(-steps // 8) * 8
     else:
-        steps = int(64 * 1.25 ** math.ceil(math.log(steps / 64, 1.25)) // 8 * 8 + 8)
+        # 64 x 1.25^k exactly (a Fraction: a float's 80.00000001 would round up a step), up to a multiple of 8.
+        bound = math.ceil(64 * Fraction(5, 4) ** math.ceil(math.log(steps / 64, 1.25)))
+        steps = -(-max(bound, steps) // 8) * 8
     return steps - 2
 
 
