@@ -66,6 +66,16 @@ def test_max_size_counts_the_specials(corpus):
     assert build_vocab(counts, min_count=2, max_size=5) == SPECIALS + ["the", "cat"]
 
 
+def test_max_size_with_extend_caps_the_new_words_and_keeps_every_old_one(corpus):
+    """(Before: the old words not in the text sorted last and were cut first, against extend's promise.)"""
+    counts, _, _ = count_tokens(TextFiles(str(corpus / "*.txt")))
+    old = [*SPECIALS, "zebra", "dog"]  # zebra is not in the text
+    assert build_vocab(counts, max_size=6, extend=old) == SPECIALS + ["the", "dog", "zebra"]
+    assert build_vocab(counts, max_size=5, extend=old) == SPECIALS + ["dog", "zebra"]
+    with pytest.raises(VocabError, match="max_size 4 is smaller than extend's 2 words and the 3 specials"):
+        build_vocab(counts, max_size=4, extend=old)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -74,7 +74,7 @@ def build_vocab(
 
     Ties are broken by the word itself (Python string order), so the result is deterministic.
     Specials found in ``counts`` are not repeated. ``max_size`` caps the total length, specials
-    included.
+    included; with ``extend`` it caps the new words, the old ones all kept.
 
     ``extend``: an existing vocabulary (continued pretraining) whose words are all kept, whatever
     their count here, so that their softmax rows carry over. The merged list is still sorted by
@@ -101,7 +101,22 @@ def build_vocab(
             words.add(w)
     words = sorted(words, key=lambda w: (-counts.get(w, 0), old_rank.get(w, 0) if not counts.get(w) else 0, w))
     if max_size is not None:
-        words = words[: max_size - len(SPECIALS)]
+        room = max_size - len(SPECIALS) - len(old_rank)  # every word of extend is kept: the cap is on the new ones
+        if room < 0:
+            raise about(
+                VocabError(
+                    f"max_size {max_size} is smaller than extend's {len(old_rank)} words and the "
+                    f"{len(SPECIALS)} specials, all of which are kept"
+                ),
+                "max_size",
+                "extend",
+            )
+        kept: list[str] = []
+        for w in words:  # in frequency order: the most frequent new words fill the room
+            if w in old_rank or room > 0:
+                room -= w not in old_rank
+                kept.append(w)
+        words = kept
     return [*SPECIALS, *words]
 
 
