@@ -770,6 +770,13 @@ def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
     # Manifests of the two outputs given together name shard 0 twice: refused, not one silently taken.
     with pytest.raises(ValueError, match="two manifests of shard 0"):
         ShardedEmbeddings([tmp_path / "p-00000-of-00003.hdf5.json", tmp_path / "p-x-00000-of-00003.hdf5.json"])
+    # One shard run again with another --pool: its arrays mean something else (before: mixed in silently).
+    again = tmp_path / "p-x-00001-of-00003.hdf5.json"
+    again.write_text(json.dumps({**json.loads(again.read_text()), "pool": "max"}))
+    with pytest.raises(
+        ValueError, match=r"the manifests come from different runs \(their num_shards, num_lines, layers"
+    ):
+        ShardedEmbeddings(tmp_path / "p-x.hdf5")
 
 
 @pytest.fixture(scope="module")

@@ -351,11 +351,14 @@ class ShardedEmbeddings:
     def _check(shards: list[dict]) -> list[dict]:
         if not shards:
             raise FileNotFoundError("no shard manifests given")
-        runs = {(m["num_shards"], m["num_lines"]) for m in shards}
+        # What one run's shards share: a shard run again with other --layers or --pool (or on
+        # another input of as many lines) would mix arrays of other shapes or meanings.
+        keys = ("num_shards", "num_lines", "layers", "pool", "input")
+        runs = {json.dumps([m.get(k) for k in keys]) for m in shards}
         if len(runs) > 1:
             raise ValueError(
-                f"the manifests come from different runs ((num_shards, num_lines): {sorted(runs)}): "
-                f"{', '.join(m['manifest'] for m in shards)}"
+                f"the manifests come from different runs (their {', '.join(keys)} differ: "
+                f"{'; '.join(sorted(runs))}): {', '.join(m['manifest'] for m in shards)}"
             )
         n = shards[0]["num_shards"]
         by_index: dict[int, dict] = {}
