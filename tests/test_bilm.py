@@ -191,6 +191,9 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
         (np.where(ids > 0, rows, 0), ValueError, f"char_ids hold {rows}; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),
         (np.where(ids > 0, -1, 0), ValueError, f"char_ids hold -1; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),
         ("a b", TypeError, "char_ids is a str; expected an int32 array (from batch_to_ids)"),
+        # Fewer chars per token than the model's 50, cut where windows need them (before: other vectors, silently).
+        (batch_to_ids([["abcdefgh"]], max_chars=10), ValueError, "char_ids have 10 chars per token, which cuts windows of the model's 50: make them with batch_to_ids(max_chars=50) (char_cnn.trim_char_ids drops only what no window needs)"),
+        (ids[..., :2], ValueError, "char_ids have 2 chars per token, which cuts windows of the model's 50: make them with batch_to_ids(max_chars=50) (char_cnn.trim_char_ids drops only what no window needs)"),
     ]  # fmt: skip
     for bad, error, said in refused:
         with pytest.raises(error) as e:

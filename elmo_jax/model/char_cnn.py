@@ -127,6 +127,14 @@ def _token_chunks(f, x: jax.Array, chunk: int) -> jax.Array:
     return out.reshape(blocks * chunk, -1)[:n]
 
 
+def _last_char(char_ids: np.ndarray) -> int:
+    """The last column any token's text reaches (its end-of-word char; 0 for no text)."""
+    text = (char_ids != PAD_CHAR + 1) & (char_ids != 0)
+    width = char_ids.shape[-1]
+    eow = np.where(text.any(axis=-1), width - 1 - np.argmax(text[..., ::-1], axis=-1), 0)
+    return int(eow.max(initial=0))
+
+
 def trim_char_ids(char_ids: np.ndarray, config: ModelConfig, multiple: int = 8) -> np.ndarray:
     """Drops trailing char columns that only hold in-token padding, keeping ``apply`` exact.
 
@@ -139,13 +147,10 @@ def trim_char_ids(char_ids: np.ndarray, config: ModelConfig, multiple: int = 8) 
     full, widest = c.max_characters_per_token, max(w for w, _ in c.filters)
     if char_ids.shape[-1] != full:
         return char_ids
-    # The end-of-word char is each token's last non-padding char.
-    text = (char_ids != PAD_CHAR + 1) & (char_ids != 0)
-    eow = np.where(text.any(axis=-1), full - 1 - np.argmax(text[..., ::-1], axis=-1), 0)
     # Windows starting at or before the end-of-word must all be kept: width >= eow + widest.
     # A width below `full` then also leaves every token an all-padding window in the full axis,
     # which is what makes adding the padding-window value back exact.
-    width = min(full, -(-(int(eow.max(initial=0)) + widest) // multiple) * multiple)
+    width = min(full, -(-(_last_char(char_ids) + widest) // multiple) * multiple)
     if width == full:
         return char_ids
     return np.ascontiguousarray(char_ids[..., :width])
@@ -172,10 +177,18 @@ def check_char_ids(params: dict, config: ModelConfig, char_ids, *, ndim: int | N
         )
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers {axes} (int32, from batch_to_ids); got {dtype}")
-    if shape[-1] > config.char_cnn.max_characters_per_token:
+    full, widest = config.char_cnn.max_characters_per_token, max(w for w, _ in config.char_cnn.filters)
+    if shape[-1] > full:
+        raise ValueError(f"char_ids have {shape[-1]} chars per token; the model takes at most {full}")
+    # Fewer columns are read as trim_char_ids' cut: each token's text and widest - 1 padding
+    # columns after it, the windows beyond all alike. Other cuts change windows, silently.
+    cut = shape[-1] < full and (
+        shape[-1] < widest or (isinstance(char_ids, np.ndarray) and _last_char(char_ids) + widest > shape[-1])
+    )
+    if cut:
         raise ValueError(
-            f"char_ids have {shape[-1]} chars per token; the model takes at most "
-            f"{config.char_cnn.max_characters_per_token}"
+            f"char_ids have {shape[-1]} chars per token, which cuts windows of the model's {full}: make them "
+            f"with batch_to_ids(max_chars={full}) (char_cnn.trim_char_ids drops only what no window needs)"
         )
     if isinstance(char_ids, np.ndarray) and char_ids.size:
         rows = params["char_embed"].shape[0]
