@@ -7,7 +7,10 @@
 | "bfloat16" | bfloat16             | float32    | training's default on TPUs and GPUs from sm 8.0  |
 
 Under every policy the params, the Adagrad accumulators, the LSTM cell state, the logsumexp and
-the loss stay float32: only the matmul (and convolution) inputs are rounded. ``"float32"`` is the
+the loss stay float32. Under "bfloat16" a forward matmul (or convolution) takes bfloat16 inputs,
+accumulates in float32 and returns bfloat16: the LSTM widens its gate pre-activations and
+projections back to float32 for its cell, while the char CNN's max-pool, highway and projection run
+in bfloat16 up to its float32 output. The hand-written backward passes return float32. ``"float32"`` is the
 one that reproduces bilm-tf's and AllenNLP's numbers (to about 1e-6); XLA's own default on a GPU
 or TPU is neither exact nor named, which is why the library never uses it unasked.
 

@@ -5,7 +5,7 @@ of three loose arguments. The user-facing APIs take a policy name (``elmo_jax.po
 ``"float32"``, ``"tf32"``, ``"bfloat16"``) and build it once::
 
     Compute()                              # float32, full passes: bilm-tf's and AllenNLP's numbers
-    Compute.from_policy("bfloat16")        # bfloat16 matmul inputs, float32 accumulation
+    Compute.from_policy("bfloat16")        # bfloat16 matmuls (float32 accumulation inside)
     Compute(layout=BY_BACKEND["gpu"])      # the GPU's layout, run anywhere (a speed choice only)
 
 It is frozen and hashable: jitted functions take it as a static argument.
@@ -36,8 +36,9 @@ def _matmul_args(name: str) -> tuple[str | jax.lax.DotAlgorithmPreset, jax.typin
 @dataclasses.dataclass(frozen=True)
 class Compute:
     """``precision``: the ``jax.lax`` matmul precision (a ``Precision`` or its name, or a
-    ``DotAlgorithmPreset``). ``dtype``: what matmul and convolution inputs are cast to (params,
-    state and outputs stay float32). ``layout``: ``elmo_jax.model.layout.Layout``, or None for the
+    ``DotAlgorithmPreset``). ``dtype``: what matmul and convolution inputs are cast to, and so what
+    a forward matmul returns (params, LSTM state and the model's outputs stay float32; see
+    ``elmo_jax.policy``). ``layout``: ``elmo_jax.model.layout.Layout``, or None for the
     backend's, read when tracing (``resolved_layout``)."""
 
     precision: str | jax.lax.Precision | jax.lax.DotAlgorithmPreset = "highest"

@@ -227,7 +227,8 @@ def _rows_scan(
 
 def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
     """A backward-pass matmul: inputs in ``compute.dtype`` at ``compute.precision``, float32 out
-    (as the forward's matmuls; float32 accumulation also for the sums over all steps)."""
+    (float32 accumulation for the sums over all steps; the forward's matmuls return
+    ``compute.dtype``, widened to float32 for the cell)."""
     return jnp.einsum(
         spec,
         a.astype(compute.dtype),
