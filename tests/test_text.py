@@ -160,6 +160,10 @@ def test_tokenize_numbers(sentence, expected):
         ("Apples, pears, etc.", ["Apples", ",", "pears", ",", "etc.", "."]),
         ("He works for Acme Inc. now", ["He", "works", "for", "Acme", "Inc.", "now"]),
         ("We chose plan B.", ["We", "chose", "plan", "B", "."]),
+        # Abbreviations before a number (rule 4) are words at the end: before, "no. ." and "art. .".
+        ("He said no.", ["He", "said", "no", "."]),
+        ("It came in Jan.", ["It", "came", "in", "Jan", "."]),
+        ("See No. 5 on p. 12 now.", ["See", "No.", "5", "on", "p.", "12", "now", "."]),
         ("Wait... what?", ["Wait", "...", "what", "?"]),
         ("Wait\u2026", ["Wait", "..."]),
     ],
@@ -293,3 +297,7 @@ def test_data_changes_say_files_gone_before_the_many_new_ones():
         "train.txt changed size (10 -> 11 bytes)",
     ]
     assert data_changes(saved, saved) == []
+
+
+def test_the_splitter_and_the_tokenizer_agree_on_a_number_abbreviation_that_ends_a_sentence():
+    assert tokenize_text("He said no. Then he left.") == [["He", "said", "no", "."], ["Then", "he", "left", "."]]

@@ -62,10 +62,11 @@ The input is one sentence; the output is its list of tokens (no empty strings, n
 
 7. The sentence-final period, the last ``.`` of the sentence before any closing quotes or
    brackets, becomes a token of its own: ``It ended.`` -> ``It ended .``. When the last word is
-   an abbreviation (a dotted initialism such as ``U.S.``, a word from :data:`TITLES` or
-   :data:`NUMBER_ABBREVIATIONS`, or one of :data:`FINAL_ABBREVIATIONS` such as ``etc.``), the
-   word keeps its period and a ``.`` token is added after it, as in PTB:
-   ``... in the U.S.`` -> ``... in the U.S. .``. Any other period is left where it is:
+   an abbreviation (a dotted initialism such as ``U.S.``, a word from :data:`TITLES`, or one of
+   :data:`FINAL_ABBREVIATIONS` such as ``etc.``), the word keeps its period and a ``.`` token is
+   added after it, as in PTB: ``... in the U.S.`` -> ``... in the U.S. .``. A word of
+   :data:`NUMBER_ABBREVIATIONS` is an abbreviation only before a number (rule 4), so at the end
+   it is a word: ``He said no.`` -> ``He said no .``. Any other period is left where it is:
    abbreviations (``Mr.``, ``Inc.``) and numbers (``3.5``) stay whole.
 
 :func:`normalize_text` applies step 1 alone; :func:`tokenize_text` chains the splitter and the
@@ -291,7 +292,9 @@ def _is_final_abbreviation(word: str) -> bool:
     if _INITIALISM.fullmatch(stem):
         return True
     low = stem.lower()
-    return low in TITLES or low in NUMBER_ABBREVIATIONS or low in FINAL_ABBREVIATIONS
+    # Not NUMBER_ABBREVIATIONS: they are abbreviations before a number (the splitter's rule 4), and
+    # at the end of a sentence none follows. There they are mostly words: "He said no." ends "no .".
+    return low in TITLES or low in FINAL_ABBREVIATIONS
 
 
 def tokenize(sentence: str) -> list[str]:
