@@ -288,3 +288,24 @@ def test_lstm_layouts_agree_with_masks_state_and_gradients():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
     assert not np.asarray(out_cols[0][:, 2]).any()  # an empty row outputs zeros...
     np.testing.assert_array_equal(np.asarray(out_cols[1][:, 2]), np.asarray(c0[:, 2]))  # ...and keeps its state
+
+
+def test_a_261_row_char_table_is_refused_and_a_training_config_inits_262(allennlp_model):
+    """The ids are shifted by one (row 0: padding), so bilm-tf's 261-row training table would read
+    each character's neighbour's row (before: accepted; its trimmed padding window read row 261,
+    out of range: NaN)."""
+    import dataclasses
+
+    from elmo_jax.model.bilm import check_params
+    from elmo_jax.model.bilm import init as init_bilm
+
+    config, params = allennlp_model
+    short = {**params, "char_cnn": {**params["char_cnn"], "char_embed": params["char_cnn"]["char_embed"][1:]}}
+    with pytest.raises(
+        ValueError, match=r"\['char_embed'\] has bilm-tf's 261 rows; the model reads 262, row 0 for padding"
+    ):
+        check_params(short, config, shapes=True)  # as Embedder and the Flax modules check them
+    training = dataclasses.replace(config, char_cnn=dataclasses.replace(config.char_cnn, n_characters=261))
+    fresh = init_bilm(jax.random.PRNGKey(0), training)
+    assert fresh["char_cnn"]["char_embed"].shape[0] == 262 and not np.asarray(fresh["char_cnn"]["char_embed"][0]).any()
+    assert np.isfinite(np.asarray(bilm_apply(fresh, training, batch_to_ids([["abc"]]))[0])).all()

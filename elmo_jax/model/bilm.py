@@ -125,9 +125,13 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
     if not shapes:
         return
     want, got = _shapes(jax.eval_shape(init, jax.random.PRNGKey(0), config)), _shapes(params)
-    embed = "['char_cnn']['char_embed']"  # 261 rows (bilm-tf's options) or 262 (with the padding row): either
-    if embed in got and {got[embed][0], want[embed][0]} <= {261, 262}:
-        got[embed] = want[embed]
+    embed = "['char_cnn']['char_embed']"
+    # The ids are shifted by one: a table without the padding row would read the wrong rows.
+    if got.get(embed, (0,))[0] == 261:
+        raise ValueError(
+            f"{name}{embed} has bilm-tf's 261 rows; the model reads 262, row 0 for padding: load the "
+            "weights with load_hdf5 (or load_tf_checkpoint), which add it"
+        )
     if got != want:
         key = next(k for k in [*want, *got] if got.get(k) != want.get(k))
         raise ValueError(

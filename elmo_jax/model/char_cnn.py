@@ -2,7 +2,7 @@
 
 Params (a plain dict)::
 
-    char_embed  [n_characters, E]   row 0 is padding (the +1 shift); bilm-tf's 261 rows follow
+    char_embed  [262, E]            row 0 is padding (the +1 shift); bilm-tf's 261 rows follow
     conv        list of {"w": [width, E, n], "b": [n]}, in filter order
     highway     list of {"w": [F, 2F], "b": [2F]}: carry and transform side by side (one matmul)
     proj        {"w": [F, P], "b": [P]}  (identity when bilm-tf had no projection)
@@ -31,11 +31,12 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
         conv_specs = [Normal((width, e, n), np.sqrt(1.0 / (width * e))) for width, n in c.filters]
     # Per highway layer: carry, then transform.
     highway_specs = [Normal((f, f), np.sqrt(1.0 / f)) for _ in range(2 * c.n_highway)]
+    # 262 rows whatever n_characters says: apply shifts every id by one (row 0 is padding), so
+    # bilm-tf's 261-row training table would read each character's neighbour's row.
     char_embed, *weights = draw(
-        key, [Uniform((c.n_characters, e), -1.0, 1.0), *conv_specs, *highway_specs, Normal((f, p), np.sqrt(1.0 / f))]
+        key, [Uniform((262, e), -1.0, 1.0), *conv_specs, *highway_specs, Normal((f, p), np.sqrt(1.0 / f))]
     )
-    if c.n_characters == 262:
-        char_embed = char_embed.at[0].set(0.0)
+    char_embed = char_embed.at[0].set(0.0)
     conv = [{"w": w, "b": jnp.zeros((n,))} for w, (_, n) in zip(weights, c.filters)]
     highway_w = weights[len(c.filters) : -1]
     # b_carry = -2: the gate starts mostly closed, so the highway starts near the identity.
