@@ -669,9 +669,9 @@ def _train(
     progress.close()
     progress.beat(f"saving step {step}, the last")
     _finish(run, step, state, reason, error or batches.error, save)
-    # A session that stops between logged steps (a signal, the end of the data, a total that is no
-    # multiple of log_every) ends with the metrics of its steps since the last logged one, not with
-    # that one's under this step's number.
+    # A session that stops between logged steps (a signal, the end of the data; the last step of a
+    # total is logged) ends with the metrics of its steps since the last logged one, not with that
+    # one's under this step's number.
     return window.close(step, batches.epoch()) if window.n else {**window.last, "step": step}
 
 
