@@ -178,8 +178,6 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
             str(tmp_path / "other.json"),
             "--train-files",
             str(TRAIN / "data.txt"),
-            "--vocab",
-            str(TRAIN / "vocab.txt"),
             "--run-dir",
             str(tmp_path / "x"),
             "--steps",
@@ -191,6 +189,9 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "its biLM differs" in err, err
+    # Refused before the vocabulary pass (before: it left vocab.txt, which a rerun without
+    # --init-from took silently, the source's words and all).
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow

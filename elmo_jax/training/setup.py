@@ -66,7 +66,7 @@ def train(
     ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
     read and as each shard is counted for the vocabulary."""
     from elmo_jax.text.sources import fingerprint
-    from elmo_jax.training.warmstart import finetune_state, read_warmstart
+    from elmo_jax.training.warmstart import check_continues, finetune_state, read_warmstart
 
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
@@ -78,6 +78,8 @@ def train(
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
         beat(f"reading {spec.init_from} (init_from)")
         warm = read_warmstart(spec.init_from)
+        if spec.config is not None:  # refused before the vocabulary pass writes the run dir
+            check_continues(warm, _config_options(spec.config, warm.model, _ANY_VOCAB).model)
     vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
     options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say)

@@ -262,6 +262,17 @@ def _with_accumulators(opt_state, acc: dict):
     )
 
 
+def check_continues(warm: Warmstart, model: ModelConfig) -> None:
+    """A ``CheckpointError`` unless ``model`` is ``warm``'s biLM: continuing keeps its shape. (The
+    char table's ``n_characters`` aside: the model reads 262 rows whatever a file says.)"""
+    inference = lambda m: dataclasses.replace(m, char_cnn=dataclasses.replace(m.char_cnn, n_characters=262))  # noqa: E731
+    if inference(warm.model) != inference(model):
+        raise CheckpointError(
+            f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
+            f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(model)}"
+        )
+
+
 def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary, seed: int = 0) -> dict:
     """A fresh shared state (no LSTM rows; numpy, softmax in id order) for ``options``/``vocab``
     that starts from ``source`` (a ``Warmstart`` or anything ``read_warmstart`` reads):
@@ -272,11 +283,7 @@ def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary,
     copied by word; the other rows are initialised as in a fresh run. The step restarts at 0.
     """
     warm = source if isinstance(source, Warmstart) else read_warmstart(source)
-    if warm.model != options.model:
-        raise CheckpointError(
-            f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
-            f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(options.model)}"
-        )
+    check_continues(warm, options.model)
     assert options.train is not None  # continuing needs the training keys
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
     fresh = softmax_in_id_order(
