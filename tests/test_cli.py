@@ -431,6 +431,9 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
         # Not two runs of one process each into one run dir:
         (["--num-processes", "2", "--process-id", "1"], "several processes need a --coordinator: the host:port"),
         (["--process-id", "1"], "several processes need a --coordinator"),
+        (["--num-processes", "-1", "--process-id", "0"], "--num-processes must be 1 or more; got -1"),
+        (["--num-processes", "0", "--process-id", "1"], "--num-processes must be 1 or more; got 0"),
+        (["--coordinator", "127.0.0.1:99999", "--num-processes", "2", "--process-id", "1"], "a port from 1 to 65535"),
         (
             ["--coordinator", "host0", "--num-processes", "2", "--process-id", "0"],
             "--coordinator 'host0': expected host:port",
@@ -669,3 +672,17 @@ def test_demo_refuses_what_it_would_silently_ignore_and_says_when_nothing_is_com
     assert "--sentence: an empty one has no tokens" in capsys.readouterr().err
     assert cli.main(["demo", "--sentence", "a pear", "--word", "pear"]) == 0
     assert "'pear' occurs 1 time(s) in the sentences: no two of its vectors to compare" in capsys.readouterr().out
+
+
+def test_a_coordinator_without_the_ids_on_a_host_that_does_not_say_them_is_one_line(tmp_path):
+    """jax.distributed's own refusal, before it connects (before: its ValueError's traceback)."""
+    r = run_elmo_jax(
+        "train", "--train-files", str(TRAIN / "data.txt"), "--run-dir", str(tmp_path / "run"), "--steps", "1",
+        "--no-progress", "--coordinator", "127.0.0.1:1", devices=1, JAX_COORDINATOR_ADDRESS="",
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == (
+        "elmo-jax train: error: --coordinator 127.0.0.1:1: jax.distributed: Number of processes must be defined. "
+        "Give --num-processes and --process-id\n"
+    )
+    assert not (tmp_path / "run").exists()

@@ -973,6 +973,29 @@ def test_a_process_left_alone_at_start_says_what_is_missing_in_one_line(tmp_path
 
 
 @pytest.mark.slow
+def test_a_process_told_another_process_count_stops_both_in_one_line(tmp_path):
+    """Process 1 started with --num-processes 3 joins process 0's run of 2 all the same: jax counts
+    the service's processes. (Before, both trained, process 1 on the shards of a run of 3.) It
+    stops with the line, and process 0 hears of it and stops too."""
+    _, args = _scenario(tmp_path, (*SHARDS, "a third shard"))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "elmo_jax", *args, "--coordinator", f"127.0.0.1:{port}", "--num-processes", n,
+             "--process-id", i, "--heartbeat-timeout", "10"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        )
+        for n, i in (("2", "0"), ("3", "1"))
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 2], outs
+    line = "elmo-jax train: error: --num-processes 3, but the run has 2 processes (process 0's --num-processes): "
+    assert line + "give every process the same" in outs[1], outs[1]
+    assert "Traceback" not in outs[0] + outs[1] and "process 1" in outs[0].strip().splitlines()[-1], outs[0]
+
+
+@pytest.mark.slow
 def test_a_killed_process_stops_the_others_in_one_line_naming_it_and_the_step_to_resume(tmp_path, worker_cache):
     """SIGKILL leaves no chance to agree or save. Process 2 of 3 is killed once step 4 is saved:
     the others stop within about --heartbeat-timeout, each with one line naming process 2 and step

@@ -202,6 +202,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     stall = StallWatch(args.stall_timeout, args.run_dir, peers) if args.stall_timeout else None
     try:
         with _watched(peers, args):
+            multihost.check_count(args)  # in the watch: the others hear of it and stop too
             if jax.default_backend() == "gpu":
                 print(kernels)
             if stall is not None:

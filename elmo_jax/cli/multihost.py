@@ -90,6 +90,10 @@ def check_processes(args: argparse.Namespace, source) -> None:
     from elmo_jax.text.sources import shard_for_process
 
     n, i, address = args.num_processes, args.process_id, coordinator(args)
+    if n is not None and n < 1:
+        raise about(ConfigError(f"num_processes must be 1 or more; got {n}"), "num_processes")
+    if i is not None and i < 0:
+        raise about(ConfigError(f"process_id must be 0 or more; got {i}"), "process_id")
     if n and i is not None and not 0 <= i < n:
         raise about(
             ConfigError(f"process_id must be 0 to {n - 1} (num_processes - 1); got {i}"), "process_id", "num_processes"
@@ -102,10 +106,31 @@ def check_processes(args: argparse.Namespace, source) -> None:
             ),
             "coordinator",
         )
-    if address and not re.fullmatch(r"\S+:\d+", address):  # jax would fail on it with a traceback
-        raise about(ConfigError(f"coordinator {address!r}: expected host:port, e.g. host0:8476"), "coordinator")
+    port = re.fullmatch(r"\S+:(\d+)", address or "")
+    if address and not (port and 1 <= int(port[1]) <= 65535):  # jax would fail on it, or wait for ever
+        raise about(
+            ConfigError(f"coordinator {address!r}: expected host:port, a port from 1 to 65535, e.g. host0:8476"),
+            "coordinator",
+        )
     if n:
         shard_for_process(source, 0, n)
+
+
+def check_count(args: argparse.Namespace) -> None:
+    """This process's ``--num-processes`` against the run's count, once jax.distributed has
+    started: process 0's count is the service's, and a process told another one joins all the
+    same, its shards dealt for a run of another size."""
+    import jax
+
+    n, count = args.num_processes, jax.process_count()
+    if n and n != count:
+        raise about(
+            ConfigError(
+                f"num_processes {n}, but the run has {count} processes (process 0's num_processes): give "
+                "every process the same"
+            ),
+            "num_processes",
+        )
 
 
 def start(args: argparse.Namespace) -> PeerWatch | None:
@@ -121,6 +146,7 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     # aborts the process from C++. This watchdog says what is missing in one line a little before
     # that, and exits: nothing is written yet.
     joined = threading.Event()
+    error: ConfigError | None = None
     # Process 0 runs the coordinator, and waits a little longer: the processes that did join must
     # say so first, as a process that finds the coordinator gone says nothing answered there.
     wait = args.init_timeout + (min(15.0, max(2.0, args.init_timeout / 10)) if args.process_id in (0, None) else 0.0)
@@ -140,9 +166,18 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
             # With the service kept apart, the one jax starts in process 0 serves nobody.
             coordinator_bind_address=None if keeper is None else SPARE_BIND,
         )
+    except ValueError as e:  # what jax could not find out itself: the ids, on a host that does not say them
+        error = about(
+            ConfigError(f"coordinator {address}: jax.distributed: {e} Give num_processes and process_id"),
+            "coordinator",
+            "num_processes",
+            "process_id",
+        )
     finally:
         joined.set()
         watchdog.cancel()
+    if error is not None:  # raised here, outside the clause: jax's traceback is not the message
+        raise error
     # jax has no public handle on its distributed client; checkpoint.py reads the same one.
     if jax.process_count() == 1 or distributed.global_state.client is None:
         return None
