@@ -686,3 +686,20 @@ def test_a_coordinator_without_the_ids_on_a_host_that_does_not_say_them_is_one_l
         "Give --num-processes and --process-id\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_vocab_extend_and_models_all_files_refusals_name_their_flags(tmp_path, capsys):
+    """(Before: "nope.txt: vocabulary file not found" after the whole count, naming no flag; and
+    models --all-files without --fetch was ignored.)"""
+    argv = ["vocab", "--train-files", str(TRAIN / "data.txt"), "--out", str(tmp_path / "v.txt")]
+    assert cli.main([*argv, "--extend", str(tmp_path / "nope.txt")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"elmo-jax vocab: error: --extend: {tmp_path / 'nope.txt'}: vocabulary file not found\n"
+    )
+    assert not (tmp_path / "v.txt").exists()
+    assert cli.main(["models", "--all-files"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "elmo-jax models: error: --all-files needs --fetch: it says which files a --fetch downloads\n"
+    )

@@ -54,7 +54,12 @@ def test_min_count(corpus):
     assert build_vocab(counts, min_count=1) == EXPECTED
     assert build_vocab(counts, min_count=2) == SPECIALS + ["the", "cat", "dog"]
     assert build_vocab(counts, min_count=3) == SPECIALS + ["the"]
-    assert build_vocab(counts, min_count=4) == SPECIALS
+    # No word that often: a vocabulary of the markers alone would train nothing (before: written, silently).
+    with pytest.raises(
+        VocabError, match=r"^min_count 4: no word is counted that often \(the most frequent, 3 times\)$"
+    ):
+        build_vocab(counts, min_count=4)
+    assert build_vocab(counts, min_count=4, extend=[*SPECIALS, "zebra"]) == SPECIALS + ["zebra"]  # old words kept
 
 
 def test_max_size_counts_the_specials(corpus):

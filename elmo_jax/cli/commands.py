@@ -118,9 +118,12 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.text.sources import open_source
     from elmo_jax.text.vocab import SPECIALS, build_vocab, count_tokens, write_vocab
 
+    try:  # before the count, which can take minutes
+        extend = Vocabulary.load(args.extend).words if args.extend else None
+    except VocabError as e:
+        raise about(VocabError(f"extend: {e}"), "extend") from None
     files = open_source(args.train_files, args.tfds_data_dir)
     counts, n_tokens, n_sentences = count_tokens(files)
-    extend = Vocabulary.load(args.extend).words if args.extend else None
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
     write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
     # The markers, and with --extend the old words kept whatever their count here, said apart from
@@ -370,6 +373,8 @@ def cmd_models(args: argparse.Namespace) -> None:
     """Lists the released models and their cache state; or fetches one (--fetch), or rehashes the cache (--verify)."""
     from elmo_jax.pretrained import registry
 
+    if args.all_files and not args.fetch:
+        raise about(ConfigError("all_files needs fetch: it says which files a fetch downloads"), "all_files", "fetch")
     if args.fetch:
         model = registry.get_model(args.fetch)
         files = tuple(model.files) if args.all_files else registry.DEFAULT_FILES

@@ -94,6 +94,12 @@ def build_vocab(
             "max_size",
         )
     words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
+    if not words and not extend and any(w not in SPECIALS for w in counts):  # a vocabulary of the markers alone
+        most = max(c for w, c in counts.items() if w not in SPECIALS)
+        raise about(
+            VocabError(f"min_count {min_count}: no word is counted that often (the most frequent, {most} times)"),
+            "min_count",
+        )
     old_rank = {}
     for w in extend or ():
         if w not in SPECIALS:
