@@ -163,6 +163,13 @@ class ModelConfig:
                 f"lstm.projection_dim {self.lstm.projection_dim} (bilm-tf requires n_filters >= projection_dim)",
             )
 
+    def with_shifted_chars(self) -> ModelConfig:
+        """This config with ``n_characters`` 262: the model always reads shifted char ids with a
+        padding row 0, whatever a bilm-tf training file (261) says."""
+        if self.char_cnn.n_characters == 262:
+            return self
+        return dataclasses.replace(self, char_cnn=dataclasses.replace(self.char_cnn, n_characters=262))
+
     @property
     def output_dim(self) -> int:
         """Width of every ELMo layer: ``2 * projection_dim``."""

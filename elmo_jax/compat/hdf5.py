@@ -7,7 +7,6 @@ direction and layer, float32 everywhere, no stored forget bias.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 from collections.abc import Callable
@@ -108,10 +107,8 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
             return _read(f, path, name, shapes[name], hint)
 
         params = params_from_datasets(config, get)
-    if c.n_characters == 261:
-        # Inference always uses the shifted ids; the file's options only say how it was trained.
-        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
-    return config, params
+    # Inference always uses the shifted ids; the file's options only say how it was trained.
+    return config.with_shifted_chars(), params
 
 
 def params_from_datasets(config: ModelConfig, get: Callable[[str], np.ndarray | None], pad: float = 0.0) -> dict:

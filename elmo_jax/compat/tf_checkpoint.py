@@ -778,9 +778,8 @@ def read_bilm_tf(path: str | os.PathLike, options=None, *, verify: bool = True) 
     accumulators = None
     if slots:
         accumulators = {"bilm": params_from_datasets(config, getter(slots), 1.0), "softmax": softmax(slots)}
-    c = config.char_cnn
-    if not inferred and c.n_characters == 261:  # as load_hdf5: inference uses the shifted ids
-        config = dataclasses.replace(config, char_cnn=dataclasses.replace(c, n_characters=262))
+    if not inferred:  # as load_hdf5: inference uses the shifted ids
+        config = config.with_shifted_chars()
     return {
         "config": None if inferred else config,
         "prefix": prefix,

@@ -142,10 +142,7 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     if train_cfg.n_negative_samples_batch >= len(vocab):
         # A small corpus with a small vocabulary: sample what there is to sample.
         changes["n_negative_samples_batch"] = max(1, len(vocab) // 2)
-    model = options.model
-    if model.char_cnn.n_characters != 262:
-        model = dataclasses.replace(model, char_cnn=dataclasses.replace(model.char_cnn, n_characters=262))
-    return Options(model=model, train=dataclasses.replace(train_cfg, **changes))
+    return Options(model=options.model.with_shifted_chars(), train=dataclasses.replace(train_cfg, **changes))
 
 
 def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int, data: list[dict] | None) -> dict:

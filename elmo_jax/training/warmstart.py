@@ -265,8 +265,7 @@ def _with_accumulators(opt_state, acc: dict):
 def check_continues(warm: Warmstart, model: ModelConfig) -> None:
     """A ``CheckpointError`` unless ``model`` is ``warm``'s biLM: continuing keeps its shape. (The
     char table's ``n_characters`` aside: the model reads 262 rows whatever a file says.)"""
-    inference = lambda m: dataclasses.replace(m, char_cnn=dataclasses.replace(m.char_cnn, n_characters=262))  # noqa: E731
-    if inference(warm.model) != inference(model):
+    if warm.model.with_shifted_chars() != model.with_shifted_chars():
         raise CheckpointError(
             f"{warm.source}: its biLM differs from the options given, and continuing keeps the "
             f"biLM's shape: it has {_shape(warm.model)}, the options {_shape(model)}"
