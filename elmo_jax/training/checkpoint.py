@@ -642,12 +642,13 @@ class Checkpointer:
         None), agreed by all: every process then falls back alike. (Otherwise they would train
         from two states, or mismatch their collectives.) A read that failed for a reason that is
         not damage (denied, or the device's) stops them all alike, and moves nothing."""
-        mine = 0 if error is None else 2 if _denied(error) else 3 if _device_error(self.run_dir, step, error) else 1
+        device = _device_error(self.run_dir, step, error)
+        mine = 0 if error is None else 2 if _denied(error) else 3 if device else 1
         worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
         if worst == 2:
             self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
         if worst == 3:
-            raise _device_error(self.run_dir, step, error) or CheckpointError(
+            raise device or CheckpointError(
                 f"{self.run_dir}: checkpoint {step}: another process's device failed or ran out of memory while restoring it; "
                 "nothing was moved: see that process's line"
             )
