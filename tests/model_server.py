@@ -71,6 +71,7 @@ class ModelServer:
     ignore_range: answer 200 with the whole file even to a Range request.
     page, page_type: answer every GET with ``page`` (200, Content-Type ``page_type``).
     pause_s, pause_path: sleep this long halfway through the body of paths containing ``pause_path``.
+    error, error_times: answer the first ``error_times`` GETs with HTTP status ``error`` (a 503).
     """
 
     def __init__(
@@ -85,11 +86,14 @@ class ModelServer:
         page_type: str = "text/html",
         pause_s: float = 0.0,
         pause_path: str | None = None,
+        error: int | None = None,
+        error_times: int = 1,
     ):
         self.root = pathlib.Path(root)
         self.cut_after, self.cut_path, self.cuts_left = cut_after, cut_path, cut_times
         self.ignore_range, self.page, self.page_type = ignore_range, page, page_type
         self.pause_s, self.pause_path = pause_s, pause_path
+        self.error, self.errors_left = error, error_times
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._httpd = None
@@ -122,6 +126,11 @@ class ModelServer:
                 path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 rng = self.headers.get("Range")
                 server.requests.append({"method": self.command, "path": path, "range": rng})
+                if server.error is not None and self.command == "GET":
+                    with server._lock:
+                        fail, server.errors_left = server.errors_left > 0, server.errors_left - 1
+                    if fail:
+                        return self._send(server.error, b"try later\n", {"Content-Type": "text/plain"}, body)
                 if server.page is not None:
                     return self._send(200, server.page, {"Content-Type": server.page_type}, body)
                 file = (server.root / path.lstrip("/")).resolve()

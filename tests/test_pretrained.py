@@ -16,7 +16,7 @@ from model_server import HTML_PAGE, ModelServer, fixture_files, fixture_model, f
 from elmo_jax import cli
 from elmo_jax._util.arguments import arguments_of
 from elmo_jax.pretrained import registry
-from elmo_jax.pretrained.registry import PretrainedError
+from elmo_jax.pretrained.registry import DownloadFailed, PretrainedError
 
 OPTIONS = registry.MODELS["original"].files["options"][0].local
 WEIGHTS = registry.MODELS["original"].files["weights"][0].local
@@ -97,13 +97,41 @@ def test_broken_transfer_keeps_the_part_and_the_next_run_resumes(tmp_path, monke
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         with pytest.raises(PretrainedError, match="run again to resume") as e:
             registry.fetch("original", progress=False)
-        assert "\n" not in str(e.value) and type(e.value) is PretrainedError  # the public type, not the retry's
+        assert "\n" not in str(e.value) and type(e.value) is DownloadFailed  # the public type, not the retry's
         part = model_dir(tmp_path) / (WEIGHTS + ".part")
         assert part.stat().st_size == 100_000 * registry.ATTEMPTS
         assert not (model_dir(tmp_path) / WEIGHTS).exists()
         paths = registry.fetch("original", progress=False)
         assert server.gets("weights")[-1]["range"] == f"bytes={100_000 * registry.ATTEMPTS}-"
     assert same_bytes(paths["weights"]) and not part.exists()
+
+
+def test_a_server_error_is_retried_and_one_that_lasts_exits_1_as_the_network_not_the_input(
+    tmp_path, monkeypatch, capsys
+):
+    with serve_fixture(tmp_path, error=503, error_times=registry.ATTEMPTS - 1) as server:
+        monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
+        paths = registry.fetch("original", progress=False)  # the first file's tries use up the errors
+    assert same_bytes(paths["weights"]) and same_bytes(paths["options"], "options")
+
+    # Every try answered 503: the network's failure, exit 1 (a retry may work), not 2 (fix the input).
+    with serve_fixture(tmp_path / "again", error=503, error_times=registry.ATTEMPTS) as server:
+        monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
+        monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache2"))
+        assert cli.main(["models", "--fetch", "original", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("elmo-jax models: error: ") and "HTTP 503" in err and f"after {registry.ATTEMPTS} tries" in err
+    )
+    assert err.count("\n") == 1
+
+    # The control: a 404 is the input's (the mirror's) fault, exit 2, and is not retried.
+    with serve_fixture(tmp_path / "third", error=404, error_times=registry.ATTEMPTS) as server:
+        monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
+        monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache3"))
+        assert cli.main(["models", "--fetch", "original", "--no-progress"]) == 2
+        assert len(server.gets()) == 1
+    assert "HTTP 404" in capsys.readouterr().err
 
 
 def test_server_ignoring_range_restarts_from_zero(tmp_path, monkeypatch):

@@ -38,7 +38,7 @@ from elmo_jax.cli.streams import outliving_reader
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
-from elmo_jax.pretrained.registry import PretrainedError
+from elmo_jax.pretrained.registry import DownloadFailed, PretrainedError
 from elmo_jax.text.sources import DataError
 from elmo_jax.training.checkpoint import CheckpointError
 
@@ -914,11 +914,14 @@ def _exit_code(exc: BaseException) -> int | None:
     from elmo_jax.training.global_batches import PeerFailed
     from elmo_jax.training.hooks import Diverged
 
+    # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
+    # DownloadFailed is a PretrainedError, one of USER_ERRORS, but the network failed, not the input.
+    if isinstance(
+        exc, (DownloadFailed, WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, DeviceFailed, CoordinatorError)
+    ):
+        return 1
     if isinstance(exc, USER_ERRORS):
         return 2
-    # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
-    if isinstance(exc, (WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, DeviceFailed, CoordinatorError)):
-        return 1
     # The OS refused a file for another reason (a file system mounted read-only, a name too long):
     # the file is named, and nothing of the program is at fault.
     if isinstance(exc, OSError) and exc.filename is not None:

@@ -9,6 +9,7 @@ from elmo_jax.pretrained.registry import (
     DEFAULT_FILES,
     MODELS,
     ROLES,
+    DownloadFailed,
     FileStatus,
     PretrainedError,
     PretrainedModel,
@@ -27,6 +28,7 @@ from elmo_jax.pretrained.registry import (
 __all__ = [
     "BASE_URL",
     "DEFAULT_FILES",
+    "DownloadFailed",
     "MODELS",
     "ROLES",
     "FileStatus",

@@ -81,6 +81,12 @@ class PretrainedError(Exception):
     """A released model cannot be fetched or used as asked (one line: the file and what was expected)."""
 
 
+class DownloadFailed(PretrainedError):
+    """The network failed a transfer that was asked rightly (no connection, a body cut short, a
+    server error after every retry): the bytes received stay in the ``.part`` file, and running
+    again resumes. Every other ``PretrainedError`` is about the input (a name, a mirror, a pin)."""
+
+
 class _Interrupted(PretrainedError):
     """A transfer broke off (network, not content): the ``.part`` file is kept for a resume."""
 
@@ -508,6 +514,8 @@ def _http_attempt(model: PretrainedModel, f: RemoteFile, part: pathlib.Path, url
         if e.code == 416 and offset:  # the part is not a prefix the server recognises: start over
             part.unlink()
             raise _Interrupted(f"{url}: HTTP 416 for a resume; restarting") from None
+        if e.code >= 500 or e.code == 429:  # the server's trouble or its load, not the request: retried
+            raise _Interrupted(f"{url}: HTTP {e.code} {e.reason}") from None
         raise PretrainedError(f"{url}: HTTP {e.code} {e.reason} (for {model.name}'s {f.local})") from None
     except (URLError, OSError) as e:
         raise _Interrupted(f"{url}: cannot connect ({getattr(e, 'reason', e)})") from None
@@ -596,7 +604,7 @@ def _download(model: PretrainedModel, f: RemoteFile, model_dir: pathlib.Path, pr
                 _copy(model, f, part, source, progress)
             digest = _finish(model, f, part, source, pin)
     except _Interrupted as e:  # a broken transfer: the partial file stays for the next run to resume
-        raise PretrainedError(str(e)) from None  # the public type (_Interrupted is the retries' signal)
+        raise DownloadFailed(str(e)) from None  # the public type (_Interrupted is the retries' signal)
     except PretrainedError:
         part.unlink(missing_ok=True)  # refused content (404, an HTML page, a wrong size or hash): none of it stays
         raise
