@@ -99,7 +99,8 @@ def test_cli_continues_a_released_layout_with_an_extended_vocabulary(trained_run
     assert saved.model == options.model and saved.train.n_tokens_vocab == len(new_vocab)
     # hdf5 files carry no accumulators: the gentler learning rate, said in one line.
     assert saved.train.learning_rate == NO_ACCUMULATORS_LEARNING_RATE
-    assert "has no optimizer state" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "has no optimizer state" in said and f"starting {out} from {released} to step 1" in said
     assert load_run(str(out))[3] == 1
     # The same command resumes: with the run's own options, not the default preset's (before: "holds
     # a run with different options"), its learning rate kept, the source not read again.

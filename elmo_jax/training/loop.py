@@ -531,11 +531,13 @@ def pretrain(
     on_metrics: Callable[[dict], None] | None = None,
     fixed_candidates: bool = False,
     on_progress: Callable[[str], None] | None = None,
+    init_from: str | None = None,
 ) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
     ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
-    from instead of a fresh init (fine-tuning). ``on_metrics``: called with each logged record.
+    from instead of a fresh init (fine-tuning); ``init_from`` names where it came from (a path, a
+    released model) for the start line. ``on_metrics``: called with each logged record.
     ``on_progress``: called with what the run does next (``"running step 12"``), before the
     restore, at each step boundary, each held-out window and the last save (``hooks.Progress``).
     """
@@ -549,7 +551,8 @@ def pretrain(
     run = _open_run(options, vocab, source, settings)
     with _orbax_log(settings.run_dir, failed=lambda: run.ckpt.orbax_failed):
         try:
-            return _train(run, source, heldout, init_state, fixed_candidates, on_metrics, on_progress)
+            origin = None if init_state is None else (init_from or "the given initial state")
+            return _train(run, source, heldout, init_state, origin, fixed_candidates, on_metrics, on_progress)
         except Diverged as e:
             raise about(
                 Diverged(_set_aside_diverged(run, e), e.step, e.last_good), "learning_rate", "on_divergence"
@@ -625,11 +628,13 @@ def _train(
     source: Source,
     heldout: Source | None,
     init_state: dict | None,
+    origin: str | None,
     fixed_candidates: bool,
     on_metrics: Callable[[dict], None] | None,
     on_progress: Callable[[str], None] | None,
 ) -> dict:
-    """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run."""
+    """Restore or init, the hooks, the loop, the last save: ``pretrain`` on an open run. ``origin``
+    names ``init_state``'s source (None with a fresh init)."""
     settings, t, model = run.settings, run.options.training, run.options.model
     batcher = _batcher(run, source)
     abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
@@ -646,7 +651,7 @@ def _train(
     if run.total is not None and start >= run.total:
         print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
-    compute = _announce(run, start, batcher, state, init_state is not None)
+    compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
         batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
@@ -684,7 +689,7 @@ def _batcher(run: _Run, source: Source) -> LMBatcher:
     )  # fmt: skip
 
 
-def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, given_state: bool) -> Compute:
+def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, origin: str | None) -> Compute:
     """The matmul policy (asked for, or the device's native fast one), the start line that names
     it and why, and the free-space check; returns the step's ``Compute``."""
     settings = run.settings
@@ -693,7 +698,7 @@ def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, give
     else:  # bfloat16 only where the device's tensor cores have it
         matmuls, why = policy.training_default()
     if run.lead:
-        print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", given_state))
+        print(_start_line(run, start, batcher, f"{matmuls} matmuls [{why}]", origin))
         short = run.ckpt.check_space(settings.keep, checkpoint_bytes(state.shared(), state.lstm))
         if short is not None:
             print(f"warning: {short}", file=sys.stderr)
@@ -851,7 +856,7 @@ def _learning_rate_change(run: _Run) -> str:
     return f", learning rate {was:g} -> {now:g}" if was is not None and was != now else ""
 
 
-def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_state: bool) -> str:
+def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, origin: str | None) -> str:
     until = f" to step {run.total}" if run.total is not None else ""
     until += f" ({matmuls}, {_recipe(run.options.training, run.meta)}{_learning_rate_change(run)})"
     if every := run.settings.eval_every:
@@ -864,5 +869,4 @@ def _start_line(run: _Run, start: int, batcher: LMBatcher, matmuls: str, given_s
             f"resuming {run.settings.run_dir} from step {start} (epoch {batcher.epoch}, shard "
             f"{stream.shard_pos + 1} of {len(stream.shards)}){until}"
         )
-    how = "from the given initial state" if given_state else "from scratch"
-    return f"starting {run.settings.run_dir} {how}{until}"
+    return f"starting {run.settings.run_dir} from {origin or 'scratch'}{until}"
