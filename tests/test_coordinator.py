@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import FIXTURES, free_port, run_elmo_jax
 
-from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections
+from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections, serves_http2
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/net/tcp"), reason="counts connections in /proc")
 # Each test but the first starts the keeper, a process (pyproject.toml's rule for the slow tier).
@@ -22,12 +22,28 @@ slow = pytest.mark.slow
 TRAIN = FIXTURES / "bilm_tf_train"
 
 
+SETTINGS_FRAME = bytes(3) + b"\x04" + bytes(5)  # an empty HTTP/2 SETTINGS frame, as a gRPC server sends first
+
+
 @contextlib.contextmanager
-def _listener(close_after: float | None = None):
-    """A TCP listener on a free loopback port (another program), closed after ``close_after`` s."""
+def _listener(close_after: float | None = None, http2: bool = False):
+    """A TCP listener on a free loopback port (another program), closed after ``close_after`` s.
+    ``http2``: it sends each connection a SETTINGS frame, as a gRPC service (another run's) does."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = s.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                conn.sendall(SETTINGS_FRAME)
+
+    if http2:
+        threading.Thread(target=answer, daemon=True).start()
     timer = threading.Timer(close_after, s.close) if close_after is not None else None
     if timer is not None:
         timer.start()
@@ -122,15 +138,28 @@ def test_a_keeper_whose_parent_died_lets_go_after_linger_even_with_a_client_left
         assert _gone(keeper, within=10)
 
 
-@slow
-def test_a_port_taken_by_another_program_is_said_in_one_line():
+def test_a_port_taken_by_another_program_is_said_in_one_line_without_waiting(capfd):
+    """Another program (it does not speak HTTP/2) is refused at once, not waited for as a previous
+    run's service letting go (before: up to --heartbeat-timeout plus 25 s, then a line)."""
     with _listener() as address:
         t0 = time.monotonic()
         with pytest.raises(CoordinatorError) as e:
-            Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=1)
+            Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=60)
         assert time.monotonic() - t0 < 10
     assert str(e.value) == (
         f"--coordinator {address}: another program answers there; stop it, or give every process another port"
+    )
+    assert "waiting" not in capfd.readouterr().err
+
+
+def test_a_grpc_service_that_does_not_let_go_is_said_after_the_wait(capfd):
+    with _listener(http2=True) as address:
+        with pytest.raises(CoordinatorError) as e:
+            Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=1)
+    assert "something answers there already" in capfd.readouterr().err
+    assert str(e.value) == (
+        f"--coordinator {address}: a gRPC service (another run's coordination service?) still answers there "
+        "after 1 s; stop it, or give every process another port"
     )
 
 
@@ -138,13 +167,27 @@ def test_a_port_taken_by_another_program_is_said_in_one_line():
 def test_a_previous_keeper_still_letting_go_is_waited_for(capfd):
     """A restart soon after process 0 died: the last run's service may still serve its leaving
     processes. The new process 0 says so, waits for it to end, then starts its own."""
-    with _listener(close_after=1.5) as address:
+    with _listener(close_after=1.5, http2=True) as address:
         keeper = _keeper(address, wait=20)
     try:
         assert "something answers there already" in capfd.readouterr().err
         assert listens(address)
     finally:
         _end(keeper)
+
+
+@slow
+def test_a_keeper_speaks_http2_and_a_bare_listener_does_not():
+    """The probe that tells a previous run's service (waited for) from another program (refused)."""
+    address = _free_address()
+    keeper = _keeper(address)
+    try:
+        assert serves_http2(address)
+    finally:
+        assert _end(keeper)
+    with _listener() as other:
+        assert not serves_http2(other, timeout=0.5)
+    assert not serves_http2(address)  # nothing there any more
 
 
 @slow

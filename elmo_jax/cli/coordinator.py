@@ -57,6 +57,26 @@ def listens(address: str) -> bool:
         return False
 
 
+# An HTTP/2 client's connection preface with an empty SETTINGS frame (RFC 9113, 3.4).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
+
+
+def serves_http2(address: str, timeout: float = 2.0) -> bool:
+    """Whether what answers at ``host:port`` speaks HTTP/2, as a gRPC service (jax's coordination
+    service) does: it answers a client's preface with a SETTINGS frame (gRPC sends its own even
+    before). A web server, a database or a bare listener does not, so it need not be waited for."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+            s.sendall(_HTTP2_PREFACE)
+            head = b""
+            while len(head) < 9 and (chunk := s.recv(9 - len(head))):
+                head += chunk
+    except (OSError, ValueError):
+        return False
+    return len(head) == 9 and head[3] == 0x04  # the frame header's type byte: 4 is SETTINGS
+
+
 class Coordinator:
     """Process 0's handle on the keeper (``start``); ``done`` when process 0 leaves knowing the
     others have left or are leaving (also run at exit)."""
@@ -74,10 +94,16 @@ class Coordinator:
 
         ``heartbeat``, ``shutdown``: jax.distributed's timeouts for the service (seconds). A
         service still listening there, such as a previous run's keeper that has not yet let go,
-        is waited for up to ``wait`` seconds. Returns None where this jax has no service to
+        is waited for up to ``wait`` seconds; another program (one that does not speak HTTP/2) is
+        refused at once. Returns None where this jax has no service to
         start apart (process 0 then runs it itself, as jax does); raises ``CoordinatorError``
         where the port is taken or the service cannot bind it."""
         if listens(address):
+            if not serves_http2(address):
+                raise CoordinatorError(
+                    f"--coordinator {address}: another program answers there; stop it, or give every process "
+                    "another port"
+                )
             print(
                 f"--coordinator {address}: something answers there already (a previous run's coordination service "
                 f"lets go once its processes have left); waiting up to {wait:g} s for it to end",
@@ -89,8 +115,8 @@ class Coordinator:
                 time.sleep(0.5)
             if listens(address):
                 raise CoordinatorError(
-                    f"--coordinator {address}: another program answers there; stop it, or give every process "
-                    "another port"
+                    f"--coordinator {address}: a gRPC service (another run's coordination service?) still answers "
+                    f"there after {wait:g} s; stop it, or give every process another port"
                 )
         from jax._src import distributed
 
