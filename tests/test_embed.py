@@ -290,6 +290,30 @@ def test_stateful_mode_reproduces_the_reference_protocol(model):
     assert not np.array_equal(embedder.state["c"][:, :, 0], before["c"][:, :, 0])
 
 
+def test_stateful_batches_of_other_sizes_run_one_program_and_continue_each_row(model):
+    """Rows are padded to a bucket with inactive rows, whose state passes through: batch sizes
+    3, 1, 5, 2, 4 compile one biLSTM program (before: one per size), and each row continues its
+    own state as ``bilm_apply`` with the state carried by hand gives."""
+    config, params = model
+    embedder = Embedder(config, params, stateful=True)
+    words = ["the", "cat", "sat", "on", "a", "mat", "today"]
+    l = config.lstm
+    state = {
+        "c": np.zeros((2, l.n_layers, 5, l.dim), np.float32),
+        "h": np.zeros((2, l.n_layers, 5, l.projection_dim), np.float32),
+    }
+    for k, n in enumerate((3, 1, 5, 2, 4)):
+        batch = [words[(k + r) % 4 : (k + r) % 4 + 3] for r in range(n)]  # three tokens each: one length bucket
+        got = embedder.embed(batch)
+        layers, _, new = bilm_apply(params, config, batch_to_ids(batch), {x: v[:, :, :n] for x, v in state.items()})
+        for x in state:
+            state[x][:, :, :n] = np.asarray(new[x])
+        for r in range(n):
+            np.testing.assert_allclose(got[r], np.asarray(layers)[:, r, :3], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(embedder.state["c"][:, :, :n], state["c"][:, :, :n], atol=1e-5, rtol=0)
+    assert embedder._contextualize._cache_size() == 1
+
+
 def test_token_cache_gives_the_same_vectors_and_falls_back_for_other_words(model, sentences, expected):
     config, params = model
     vocab = [w.strip() for w in (FIXTURES / "allennlp_elmo/vocab_test.txt").read_text().splitlines()]

@@ -218,11 +218,12 @@ def _contextualize(
     lengths: jax.Array,
     markers: jax.Array,
     state: dict | None = None,
+    active: jax.Array | None = None,
     *,
     config: ModelConfig,
     compute: Compute,
 ) -> tuple[jax.Array, dict]:
-    return bilm_from_tokens(p, config, tokens, lengths, state, compute=compute, markers=markers)[0::2]
+    return bilm_from_tokens(p, config, tokens, lengths, state, compute=compute, markers=markers, active=active)[0::2]
 
 
 def _gather(table: jax.Array, index: jax.Array) -> jax.Array:
@@ -739,10 +740,14 @@ class Embedder:
         if rows == 0:
             return []
         l = self.config.lstm
-        if self.state is None or self.state["c"].shape[2] < rows:
+        # The call runs a bucket of rows, so that batch sizes compile a few programs, not one each:
+        # the rows past the batch's are inactive, and their state (a longer earlier batch's rows,
+        # or zeros) passes through unchanged.
+        width = bucket_size(rows, 8)
+        if self.state is None or self.state["c"].shape[2] < width:
             grown = {
-                "c": np.zeros((2, l.n_layers, rows, l.dim), np.float32),
-                "h": np.zeros((2, l.n_layers, rows, l.projection_dim), np.float32),
+                "c": np.zeros((2, l.n_layers, width, l.dim), np.float32),
+                "h": np.zeros((2, l.n_layers, width, l.projection_dim), np.float32),
             }
             if self.state is not None:
                 n = self.state["c"].shape[2]
@@ -750,12 +755,13 @@ class Embedder:
                     grown[k][:, :, :n] = self.state[k]
             self.state = grown
         table, token_rows = self._token_table(sentences)
-        b = self._batch(table, token_rows, rows, length_bucket(max(len(s) for s in sentences)))
+        b = self._batch(table, token_rows, width, length_bucket(max(len(s) for s in sentences)))
         # A batch smaller than the stored state continues (and updates) only its first rows.
-        state = {k: v[:, :, :rows] for k, v in self.state.items()}
-        layers, new_state = self._contextualize(self.params, b["tokens"], b["lengths"], self._markers, state)
+        state = {k: v[:, :, :width] for k, v in self.state.items()}
+        active = np.arange(width) < rows
+        layers, new_state = self._contextualize(self.params, b["tokens"], b["lengths"], self._markers, state, active)
         for k in self.state:
-            self.state[k][:, :, :rows] = np.asarray(new_state[k])
+            self.state[k][:, :, :width] = np.asarray(new_state[k])
         layers = np.asarray(layers)
         return [np.ascontiguousarray(layers[:, r, : len(s)]) for r, s in enumerate(sentences)]
 

@@ -184,16 +184,19 @@ def bilm_from_tokens(
     keep_sentence_markers: bool = False,
     compute: Compute = Compute(),
     markers: jax.Array | None = None,
+    active: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """``bilm_apply`` from token vectors ``[batch, time, P]`` (rows left-aligned, ``lengths [batch]``).
 
     For callers that encode tokens their own way: each distinct word once, or from a cache.
-    ``markers``: ``marker_vectors``, when the caller already has them.
+    ``markers``: ``marker_vectors``, when the caller already has them. ``active``: ``[batch]``
+    bool; a False row runs no step, not even its sentence markers, so its ``state`` passes
+    through unchanged (rows that pad a stateful batch to a compiled size).
     """
     mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
     tokens = jnp.where(mask[:, :, None], tokens, 0.0)
     x = add_sentence_markers(params, config, tokens, lengths, compute=compute, markers=markers)
-    seq_lengths = lengths + 2
+    seq_lengths = lengths + 2 if active is None else jnp.where(active, lengths + 2, 0)
     layers, new_state = lstm.apply(params["lstm"], config, x, seq_lengths, state, compute=compute)
     layers = jnp.concatenate([jnp.concatenate([x, x], axis=-1)[None], layers])
     if keep_sentence_markers:
