@@ -37,12 +37,12 @@ def init(key: jax.Array, config: ModelConfig) -> dict:
         key, [Uniform((262, e), -1.0, 1.0), *conv_specs, *highway_specs, Normal((f, p), np.sqrt(1.0 / f))]
     )
     char_embed = char_embed.at[0].set(0.0)
-    conv = [{"w": w, "b": jnp.zeros((n,))} for w, (_, n) in zip(weights, c.filters)]
+    conv = [{"w": w, "b": jnp.zeros((n,), jnp.float32)} for w, (_, n) in zip(weights, c.filters)]
     highway_w = weights[len(c.filters) : -1]
     # b_carry = -2: the gate starts mostly closed, so the highway starts near the identity.
-    b = jnp.concatenate([jnp.full((f,), -2.0), jnp.zeros((f,))])
+    b = jnp.concatenate([jnp.full((f,), -2.0, jnp.float32), jnp.zeros((f,), jnp.float32)])
     highway = [{"w": jnp.concatenate(highway_w[2 * i : 2 * i + 2], axis=1), "b": b} for i in range(c.n_highway)]
-    proj = {"w": weights[-1], "b": jnp.zeros((p,))}
+    proj = {"w": weights[-1], "b": jnp.zeros((p,), jnp.float32)}
     return {"char_embed": char_embed, "conv": conv, "highway": highway, "proj": proj}
 
 

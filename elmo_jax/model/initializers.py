@@ -12,6 +12,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class Uniform(NamedTuple):
@@ -30,8 +31,13 @@ def draw(key: jax.Array, specs: list[Uniform | Normal]) -> list[jax.Array]:
     k_uniform, k_normal = jax.random.split(key)
     sizes = [math.prod(s.shape) for s in specs]
     flat = {
-        Uniform: jax.random.uniform(k_uniform, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Uniform)),)),
-        Normal: jax.random.normal(k_normal, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Normal)),)),
+        # float32 named: with jax_enable_x64 the default draw is float64, and the whole run with it.
+        Uniform: jax.random.uniform(
+            k_uniform, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Uniform)),), jnp.float32
+        ),
+        Normal: jax.random.normal(
+            k_normal, (sum(n for s, n in zip(specs, sizes) if isinstance(s, Normal)),), jnp.float32
+        ),
     }
     offset = {Uniform: 0, Normal: 0}
     out = []
@@ -39,5 +45,9 @@ def draw(key: jax.Array, specs: list[Uniform | Normal]) -> list[jax.Array]:
         kind = type(spec)
         x = flat[kind][offset[kind] : offset[kind] + n].reshape(spec.shape)
         offset[kind] += n
-        out.append(spec.low + (spec.high - spec.low) * x if isinstance(spec, Uniform) else spec.stddev * x)
+        # Python floats: weakly typed, so they keep x float32 (a numpy float64 would widen it under x64).
+        if isinstance(spec, Uniform):
+            out.append(float(spec.low) + float(spec.high - spec.low) * x)
+        else:
+            out.append(float(spec.stddev) * x)
     return out

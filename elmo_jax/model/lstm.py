@@ -49,7 +49,7 @@ def init(key: jax.Array, config: ModelConfig) -> list[dict]:
     # W_0 is one [in + P, 4D] matrix in TF, so its Glorot limit uses fan_in = in + P.
     weights = draw(key, [spec for _ in range(l.n_layers) for spec in (glorot((2, p + p, 4 * d)), glorot((2, d, p)))])
     return [
-        {"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d)), "w_proj": w_proj}
+        {"w_x": w0[:, :p], "w_h": w0[:, p:], "b": jnp.zeros((2, 4 * d), jnp.float32), "w_proj": w_proj}
         for w0, w_proj in zip(weights[0::2], weights[1::2])
     ]
 

@@ -107,8 +107,8 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
         "bilm": bilm.init(k_bilm, model),
         # bilm-tf: zero bias; the softmax is shared by both directions.
         "softmax": {
-            "w": jax.random.normal(k_softmax, (layout.padded, p)) / np.sqrt(p) * valid[:, None],
-            "b": jnp.zeros((layout.padded,)),
+            "w": jax.random.normal(k_softmax, (layout.padded, p), jnp.float32) / float(np.sqrt(p)) * valid[:, None],
+            "b": jnp.zeros((layout.padded,), jnp.float32),
         },
     }
     sparse = SparseAdagrad(train.learning_rate)
