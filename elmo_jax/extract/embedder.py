@@ -266,6 +266,74 @@ def _contextualize_packed(
     return op(steps, segment.reshape(-1), pieces), state  # [pieces, layers, 2, P]; -1 dropped
 
 
+_markers_jit = jax.jit(marker_vectors, static_argnums=1, static_argnames="compute")
+
+
+@functools.cache
+def _one_device_programs(config: ModelConfig, compute: Compute) -> tuple[Callable, Callable, Callable, Callable]:
+    """``(encode, contextualize, packed, gather)``: one device's jitted functions, made once per
+    config and precision (a ``jax.jit`` of a new partial is a new cache: it would compile again)."""
+    # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
+    # per shape, so a job compiles the sum of those shape sets, not their product.
+    encode = jax.jit(functools.partial(_encode, config=config, compute=compute))
+    contextualize = jax.jit(functools.partial(_contextualize, config=config, compute=compute))
+    packed = jax.jit(
+        functools.partial(_contextualize_packed, config=config, compute=compute), static_argnames=("pieces", "pool")
+    )
+    # A call's token vectors are looked up by a program of their own: the table's size (a
+    # bucket of the call's word count) then keys the compiles of that small program only, not
+    # the biLSTM's, whose shapes depend on the rows and steps alone.
+    return encode, contextualize, packed, jax.jit(_gather)
+
+
+@functools.cache
+def _mesh_programs(config: ModelConfig, compute: Compute, mesh: Mesh) -> tuple[Callable, Callable, Callable]:
+    """``(encode, gather, packed)`` over ``mesh`` (axis ``"data"``), made once per config,
+    precision and mesh."""
+    rows, state_rows = P(None, "data"), P(None, None, "data")
+
+    def per_device(fn, in_specs):
+        # check_vma off (here and for the packed biLSTM below): the functions have no
+        # collectives, and a scan whose carry starts from values that do not vary over
+        # devices but then does is rejected by the check.
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
+
+    # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
+    encode = per_device(lambda p, c: _encode(p, c[0], config=config, compute=compute)[None], (P(), P("data")))
+    # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
+    gather = jax.jit(jax.shard_map(_gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
+
+    def packed_multi(p, x, mask, starts, state, *, weights=None, segment=None, pieces=1, pool="mean"):
+        # Pooled, each device numbers its own pieces: their sums come back one device after another.
+        extra = () if segment is None else (segment,)
+        out = P(None, None, "data") if segment is None else P("data")
+
+        def fn(p, x, mask, starts, state, weights, *segment):  # shard_map passes positionals only
+            return _contextualize_packed(
+                p,
+                x,
+                mask,
+                starts,
+                state,
+                weights=weights,
+                segment=segment[0] if segment else None,
+                pieces=pieces,
+                pool=pool,
+                config=config,
+                compute=compute,
+            )
+
+        return jax.shard_map(
+            fn,
+            mesh=mesh,
+            in_specs=(P(), rows, P("data"), P("data"), state_rows, P()) + (P("data"),) * len(extra),
+            out_specs=(out, state_rows),
+            check_vma=False,
+        )(p, x, mask, starts, state, weights, *extra)
+
+    return encode, gather, jax.jit(packed_multi, static_argnames=("pieces", "pool"))
+
+
 def _pad_group(arrays: list[np.ndarray], n: int, fill=0) -> np.ndarray:
     """Stacks up to ``n`` arrays of one rank into ``[n, ...]``, padding every axis to the largest.
 
@@ -340,80 +408,27 @@ class Embedder:
 
     def _compile_one_device(self) -> None:
         """The jitted device functions of one device, and the marker vectors."""
-        config, compute = self.config, self.compute
-        # Separate programs: the char CNN compiles per (block rows, char columns) and the biLSTM
-        # per shape, so a job compiles the sum of those shape sets, not their product.
-        self._encode = jax.jit(functools.partial(_encode, config=config, compute=compute))
-        self._contextualize = jax.jit(functools.partial(_contextualize, config=config, compute=compute))
-        self._packed = jax.jit(
-            functools.partial(_contextualize_packed, config=config, compute=compute), static_argnames=("pieces", "pool")
-        )
-        # A call's token vectors are looked up by a program of their own: the table's size (a
-        # bucket of the call's word count) then keys the compiles of that small program only, not
-        # the biLSTM's, whose shapes depend on the rows and steps alone.
-        self._gather = jax.jit(_gather)
+        # Shared by every Embedder of this config and precision: a second one (a notebook's, a
+        # server's) runs the programs the first one compiled.
+        self._encode, self._contextualize, self._packed, self._gather = _one_device_programs(self.config, self.compute)
         # The marker vectors are an input of the biLSTM program: encoding them inside it would add
         # the char CNN to each of its compiles.
-        self._markers = jax.jit(marker_vectors, static_argnums=1, static_argnames="compute")(
-            self.params, self.config, compute=self.compute
-        )
+        self._markers = _markers_jit(self.params, self.config, compute=self.compute)
 
     def _compile_devices(self) -> None:
         """The same functions over a ``Mesh`` of ``n_devices`` local devices (axis ``"data"``)."""
-        # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
-        # "data" axis, so each device runs the single-device function on its own one.
         mesh = Mesh(np.array(jax.local_devices()[: self.n_devices]), ("data",))
         replicated = NamedSharding(mesh, P())
+        # A group of up to n char-CNN blocks is stacked into [n, ...] and split over the mesh's
+        # "data" axis, so each device runs the single-device function on its own one.
         self._group_sharding = NamedSharding(mesh, P("data"))
-        # The params go to every device once, here, not on every call.
-        self._params_multi = jax.device_put(self.params, replicated)
-        config, compute = self.config, self.compute
-
-        def per_device(fn, in_specs):
-            # check_vma off (here and for the packed biLSTM below): the functions have no
-            # collectives, and a scan whose carry starts from values that do not vary over
-            # devices but then does is rejected by the check.
-            return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P("data"), check_vma=False))
-
-        # Each device sees [1, ...] of the group's inputs: squeezed in, restored out.
-        self._encode_multi = per_device(
-            lambda p, c: _encode(p, c[0], config=config, compute=compute)[None], (P(), P("data"))
-        )
-        # Packed streams: each device runs its own rows (axis 2 of the state, the row axis of the rest).
+        # The params go to every device once, here, not on every call. The markers are made, so
+        # the one-device copy is let go: device 0 would otherwise hold the params twice.
+        self._params_multi = self.params = jax.device_put(self.params, replicated)
         rows, state_rows = P(None, "data"), P(None, None, "data")
         self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
         self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
-        self._gather_multi = jax.jit(jax.shard_map(_gather, mesh=mesh, in_specs=(P(), rows), out_specs=rows))
-
-        def packed_multi(p, x, mask, starts, state, *, weights=None, segment=None, pieces=1, pool="mean"):
-            # Pooled, each device numbers its own pieces: their sums come back one device after another.
-            extra = () if segment is None else (segment,)
-            out = P(None, None, "data") if segment is None else P("data")
-
-            def fn(p, x, mask, starts, state, weights, *segment):  # shard_map passes positionals only
-                return _contextualize_packed(
-                    p,
-                    x,
-                    mask,
-                    starts,
-                    state,
-                    weights=weights,
-                    segment=segment[0] if segment else None,
-                    pieces=pieces,
-                    pool=pool,
-                    config=config,
-                    compute=compute,
-                )
-
-            return jax.shard_map(
-                fn,
-                mesh=mesh,
-                in_specs=(P(), rows, P("data"), P("data"), state_rows, P()) + (P("data"),) * len(extra),
-                out_specs=(out, state_rows),
-                check_vma=False,
-            )(p, x, mask, starts, state, weights, *extra)
-
-        self._packed_multi = jax.jit(packed_multi, static_argnames=("pieces", "pool"))
+        self._encode_multi, self._gather_multi, self._packed_multi = _mesh_programs(self.config, self.compute, mesh)
 
     @classmethod
     def from_hdf5(cls, options_path: str | os.PathLike, weights_path: str | os.PathLike, **kw) -> Embedder:
