@@ -81,7 +81,9 @@ def open_hdf5(path: str, what: str = "weight file") -> h5py.File:
 
 
 def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) -> tuple[ModelConfig, dict]:
-    """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves.
+    """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves: on the host,
+    so that a conversion or an export never touches a device. To call ``bilm_apply`` more than
+    once, ``jax.device_put(params)`` first; numpy leaves are copied to the device at every call.
 
     ``char_embed`` may have 261 rows (bilm-tf's file; a zero padding row is put in front) or 262.
     A missing ``CNN_proj`` is read as the identity when bilm-tf would have had none
