@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import numpy as np
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax._util.disk_full import (
@@ -95,8 +94,9 @@ class MetricsWindow:
         self.t0, self.timed = time.perf_counter(), 0
 
     def _read(self, m: dict) -> None:
-        for k in self.KEYS:
-            self.sums[k] += float(np.asarray(m[k].addressable_data(0)))  # replicated: any local copy
+        # Replicated: any local copy. One device_get starts every copy before it waits on one.
+        for k, v in zip(self.KEYS, jax.device_get([m[k].addressable_data(0) for k in self.KEYS])):
+            self.sums[k] += float(v)
         self.n += 1
 
 
