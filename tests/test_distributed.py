@@ -869,6 +869,9 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
     assert all(len(x) == 1 for x in stopped), texts
     steps = [int(x[0].split()[3].rstrip(";")) for x in stopped]
     assert steps[0] == steps[1] >= 3, steps
+    # Process 0 says that the signal was another's (before: the same line as process 1's own).
+    assert "(another process was signalled); checkpoint saved" in stopped[0][0], stopped
+    assert "another process" not in stopped[1][0], stopped
     step = steps[0]
     assert load_run(str(run_dir))[3] == step
     assert all((run_dir / "host_state" / f"{step}.p{p}.npz").exists() for p in range(2))

@@ -725,6 +725,8 @@ def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: B
         raise PeerFailed(f"another process failed: stopped at step {step}; {where}")
     if reason == "signal":
         print(f"stopped at step {step}; {where}")
+    if reason == "another's signal":
+        print(f"stopped at step {step} (another process was signalled); {where}")
     if reason == "end of data":  # under --epochs, the first process to read all its shards ends the epoch
         print(f"end of data at step {step}; {where}")
 
@@ -830,7 +832,8 @@ def _steps(
             try:
                 batch = batches.next(step, "error" if error else "signal" if stop.requested else None)
             except StopTogether as e:
-                reason = e.reason
+                # A signal to another process only: this one's line says so, or it reads as its own.
+                reason = "another's signal" if e.reason == "signal" and not stop.requested else e.reason
                 break
             state, m = step_fn(state, batch)
             step += 1
