@@ -186,17 +186,15 @@ def _failing_candidates_at(feed: GlobalBatches, step: int) -> None:
     feed.host.pool.add = add
 
 
-def _peer_stops_at(monkeypatch, step: int) -> None:
+def _peer_stops_at(feed, step: int) -> None:
     """Another process's stop at ``step``, as the agreement reports it, after this one built its batch."""
-    import elmo_jax.training.global_batches as gb
-
-    real, calls = gb.agree_max, []
+    real, calls = feed.agree, []
 
     def agree(values):
         calls.append(1)
         return (*values[:2], StopTogether.REASONS.index("signal")) if len(calls) == step + 1 else real(values)
 
-    monkeypatch.setattr(gb, "agree_max", agree)
+    feed.agree = agree
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
@@ -215,7 +213,7 @@ def test_a_batch_built_for_a_step_that_does_not_run_is_not_in_the_saved_data_sta
     if stop == "failed build":
         _failing_candidates_at(feed, 3)
     else:
-        _peer_stops_at(monkeypatch, 3)
+        _peer_stops_at(feed, 3)
     try:
         for step in range(3):
             feed.next(step)

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from elmo_jax._util.processes import agree_max
+from elmo_jax._util.processes import StepAgreement
 from elmo_jax.config import TrainConfig
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.prefetch import HostBatch, HostPipeline, Prefetcher
@@ -40,10 +40,11 @@ class PeerFailed(RuntimeError):
 
 class GlobalBatches:
     """The step's global batch: this process's rows from the batcher, candidates, the fetch plan,
-    and what all processes must agree on at every step boundary. One small all-gather per step
-    (multi-process runs only) carries the distinct-word count, the fetch capacity (which only
-    grows) and whether any process wants to stop, so that every stop happens at the same step on
-    every process and no process is left waiting in a collective of a step the others skipped.
+    and what all processes must agree on at every step boundary. One small agreement per step
+    (multi-process runs only, ``StepAgreement``: through jax.distributed's key-value store, not
+    the devices) carries the distinct-word count, the fetch capacity (which only grows) and
+    whether any process wants to stop, so that every stop happens at the same step on every
+    process and no process is left waiting in a collective of a step the others skipped.
 
     ``prefetch``: host batches (``prefetch.HostPipeline``) built ahead in a background thread,
     while the device runs the step before, and copied to the devices there (0: built in ``next``,
@@ -87,6 +88,7 @@ class GlobalBatches:
             workers,
             to_device=functools.partial(_global_arrays, self.sharding, mesh.size) if prefetch else None,
         )
+        self.agree = StepAgreement()
         self.host.agreed = capacity  # a resumed run's (``loop._restore_or_init``): batches start there
         self._prefetcher: Prefetcher | None = None  # started by the first next(): it knows the first step
         # batcher.snapshot() after the last batch this process trained on (taken at the first next(),
@@ -121,7 +123,7 @@ class GlobalBatches:
                 # A batch built ahead may have been planned before the last agreement.
                 local, capacity, arrays = item.batch, max(item.capacity, self.capacity), item.arrays
         words = local["chars"].shape[1] if local is not None else 0
-        words, capacity, reason = agree_max([words, capacity, StopTogether.REASONS.index(stopping)])
+        words, capacity, reason = self.agree([words, capacity, StopTogether.REASONS.index(stopping)])
         if reason:
             raise StopTogether(str(StopTogether.REASONS[reason]))
         assert local is not None  # no process stops here, so this one built its batch
