@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import re
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import FIXTURES, model_files, reference_batches
 
-from elmo_jax import batch_to_ids, bilm_apply, load_hdf5
+from elmo_jax import batch_to_ids, bilm_apply, init_bilm, load_hdf5
 from elmo_jax.model import char_cnn
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout
@@ -219,6 +220,15 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
         TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's as params\['bilm'\]$"
     ):
         bilm_apply({"bilm": params, "softmax": {}}, config, ids)
+    # Another model's weights (before: a reshape error from inside jax's char CNN), and a policy
+    # name where a Compute goes (before: AttributeError 'str' object has no attribute 'precision').
+    other = init_bilm(jax.random.PRNGKey(0), dataclasses.replace(config, lstm=dataclasses.replace(config.lstm, dim=32)))
+    with pytest.raises(
+        ValueError, match=r"^params are not this config's biLM: params\['lstm'\]\[0\]\['b'\] is \(2, 128\)"
+    ):
+        bilm_apply(other, config, ids)
+    with pytest.raises(TypeError, match=r"^compute is a str \('bfloat16'\); expected a Compute"):
+        bilm_apply(params, config, ids, compute="bfloat16")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("layout", ["_layer_rows", "_layer_columns"])

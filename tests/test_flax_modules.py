@@ -370,6 +370,36 @@ def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
     other = jax.tree.map(lambda x: x[..., :1] if x.ndim else x, params)
     with pytest.raises(ValueError, match="do not have the shapes of the biLM at frozen_bilm/frozen/bilm"):
         with_bilm(init, other)
+    # Not a biLM tree at all: one line from our check (before: "do not have the shapes" for a
+    # training state's params, and a TypeError from inside jax for the config).
+    with pytest.raises(TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's"):
+        with_bilm(init, {"bilm": params, "softmax": {}})
+    with pytest.raises(TypeError, match=r"^bilm_params must be the biLM's .*; got ModelConfig$"):
+        with_bilm(init, config)
+
+
+def test_bad_module_settings_and_missing_inputs_are_one_line_as_the_module_is_made(model):
+    """(Before: ``Elmo(config, params)`` put the weights in ``num_output_representations`` and failed
+    at init in a TypeError from a FrozenDict; a dropout of 1.5 and 0 representations ran.)"""
+    config, params, char_ids = model
+    with pytest.raises(ValueError, match=r"^num_output_representations must be an int of at least 1, got a dict "
+                       r"\(the biLM weights go in with with_bilm, after init\)$"):  # fmt: skip
+        Elmo(config, params)
+    for bad, said in (
+        ({"dropout": 1.5}, "dropout must be a rate from 0 up to"),
+        ({"num_output_representations": 0}, "got 0$"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            Elmo(config, **bad)
+        with pytest.raises(ValueError, match=said):
+            ElmoNNX(config, params, rngs=nnx.Rngs(0), **bad)
+    Elmo(config, dropout=0.0, num_output_representations=2)  # the edges that are taken
+    elmo = Elmo(config)
+    variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    with pytest.raises(ValueError, match="neither was given"):
+        elmo.apply(variables, deterministic=True)
+    with pytest.raises(ValueError, match="not both"):
+        elmo.apply(variables, char_ids, layers=jnp.zeros((3, 1, 2, 4)), mask=jnp.ones((1, 2), bool), deterministic=True)
 
 
 def test_nn_jit_of_a_module_using_elmo_equals_no_jit(model):

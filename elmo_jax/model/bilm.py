@@ -93,11 +93,17 @@ def bilm_apply(
       backward after ``<S>``).
 
     Raises ``TypeError`` or ``ValueError`` (one line, before anything runs) for params that are
-    not a biLM's or a config that is not a ``ModelConfig`` (``check_params``), char ids of the
-    wrong shape or type, or out of range (``char_cnn.check_char_ids``), and a ``state`` of other
-    shapes than the model's.
+    not this config's biLM (another model's, a training state's) or a config that is not a
+    ``ModelConfig`` (``check_params``), char ids of the wrong shape or type, or out of range
+    (``char_cnn.check_char_ids``), a ``state`` of other shapes than the model's, and a
+    ``compute`` that is not a ``Compute``.
     """
-    check_params(params, config)
+    check_params(params, config, shapes=True)
+    if not isinstance(compute, Compute):
+        raise TypeError(
+            f"compute is a {type(compute).__name__} ({compute!r}); expected a Compute: "
+            "elmo_jax.model.compute.Compute.from_policy('bfloat16'), say"
+        )
     ids = char_cnn.check_char_ids(params["char_cnn"], config, char_ids, ndim=3)
     if state is not None:
         _check_state(config, state, ids.shape[0])
@@ -108,23 +114,14 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
     """``TypeError`` or ``ValueError`` (one line) for ``params`` that are not ``config``'s biLM:
     the two swapped, a training state's ``{"bilm": ..., "softmax": ...}``, or with ``shapes``
     another model's weights (each would fail later as a missing key, or a shape deep in the char
-    CNN or the LSTM). ``shapes`` traces ``init`` once, making no arrays: for constructors, not for
-    every call. ``name``: the argument, as the caller calls it."""
+    CNN or the LSTM). ``shapes`` traces ``init`` once per config, making no arrays; then a check
+    reads the leaves' shapes (tens of microseconds). ``name``: the argument, as the caller calls it."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config is a {type(config).__name__}; expected a ModelConfig")
-    hint = (
-        f": a training state's params hold the biLM's as {name}['bilm']"
-        if isinstance(params, Mapping) and "bilm" in params
-        else ""
-    )
-    if not (isinstance(params, Mapping) and {"char_cnn", "lstm"} <= params.keys()):
-        keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
-        raise TypeError(
-            f"{name} must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"
-        )
+    check_params_tree(params, name)
     if not shapes:
         return
-    want, got = _shapes(jax.eval_shape(init, jax.random.PRNGKey(0), config)), _shapes(params)
+    want, got = _init_shapes(config), _shapes(params)
     embed = "['char_cnn']['char_embed']"
     # The ids are shifted by one: a table without the padding row would read the wrong rows.
     if got.get(embed, (0,))[0] == 261:
@@ -138,6 +135,27 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
             f"{name} are not this config's biLM: {name}{key} is {got.get(key, 'missing')} where the config's is "
             f"{want.get(key, 'absent')} (another model's weights?)"
         )
+
+
+def check_params_tree(params, name: str = "params") -> None:
+    """``TypeError`` (one line) for ``params`` that are not a biLM's tree at all: a config, an
+    array, a training state's ``{"bilm": ..., "softmax": ...}`` (``check_params`` without a config)."""
+    hint = (
+        f": a training state's params hold the biLM's as {name}['bilm']"
+        if isinstance(params, Mapping) and "bilm" in params
+        else ""
+    )
+    if not (isinstance(params, Mapping) and {"char_cnn", "lstm"} <= params.keys()):
+        keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise TypeError(
+            f"{name} must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"
+        )
+
+
+@functools.cache
+def _init_shapes(config: ModelConfig) -> dict[str, tuple]:
+    """``init``'s leaf shapes by path (traced once per config: no arrays are made)."""
+    return _shapes(jax.eval_shape(init, jax.random.PRNGKey(0), config))
 
 
 def _shapes(tree) -> dict[str, tuple]:

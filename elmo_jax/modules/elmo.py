@@ -142,6 +142,21 @@ def _check_convention(convention: str) -> None:
         raise ValueError(f"convention must be one of {CONVENTIONS}, found {convention!r}")
 
 
+def _check_settings(num_output_representations: Any, dropout: Any) -> None:
+    """One line for a count or a rate out of range, as the module is made (not deep in a trace)."""
+    n = num_output_representations
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        # Elmo(config, params): the weights land here (they go in with with_bilm, after init).
+        weights = " (the biLM weights go in with with_bilm, after init)" if isinstance(n, Mapping) else ""
+        raise ValueError(f"num_output_representations must be an int of at least 1, got {_brief(n)}{weights}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a rate from 0 up to (not including) 1, got {_brief(dropout)}")
+
+
+def _brief(value: Any) -> str:
+    return f"a {type(value).__name__}" if isinstance(value, Mapping) else repr(value)
+
+
 def _masked_layer_norm(layers: jax.Array, mask: jax.Array, epsilon: float) -> jax.Array:
     """Each layer ``[B, T, D]`` normalised with one mean and one variance over its unmasked elements."""
     m = mask[None, :, :, None]
@@ -226,7 +241,8 @@ def _plain(tree: Any) -> Any:
 
 def _split_inputs(char_ids, layers, mask):
     if (char_ids is None) == (layers is None):
-        raise ValueError("pass either char_ids [B, T, C] or precomputed layers (with their mask), not both")
+        which = "not both" if char_ids is not None else "neither was given"
+        raise ValueError(f"pass either char_ids [B, T, C] or precomputed layers (with their mask): {which}")
     if layers is not None and mask is None:
         raise ValueError("precomputed layers need their mask")
 
@@ -319,6 +335,11 @@ class Elmo(nn.Module):
     convention: str = "allennlp"
     precision: str = "float32"
 
+    def __post_init__(self) -> None:
+        _check_settings(self.num_output_representations, self.dropout)
+        _check_convention(self.convention)
+        super().__post_init__()
+
     @classmethod
     def from_hdf5(cls, options, weights, **kwargs) -> tuple[Elmo, dict]:
         """``(module, bilm_params)`` from bilm-tf/AllenNLP files (``options.json``, ``weights.hdf5``)."""
@@ -377,6 +398,7 @@ def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
     ``Elmo`` sits in the model. Returns new dicts (nothing is changed in place). Raises ValueError
     when the weights do not have the shapes of the model's biLM, or when the model has none.
     """
+    _bilm.check_params_tree(bilm_params, name="bilm_params")
     new = _plain(bilm_params)
     new_shapes = jax.tree.map(jnp.shape, new)
     found = []
@@ -454,6 +476,7 @@ class ElmoNNX(nnx.Module):
         precision: str = "float32",
         rngs: nnx.Rngs,
     ):
+        _check_settings(num_output_representations, dropout)
         _check_convention(convention)
         self.config = config
         self.num_output_representations = num_output_representations
