@@ -534,6 +534,9 @@ def test_pooling_over_the_tokens(embedder, sentences):
         np.testing.assert_allclose(t, x[-1].max(axis=0) if x.shape[1] else np.zeros(32), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="^pool='sum'"):
         embedder.embed(some, pool="sum")
+    # No sentence at all, pooled or not (before: a ValueError from a reshape of the empty sums).
+    for pool in (None, "mean", "max"):
+        assert embedder.embed([], pool=pool) == [] and embedder.embed([], layers="top", pool=pool) == []
 
 
 @pytest.mark.parametrize("devices", [1, 2])

@@ -562,6 +562,8 @@ class Embedder:
         sentences = [list(s) for s in sentences]
         chosen = check_layers(layers, self.config.n_output_layers)
         check_pool(pool)
+        if not sentences:  # (the pooled path would reshape an empty array of unknown width)
+            return []
         if self.stateful:
             out = [select_layers(x, chosen) for x in self._embed_stateful(sentences)]
         else:
