@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import h5py
@@ -45,6 +46,16 @@ def test_released_names_round_trip(trained_run, released):
     assert warm.kind == "hdf5" and warm.bilm_acc is None and warm.vocab.words == vocab.words
     _same(warm.bilm, params["bilm"])
     _same(warm.softmax, params["softmax"])
+    # An export read as a run dir (Embedder.from_checkpoint, --run-dir) says what it is, in either
+    # layout (the released one has no options.json of that name).
+    plain = released.parent / "plain"
+    export_run(str(run_dir), str(plain))
+    for export, said in ((released, "not a run directory (no options.json)"), (plain, "no checkpoint found")):
+        weights = export_names(options.model, "released" if export == released else "elmo_jax")[1]
+        with pytest.raises(
+            CheckpointError, match=re.escape(f"{said}; its {weights} is an export's: read it with from_hdf5")
+        ):
+            load_run(str(export))
 
 
 @pytest.mark.slow

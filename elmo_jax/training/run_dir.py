@@ -95,7 +95,7 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     if not epath.Path(options_path).is_file():
         if closed := closed_above(options_path):  # its files may be there, out of this user's reach
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), closed)
-        raise CheckpointError(f"{run_dir}: not a run directory (no options.json)")
+        raise CheckpointError(f"{run_dir}: not a run directory (no options.json){_export_hint(run_dir)}")
     options = Options.load(options_path, saved=True)
     vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
     ckpt = Checkpointer(run_dir, read_only=True)
@@ -109,11 +109,17 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     return options, vocab, shared, step
 
 
+def _export_hint(run_dir: str | os.PathLike) -> str:
+    """What to do with a directory of exported files (``export_run``'s) given as a run dir."""
+    weights = sorted(p.name for p in epath.Path(run_dir).glob("*weights.hdf5") if "softmax" not in p.name)
+    return f"; its {weights[0]} is an export's: read it with from_hdf5 (or --weights)" if weights else ""
+
+
 def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, step: int | None) -> tuple[dict, int]:
     """(shared state with the softmax in id order, step) of ``step``, or of the newest readable one."""
     steps = ckpt.steps()
     if not steps:
-        raise CheckpointError(f"{run_dir}: no checkpoint found")
+        raise CheckpointError(f"{run_dir}: no checkpoint found{_export_hint(run_dir)}")
     abstract = lambda meta: (abstract_shared(options, meta), None)  # noqa: E731
     if step is None:
         restored = ckpt.restore_latest(abstract, with_host=False)
