@@ -785,6 +785,9 @@ def test_two_shard_processes_read_back_as_one_run(tmp_path, sentences):
         np.testing.assert_array_equal(view[-1], view[len(sentences) - 1])
         with pytest.raises(IndexError):
             view[len(sentences)]
+        with pytest.raises(TypeError, match=r"^a line's index must be an int, got slice"):
+            view[0:2]  # (before: a TypeError comparing an int with a slice)
+        np.testing.assert_array_equal(view[np.int64(1)], view[1])
     with pytest.raises(FileNotFoundError, match=r"shard\(s\) \[1\] of 2 have no manifest"):
         ShardedEmbeddings([tmp_path / "sharded-00000-of-00002.hdf5.json"])
 

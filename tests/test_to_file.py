@@ -143,6 +143,9 @@ def test_bad_paths_are_refused_before_the_model_is_loaded(tmp_path, text):
         embed_file(load, tmp_path / "d", tmp_path / "o.hdf5")
     with pytest.raises(DataError, match="d: is a directory, not a file"):  # said before, not at the rename
         embed_file(load, text, tmp_path / "d")
+    # Options as a dict (before: AttributeError 'dict' object has no attribute 'layers').
+    with pytest.raises(TypeError, match=r"^options must be an EmbedFileOptions, got dict"):
+        embed_file(load, text, tmp_path / "o.hdf5", {"pool": "mean"})  # type: ignore[arg-type]
     (tmp_path / "d").rmdir()
     with pytest.raises(DataError, match="gs://bucket/in.txt: the input is read as a local file"):
         embed_file(load, "gs://bucket/in.txt", tmp_path / "o.hdf5")

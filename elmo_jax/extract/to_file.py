@@ -128,6 +128,10 @@ def embed_file(
     ``OutOfDeviceMemory`` (``batch_tokens`` too many for the device); nothing is left under
     ``output_path`` then.
     """
+    if not isinstance(options, EmbedFileOptions):
+        raise TypeError(
+            f"options must be an EmbedFileOptions, got {type(options).__name__} (EmbedFileOptions(pool='mean'), say)"
+        )
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     # Before the model is built: no work is lost to a mistyped path.
     if not is_local(input_path):
@@ -398,6 +402,10 @@ class ShardedEmbeddings:
 
     def __getitem__(self, i: int) -> np.ndarray:
         n = len(self)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(
+                f"a line's index must be an int, got {type(i).__name__} (a slice: [view[k] for k in range(a, b)])"
+            )
         if not -n <= i < n:
             raise IndexError(f"line {i} out of range for {n} lines")
         i = int(i) % n
