@@ -317,7 +317,8 @@ class Options:
         if self.train is None:
             raise ConfigError(
                 "these options have no training keys (batch_size, n_tokens_vocab, ...): they "
-                "describe a model to run, not a run to train"
+                "describe a model to run, not a run to train; give them one: "
+                "Options(model=..., train=TrainConfig(n_tokens_vocab=len(vocab), ...))"
             )
         return self.train
 

@@ -231,6 +231,10 @@ def test_a_fresh_run_defaults_to_resets_and_a_saved_run_means_what_it_wrote():
         assert Options.from_dict(json.loads(json.dumps(o.to_dict())), saved=True) == o
         assert Options.from_dict(json.loads(json.dumps(o.to_dict()))) == o
     assert "reset_state_prob" not in Options(model=PRESETS["tiny"]).to_dict()  # no training keys, no key
+    with pytest.raises(
+        ConfigError, match=r"no training keys .*; give them one: Options\(model=\.\.\., train=TrainConfig\("
+    ):
+        _ = Options(model=PRESETS["tiny"]).training  # what pretrain reads
 
 
 def test_rows_per_draw_divides_the_rows_and_is_written_only_when_set(tmp_path):
