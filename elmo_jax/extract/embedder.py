@@ -2,7 +2,9 @@
 
 ``Embedder.embed(sentences)`` returns, in input order, one ``[n_layers + 1, n_tokens, 2P]``
 float32 array per sentence. By default it is stateless, so a sentence gets the same vectors
-whatever else is in the call. Under it:
+whatever else is in the call, up to float32 rounding: the call's rows and steps pick the
+compiled program, whose sums may round otherwise (about 1e-6); the same call gives the same
+bits every time. Under it:
 
 - each distinct word of a call is encoded by the char CNN once (``dedup``), in blocks of words of
   similar length, each block over only the char columns it needs (``char_cnn.trim_char_ids``);
