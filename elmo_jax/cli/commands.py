@@ -911,13 +911,24 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
 def _exit_code(exc: BaseException) -> int | None:
     """The exit code of an error said in one line: 2 for the user's input, 1 for what the machine or
     the run met; None for an error the command line has no line for (a bug: its traceback)."""
+    from elmo_jax._util.processes import StoreFailed
     from elmo_jax.training.global_batches import PeerFailed
     from elmo_jax.training.hooks import Diverged
 
     # WriteFailed: the input was fine; the machine ran out of room, or its file system failed.
     # DownloadFailed is a PretrainedError, one of USER_ERRORS, but the network failed, not the input.
     if isinstance(
-        exc, (DownloadFailed, WriteFailed, PeerFailed, Diverged, OutOfDeviceMemory, DeviceFailed, CoordinatorError)
+        exc,
+        (
+            DownloadFailed,
+            WriteFailed,
+            PeerFailed,
+            StoreFailed,
+            Diverged,
+            OutOfDeviceMemory,
+            DeviceFailed,
+            CoordinatorError,
+        ),
     ):
         return 1
     if isinstance(exc, USER_ERRORS):

@@ -26,6 +26,7 @@ from typing import Any
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.clock import WatchClock
+from elmo_jax._util.processes import kv_client
 from elmo_jax.cli.coordinator import SPARE_BIND, Coordinator, listens
 from elmo_jax.config import ConfigError
 
@@ -137,7 +138,6 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
     """jax.distributed for ``--coordinator`` (or JAX_COORDINATOR_ADDRESS), and the watch on the other
     processes; None for a single-process run."""
     import jax
-    from jax._src import distributed
 
     address = coordinator(args)
     if not address:
@@ -178,11 +178,11 @@ def start(args: argparse.Namespace) -> PeerWatch | None:
         watchdog.cancel()
     if error is not None:  # raised here, outside the clause: jax's traceback is not the message
         raise error
-    # jax has no public handle on its distributed client; checkpoint.py reads the same one.
-    if jax.process_count() == 1 or distributed.global_state.client is None:
+    client = kv_client()
+    if jax.process_count() == 1 or client is None:
         return None
     watch = PeerWatch(
-        distributed.global_state.client,
+        client,
         jax.process_index(),
         jax.process_count(),
         args.heartbeat_timeout,

@@ -61,7 +61,7 @@ from elmo_jax._util.disk_full import (
     remedy,
     size,
 )
-from elmo_jax._util.processes import agree_max
+from elmo_jax._util.processes import agree_max, kv_client
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -377,14 +377,12 @@ def _commit_only_if_every_process_wrote(manager: ocp.CheckpointManager) -> None:
     Orbax's internals (0.12: the ``AsyncCheckpointer``'s ``_handler.async_save`` and
     ``_async_manager._thread_func``); under a version without them, the hang stays. One process
     has nothing to agree with, and is left as it is."""
-    from jax._src import distributed
-
     inner = getattr(manager, "_checkpointer", None)
     handler = getattr(inner, "_handler", None)
     background: Any = getattr(inner, "_async_manager", None)
     blocking_save = getattr(handler, "async_save", None)
     run_in_background = getattr(background, "_thread_func", None)
-    client = distributed.global_state.client
+    client = kv_client()
     if jax.process_count() == 1 or client is None or blocking_save is None or run_in_background is None:
         return
 
