@@ -229,6 +229,7 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
         bilm_apply(other, config, ids)
     with pytest.raises(TypeError, match=r"^compute is a str \('bfloat16'\); expected a Compute"):
         bilm_apply(params, config, ids, compute="bfloat16")  # type: ignore[arg-type]
+    np.testing.assert_array_equal(bilm_apply({**params, "mine": np.ones(3)}, config, ids)[0], layers)  # keys beside
 
 
 @pytest.mark.parametrize("layout", ["_layer_rows", "_layer_columns"])

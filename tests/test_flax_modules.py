@@ -382,7 +382,7 @@ def test_bad_module_settings_and_missing_inputs_are_one_line_as_the_module_is_ma
     """(Before: ``Elmo(config, params)`` put the weights in ``num_output_representations`` and failed
     at init in a TypeError from a FrozenDict; a dropout of 1.5 and 0 representations ran.)"""
     config, params, char_ids = model
-    with pytest.raises(ValueError, match=r"^num_output_representations must be an int of at least 1, got a dict "
+    with pytest.raises(TypeError, match=r"^num_output_representations must be an int of at least 1, got a dict "
                        r"\(the biLM weights go in with with_bilm, after init\)$"):  # fmt: skip
         Elmo(config, params)
     for bad, said in (
@@ -394,6 +394,7 @@ def test_bad_module_settings_and_missing_inputs_are_one_line_as_the_module_is_ma
         with pytest.raises(ValueError, match=said):
             ElmoNNX(config, params, rngs=nnx.Rngs(0), **bad)
     Elmo(config, dropout=0.0, num_output_representations=2)  # the edges that are taken
+    Elmo(config, dropout=np.float32(0.5), num_output_representations=np.int64(2))  # a numpy sweep's values
     elmo = Elmo(config)
     variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
     with pytest.raises(ValueError, match="neither was given"):

@@ -115,7 +115,8 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
     the two swapped, a training state's ``{"bilm": ..., "softmax": ...}``, or with ``shapes``
     another model's weights (each would fail later as a missing key, or a shape deep in the char
     CNN or the LSTM). ``shapes`` traces ``init`` once per config, making no arrays; then a check
-    reads the leaves' shapes (tens of microseconds). ``name``: the argument, as the caller calls it."""
+    only compares the leaves' shapes. Keys beside the biLM's are left alone. ``name``: the
+    argument, as the caller calls it."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config is a {type(config).__name__}; expected a ModelConfig")
     check_params_tree(params, name)
@@ -129,8 +130,8 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
             f"{name}{embed} has bilm-tf's 261 rows; the model reads 262, row 0 for padding: load the "
             "weights with load_hdf5 (or load_tf_checkpoint), which add it"
         )
-    if got != want:
-        key = next(k for k in [*want, *got] if got.get(k) != want.get(k))
+    if any(got.get(k) != shape for k, shape in want.items()):
+        key = next(k for k in want if got.get(k) != want[k])
         raise ValueError(
             f"{name} are not this config's biLM: {name}{key} is {got.get(key, 'missing')} where the config's is "
             f"{want.get(key, 'absent')} (another model's weights?)"

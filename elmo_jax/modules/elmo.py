@@ -106,6 +106,7 @@ The module runs the biLM stateless (each sentence's vectors depend on that sente
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,14 +144,19 @@ def _check_convention(convention: str) -> None:
 
 
 def _check_settings(num_output_representations: Any, dropout: Any) -> None:
-    """One line for a count or a rate out of range, as the module is made (not deep in a trace)."""
+    """One line for a count or a rate of the wrong type or out of range, as the module is made
+    (not deep in a trace). numpy's integers and floats are taken (a sweep's values)."""
     n = num_output_representations
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         # Elmo(config, params): the weights land here (they go in with with_bilm, after init).
         weights = " (the biLM weights go in with with_bilm, after init)" if isinstance(n, Mapping) else ""
-        raise ValueError(f"num_output_representations must be an int of at least 1, got {_brief(n)}{weights}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a rate from 0 up to (not including) 1, got {_brief(dropout)}")
+        raise TypeError(f"num_output_representations must be an int of at least 1, got {_brief(n)}{weights}")
+    if n < 1:
+        raise ValueError(f"num_output_representations must be an int of at least 1, got {n!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"dropout must be a rate from 0 up to (not including) 1, got {_brief(dropout)}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be a rate from 0 up to (not including) 1, got {dropout!r}")
 
 
 def _brief(value: Any) -> str:
@@ -395,8 +401,10 @@ def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
     Flax's way to load pretrained weights into part of a model: ``init`` the whole model (the biLM
     at random), then put the weights in its place, ``variables["frozen_bilm"][...]["bilm"]`` for a
     frozen ``Elmo`` and ``variables["params"][...]["bilm"]`` for a trainable one, wherever the
-    ``Elmo`` sits in the model. Returns new dicts (nothing is changed in place). Raises ValueError
-    when the weights do not have the shapes of the model's biLM, or when the model has none.
+    ``Elmo`` sits in the model. Returns new dicts (nothing is changed in place). Raises TypeError
+    when ``bilm_params`` is not a biLM's params tree (a config, a training state's params: see
+    ``check_params_tree``), and ValueError when the weights do not have the shapes of the model's
+    biLM, or when the model has none.
     """
     _bilm.check_params_tree(bilm_params, name="bilm_params")
     new = _plain(bilm_params)
