@@ -3,8 +3,7 @@
 ``Embedder.embed(sentences)`` returns, in input order, one ``[n_layers + 1, n_tokens, 2P]``
 float32 array per sentence. By default it is stateless, so a sentence gets the same vectors
 whatever else is in the call, up to float32 rounding: the call's rows and steps pick the
-compiled program, whose sums may round otherwise (about 1e-6); the same call gives the same
-bits every time. Under it:
+compiled program, whose sums may round otherwise. Under it:
 
 - each distinct word of a call is encoded by the char CNN once (``dedup``), in blocks of words of
   similar length, each block over only the char columns it needs (``char_cnn.trim_char_ids``);
@@ -271,7 +270,8 @@ def _contextualize_packed(
 _markers_jit = jax.jit(marker_vectors, static_argnums=1, static_argnames="compute")
 
 
-@functools.cache
+# Bounded: each entry holds its compiled programs (jax.clear_caches() frees them all).
+@functools.lru_cache(maxsize=8)
 def _one_device_programs(config: ModelConfig, compute: Compute) -> tuple[Callable, Callable, Callable, Callable]:
     """``(encode, contextualize, packed, gather)``: one device's jitted functions, made once per
     config and precision (a ``jax.jit`` of a new partial is a new cache: it would compile again)."""
@@ -288,7 +288,7 @@ def _one_device_programs(config: ModelConfig, compute: Compute) -> tuple[Callabl
     return encode, contextualize, packed, jax.jit(_gather)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def _mesh_programs(config: ModelConfig, compute: Compute, mesh: Mesh) -> tuple[Callable, Callable, Callable]:
     """``(encode, gather, packed)`` over ``mesh`` (axis ``"data"``), made once per config,
     precision and mesh."""
@@ -759,10 +759,11 @@ class Embedder:
         if rows == 0:
             return []
         l = self.config.lstm
-        # The call runs a bucket of rows, so that batch sizes compile a few programs, not one each:
-        # the rows past the batch's are inactive, and their state (a longer earlier batch's rows,
-        # or zeros) passes through unchanged.
-        width = bucket_size(rows, 8)
+        # The call runs a power of two of rows, so that batch sizes compile a few programs, not one
+        # each (a batch of 1 stays 1: a stream of single sentences pays no padding): the rows past
+        # the batch's are inactive, and their state (a longer earlier batch's rows, or zeros)
+        # passes through unchanged.
+        width = bucket_size(rows, 1)
         if self.state is None or self.state["c"].shape[2] < width:
             grown = {
                 "c": np.zeros((2, l.n_layers, width, l.dim), np.float32),
