@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import FIXTURES, free_port, run_elmo_jax
 
-from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, listens, live_connections, serves_http2
+from elmo_jax.cli.coordinator import Coordinator, CoordinatorError, answer_at, listens, live_connections
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/net/tcp"), reason="counts connections in /proc")
 # Each test but the first starts the keeper, a process (pyproject.toml's rule for the slow tier).
@@ -23,27 +23,29 @@ TRAIN = FIXTURES / "bilm_tf_train"
 
 
 SETTINGS_FRAME = bytes(3) + b"\x04" + bytes(5)  # an empty HTTP/2 SETTINGS frame, as a gRPC server sends first
+HTTP1_ERROR = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"  # a web server's answer to the preface
 
 
 @contextlib.contextmanager
-def _listener(close_after: float | None = None, http2: bool = False):
-    """A TCP listener on a free loopback port (another program), closed after ``close_after`` s.
-    ``http2``: it sends each connection a SETTINGS frame, as a gRPC service (another run's) does."""
+def _listener(close_after: float | None = None, answer: bytes | None = None):
+    """A TCP listener on a free loopback port, closed after ``close_after`` s. ``answer``: sent to
+    each connection (``SETTINGS_FRAME``: a gRPC service, another run's; ``HTTP1_ERROR``: another
+    program); None: it never answers (a stopped process's port)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
 
-    def answer() -> None:
+    def reply() -> None:
         while True:
             try:
                 conn, _ = s.accept()
             except OSError:  # closed
                 return
             with conn:
-                conn.sendall(SETTINGS_FRAME)
+                conn.sendall(answer)
 
-    if http2:
-        threading.Thread(target=answer, daemon=True).start()
+    if answer is not None:
+        threading.Thread(target=reply, daemon=True).start()
     timer = threading.Timer(close_after, s.close) if close_after is not None else None
     if timer is not None:
         timer.start()
@@ -141,7 +143,7 @@ def test_a_keeper_whose_parent_died_lets_go_after_linger_even_with_a_client_left
 def test_a_port_taken_by_another_program_is_said_in_one_line_without_waiting(capfd):
     """Another program (it does not speak HTTP/2) is refused at once, not waited for as a previous
     run's service letting go (before: up to --heartbeat-timeout plus 25 s, then a line)."""
-    with _listener() as address:
+    with _listener(answer=HTTP1_ERROR) as address:
         t0 = time.monotonic()
         with pytest.raises(CoordinatorError) as e:
             Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=60)
@@ -152,14 +154,16 @@ def test_a_port_taken_by_another_program_is_said_in_one_line_without_waiting(cap
     assert "waiting" not in capfd.readouterr().err
 
 
-def test_a_grpc_service_that_does_not_let_go_is_said_after_the_wait(capfd):
-    with _listener(http2=True) as address:
+@pytest.mark.parametrize("answer", [SETTINGS_FRAME, None], ids=["a grpc service", "a silent port"])
+def test_a_service_or_a_silent_port_that_does_not_let_go_is_said_after_the_wait(capfd, answer):
+    """A port that says nothing (a suspended job's service) is waited for as a service may be."""
+    with _listener(answer=answer) as address:
         with pytest.raises(CoordinatorError) as e:
             Coordinator.start(address, 2, heartbeat=30, shutdown=30, linger=60, wait=1)
     assert "something answers there already" in capfd.readouterr().err
     assert str(e.value) == (
-        f"--coordinator {address}: a gRPC service (another run's coordination service?) still answers there "
-        "after 1 s; stop it, or give every process another port"
+        f"--coordinator {address}: something still holds the port after 1 s (another run's coordination "
+        "service, or a stopped process); stop it, or give every process another port"
     )
 
 
@@ -167,7 +171,7 @@ def test_a_grpc_service_that_does_not_let_go_is_said_after_the_wait(capfd):
 def test_a_previous_keeper_still_letting_go_is_waited_for(capfd):
     """A restart soon after process 0 died: the last run's service may still serve its leaving
     processes. The new process 0 says so, waits for it to end, then starts its own."""
-    with _listener(close_after=1.5, http2=True) as address:
+    with _listener(close_after=1.5, answer=SETTINGS_FRAME) as address:
         keeper = _keeper(address, wait=20)
     try:
         assert "something answers there already" in capfd.readouterr().err
@@ -177,17 +181,19 @@ def test_a_previous_keeper_still_letting_go_is_waited_for(capfd):
 
 
 @slow
-def test_a_keeper_speaks_http2_and_a_bare_listener_does_not():
+def test_the_probe_tells_a_keeper_from_another_program_and_from_a_silent_port():
     """The probe that tells a previous run's service (waited for) from another program (refused)."""
     address = _free_address()
     keeper = _keeper(address)
     try:
-        assert serves_http2(address)
+        assert answer_at(address) == "http2"
     finally:
         assert _end(keeper)
-    with _listener() as other:
-        assert not serves_http2(other, timeout=0.5)
-    assert not serves_http2(address)  # nothing there any more
+    with _listener(answer=HTTP1_ERROR) as other:
+        assert answer_at(other) == "other"
+    with _listener() as silent:
+        assert answer_at(silent, timeout=0.5) == "silent"
+    assert answer_at(address) == "other"  # nothing there any more: refused
 
 
 @slow
@@ -214,7 +220,7 @@ def test_the_cli_says_a_taken_coordinator_port_in_one_line(tmp_path):
     lines = (TRAIN / "data.txt").read_text().splitlines()
     for i in range(2):  # a shard per process
         (tmp_path / f"shard-{i}.txt").write_text("\n".join(lines[i::2]) + "\n")
-    with _listener() as address:
+    with _listener(answer=HTTP1_ERROR) as address:
         r = run_elmo_jax(
             "train", "--train-files", tmp_path / "shard-*.txt", "--vocab", TRAIN / "vocab.txt", "--run-dir", tmp_path / "run",
             "--no-progress", "--coordinator", address, "--num-processes", "2", "--process-id", "0",

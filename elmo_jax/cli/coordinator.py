@@ -61,20 +61,23 @@ def listens(address: str) -> bool:
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
 
 
-def serves_http2(address: str, timeout: float = 2.0) -> bool:
-    """Whether what answers at ``host:port`` speaks HTTP/2, as a gRPC service (jax's coordination
-    service) does: it answers a client's preface with a SETTINGS frame (gRPC sends its own even
-    before). A web server, a database or a bare listener does not, so it need not be waited for."""
+def answer_at(address: str, timeout: float = 2.0) -> str:
+    """What answers a client's HTTP/2 preface at ``host:port``: ``"http2"``, a SETTINGS frame, as a
+    gRPC service (jax's coordination service) sends; ``"other"``, anything else or a close (a web
+    server, a database: it need not be waited for); ``"silent"``, nothing within ``timeout`` (a
+    service of a suspended job, a busy one: waited for, as a service may be)."""
     host, _, port = address.rpartition(":")
+    head = b""
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
             s.sendall(_HTTP2_PREFACE)
-            head = b""
             while len(head) < 9 and (chunk := s.recv(9 - len(head))):
                 head += chunk
+    except TimeoutError:
+        return "other" if head else "silent"
     except (OSError, ValueError):
-        return False
-    return len(head) == 9 and head[3] == 0x04  # the frame header's type byte: 4 is SETTINGS
+        return "other"
+    return "http2" if len(head) == 9 and head[3] == 0x04 else "other"  # frame type byte 4: SETTINGS
 
 
 class Coordinator:
@@ -94,12 +97,12 @@ class Coordinator:
 
         ``heartbeat``, ``shutdown``: jax.distributed's timeouts for the service (seconds). A
         service still listening there, such as a previous run's keeper that has not yet let go,
-        is waited for up to ``wait`` seconds; another program (one that does not speak HTTP/2) is
-        refused at once. Returns None where this jax has no service to
+        is waited for up to ``wait`` seconds; another program (an answer that is not HTTP/2's) is
+        refused at once (``answer_at``). Returns None where this jax has no service to
         start apart (process 0 then runs it itself, as jax does); raises ``CoordinatorError``
         where the port is taken or the service cannot bind it."""
         if listens(address):
-            if not serves_http2(address):
+            if answer_at(address) == "other":
                 raise CoordinatorError(
                     f"--coordinator {address}: another program answers there; stop it, or give every process "
                     "another port"
@@ -115,8 +118,8 @@ class Coordinator:
                 time.sleep(0.5)
             if listens(address):
                 raise CoordinatorError(
-                    f"--coordinator {address}: a gRPC service (another run's coordination service?) still answers "
-                    f"there after {wait:g} s; stop it, or give every process another port"
+                    f"--coordinator {address}: something still holds the port after {wait:g} s (another run's "
+                    "coordination service, or a stopped process); stop it, or give every process another port"
                 )
         from jax._src import distributed
 
