@@ -128,18 +128,8 @@ def embed_file(
     ``OutOfDeviceMemory`` (``batch_tokens`` too many for the device); nothing is left under
     ``output_path`` then.
     """
-    if not isinstance(options, EmbedFileOptions):
-        raise TypeError(
-            f"options must be an EmbedFileOptions, got {type(options).__name__} (EmbedFileOptions(pool='mean'), say)"
-        )
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
-    # Before the model is built: no work is lost to a mistyped path.
-    if not is_local(input_path):
-        raise DataError(f"{input_path}: the input is read as a local file: copy it to this machine first")
-    if bad := fault(input_path, "file"):
-        raise DataError(said(*bad, input_path))
-    if bad := fault(output_path, "output"):
-        raise DataError(said(*bad, output_path))
+    _check_arguments(input_path, output_path, options)
     if callable(embedder):
         embedder = embedder()
     from elmo_jax.extract.embedder import check_layers
@@ -192,6 +182,20 @@ def embed_file(
     return EmbedFileResult(
         output=output, manifest=manifest, lines=total, written=mine, empty_pooled=empty if options.pool else 0
     )
+
+
+def _check_arguments(input_path: str, output_path: str, options: EmbedFileOptions) -> None:
+    """``embed_file``'s arguments, before the model is built: no work is lost to a mistyped path."""
+    if not isinstance(options, EmbedFileOptions):
+        raise TypeError(
+            f"options must be an EmbedFileOptions, got {type(options).__name__} (EmbedFileOptions(pool='mean'), say)"
+        )
+    if not is_local(input_path):
+        raise DataError(f"{input_path}: the input is read as a local file: copy it to this machine first")
+    if bad := fault(input_path, "file"):
+        raise DataError(said(*bad, input_path))
+    if bad := fault(output_path, "output"):
+        raise DataError(said(*bad, output_path))
 
 
 def _write_hdf5(

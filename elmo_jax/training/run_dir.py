@@ -7,6 +7,7 @@ formats are read (see ``checkpoint``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -111,7 +112,9 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
 
 def _export_hint(run_dir: str | os.PathLike) -> str:
     """What to do with a directory of exported files (``export_run``'s) given as a run dir."""
-    weights = sorted(p.name for p in epath.Path(run_dir).glob("*weights.hdf5") if "softmax" not in p.name)
+    weights: list[str] = []
+    with contextlib.suppress(Exception):  # an unreachable directory: the error it is a hint for stays
+        weights = sorted(p.name for p in epath.Path(run_dir).glob("*weights.hdf5") if "softmax" not in p.name)
     return f"; its {weights[0]} is an export's: read it with from_hdf5 (or --weights)" if weights else ""
 
 

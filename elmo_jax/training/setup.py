@@ -85,9 +85,15 @@ def train(
     options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say)
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
     return pretrain(
-        options, vocab, source, settings, heldout=heldout, init_state=init_state, on_progress=on_progress,
+        options,
+        vocab,
+        source,
+        settings,
+        heldout=heldout,
+        init_state=init_state,
+        on_progress=on_progress,
         init_from=spec.init_from,
-    )  # fmt: skip
+    )
 
 
 def has_checkpoint(run_dir: str) -> bool:

@@ -220,7 +220,7 @@ def full_softmax_loss(
         picked = jnp.take_along_axis(logits, jnp.clip(at, 0, block - 1)[:, None], axis=1)[:, 0]
         return new_top, total, true + jnp.where(here, picked, 0.0)
 
-    init = (floor, jnp.zeros((n,)), jnp.zeros((n,)))
+    init = (floor, jnp.zeros((n,), jnp.float32), jnp.zeros((n,), jnp.float32))
     if axis_name is not None:  # the loop's results differ per device: so must its initial carry
         init = jax.lax.pcast(init, axis_name, to="varying")
     top, total, true = jax.lax.fori_loop(0, v // block, visit, init)
