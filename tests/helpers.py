@@ -1,6 +1,7 @@
 """Shared test helpers: XLA flags for test processes, the program in a subprocess, loading the
 reference fixtures."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -69,6 +70,27 @@ def xla_flags(devices: int, level: int | None = None) -> str:
     level = (0 if devices == 1 else 1) if level is None else level
     opt = "" if _DEFAULT_OPT else f"--xla_backend_optimization_level={level} {_COMMON}"
     return f"--xla_force_host_platform_device_count={devices} {opt}".strip()
+
+
+@contextlib.contextmanager
+def compiled_programs():
+    """The names of the programs XLA compiles while the block runs (``jit(f)``), in order. The
+    persistent cache is off meanwhile: a program another test left on disk still counts."""
+    import jax  # here, not at the top: conftest imports this module before XLA_FLAGS is set
+
+    names: list[str] = []
+
+    def listen(event, seconds, fun_name="", **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield names
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def run_elmo_jax(

@@ -12,10 +12,9 @@ import sys
 import threading
 
 import h5py
-import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, embed_sentences, model_files, reference_batches, xla_flags
+from helpers import FIXTURES, compiled_programs, embed_sentences, model_files, reference_batches, xla_flags
 
 from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.config import ConfigError
@@ -249,25 +248,13 @@ def test_a_small_call_runs_one_short_call_and_jobs_share_one_bilstm_program(mode
         [[f"w{rng.randrange(v):04d}" for _ in range(rng.randint(1, 25))] for _ in range(n)]
         for n, v in ((200, 150), (90, 600), (300, 3000))
     ]
-    compiles = []
-
-    def listen(event, seconds, fun_name="", **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(fun_name)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    # Off, so that a program another test left in the persistent cache still counts as one.
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
+    with compiled_programs() as compiles:
         for k, job in enumerate(jobs):
             pack = embedder._packing([len(s) for s in job])
             assert (pack.rows, pack.steps) == (8, 16) and pack.calls > 10
             embedder.embed(job)
             if k == 0:
                 compiles.clear()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        jax.monitoring.unregister_event_duration_listener(listen)
     # Every biLSTM call of the later jobs ran the program the first one compiled; only the lookup
     # of their larger token tables compiled again.
     assert compiles == ["jit(_gather)"] * 2
@@ -298,21 +285,10 @@ def test_a_second_embedder_of_the_same_model_compiles_nothing(model, sentences, 
     config, params = model
     first = Embedder(config, params, devices=devices)
     want = first.embed(sentences)
-    compiles = []
-
-    def listen(event, seconds, fun_name="", **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(fun_name)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    jax.config.update("jax_enable_compilation_cache", False)  # a program from disk would not count
-    try:
+    with compiled_programs() as compiles:
         got = Embedder(config, params, devices=devices).embed(sentences)
         second = list(compiles)
         Embedder(config, params, devices=devices, precision="bfloat16").embed(sentences)  # the control
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        jax.monitoring.unregister_event_duration_listener(listen)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     assert second == []
