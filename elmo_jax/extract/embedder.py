@@ -426,7 +426,7 @@ class Embedder:
         self._group_sharding = NamedSharding(mesh, P("data"))
         # The params go to every device once, here, not on every call. The markers are made, so
         # the one-device copy is let go: device 0 would otherwise hold the params twice.
-        self._params_multi = self.params = jax.device_put(self.params, replicated)
+        self.params = jax.device_put(self.params, replicated)
         rows, state_rows = P(None, "data"), P(None, None, "data")
         self._replicated, self._state_sharding = replicated, NamedSharding(mesh, state_rows)
         self._packed_shardings = tuple(NamedSharding(mesh, spec) for spec in (rows,) + (P("data"),) * 3)
@@ -488,7 +488,7 @@ class Embedder:
             for lo in range(0, len(blocks), self.n_devices):
                 group = blocks[lo : lo + self.n_devices]
                 stacked = jax.device_put(_pad_group(group, self.n_devices, PAD_CHAR + 1), self._group_sharding)
-                groups.append((self._encode_multi(self._params_multi, stacked), len(group)))
+                groups.append((self._encode_multi(self.params, stacked), len(group)))
             # All groups are dispatched before the first wait.
             results = [v for vectors, k in groups for v in np.asarray(vectors)[:k]]
         for lo, vectors in zip(range(0, len(words), rows), results):
@@ -720,11 +720,12 @@ class Embedder:
             "c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
             "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32),
         }
+        params = self.params  # on device 0, or on every device (``_compile_devices``)
         if self.n_devices == 1:
-            run, lookup, params, device_table = self._packed, self._gather, self.params, jax.device_put(device_table)
+            run, lookup, device_table = self._packed, self._gather, jax.device_put(device_table)
             place = lambda *arrays: arrays  # noqa: E731  (jit moves host arrays itself)
         else:
-            run, lookup, params = self._packed_multi, self._gather_multi, self._params_multi
+            run, lookup = self._packed_multi, self._gather_multi
             device_table = jax.device_put(device_table, self._replicated)
             state = jax.device_put(state, self._state_sharding)
             place = lambda *arrays: jax.device_put(arrays, self._packed_shardings)  # noqa: E731
