@@ -232,7 +232,10 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
         assert slot_order[k] == pytest.approx(got[k], rel=1e-6)
 
 
-def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
+@pytest.mark.parametrize("steps", [3, 20])
+def test_evaluate_matches_numpy_reset_per_sentence(eval_setup, steps):
+    """Sentences packed into 3 streams: windows of 3 tokens cut through sentences (the state
+    carried over, reset at each start), windows of 20 hold several whole (padding at the end)."""
     vocab, params, source, sentences = eval_setup
     ref = NumpyBiLM(params, MODEL)
     to_id = word_ids(EVAL_VOCAB)
@@ -255,8 +258,7 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     fwd, bwd = sums / count
     assert unks > 0 and kept.min() < count
 
-    # batch_size 3 over 9 sentences of several lengths: padded positions and padding rows.
-    got = evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True)
+    got = evaluate(params, MODEL, vocab, source, batch_size=3, unroll_steps=steps, reset_state_per_sentence=True)
     assert got["tokens"] == count
     assert got["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert got["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)
@@ -264,7 +266,9 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup):
     assert got["unk_rate"] == pytest.approx(unks / (2 * count))
     scored = np.ones(len(EVAL_VOCAB), bool)
     scored[list(skip)] = False
-    part = evaluate(params, MODEL, vocab, source, batch_size=3, reset_state_per_sentence=True, scored=scored)
+    part = evaluate(
+        params, MODEL, vocab, source, batch_size=3, unroll_steps=steps, reset_state_per_sentence=True, scored=scored
+    )
     fwd, bwd = kept_sums / kept
     assert part["perplexity_fwd"] == pytest.approx(np.exp(fwd), rel=1e-5)
     assert part["perplexity_bwd"] == pytest.approx(np.exp(bwd), rel=1e-5)

@@ -6,9 +6,12 @@ Two protocols, as in the references:
   file order, ``unroll_steps`` tokens at a time, and each row's LSTM state is carried from one
   window to the next across sentence boundaries;
 - per sentence: every sentence alone from zero state, ``<S> w..`` -> ``w.. </S>`` (and reversed).
+  The sentences are packed whole into the row streams, and the state is reset where each starts
+  (``lstm.run``'s ``resets``), so that this protocol too runs one window shape, with padding
+  only at the streams' ends.
 
-Both feed the same step: a window of rows with a mask (padding rows; padding after a sentence),
-the LSTM state in and out (zeros in, output dropped, for the second protocol). The rows are split
+Both feed the same step: a window of rows with a mask (padding rows; the streams' ends) and the
+LSTM state carried in and out. The rows are split
 over the devices of a mesh for the char-CNN and the LSTM; the top-layer outputs are then
 all-gathered, and each device scores every position against its own contiguous share of the
 softmax rows, ``block`` rows at a time (``softmax.full_softmax_loss``), so that no ``[positions,
@@ -19,6 +22,7 @@ by rows, is used where it lies.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections.abc import Callable
 
@@ -65,8 +69,9 @@ def evaluate(
 
     ``perplexity`` is ``exp(mean CE)`` over all target tokens with ``CE = 0.5 * (CE_fwd +
     CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is the same number).
-    ``batch_size`` is the number of rows (streams, or sentences at a time), whatever the number
-    of devices: the carried protocol's result depends on it, never on the devices.
+    ``batch_size`` is the number of row streams and ``unroll_steps`` a window's length, whatever
+    the number of devices: the carried protocol's result depends on both (the per-sentence
+    protocol's on neither), never on the devices.
 
     ``params["softmax"]`` (``w [V, P]``, ``b [V]``) is in id order (``run_dir.load_run``), or in
     ``layout``'s slot order (a training state's ``[V_pad, P]``, padding slots ignored).
@@ -149,7 +154,7 @@ class HeldoutEvaluator:
         scored: np.ndarray | None = None,
     ):
         check_counts(1, batch_size=batch_size, unroll_steps=unroll_steps)  # 0 would deal windows for ever
-        self.mesh, self.layout, self.carried = mesh, layout, not reset_state_per_sentence
+        self.mesh, self.layout = mesh, layout
         n_dev = mesh.size
         self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
         self.block_limit = block
@@ -160,7 +165,7 @@ class HeldoutEvaluator:
         self.model, self.compute = model, compute
         if reset_state_per_sentence:
             table = WordTable(vocab, model.char_cnn.max_characters_per_token)
-            windows = _sentences(source, vocab, table, batch_size)
+            windows = _sentences(source, vocab, table, batch_size, unroll_steps)
         else:
             batcher = LMBatcher(
                 source,
@@ -174,7 +179,7 @@ class HeldoutEvaluator:
             table, windows = batcher.table, _windows(batcher)
         to_rows = (lambda ids: ids) if layout is None else (lambda ids: layout.slots(ids).astype(np.int32))
         self.windows, self.count, unks, positions = [], np.zeros(2), 0, 0
-        for inputs, targets, mask in windows:
+        for inputs, targets, mask, resets in windows:
             unks += int((mask[None] & (targets == vocab.unk)).sum())
             positions += 2 * int(mask.sum())
             score = np.broadcast_to(mask[None], targets.shape) if scored is None else mask[None] & scored[targets]
@@ -189,6 +194,9 @@ class HeldoutEvaluator:
                 "inputs": local["inputs"],
                 "mask": mask.reshape(n_dev, padded // n_dev, -1),
             }
+            if resets is not None:
+                resets = np.pad(resets, ((0, 0), (0, extra), (0, 0)))
+                local["resets"] = resets.reshape(2, n_dev, padded // n_dev, -1).transpose(1, 0, 2, 3)
             self.windows.append((local, (targets, score)))
             self.count += score.sum(axis=(1, 2))
         if self.count.min() == 0:
@@ -208,11 +216,9 @@ class HeldoutEvaluator:
         step = _step_fn(self.model, self.mesh, block, compute=self.compute)
         state, sums = self.zero, []
         for local, everywhere in self.windows:
-            carried, s = step(
+            state, s = step(
                 placed, valid, state, put_global(local, self.by_row), put_global(everywhere, self.everywhere)
             )
-            if self.carried:
-                state = carried
             sums.append(s)  # read back at the end: the host puts the next window meanwhile
             if on_window is not None:
                 on_window()
@@ -262,8 +268,8 @@ def _place(tree, sharding):
 @functools.cache
 def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = Compute()):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
-    jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices`` and their
-    mask), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
+    jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices``, their mask
+    and, per sentence, their resets), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
     positions that count) are all rows, on every device."""
     p = model.lstm.projection_dim
 
@@ -271,7 +277,9 @@ def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = C
         local = {k: x[0] for k, x in local.items()}
         targets, score = everywhere
         x = token_vectors(params["bilm"], model, local, compute=compute)
-        outs, state = lstm.run(params["bilm"]["lstm"], model, x, local["mask"], state, compute=compute)
+        outs, state = lstm.run(
+            params["bilm"]["lstm"], model, x, local["mask"], state, compute=compute, resets=local.get("resets")
+        )
         # Every device scores every position against its share of the softmax rows.
         h = jax.lax.all_gather(outs[-1], AXIS, axis=1, tiled=True)  # [2, rows, T, P]
         sm = params["softmax"]
@@ -292,30 +300,48 @@ def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = C
 
 
 def _windows(batcher: LMBatcher):
-    """The carried protocol's windows: ``inputs``, ``targets [2, rows, steps]``, ``mask [rows, steps]``."""
+    """The carried protocol's windows: ``inputs``, ``targets [2, rows, steps]``, ``mask [rows, steps]``
+    and no resets."""
     while True:
         try:
             inputs, targets = batcher.window()
         except StopIteration:
             return
-        yield inputs, targets, np.ones(inputs.shape[1:], bool)
+        yield inputs, targets, np.ones(inputs.shape[1:], bool), None
 
 
-def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int):
-    """The per-sentence protocol's windows, ``rows`` sentences at a time, shortest first (little
-    padding; the sums do not depend on the order); lengths rounded up to a multiple of 8."""
-    sentences = [line.split() for i in range(len(source)) for line in source.read(i)]
-    sentences.sort(key=len)
-    for lo in range(0, len(sentences), rows):
-        chunk = sentences[lo : lo + rows]
-        n = -(-(max(len(s) for s in chunk) + 1) // 8) * 8
-        inputs, targets = np.zeros((2, len(chunk), n), np.int64), np.zeros((2, len(chunk), n), np.int64)
-        mask = np.zeros((len(chunk), n), bool)
-        for r, s in enumerate(chunk):
+def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int, steps: int):
+    """The per-sentence protocol's windows: the sentences packed whole into ``rows`` streams,
+    each ``<S> w..`` (``</S> ..w`` backward) starting from zero state by a reset, and dealt
+    ``steps`` tokens a window as the carried protocol's are: one window shape, not a compiled
+    program per sentence length, and no padding but the streams' ends (longest first, each to
+    the shortest stream).
+    Yields ``inputs``, ``targets [2, rows, steps]``, ``mask [rows, steps]``, ``resets [2, rows, steps]``."""
+    streams: list[list[list[str]]] = [[] for _ in range(rows)]
+    lengths = [(0, r) for r in range(rows)]  # a heap of (tokens so far, stream)
+    sentences = (line.split() for i in range(len(source)) for line in source.read(i))
+    for s in sorted(sentences, key=len, reverse=True):
+        n, r = heapq.heappop(lengths)
+        streams[r].append(s)
+        heapq.heappush(lengths, (n + len(s) + 1, r))
+    total = -(-max(lengths)[0] // steps) * steps
+    inputs, targets = np.zeros((2, rows, total), np.int64), np.zeros((2, rows, total), np.int64)
+    resets, mask = np.zeros((2, rows, total), bool), np.zeros((rows, total), bool)
+    for r, stream in enumerate(streams):
+        at = 0
+        for s in stream:
             m = len(s) + 1
             for d, (words, start, end) in enumerate(((s, vocab.bos, vocab.eos), (s[::-1], vocab.eos, vocab.bos))):
                 ids = table.input_ids(words)
-                inputs[d, r, :m] = np.append(start, ids)
-                targets[d, r, :m] = np.append(table.targets(ids), end)
-            mask[r, :m] = True
-        yield inputs, targets, mask
+                inputs[d, r, at : at + m] = np.append(start, ids)
+                targets[d, r, at : at + m] = np.append(table.targets(ids), end)
+            resets[:, r, at] = True
+            at += m
+        mask[r, :at] = True
+    for lo in range(0, total, steps):
+        yield (
+            inputs[..., lo : lo + steps],
+            targets[..., lo : lo + steps],
+            mask[:, lo : lo + steps],
+            resets[..., lo : lo + steps],
+        )
