@@ -183,7 +183,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """bilm-tf's top-level training keys (ELMO_SPEC section 7 has the released recipe)."""
+    """bilm-tf's top-level training keys (bilm-tf's ``bin/train_elmo.py`` has the released recipe)."""
 
     n_tokens_vocab: int = 793471
     """Softmax vocabulary size (the vocab file's line count)."""

@@ -263,6 +263,22 @@ def test_the_command_an_interruption_before_the_parser_names(argv, command):
     assert cli._command(argv) == command
 
 
+@pytest.mark.parametrize(
+    ("argv", "cache"),
+    [
+        (["embed", "--input", "a", "--output", "b"], None),  # the default
+        (["--compile-cache", "x", "embed", "--input", "a", "--output", "b"], "x"),
+        (["embed", "--input", "a", "--output", "b", "--compile-cache", "x"], "x"),  # where users put flags
+        (["--compile-cache", "x", "train", "--compile-cache", "y"], "y"),  # the later one, as argparse does
+        (["--compile-cache", "x", "models"], "none"),  # it compiles nothing
+    ],
+)
+def test_compile_cache_is_a_flag_before_or_after_the_command(argv, cache):
+    from elmo_jax._util.runtime import default_compile_cache
+
+    assert cli.build_parser().parse_args(argv).compile_cache == (cache or default_compile_cache())
+
+
 @pytest.mark.parametrize("where", ["a gc callback", "a __del__"])
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGINT"])
 def test_a_signal_whose_exception_python_swallows_is_sent_again_not_lost(where, sent):

@@ -204,7 +204,7 @@ def _bilm_tf_reads(d: dict) -> None:
     lstm, cnn = d["lstm"], d["char_cnn"]
     lstm["dim"], lstm["projection_dim"], lstm.get("n_layers"), lstm.get("cell_clip"), lstm.get("proj_clip")
     cnn["filters"], cnn["max_characters_per_token"], cnn["embedding"]["dim"], cnn["activation"], cnn.get("n_highway")
-    assert cnn["n_characters"] in (261, 262)  # 261 to train, 262 for inference (ELMO_SPEC section 4)
+    assert cnn["n_characters"] in (261, 262)  # 261 in bilm-tf's training graph, 262 at inference
 
 
 def _allennlp_reads(d: dict) -> None:

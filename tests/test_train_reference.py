@@ -1,4 +1,4 @@
-"""Training and evaluation against references written here from ELMO_SPEC sections 2, 3 and 7.
+"""Training and evaluation against references written here from bilm-tf's model and training code.
 
 - held-out perplexity (``evaluate``) against a float64 numpy biLM, stream dealing and all;
 - the sparse softmax update of ``train_step`` against dense Adagrad on the full ``[V, P]``;

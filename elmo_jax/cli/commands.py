@@ -434,16 +434,17 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="elmo-jax", description="ELMo biLMs in JAX.")
-    p.add_argument(
-        "--compile-cache",
-        default=default_compile_cache(),
-        metavar="DIR",
-        help="persistent XLA compilation cache ('none': off; default: %(default)s, or $ELMO_JAX_COMPILE_CACHE)",
-    )
+    cache_help = "persistent XLA compilation cache ('none': off; default: %s, or $ELMO_JAX_COMPILE_CACHE)"
+    p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR", help=cache_help % "%(default)s")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_vocab, _add_train, _add_eval, _add_embed, _add_export, _add_models):
         add(sub)
     for name, command in sub.choices.items():
+        if name != "models":  # it compiles nothing
+            # Also after the command, where users put flags; SUPPRESS keeps the one given before it.
+            command.add_argument(
+                "--compile-cache", default=argparse.SUPPRESS, metavar="DIR", help=cache_help % default_compile_cache()
+            )
         command.set_defaults(flags=_flags(command, ARGUMENT_DESTS.get(name, {})))
     return p
 
@@ -551,7 +552,7 @@ def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
         metavar="P",
         help="chance that a row's LSTM state is zeroed at a sentence start, so the biLM learns the zero "
         "state extraction starts from (default: the --config file's reset_state_prob, else 0.1; a "
-        "resumed run keeps its own). 0 is bilm-tf's recipe exactly; see experiments/README.md",
+        "resumed run keeps its own). 0 is bilm-tf's handling of sentence starts; see experiments/README.md",
     )
     tr.add_argument(
         "--learning-rate",
@@ -676,7 +677,7 @@ def _add_eval(sub) -> None:
     ev.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest readable)")
     ev.add_argument("--batch-size", type=int, default=16, help="rows of text scored at a time (default: 16)")
     ev.add_argument(
-        "--unroll-steps", type=int, default=20, help="tokens per row and window, the state carried on (default: 20)"
+        "--unroll-steps", type=int, default=20, help="tokens per row and window, in both protocols (default: 20)"
     )
     ev.add_argument(
         "--reset-state-per-sentence",

@@ -1,4 +1,4 @@
-"""bilm-tf / AllenNLP weight files: ``options.json`` + ``weights.hdf5`` (ELMO_SPEC section 4).
+"""bilm-tf / AllenNLP weight files: ``options.json`` + ``weights.hdf5``.
 
 The layout written is the one AllenNLP reads and bilm-tf's ``dump_weights`` writes: a 261-row
 ``char_embed`` (no padding row), ``CNN_proj`` always present, LSTM ``W_0``/``B``/``W_P_0`` per

@@ -1,4 +1,4 @@
-"""The character-CNN token encoder (ELMO_SPEC section 2) as pure functions.
+"""The character-CNN token encoder (bilm-tf's ``_build_word_char_embeddings``) as pure functions.
 
 Params (a plain dict)::
 

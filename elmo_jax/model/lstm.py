@@ -1,4 +1,4 @@
-"""The biLSTM: TF's LSTMCell with projection and clipping (ELMO_SPEC section 3) as a ``lax.scan``.
+"""The biLSTM: TF's LSTMCell with projection and clipping (bilm-tf's ``bilm/model.py``) as a ``lax.scan``.
 
 Params: a list with one dict per layer, each leaf stacked over the two directions
 (index 0 forward, 1 backward)::

@@ -1,4 +1,5 @@
-"""Tokens to character ids (ELMO_SPEC section 1) and the word vocabulary.
+"""Tokens to character ids (bilm-tf's ``UnicodeCharsVocabulary``, AllenNLP's
+``ELMoCharacterMapper``) and the word vocabulary.
 
 A token is its UTF-8 bytes framed by begin/end-of-word ids and padded to a fixed width. Ids are
 returned with bilm-tf's inference shift (+1) so that an all-zero row means "no token here".

@@ -1,4 +1,5 @@
-"""ELMo as Flax modules: the scalar mix (ELMO_SPEC section 6) and an ``Elmo`` layer (linen and NNX).
+"""ELMo as Flax modules: the scalar mix (bilm-tf's ``weight_layers``, AllenNLP's ``ScalarMix``)
+and an ``Elmo`` layer (linen and NNX).
 
 ``Elmo`` turns character ids (or precomputed biLM layers) into one or more ELMo representations,
 each a learned scalar mix of the biLM layers followed by dropout, ready to feed a downstream model.
