@@ -16,11 +16,19 @@ if typing.TYPE_CHECKING:  # what type checkers and editors see; at run time, __g
         preset,
     )
     from elmo_jax.extract.embedder import Embedder
+    from elmo_jax.extract.to_file import EmbedFileOptions, EmbedFileResult, ShardedEmbeddings, embed_file
     from elmo_jax.model.bilm import add_sentence_markers, bilm_apply
     from elmo_jax.model.bilm import init as init_bilm
+    from elmo_jax.model.compute import Compute
     from elmo_jax.model.vocabulary import VocabError, Vocabulary, batch_to_ids, token_to_ids
     from elmo_jax.modules.elmo import Elmo, ElmoNNX, ScalarMix, scalar_mix, with_bilm
-    from elmo_jax.pretrained import load_pretrained
+    from elmo_jax.pretrained import fetch, list_models, load_pretrained
+    from elmo_jax.text.sources import DataError, Lines, TextFiles, open_source
+    from elmo_jax.text.tokenize import tokenize, tokenize_text
+    from elmo_jax.text.vocab import build_vocab, write_vocab
+    from elmo_jax.training.evaluate import evaluate
+    from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
+    from elmo_jax.training.run_dir import export_run, load_run
 
 __version__ = "0.1.0"
 
@@ -53,22 +61,51 @@ _LAZY = {
     "ScalarMix": "elmo_jax.modules.elmo",
     "scalar_mix": "elmo_jax.modules.elmo",
     "with_bilm": "elmo_jax.modules.elmo",
+    "Compute": "elmo_jax.model.compute",
+    "EmbedFileOptions": "elmo_jax.extract.to_file",
+    "EmbedFileResult": "elmo_jax.extract.to_file",
+    "ShardedEmbeddings": "elmo_jax.extract.to_file",
+    "embed_file": "elmo_jax.extract.to_file",
     "load_pretrained": "elmo_jax.pretrained",
+    "fetch": "elmo_jax.pretrained",
+    "list_models": "elmo_jax.pretrained",
+    "DataError": "elmo_jax.text.sources",
+    "Lines": "elmo_jax.text.sources",
+    "TextFiles": "elmo_jax.text.sources",
+    "open_source": "elmo_jax.text.sources",
+    "tokenize": "elmo_jax.text.tokenize",
+    "tokenize_text": "elmo_jax.text.tokenize",
+    "build_vocab": "elmo_jax.text.vocab",
+    "write_vocab": "elmo_jax.text.vocab",
+    "evaluate": "elmo_jax.training.evaluate",
+    "RunSettings": "elmo_jax.training.loop",
+    "options_for_vocab": "elmo_jax.training.loop",
+    "pretrain": "elmo_jax.training.loop",
+    "export_run": "elmo_jax.training.run_dir",
+    "load_run": "elmo_jax.training.run_dir",
     "enable_compile_cache": "elmo_jax._util.runtime",
     "set_gpu_kernels": "elmo_jax._util.runtime",
 }
 
 __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for linters
     "CharCNNConfig",
+    "Compute",
     "ConfigError",
+    "DataError",
     "Elmo",
     "ElmoNNX",
+    "EmbedFileOptions",
+    "EmbedFileResult",
     "Embedder",
     "LSTMConfig",
+    "Lines",
     "ModelConfig",
     "Options",
     "PRESETS",
+    "RunSettings",
     "ScalarMix",
+    "ShardedEmbeddings",
+    "TextFiles",
     "TrainConfig",
     "VocabError",
     "Vocabulary",
@@ -76,16 +113,29 @@ __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for
     "add_sentence_markers",
     "batch_to_ids",
     "bilm_apply",
+    "build_vocab",
+    "embed_file",
     "enable_compile_cache",
+    "evaluate",
+    "export_run",
+    "fetch",
     "init_bilm",
+    "list_models",
     "load_hdf5",
     "load_pretrained",
+    "load_run",
+    "open_source",
+    "options_for_vocab",
     "preset",
+    "pretrain",
     "save_hdf5",
     "scalar_mix",
     "set_gpu_kernels",
     "token_to_ids",
+    "tokenize",
+    "tokenize_text",
     "with_bilm",
+    "write_vocab",
 ]
 
 

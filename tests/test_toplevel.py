@@ -31,6 +31,19 @@ LAZY = (
     "with_bilm",
     "load_pretrained",
     "enable_compile_cache",
+    "Compute",
+    "embed_file",
+    "EmbedFileOptions",
+    "ShardedEmbeddings",
+    "fetch",
+    "TextFiles",
+    "tokenize",
+    "build_vocab",
+    "evaluate",
+    "pretrain",
+    "RunSettings",
+    "load_run",
+    "export_run",
 )
 HAS_PRETRAINED = (pathlib.Path(elmo_jax.__file__).parent / "pretrained" / "registry.py").exists()
 
@@ -60,6 +73,19 @@ def test_every_lazy_name_resolves_and_is_listed(name):
         "bilm_apply": "elmo_jax.model.bilm",
         "init_bilm": "elmo_jax.model.bilm",
         "WeightsError": "elmo_jax.compat.hdf5",
+        "Compute": "elmo_jax.model.compute",
+        "embed_file": "elmo_jax.extract.to_file",
+        "EmbedFileOptions": "elmo_jax.extract.to_file",
+        "ShardedEmbeddings": "elmo_jax.extract.to_file",
+        "fetch": "elmo_jax.pretrained.registry",
+        "TextFiles": "elmo_jax.text.sources",
+        "tokenize": "elmo_jax.text.tokenize",
+        "build_vocab": "elmo_jax.text.vocab",
+        "evaluate": "elmo_jax.training.evaluate",
+        "pretrain": "elmo_jax.training.loop",
+        "RunSettings": "elmo_jax.training.loop",
+        "load_run": "elmo_jax.training.run_dir",
+        "export_run": "elmo_jax.training.run_dir",
     }.get(name, "elmo_jax.modules.elmo")
     assert value is getattr(sys.modules[module], {"init_bilm": "init"}.get(name, name))
     assert name in elmo_jax.__all__ and name in dir(elmo_jax)

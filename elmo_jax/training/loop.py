@@ -526,6 +526,7 @@ def pretrain(
     vocab: Vocabulary,
     source: Source,
     settings: RunSettings,
+    *,
     heldout: Source | None = None,
     init_state: dict | None = None,
     on_metrics: Callable[[dict], None] | None = None,
@@ -535,6 +536,9 @@ def pretrain(
 ) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
+    ``source``: the training text; ``heldout``: text scored under the full softmax every
+    ``settings.eval_every`` steps (``evaluate``'s carried protocol). ``fixed_candidates``: every
+    device draws device 0's sampled candidates (for tests that compare device layouts).
     ``init_state``: a shared state, softmax in id order (``warmstart.finetune_state``), to start
     from instead of a fresh init (fine-tuning); ``init_from`` names where it came from (a path, a
     released model) for the start line. ``on_metrics``: called with each logged record.
