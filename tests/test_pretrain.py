@@ -3,6 +3,7 @@
 import contextlib
 import errno
 import json
+import logging
 import os
 import pathlib
 import re
@@ -636,6 +637,29 @@ def test_tfds_source_through_data_source_with_mock_data(tmp_path):
     source.source = Failing()
     with pytest.raises(DataError, match=r"^tfds:lm1b/train\[8:16\]: cannot be read \(OSError: Input/output error\)"):
         source.read(1)
+
+
+def test_a_tfds_dataset_not_prepared_is_one_line_and_never_downloaded(tmp_path, monkeypatch, caplog):
+    """tfds's ``data_source`` downloads and prepares a dataset it cannot find, unless told not to:
+    lm1b would be gigabytes fetched at run time. Here nothing is fetched, and the line says where
+    the dataset was looked for; absl's warnings about the missing files stay out of the output."""
+    import tensorflow_datasets as tfds
+
+    from elmo_jax.text.sources import DataError, TfdsSource
+
+    asked = []
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", lambda *a, **k: asked.append(a))
+    caplog.set_level(logging.INFO)
+    with pytest.raises(DataError) as e:
+        TfdsSource("lm1b", "test", data_dir=str(tmp_path))
+    assert asked == []
+    assert str(e.value) == (
+        f"tfds dataset 'lm1b' is not prepared in {tmp_path}/lm1b/1.1.0; prepare it once with "
+        "file_format='array_record' (see docs/pretraining.md, \"lm1b with tfds\")"
+    )
+    with pytest.raises(DataError, match=r"^tfds has no dataset named 'no_such_set' \(tfds:NAME/SPLIT"):
+        TfdsSource("no_such_set", "test", data_dir=str(tmp_path))
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == []
 
 
 def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, fixtures_dir):

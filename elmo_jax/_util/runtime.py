@@ -8,18 +8,22 @@ on the CPU (requirements.txt pins the CPU jaxlib). Importing this module does no
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.metadata
+import logging
 import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 
 from elmo_jax._util.atomic import is_local
 from elmo_jax._util.paths import MISSING, check_writable, describe, fault, said
 
 __all__ = [
     "GPU_KERNELS",
+    "absl_errors_only",
     "default_compile_cache",
     "enable_compile_cache",
     "gpu_kernel_flags",
@@ -28,6 +32,19 @@ __all__ = [
 ]
 
 _warned = False
+
+
+@contextlib.contextmanager
+def absl_errors_only() -> Iterator[None]:
+    """absl's log (Orbax's, tfds's) at ERROR and above while the block runs: for its warnings that
+    the caller says better in its own line, or that say what the caller means to happen."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 def default_compile_cache() -> str:

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from elmo_jax._util.paths import NOT_OPEN, closed_above
+from elmo_jax._util.runtime import absl_errors_only
 
 
 class DataError(ValueError):
@@ -175,14 +176,12 @@ class TfdsSource:
         import tensorflow_datasets as tfds
 
         try:
-            self.source = tfds.data_source(name, split=split, data_dir=data_dir)
+            # Never a download: one run's first call would otherwise fetch and prepare the whole
+            # dataset (tfds's default), and absl's warnings about the missing files are said below.
+            with absl_errors_only():
+                self.source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
         except Exception as e:  # noqa: BLE001 - tfds raises many types for "not prepared"; name the fix.
-            raise DataError(
-                f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                f"prepare it once with file_format='array_record' "
-                f'(see docs/pretraining.md, "lm1b with tfds")'
-            ) from None
+            raise _not_available(name, split, data_dir, e) from None
         n = len(self.source)
         if n == 0:
             raise DataError(f"tfds dataset {name!r} split {split!r} is empty")
@@ -216,6 +215,25 @@ class TfdsSource:
             if text.strip():
                 out.append(text)
         return out
+
+
+def _not_available(name: str, split: str, data_dir: str | None, e: Exception) -> DataError:
+    """Why tfds gave no data source: no such dataset, none prepared, or not as ArrayRecord."""
+    import tensorflow_datasets as tfds
+
+    prepare = "prepare it once with file_format='array_record' (see docs/pretraining.md, \"lm1b with tfds\")"
+    if isinstance(e, tfds.core.registered.DatasetNotFoundError):
+        return DataError(f"tfds has no dataset named {name!r} (tfds:NAME/SPLIT, as in tfds:lm1b/train)")
+    try:
+        with absl_errors_only():
+            builder = tfds.builder(name, data_dir=data_dir)
+            prepared = builder.is_prepared()
+    except Exception:  # noqa: BLE001 - the first error is the one to say
+        prepared = True
+    if not prepared:
+        return DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}; {prepare}")
+    why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return DataError(f"tfds dataset {name!r} split {split!r} is not available as ArrayRecord ({why}); {prepare}")
 
 
 _ENDS = 1 << 16

@@ -34,7 +34,6 @@ import errno
 import hashlib
 import io
 import itertools
-import logging
 import os
 import shutil
 import threading
@@ -62,6 +61,7 @@ from elmo_jax._util.disk_full import (
     size,
 )
 from elmo_jax._util.processes import agree_max, kv_client
+from elmo_jax._util.runtime import absl_errors_only
 from elmo_jax.model.vocabulary import Vocabulary
 
 FORMAT = 2
@@ -446,14 +446,9 @@ class Checkpointer:
         # coroutines, which ``orbax_log`` collects while their lines go to the run's orbax.log.
         self.orbax_failed = False
         self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
-        absl = logging.getLogger("absl")
-        level = absl.level
-        if read_only:  # Orbax warns that the directory is read only: that is the point here
-            absl.setLevel(logging.ERROR)
-        try:
+        # Read only, Orbax warns that the directory is read only: that is the point here.
+        with absl_errors_only() if read_only else contextlib.nullcontext():
             self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
-        finally:
-            absl.setLevel(level)
         _reach_the_barrier_on_failure(self.manager)
         if not read_only:
             _commit_only_if_every_process_wrote(self.manager)
