@@ -230,6 +230,45 @@ def assert_export_holds(export_dir, params: dict, model) -> None:
         np.testing.assert_array_equal(f["softmax/W"][...], params["softmax"]["w"])
 
 
+def _poison_newest(run_dir) -> int:
+    """Saves the newest checkpoint again with one NaN in its char embedding, as a disk that
+    flipped bytes inside a chunk decodes it; returns its step."""
+    options = Options.load(pathlib.Path(run_dir) / "options.json")
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    step = max(ckpt.steps())
+    state, rows, host, meta = ckpt.restore(
+        step, lambda m: (abstract_shared(options, m), abstract_rows(options.model, m["global_rows"]))
+    )
+    ckpt.close()
+    embed = state["params"]["bilm"]["char_cnn"]["char_embed"]
+    state["params"]["bilm"]["char_cnn"]["char_embed"] = embed.at[7, 3].set(np.nan)
+    shutil.rmtree(pathlib.Path(run_dir) / "checkpoints" / str(step))
+    ckpt = Checkpointer(str(run_dir), async_save=False)
+    ckpt.save(step, state, rows, host, meta)
+    ckpt.close()
+    return step
+
+
+def test_a_checkpoint_holding_nan_is_unreadable_to_eval_export_and_the_resume(trained_run, tmp_path):
+    """Not a NaN perplexity, a NaN in the exported weights, or a resume that diverges at once and
+    blames the learning rate: the checkpoint is named unreadable, and the older one is used."""
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    step = _poison_newest(copy)
+    said = f"{copy}: checkpoint {step} is unreadable (CheckpointError: its state/params/bilm/char_cnn/char_embed holds NaN or inf values)"
+    with pytest.raises(CheckpointError) as e:
+        load_run(str(copy), step)
+    assert str(e.value) == said
+    with pytest.warns(UserWarning, match=re.escape(said[:-1] + "); falling back to an older one")):
+        _, _, params, read = load_run(str(copy))
+    assert read == step - 2 and np.isfinite(params["bilm"]["char_cnn"]["char_embed"]).all()
+    settings = RunSettings(run_dir=str(copy), steps=step + 1, progress=False, devices=1, async_save=False)
+    with pytest.warns(UserWarning, match="holds NaN or inf values"):
+        last = pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    assert last["step"] == step + 1 and np.isfinite(last["loss"])
+
+
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     paths = export_run(str(run_dir), str(tmp_path / "export"))

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -90,6 +91,24 @@ class DiskFull(SaveFailed, OutOfSpaceError):
 
 def vocab_hash(vocab: Vocabulary) -> str:
     return hashlib.sha256("\n".join(vocab.words).encode("utf-8")).hexdigest()
+
+
+def non_finite(tree) -> str | None:
+    """The path (``state/params/bilm/...``) of the first floating array of ``tree`` that holds a
+    NaN or an inf, or None. Each array is reduced where it lies, whatever its sharding, and one
+    bool each comes back: a restored state is checked without copying it to the host."""
+    named = [
+        (jax.tree_util.keystr(path, simple=True, separator="/"), x)
+        for path, x in jax.tree_util.tree_leaves_with_path(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    finite = _all_finite([x for _, x in named]) if named else []
+    return next((name for (name, _), ok in zip(named, finite) if not ok.addressable_data(0)), None)
+
+
+@jax.jit
+def _all_finite(arrays: list) -> list:
+    return [jnp.isfinite(x).all() for x in arrays]
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -663,6 +682,11 @@ class Checkpointer:
         if target_lstm is not None and meta.get("format", 1) >= 2:
             items["lstm"] = ocp.args.StandardRestore(target_lstm)
         restored = self._read(step, **items)
+        # Bytes a disk flipped inside an array's chunk still decode: as NaNs that train on, or that
+        # eval and export hand on, unless refused here like any other damage.
+        bad = non_finite({k: restored[k] for k in items})
+        if bad is not None:
+            raise CheckpointError(f"its {bad} holds NaN or inf values")
         host = None
         if with_host:
             # Read whole (a few KB to MB): np.load wants a seekable file, which a remote one may not be.
