@@ -256,7 +256,9 @@ def test_a_checkpoint_holding_nan_is_unreadable_to_eval_export_and_the_resume(tr
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
     step = _poison_newest(copy)
-    said = f"{copy}: checkpoint {step} is unreadable (CheckpointError: its state/params/bilm/char_cnn/char_embed holds NaN or inf values)"
+    said = (
+        f"{copy}: checkpoint {step} is unreadable (its state/params/bilm/char_cnn/char_embed holds NaN or inf values)"
+    )
     with pytest.raises(CheckpointError) as e:
         load_run(str(copy), step)
     assert str(e.value) == said

@@ -93,6 +93,15 @@ def vocab_hash(vocab: Vocabulary) -> str:
     return hashlib.sha256("\n".join(vocab.words).encode("utf-8")).hexdigest()
 
 
+def damaged_values(restored: dict) -> str | None:
+    """Why a restored checkpoint (``{"state": ..., "lstm": ...}``) is unusable though it was read:
+    bytes a disk flipped inside an array's chunk still decode, as NaNs that a resume trains on
+    and that eval and export hand on. None when every value is finite. A collective over the
+    arrays' devices: every process calls it, once all have read the checkpoint."""
+    bad = non_finite(restored)
+    return None if bad is None else f"its {bad} holds NaN or inf values"
+
+
 def non_finite(tree) -> str | None:
     """The path (``state/params/bilm/...``) of the first floating array of ``tree`` that holds a
     NaN or an inf, or None. Each array is reduced where it lies, whatever its sharding, and one
@@ -682,11 +691,6 @@ class Checkpointer:
         if target_lstm is not None and meta.get("format", 1) >= 2:
             items["lstm"] = ocp.args.StandardRestore(target_lstm)
         restored = self._read(step, **items)
-        # Bytes a disk flipped inside an array's chunk still decode: as NaNs that train on, or that
-        # eval and export hand on, unless refused here like any other damage.
-        bad = non_finite({k: restored[k] for k in items})
-        if bad is not None:
-            raise CheckpointError(f"its {bad} holds NaN or inf values")
         host = None
         if with_host:
             # Read whole (a few KB to MB): np.load wants a seekable file, which a remote one may not be.
@@ -718,6 +722,8 @@ class Checkpointer:
             # fall back together.
             if self._failed_anywhere(step, error):
                 found, why = None, why or "another process could not read it"
+            elif found is not None and (bad := damaged_values({"state": found[1], "lstm": found[2]})):
+                found, why = None, bad  # after the agreement: every process reduces its shards together
             if found is not None:
                 break
             unreadable.append((step, why or ""))

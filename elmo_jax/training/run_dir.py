@@ -23,7 +23,7 @@ from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, damaged_values
 from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
@@ -135,6 +135,7 @@ def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, s
         why = None
         try:
             shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
+            why = damaged_values({"state": shared})
         except Exception as e:  # noqa: BLE001 - Orbax's and tensorstore's errors, in one line
             why = disk_full.innermost_message(e)
         if why is not None:  # raised out here, without Orbax's exception as its context (see orbax_log)
