@@ -271,6 +271,35 @@ def test_a_checkpoint_holding_nan_is_unreadable_to_eval_export_and_the_resume(tr
     assert last["step"] == step + 1 and np.isfinite(last["loss"])
 
 
+@pytest.mark.parametrize("change", ["fewer words", "another order"])
+def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(trained_run, tmp_path, capsys, change):
+    """The softmax's rows are the trained vocabulary's words in its order: scored or exported
+    against another vocab.txt (``elmo-jax vocab --out RUN/vocab.txt`` by mistake), the numbers
+    are wrong without a word (a perplexity of 10^5, an 11-line vocab.txt beside 17,478 rows).
+    The biLM alone (embed, from_checkpoint) needs no vocabulary and still reads the run."""
+    from elmo_jax import Embedder
+
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    words = vocab.words[:3] + (vocab.words[3:10] if change == "fewer words" else sorted(vocab.words[3:]))
+    assert words != vocab.words
+    (copy / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    said = (
+        f"{copy / 'vocab.txt'}: not the vocabulary {copy} was trained with ({len(words)} words; checkpoint 4 has "
+        f"{len(vocab)}, or other words or another order): put the run's own vocab.txt back (an export of the run "
+        "holds a copy)"
+    )
+    for read in (lambda: load_run(str(copy)), lambda: export_run(str(copy), str(tmp_path / "export"))):
+        with pytest.raises(CheckpointError) as e:
+            read()
+        assert str(e.value) == said
+    assert not (tmp_path / "export").exists()
+    assert cli.main(["eval", "--run-dir", str(copy), "--files", str(TRAIN / "data.txt")]) == 2
+    assert capsys.readouterr().err == f"elmo-jax eval: error: {said}\n"
+    assert Embedder.from_checkpoint(str(copy)).embed([["a", "b"]])[0].shape[1] == 2
+
+
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
     paths = export_run(str(run_dir), str(tmp_path / "export"))

@@ -452,7 +452,7 @@ class Embedder:
     def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> Embedder:
         from elmo_jax.training.run_dir import load_run
 
-        options, _, params, _ = load_run(run_dir, step)
+        options, _, params, _ = load_run(run_dir, step, check_vocab=False)
         return cls(options.model, params["bilm"], **kw)
 
     # -- token vectors ---------------------------------------------------------------------------

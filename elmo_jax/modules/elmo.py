@@ -257,7 +257,7 @@ def _split_inputs(char_ids, layers, mask):
 def _load_checkpoint(run_dir, step):
     from elmo_jax.training.run_dir import load_run  # orbax and the training code: imported only when needed
 
-    options, _, params, _ = load_run(run_dir, step)
+    options, _, params, _ = load_run(run_dir, step, check_vocab=False)
     return options.model, params["bilm"]
 
 

@@ -23,7 +23,7 @@ from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, damaged_values
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, damaged_values, vocab_hash
 from elmo_jax.training.orbax_log import orbax_log
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.step import init_state
@@ -84,9 +84,13 @@ def softmax_in_slot_order(shared: dict, layout: RowLayout) -> dict:
     return out
 
 
-def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
+def read_run(
+    run_dir: str | os.PathLike, step: int | None = None, *, check_vocab: bool = True
+) -> tuple[Options, Vocabulary, dict, int]:
     """(options, vocab, shared state with the softmax in id order, step) of a run directory's
-    newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath)."""
+    newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath).
+    ``check_vocab``: refuse a vocab.txt other than the one the checkpoint was trained with (off
+    for readers of the biLM alone, which no vocabulary enters)."""
     options_path = os.path.join(run_dir, "options.json")
     if is_local(run_dir) and not os.path.isdir(run_dir) and not closed_above(run_dir):
         # The OS's error for the path: the command line says it after the flag that gave it.
@@ -104,10 +108,24 @@ def read_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Optio
     # warning or the error says what was unreadable.
     with orbax_log(None, failed=lambda: ckpt.orbax_failed):
         try:
-            shared, step = _restore(ckpt, run_dir, options, step)
+            shared, step, meta = _restore(ckpt, run_dir, options, step)
         finally:
             ckpt.close()
+    if check_vocab:
+        _check_vocab(vocab, meta, run_dir, step)
     return options, vocab, shared, step
+
+
+def _check_vocab(vocab: Vocabulary, meta: dict, run_dir: str | os.PathLike, step: int) -> None:
+    """The run's vocab.txt is the one its checkpoint was trained with: the softmax's rows are its
+    words, in its order (``vocab`` or ``elmo-jax vocab --out`` may have replaced it since)."""
+    saved = meta.get("vocab_sha256")  # checkpoints of every format record it
+    if saved is not None and saved != vocab_hash(vocab):
+        raise CheckpointError(
+            f"{vocab.source}: not the vocabulary {run_dir} was trained with ({len(vocab)} words; checkpoint {step} "
+            f"has {meta.get('vocab_size', 'another')}, or other words or another order): put the run's own "
+            "vocab.txt back (an export of the run holds a copy)"
+        )
 
 
 def _export_hint(run_dir: str | os.PathLike) -> str:
@@ -118,8 +136,10 @@ def _export_hint(run_dir: str | os.PathLike) -> str:
     return f"; its {weights[0]} is an export's: read it with from_hdf5 (or --weights)" if weights else ""
 
 
-def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, step: int | None) -> tuple[dict, int]:
-    """(shared state with the softmax in id order, step) of ``step``, or of the newest readable one."""
+def _restore(
+    ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, step: int | None
+) -> tuple[dict, int, dict]:
+    """(shared state with the softmax in id order, step, meta) of ``step``, or of the newest readable one."""
     steps = ckpt.steps()
     if not steps:
         raise CheckpointError(f"{run_dir}: no checkpoint found{_export_hint(run_dir)}")
@@ -140,12 +160,15 @@ def _restore(ckpt: Checkpointer, run_dir: str | os.PathLike, options: Options, s
             why = disk_full.innermost_message(e)
         if why is not None:  # raised out here, without Orbax's exception as its context (see orbax_log)
             raise CheckpointError(f"{run_dir}: checkpoint {step} is unreadable ({why})")
-    return softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step)
+    return softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step), meta
 
 
-def load_run(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, Vocabulary, dict, int]:
-    """(options, vocab, params, step): params ``{"bilm", "softmax": {"w" [V, P], "b" [V]}}`` in id order."""
-    options, vocab, shared, step = read_run(run_dir, step)
+def load_run(
+    run_dir: str | os.PathLike, step: int | None = None, *, check_vocab: bool = True
+) -> tuple[Options, Vocabulary, dict, int]:
+    """(options, vocab, params, step): params ``{"bilm", "softmax": {"w" [V, P], "b" [V]}}`` in id
+    order (``check_vocab`` as ``read_run``'s)."""
+    options, vocab, shared, step = read_run(run_dir, step, check_vocab=check_vocab)
     return options, vocab, shared["params"], step
 
 
