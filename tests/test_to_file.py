@@ -153,3 +153,22 @@ def test_bad_paths_are_refused_before_the_model_is_loaded(tmp_path, text):
     with pytest.raises(AssertionError, match="the model was loaded"):
         embed_file(load, text, tmp_path / "o.hdf5")
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_an_output_that_is_the_input_or_not_an_hdf5_file_is_refused_and_kept(tmp_path, text, embedder):
+    """``--output`` named like ``--input`` replaced the text with its vectors, and any other file
+    there was replaced without a word; an hdf5 file there (a previous run's output) is rewritten."""
+    before = text.read_bytes()
+    with pytest.raises(DataError) as e:
+        embed_file(embedder, text, text, EmbedFileOptions(progress=False))
+    assert str(e.value) == f"{text}: is the input file: its text would be lost; give another output"
+    assert arguments_of(e.value) == ("output",)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    with pytest.raises(DataError, match=r"notes.txt: exists and is not an hdf5 file, which this would replace"):
+        embed_file(embedder, text, notes, EmbedFileOptions(progress=False))
+    assert text.read_bytes() == before and notes.read_text() == "mine\n"
+    out = tmp_path / "out.hdf5"
+    for _ in range(2):
+        assert embed_file(embedder, text, out, EmbedFileOptions(progress=False, pool="mean"))
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "notes.txt", "out.hdf5"]

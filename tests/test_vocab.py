@@ -264,3 +264,40 @@ def test_the_vocab_command_counts_the_markers_the_text_s_words_and_the_kept_old_
         f"{tmp_path / 'old.txt'}; 5 tokens, 2 sentences, 1 shard(s)"
     )
     assert len((tmp_path / "v.txt").read_text().split()) == 7
+
+
+@pytest.mark.parametrize("named", ["as counted", "through a link"])
+def test_an_output_that_is_a_counted_file_is_refused_and_the_text_kept(tmp_path, capsys, named):
+    """``--out`` named like ``--train-files`` replaced the corpus with its own vocabulary."""
+    from elmo_jax.cli import commands
+
+    text = tmp_path / "t.txt"
+    text.write_text("a a b\na c\n")
+    out = text if named == "as counted" else tmp_path / "link.txt"
+    if out != text:
+        out.symlink_to(text)
+    assert commands.main(["vocab", "--train-files", str(text), "--out", str(out)]) == 2
+    also = "" if out == text else f" ({text})"
+    assert (
+        capsys.readouterr().err == f"elmo-jax vocab: error: {out}: is a text file counted{also}; give another --out\n"
+    )
+    with pytest.raises(DataError, match=r"is a text file counted.*; give another path$"):
+        write_vocab(SPECIALS + ["a"], out, 5, 2, TextFiles(str(text)))
+    assert text.read_text() == "a a b\na c\n" and sorted(os.listdir(tmp_path)) == sorted({"t.txt", out.name})
+
+
+def test_an_output_that_is_a_runs_vocabulary_is_refused(tmp_path, capsys):
+    """A run's vocab.txt names its softmax's rows: another one there makes eval and export refuse the run."""
+    from elmo_jax.cli import commands
+
+    (tmp_path / "t.txt").write_text("a a b\n")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nold\n")
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(run / "vocab.txt")]) == 2
+    assert capsys.readouterr().err == (
+        f"elmo-jax vocab: error: --out {run / 'vocab.txt'}: is the vocabulary of the run in {run}, which its "
+        "checkpoints were trained with; give another path\n"
+    )
+    assert (run / "vocab.txt").read_text() == "<S>\n</S>\n<UNK>\nold\n"
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "vocab.txt")]) == 0

@@ -136,6 +136,18 @@ def same_path(a: str, b: str) -> bool:
     return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
 
 
+def replaced_input(output: str | os.PathLike, inputs) -> str | None:
+    """The one of ``inputs`` that writing ``output`` would replace (the same file, by any path or
+    link), or None: an output named like an input must not cost the input."""
+    out = os.fspath(output)
+    if not is_local(out) or not os.path.isfile(out):
+        return None
+    for given in map(os.fspath, inputs):
+        if is_local(given) and os.path.isfile(given) and os.path.samefile(given, out):
+            return given
+    return None
+
+
 def under(a: str, b: str) -> bool:
     """Whether the path ``a`` lies below the path ``b``."""
     a, b = (os.path.normpath(os.path.abspath(x)) for x in (a, b))

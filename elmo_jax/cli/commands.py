@@ -116,13 +116,15 @@ def bundled_sample() -> tuple[str, str]:
 def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.text.sources import open_source
-    from elmo_jax.text.vocab import SPECIALS, build_vocab, count_tokens, write_vocab
+    from elmo_jax.text.vocab import SPECIALS, build_vocab, check_vocab_path, count_tokens, write_vocab
 
     try:  # before the count, which can take minutes
         extend = Vocabulary.load(args.extend).words if args.extend else None
     except VocabError as e:
         raise about(VocabError(f"extend: {e}"), "extend") from None
     files = open_source(args.train_files, args.tfds_data_dir)
+    check_vocab_path(args.out, files)  # before the count, which can take minutes
+    _refuse_a_runs_vocab(args.out)
     counts, n_tokens, n_sentences = count_tokens(files)
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
     write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
@@ -135,6 +137,17 @@ def cmd_vocab(args: argparse.Namespace) -> None:
         f"{args.out}: {len(words)} entries: the {len(SPECIALS)} markers, {frequent} of the text's {len(counts)} "
         f"distinct words{kept}; {n_tokens} tokens, {n_sentences} sentences, {len(files)} shard(s)"
     )
+
+
+def _refuse_a_runs_vocab(out: str) -> None:
+    """A run's own vocab.txt holds the words of its softmax's rows, in order: another one there
+    would make every later eval and export of the run refuse it."""
+    run_dir = os.path.dirname(out) or "."
+    if os.path.basename(out) == "vocab.txt" and os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        raise ConfigError(
+            f"--out {out}: is the vocabulary of the run in {run_dir}, which its checkpoints were trained with; "
+            "give another path"
+        )
 
 
 @contextlib.contextmanager
@@ -414,7 +427,7 @@ def cmd_models(args: argparse.Namespace) -> None:
 
 # Library errors name arguments by their own names (elmo_jax._util.arguments); a subcommand's flag
 # is found by its dest, or, where the library's name differs, through this table (command -> name -> dest).
-ARGUMENT_DESTS = {"train": {"source": "init_from"}}
+ARGUMENT_DESTS = {"train": {"source": "init_from"}, "vocab": {"path": "out"}}
 
 
 class _Parser(argparse.ArgumentParser):

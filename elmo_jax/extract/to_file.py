@@ -36,7 +36,7 @@ from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
-from elmo_jax._util.paths import fault, said
+from elmo_jax._util.paths import fault, replaced_input, said
 from elmo_jax.config import ConfigError, check_counts
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
@@ -196,6 +196,24 @@ def _check_arguments(input_path: str, output_path: str, options: EmbedFileOption
         raise DataError(said(*bad, input_path))
     if bad := fault(output_path, "output"):
         raise DataError(said(*bad, output_path))
+    output = (
+        shard_file(output_path, options.shard_index or 0, options.num_shards or 1) if options.sharded else output_path
+    )
+    if replaced_input(output, [input_path]):
+        raise about(DataError(f"{output}: is the input file: its text would be lost; give another output"), "output")
+    if os.path.isfile(output) and not _is_hdf5(output):
+        raise about(
+            DataError(f"{output}: exists and is not an hdf5 file, which this would replace; give another output"),
+            "output",
+        )
+
+
+def _is_hdf5(path: str) -> bool:
+    """Whether ``path`` starts with the HDF5 signature, as every file h5py writes does (an empty
+    file too: what a crashed writer may leave)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return head in (b"", b"\x89HDF\r\n\x1a\n")
 
 
 def _write_hdf5(

@@ -31,6 +31,7 @@ from typing import cast
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
+from elmo_jax._util.paths import replaced_input, same_path
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, Source, TextFiles
 
@@ -133,6 +134,14 @@ def _file_names(files: Source | Iterable[str]) -> list[str]:
     return [os.fspath(f) for f in files]
 
 
+def check_vocab_path(path: str | os.PathLike, files: Source | Iterable[str]) -> None:
+    """``write_vocab``'s check, which a caller may make before the count: ``path`` is none of the
+    counted files (``--out`` named like ``--train-files``: the corpus became its vocabulary)."""
+    if counted := replaced_input(path, _file_names(files)):
+        also = "" if same_path(counted, os.fspath(path)) else f" ({counted})"
+        raise about(DataError(f"{os.fspath(path)}: is a text file counted{also}; give another path"), "path")
+
+
 def write_vocab(
     words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int, files: Source | Iterable[str]
 ) -> None:
@@ -143,6 +152,7 @@ def write_vocab(
     ``vocab_sha256`` no longer matches, which ``read_vocab_meta`` notices.
     """
     path = os.fspath(path)
+    check_vocab_path(path, files)
     words = list(words)
     for i, w in enumerate(words):
         if not isinstance(w, str) or w.split() != [w]:
