@@ -70,8 +70,12 @@ def check_counts(minimum: int, optional: bool = False, **values: Any) -> None:
 
 
 def _check_clip(where: str, name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-        _fail(where, f"'{name}' must be a number >= 0 or null (0/null: no clipping), found {value!r}")
+    # Written as a range, not as `value < 0`, so that NaN (false to every comparison) fails too; inf
+    # is refused like a learning_rate of inf: null already means no clipping.
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
+    ):
+        _fail(where, f"'{name}' must be a finite number >= 0 or null (0/null: no clipping), found {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +104,10 @@ def test_defaults_missing_optional_keys():
         ),
         (lambda d: d["char_cnn"].update(n_characters=300), "'n_characters' must be 261"),
         (lambda d: d["lstm"].update(dim=0), "'dim' must be an integer >= 1, found 0"),
-        (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a number >= 0"),
+        (lambda d: d["lstm"].update(cell_clip=-1), "'cell_clip' must be a finite number >= 0"),
+        (lambda d: d["lstm"].update(cell_clip=math.nan), "lstm: 'cell_clip' must be a finite number >= 0 or null"),
+        (lambda d: d["lstm"].update(proj_clip=math.nan), "(0/null: no clipping), found nan"),
+        (lambda d: d["lstm"].update(proj_clip=math.inf), "lstm: 'proj_clip' must be a finite number >= 0"),
         (
             lambda d: d["char_cnn"].update(filters=[[1, 8], [0, 8]]),
             "each filter must be two integers [width >= 1, count >= 1], found [0, 8]",
