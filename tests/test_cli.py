@@ -334,6 +334,10 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--layers", "1,2") == 2
     assert "--layers: expected 3 weights" in capsys.readouterr().err
+    for weights in ("1,2,nan", "1,inf,2"):  # both wrote every vector as NaN
+        args = ("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--layers", weights)
+        assert run_cli(*args) == 2
+        assert "error: --layers: the weights must be finite float32 numbers, got [1.0, " in capsys.readouterr().err
     assert run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--shard-index", "0") == 2
     assert "--shard-index needs --num-shards" in capsys.readouterr().err
     assert (

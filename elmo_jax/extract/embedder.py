@@ -89,6 +89,8 @@ def check_layers(layers: Layers, n_output_layers: int) -> str | np.ndarray:
         raise ValueError(
             f"layers: expected {n_output_layers} weights (one per ELMo layer), got shape {list(weights.shape)}"
         )
+    if not np.isfinite(weights).all():  # one NaN or inf weight makes every vector NaN or inf
+        raise ValueError(f"layers: the weights must be finite float32 numbers, got {np.asarray(layers).tolist()}")
     return weights
 
 
