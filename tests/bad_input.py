@@ -161,6 +161,7 @@ VALUES = [
     ("train", "--steps", ("=-1", "=0")),
     ("train", "--eval-every", ("=-10",)),
     ("train", "--epochs", ("=nan", "=inf", "=-1")),
+    ("train", "--n-train-tokens", ("=0", "=-5")),  # 0 was ignored (an epoch of the vocab's count), -5 refused late
     ("train", "--learning-rate", ("=inf", "=nan", "=0")),
     ("eval", "--batch-size", ("=0", "=-1")),
     ("eval", "--unroll-steps", ("=0", "=-1")),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elmo_jax._util.arguments import about
-from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, saved_reset_state_prob
+from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain, saved_options
 
@@ -257,6 +257,7 @@ def _config(spec: TrainSpec, warm: bool, saved: dict | None) -> str | Options | 
 def _check_recipe(spec: TrainSpec, saved: dict | None) -> None:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it."""
+    check_counts(1, optional=True, n_train_tokens=spec.n_train_tokens)  # 0 was taken as not given
     config = _config(spec, bool(spec.init_from), saved)
     if isinstance(config, Options):  # a resumed run's, whose vocabulary is the run's own
         train = config.training
