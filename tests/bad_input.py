@@ -166,6 +166,7 @@ VALUES = [
     ("eval", "--batch-size", ("=0", "=-1")),
     ("eval", "--unroll-steps", ("=0", "=-1")),
     ("vocab", "--min-count", ("=0",)),
+    ("train", "--min-count", ("=0", "=-3")),  # taken when --vocab was given; without it, refused after the count
     ("vocab", "--max-size", ("=2",)),
 ]
 

@@ -258,6 +258,7 @@ def _check_recipe(spec: TrainSpec, saved: dict | None) -> None:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it."""
     check_counts(1, optional=True, n_train_tokens=spec.n_train_tokens)  # 0 was taken as not given
+    check_counts(1, min_count=spec.min_count)  # even with a vocab given, where it is not used: a typo all the same
     config = _config(spec, bool(spec.init_from), saved)
     if isinstance(config, Options):  # a resumed run's, whose vocabulary is the run's own
         train = config.training
