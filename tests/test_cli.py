@@ -354,6 +354,9 @@ def test_embed_flag_errors_name_the_flags(tmp_path, capsys, sentences):
         == 2
     )
     assert "needs --shard-index in 0..1" in capsys.readouterr().err
+    args = ("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--num-shards", "0")
+    assert run_cli(*args) == 2
+    assert "elmo-jax embed: error: --num-shards must be an integer >= 1; got 0\n" in capsys.readouterr().err
     assert (
         run_cli("--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "x.hdf5"), "--batch-tokens", "0") == 2
     )

@@ -85,6 +85,7 @@ class EmbedFileOptions:
         if self.pool not in (None, "mean", "max"):
             raise about(ConfigError(f"pool {self.pool!r}: expected None, mean or max"), "pool")
         n, i = self.num_shards, self.shard_index
+        check_counts(1, optional=True, num_shards=n)  # 0 was answered with a range 0..-1 for shard_index
         if n is not None and not (n >= 1 and i is not None and 0 <= i < n):
             raise about(ConfigError(f"num_shards {n} needs shard_index in 0..{n - 1}"), "num_shards", "shard_index")
         if i is not None and n is None:
