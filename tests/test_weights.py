@@ -116,10 +116,23 @@ def _copy_and_edit(tmp_path, edit):
             lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_dataset("CNN/b_cnn_0", data=np.zeros(4, np.float64))),
             "dataset 'CNN/b_cnn_0' has dtype float64, expected float32",
         ),
-        (lambda f: f.copy("CNN_high_1", "CNN_high_2"), "has 'CNN_high_2' but the options say n_highway 2"),
+        # The counts of layers, more and fewer than the options say (before: the name of the first
+        # one too many alone, and for one too few the first dataset missing).
+        (
+            lambda f: f.copy("CNN_high_1", "CNN_high_2"),
+            "has 3 highway layers (CNN_high_0..CNN_high_2) but the options say n_highway 2 (per the options in",
+        ),
+        (
+            lambda f: f.__delitem__("CNN_high_1"),
+            "has 1 highway layer (CNN_high_0) but the options say n_highway 2 (per the options in",
+        ),
         (
             lambda f: f.copy("RNN_0/RNN/MultiRNNCell/Cell1", "RNN_0/RNN/MultiRNNCell/Cell2"),
-            "has 'RNN_0/RNN/MultiRNNCell/Cell2/LSTMCell' but the options say n_layers 2",
+            "has 3 LSTM layers (RNN_0/RNN/MultiRNNCell/Cell0..Cell2) but the options say n_layers 2",
+        ),
+        (
+            lambda f: f.__delitem__("RNN_0/RNN/MultiRNNCell/Cell1"),
+            "has 1 LSTM layer (RNN_0/RNN/MultiRNNCell/Cell0) but the options say n_layers 2",
         ),
     ],
 )

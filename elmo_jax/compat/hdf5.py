@@ -26,8 +26,12 @@ class WeightsError(ValueError):
     """A weight file does not hold what its options describe."""
 
 
+def _lstm_cells(direction: int) -> str:
+    return f"RNN_{direction}/RNN/MultiRNNCell/Cell"
+
+
 def _lstm_prefix(direction: int, layer: int) -> str:
-    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+    return f"{_lstm_cells(direction)}{layer}/LSTMCell"
 
 
 def expected_datasets(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -80,6 +84,18 @@ def open_hdf5(path: str, what: str = "weight file") -> h5py.File:
         raise WeightsError(f"{path}: not a readable HDF5 file ({str(e).splitlines()[0]})") from None
 
 
+def _check_depth(f: h5py.File, path: str, stem: str, what: str, option: str, wanted: int, hint: str) -> None:
+    """A ``WeightsError`` when the file's groups ``stem0``, ``stem1``, ... are more or fewer than
+    ``wanted``, saying how many it has: the options' count is then wrong, not one dataset (a file
+    with none is left to the datasets' own checks, which name the first one missing)."""
+    n = 0
+    while f"{stem}{n}" in f:
+        n += 1
+    if n and n != wanted:
+        found = f"{n} {what}s ({stem}0..{stem.rsplit('/', 1)[-1]}{n - 1})" if n > 1 else f"1 {what} ({stem}0)"
+        raise WeightsError(f"{path}: has {found} but the options say {option} {wanted}{hint}")
+
+
 def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     """Reads a bilm-tf/AllenNLP model. Returns ``(config, params)`` with numpy leaves: on the host,
     so that a conversion or an export never touches a device. To call ``bilm_apply`` more than
@@ -95,11 +111,8 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     shapes = expected_datasets(config)
     c, l = config.char_cnn, config.lstm
     with open_hdf5(path) as f:
-        extra_highway, extra_layer = f"CNN_high_{c.n_highway}", _lstm_prefix(0, l.n_layers)
-        if extra_highway in f:
-            raise WeightsError(f"{path}: has '{extra_highway}' but the options say n_highway {c.n_highway}{hint}")
-        if extra_layer in f:
-            raise WeightsError(f"{path}: has '{extra_layer}' but the options say n_layers {l.n_layers}{hint}")
+        _check_depth(f, path, "CNN_high_", "highway layer", "n_highway", c.n_highway, hint)
+        _check_depth(f, path, _lstm_cells(0), "LSTM layer", "n_layers", l.n_layers, hint)
 
         def get(name: str) -> np.ndarray | None:
             if name == "char_embed" and "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
