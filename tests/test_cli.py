@@ -671,6 +671,34 @@ def test_argparse_refusals_are_one_line_of_the_subcommand(argv, line, capsys):
     assert e.value.code == 2 and err == f"{line} (see {' '.join(line.split()[:2]).rstrip(':')} --help)\n"
 
 
+def test_files_left_over_after_a_pattern_flag_are_said_to_be_a_pattern_expanded(tmp_path, capsys, monkeypatch):
+    """(Before: "unrecognized arguments: corpus/b.txt corpus/c.txt" alone, for an unquoted pattern.)"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    files = [f"corpus/{name}.txt" for name in "abc"]
+    for name in files:
+        (tmp_path / name).write_text("the cat .\n")
+    for command, flag, rest in [
+        ("train", "--train-files", ["--steps", "1"]),
+        ("train", "--heldout-files", []),
+        ("vocab", "--train-files", ["--out", "v.txt"]),
+        ("eval", "--files", ["--run-dir", "r"]),
+    ]:
+        with pytest.raises(SystemExit):
+            cli.main([command, *rest, flag, *files])
+        assert capsys.readouterr().err == (
+            f"elmo-jax {command}: error: unrecognized arguments: corpus/b.txt corpus/c.txt (a pattern the shell "
+            f"expanded? quote it: {flag} 'corpus/*.txt') (see elmo-jax {command} --help)\n"
+        )
+    # Negative controls: files left over after a flag that takes one file, and a left-over word
+    # that is not a file, get no such hint.
+    for argv in (["train", "--vocab", *files], ["train", "--train-files", files[0], "corpus/x.txt"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert "unrecognized arguments: corpus/" in err and "pattern" not in err
+
+
 def test_a_run_dir_that_is_not_there_is_said_after_its_flag(tmp_path, capsys):
     """(Before: "runs/nope: not a run directory (no options.json)", neither the flag nor what is wrong.)"""
     (tmp_path / "a.txt").write_text("x\n")

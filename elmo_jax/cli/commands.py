@@ -441,8 +441,25 @@ class _Parser(argparse.ArgumentParser):
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:  # said by the subcommand they were given to, whose --help lists its flags
             command = getattr(parsed, "command", None)
-            (_subcommand(self, command) if command else self).error(f"unrecognized arguments: {' '.join(extra)}")
+            hint = _expanded_pattern(sys.argv[1:] if args is None else list(args), extra)
+            (_subcommand(self, command) if command else self).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed
+
+
+_PATTERN_FLAGS = ("--train-files", "--heldout-files", "--files")
+
+
+def _expanded_pattern(argv: list[str], extra: list[str]) -> str:
+    """A hint when the arguments left over are files after a flag that takes a pattern: an unquoted
+    ``corpus/*.txt`` the shell turned into its files, the first taken as the pattern, the others
+    left over (``unrecognized arguments: corpus/b.txt``, which says nothing of the cause)."""
+    if not os.path.isfile(extra[0]):
+        return ""
+    flag = next((a for a in reversed(argv[: argv.index(extra[0])]) if a.startswith("-")), None)
+    if flag not in _PATTERN_FLAGS or flag in extra:  # a flag the command does not have is left over too
+        return ""
+    pattern = os.path.join(os.path.dirname(extra[0]), "*" + os.path.splitext(extra[0])[1])
+    return f" (a pattern the shell expanded? quote it: {flag} {shlex.quote(pattern)})"
 
 
 def build_parser() -> argparse.ArgumentParser:
