@@ -36,6 +36,7 @@ from elmo_jax.training.evaluate import evaluate
 from elmo_jax.training.global_batches import GlobalBatches
 from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
 from elmo_jax.training.run_dir import abstract_rows, abstract_shared, export_run, load_run, read_run
+from elmo_jax.training.setup import saved_steps
 from elmo_jax.training.sharded_softmax import MIN_CAPACITY
 from elmo_jax.training.step import AXIS, init_state, make_train_step, state_shardings
 from elmo_jax.training.warmstart import finetune_state
@@ -298,6 +299,38 @@ def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(
     assert cli.main(["eval", "--run-dir", str(copy), "--files", str(TRAIN / "data.txt")]) == 2
     assert capsys.readouterr().err == f"elmo-jax eval: error: {said}\n"
     assert Embedder.from_checkpoint(str(copy)).embed([["a", "b"]])[0].shape[1] == 2
+
+
+def test_a_resumed_run_keeps_its_seed_and_refuses_another(tmp_path):
+    """The data order, the dropout and the candidates follow the seed: resumed with another, the
+    rest of the epoch was dealt from another shuffle at the saved position, without a word.
+    Left out, the run's own seed is used (before: 0), so the resume equals the unbroken run."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    source = TextFiles(str(TRAIN / "data.txt"))
+
+    def run(name, steps, seed, **kw):
+        settings = RunSettings(
+            run_dir=str(tmp_path / name), steps=steps, seed=seed, save_every=2, progress=False, devices=1,
+            async_save=False, **kw,
+        )  # fmt: skip
+        return pretrain(options, vocab, source, settings)
+
+    run("broken", 2, 3)
+    with pytest.raises(CheckpointError) as e:
+        run("broken", 4, 5)
+    assert str(e.value) == (
+        f"{tmp_path / 'broken'} was trained with seed 3, and a resumed run keeps it (another one deals the rest of "
+        "the epoch from another shuffle): leave seed out, or give 3"
+    )
+    assert saved_steps(str(tmp_path / "broken")) == [2]
+    run("broken", 4, None)
+    run("unbroken", 4, 3)
+    _, _, resumed, _ = load_run(str(tmp_path / "broken"))
+    _, _, unbroken, _ = load_run(str(tmp_path / "unbroken"))
+    for x, y in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(unbroken)):
+        np.testing.assert_array_equal(x, y)
+    assert run("broken", 6, 7, new_data=True)["step"] == 6  # the data starts afresh: any seed
 
 
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):

@@ -595,7 +595,11 @@ def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
 
 def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     """elmo-jax train: how the run computes (seed, precision, devices, its host pipeline)."""
-    tr.add_argument("--seed", type=int, default=0, help="initial weights, data order, dropout (default: 0)")
+    tr.add_argument(
+        "--seed",
+        type=int,
+        help="initial weights, data order, dropout (default: 0; a resumed run keeps its own, and refuses another)",
+    )
     _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")
     tr.add_argument(

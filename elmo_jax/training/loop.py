@@ -65,7 +65,10 @@ class RunSettings:
     """Stop after this many steps in total (counting resumed ones)."""
     epochs: float | None = None
     """Stop after this many passes over the data (default: ``n_epochs`` from the options)."""
-    seed: int = 0
+    seed: int | None = None
+    """Initial weights, data order, dropout, sampled candidates. None: a resumed run's own (what
+    its checkpoints record), else 0. A resumed run keeps its seed: another one would deal the rest
+    of the epoch from another shuffle at the saved position (refused, but with ``new_data``)."""
     save_every: int = 500
     keep: int = 3
     eval_every: int | None = None
@@ -113,7 +116,8 @@ class RunSettings:
             log_every=self.log_every,
             divergence_patience=self.divergence_patience,
         )
-        check_counts(0, seed=self.seed, prefetch=self.prefetch, host_workers=self.host_workers)
+        check_counts(0, prefetch=self.prefetch, host_workers=self.host_workers)
+        check_counts(0, optional=True, seed=self.seed)
         check_counts(1, optional=True, devices=self.devices)
         check_counts(0, optional=True, eval_every=self.eval_every, steps=self.steps)  # 0 steps: nothing to do
         if self.epochs is not None and not 0 <= self.epochs < math.inf:
@@ -145,16 +149,18 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     return Options(model=options.model.with_shifted_chars(), train=dataclasses.replace(train_cfg, **changes))
 
 
-def _meta(options: Options, vocab: Vocabulary, global_rows: int, n_local: int, data: list[dict] | None) -> dict:
+def _meta(run: _Run) -> dict:
+    options = run.options
     return {
         "options": options.to_dict(),
-        "vocab_sha256": vocab_hash(vocab),
-        "vocab_size": len(vocab),
-        "global_rows": global_rows,
+        "seed": run.seed,
+        "vocab_sha256": vocab_hash(run.vocab),
+        "vocab_size": len(run.vocab),
+        "global_rows": run.global_rows,
         "process_count": jax.process_count(),
-        "local_devices": n_local,
+        "local_devices": run.n_local,
         "softmax_layout": RowLayout.for_vocab(options.training.n_tokens_vocab).to_dict(),
-        "train_files": data,
+        "train_files": run.data,
     }
 
 
@@ -175,6 +181,23 @@ def check_same_data(meta: dict, now: list[dict] | None, run_dir: str) -> None:
             ),
             "new_data",
         )
+
+
+def _run_seed(meta: dict | None, settings: RunSettings) -> int:
+    """``settings.seed``, else the resumed run's own (checkpoints before it was recorded: 0); a
+    seed other than the run's own is refused, but with ``new_data``, whose data starts afresh."""
+    saved = None if meta is None else meta.get("seed")
+    if settings.seed is None:
+        return 0 if saved is None else saved
+    if saved is not None and settings.seed != saved and not settings.new_data:
+        raise about(
+            CheckpointError(
+                f"{settings.run_dir} was trained with seed {saved}, and a resumed run keeps it (another one deals "
+                f"the rest of the epoch from another shuffle): leave seed out, or give {saved}"
+            ),
+            "seed",
+        )
+    return settings.seed
 
 
 def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: str) -> None:
@@ -251,7 +274,7 @@ def _restore_or_init(
                 "command to start the run afresh (from init_from when it is given)"
             )
     if restored is None:
-        key = jax.random.PRNGKey(settings.seed)
+        key = jax.random.PRNGKey(cast(int, settings.seed))  # decided by _open_run
         if init_state is None:
             return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)(), 0
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
@@ -412,6 +435,11 @@ class _Run:
     def lead(self) -> bool:
         return jax.process_index() == 0
 
+    @property
+    def seed(self) -> int:
+        """The session's seed: ``settings.seed`` as ``_open_run`` decided it, never None."""
+        return cast(int, self.settings.seed)
+
 
 def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings) -> _Run:
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
@@ -446,6 +474,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     try:
         ckpt = Checkpointer(settings.run_dir, keep=settings.keep, async_save=settings.async_save)
         meta = ckpt.latest_meta()
+        settings = dataclasses.replace(settings, seed=_run_seed(meta, settings))
         if meta is not None:
             check_compatible(meta, options, vocab, settings.run_dir)
             if not settings.new_data:
@@ -658,7 +687,7 @@ def _train(
     compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
-        batcher, t, run.mesh, settings.seed, run.first_device, fixed_candidates,
+        batcher, t, run.mesh, run.seed, run.first_device, fixed_candidates,
         prefetch=settings.prefetch, workers=settings.host_workers, capacity=capacity,
     )  # fmt: skip
     guard = DivergenceGuard(
@@ -686,7 +715,7 @@ def _batcher(run: _Run, source: Source) -> LMBatcher:
     settings, t = run.settings, run.options.training
     return LMBatcher(
         source, run.vocab, rows_per_device=t.batch_size, unroll_steps=t.unroll_steps,
-        max_chars=run.options.model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=settings.seed,
+        max_chars=run.options.model.char_cnn.max_characters_per_token, n_devices=run.n_local, seed=run.seed,
         shards=run.shards, first_row=run.first_device * t.batch_size,
         max_epochs=math.ceil(settings.epochs) if settings.epochs else None,
         load_ahead_words=AHEAD_WORDS if settings.parse_ahead else None,
@@ -742,7 +771,7 @@ class _Saver:
 
     def __init__(self, run: _Run, batches: GlobalBatches, guard: DivergenceGuard, start: int):
         self.run, self.batches, self.guard, self.last = run, batches, guard, start
-        self.meta = _meta(run.options, run.vocab, run.global_rows, run.n_local, run.data)
+        self.meta = _meta(run)
 
     def __call__(self, step: int, state: TrainState) -> bool:
         if self.last == step:

@@ -83,7 +83,9 @@ def train(
     vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
     options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say)
-    init_state = None if warm is None else finetune_state(warm, options, vocab, seed=settings.seed)
+    # A fresh run's (a resumed one starts from its checkpoint, not from this state).
+    seed = 0 if settings.seed is None else settings.seed
+    init_state = None if warm is None else finetune_state(warm, options, vocab, seed=seed)
     return pretrain(
         options,
         vocab,
