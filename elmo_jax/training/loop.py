@@ -120,6 +120,15 @@ class RunSettings:
         check_counts(0, optional=True, seed=self.seed)
         check_counts(1, optional=True, devices=self.devices)
         check_counts(0, optional=True, eval_every=self.eval_every, steps=self.steps)  # 0 steps: nothing to do
+        if self.eval_every and self.eval_every % self.log_every:
+            raise about(
+                ConfigError(
+                    f"eval_every {self.eval_every} is not a multiple of log_every "
+                    f"{self.log_every} (held-out perplexity is computed at logged steps)"
+                ),
+                "eval_every",
+                "log_every",
+            )
         if self.epochs is not None and not 0 <= self.epochs < math.inf:
             raise about(ConfigError(f"epochs must be a finite number >= 0; got {self.epochs!r}"), "epochs")
         if self.on_divergence not in DivergenceGuard.MODES:
@@ -377,33 +386,21 @@ def saved_options(run_dir: str) -> dict | None:
 
 def _check_evaluation(settings: RunSettings, heldout: Source | None, vocab: Vocabulary, options: Options) -> None:
     """Held-out evaluation that could never run fails now, not silently hours later."""
-    if not settings.eval_every:
-        return
-    if settings.eval_every % settings.log_every:
-        raise about(
-            ConfigError(
-                f"eval_every {settings.eval_every} is not a multiple of log_every "
-                f"{settings.log_every} (held-out perplexity is computed at logged steps)"
-            ),
-            "eval_every",
-            "log_every",
-        )
-    if heldout is None:
-        return
-    t = options.training
+    if settings.eval_every and heldout is not None:
+        check_heldout_fills_a_window(heldout, vocab, options.training.batch_size, options.training.unroll_steps)
+
+
+def check_heldout_fills_a_window(heldout: Source, vocab: Vocabulary, batch_size: int, unroll_steps: int) -> None:
+    """A ``DataError`` when ``heldout`` fills no evaluation window of ``batch_size`` rows x
+    ``unroll_steps`` tokens. Which words ``vocab`` holds does not change how the text is dealt: a
+    caller may check before the vocabulary exists, with the markers alone."""
     probe = LMBatcher(
-        heldout,
-        vocab,
-        rows_per_device=t.batch_size,
-        unroll_steps=t.unroll_steps,
-        max_chars=options.model.char_cnn.max_characters_per_token,
-        max_epochs=1,
-        shuffle=False,
+        heldout, vocab, rows_per_device=batch_size, unroll_steps=unroll_steps, max_chars=50, max_epochs=1, shuffle=False
     )
     try:
         probe.next()
     except StopIteration:
-        raise too_little_text(heldout, t.batch_size, t.unroll_steps) from None
+        raise too_little_text(heldout, batch_size, unroll_steps) from None
 
 
 @dataclasses.dataclass
@@ -441,6 +438,15 @@ class _Run:
         return cast(int, self.settings.seed)
 
 
+def _planned_steps(settings: RunSettings, t: TrainConfig, global_rows: int) -> int | None:
+    """The step to stop at: ``steps``, else ``epochs`` (else the options' ``n_epochs``) counted in
+    the options' tokens; None: at the end of the data."""
+    epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
+    if settings.steps is None and epochs is not None:
+        return math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
+    return settings.steps
+
+
 def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings) -> _Run:
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
@@ -464,10 +470,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     except LayoutError as e:
         raise CheckpointError(str(e)) from None
     global_rows = t.batch_size * mesh.size
-    epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
-    total = settings.steps
-    if total is None and epochs is not None:
-        total = math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
+    total = _planned_steps(settings, t, global_rows)
     # Before the checkpoint manager opens: a writer's deletes the unfinished saves it finds.
     lock = _lock_run_dir(settings.run_dir)
     ckpt = None

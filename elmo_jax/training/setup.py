@@ -20,7 +20,13 @@ from typing import Any
 from elmo_jax._util.arguments import about
 from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain, saved_options
+from elmo_jax.training.loop import (
+    RunSettings,
+    check_heldout_fills_a_window,
+    options_for_vocab,
+    pretrain,
+    saved_options,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +72,16 @@ def train(
     ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
     read and as each shard is counted for the vocabulary."""
     from elmo_jax.text.sources import fingerprint
+    from elmo_jax.text.vocab import SPECIALS
     from elmo_jax.training.warmstart import check_continues, finetune_state, read_warmstart
 
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
-    _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
+    recipe = _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
     if heldout is not None:  # and held-out text that is empty, binary or unreadable, as the training text is
         fingerprint(heldout)
+        if settings.eval_every != 0:  # or too short to score
+            check_heldout_fills_a_window(heldout, Vocabulary(list(SPECIALS)), recipe.batch_size, recipe.unroll_steps)
     beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
@@ -256,9 +265,10 @@ def _config(spec: TrainSpec, warm: bool, saved: dict | None) -> str | Options | 
     return spec.config or (None if warm else "tiny")
 
 
-def _check_recipe(spec: TrainSpec, saved: dict | None) -> None:
+def _check_recipe(spec: TrainSpec, saved: dict | None) -> TrainConfig:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
-    is read: the vocabulary's size is not known yet, and no check here depends on it."""
+    is read: the vocabulary's size is not known yet, and no check here depends on it. Returns
+    the recipe (its vocabulary size a placeholder)."""
     check_counts(1, optional=True, n_train_tokens=spec.n_train_tokens)  # 0 was taken as not given
     check_counts(1, min_count=spec.min_count)  # even with a vocab given, where it is not used: a typo all the same
     config = _config(spec, bool(spec.init_from), saved)
@@ -274,7 +284,7 @@ def _check_recipe(spec: TrainSpec, saved: dict | None) -> None:
         reset_state_prob=spec.reset_state_prob,
         learning_rate=spec.learning_rate,
     )
-    _overridden(train, overrides)
+    return _overridden(train, overrides)
 
 
 _ANY_VOCAB = 10**9  # a vocabulary size for checks that do not depend on it
