@@ -846,6 +846,7 @@ def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
     stopped = [l for l in out.splitlines() if l.startswith("stopped at step")]
     assert len(stopped) == 1, out
     step = int(stopped[0].split()[3].rstrip(";"))
+    assert stopped[0] == f"stopped at step {step}; checkpoint saved in {run_dir}; the same command resumes from it"
     assert load_run(str(run_dir))[3] == step >= 2
 
 

@@ -754,6 +754,8 @@ def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: B
         raise mine
     run_dir = run.settings.run_dir
     where = f"checkpoint saved in {run_dir}"
+    if reason in ("signal", "another's signal"):  # stopped short of the run's end: say how it goes on
+        where += "; the same command resumes from it"
     if not saved:
         newest = run.ckpt.steps()[-1] if run.ckpt.steps() else 0
         where = f"not saved, the newest logged loss being above the divergence threshold: {run_dir} resumes from step {newest}"
