@@ -109,19 +109,27 @@ def _no_override(tmp_path) -> list[str]:
 def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(tmp_path):
     refused = tmp_path / "theirs"
     refused.mkdir()
+    # A run this user may read but not write into: export's --out-dir under it is the flag at
+    # fault, not --run-dir, which names the directory (before: --run-dir, read only here).
+    commands = _commands(refused, tmp_path)
+    trained = refused / "trained"
+    assert _run([[*commands[2][: commands[2].index("--run-dir")], "--run-dir", str(trained)]])[0][0] == 0
+    trained.chmod(0o555)
     refused.chmod(0o555)
     # A run dir of this user's whose checkpoints are not: refused before a step is trained (it
     # would train up to its first save).
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints").chmod(0o555)
-    commands = _commands(refused, tmp_path)
     commands.append([*commands[2][: commands[2].index("--run-dir")], "--run-dir", str(run)])
+    commands.append(["export", "--run-dir", str(trained), "--out-dir", f"{trained}/export"])
     try:
         said = _run(commands, _no_override(tmp_path))
-        assert os.listdir(refused) == []  # nothing written, not even a temporary file
+        assert os.listdir(refused) == ["trained"]  # nothing written, not even a temporary file
+        assert "export" not in os.listdir(trained)
     finally:
         refused.chmod(0o755)
+        trained.chmod(0o755)
         (run / "checkpoints").chmod(0o755)
     assert os.listdir(run / "checkpoints") == []
     why = f"{refused} is not writable by this user (permission denied)"
@@ -141,6 +149,10 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
             (
                 2,
                 f"elmo-jax train: error: --run-dir {run}: {run}/checkpoints is not writable by this user (permission denied)",
+            ),
+            (
+                2,
+                f"elmo-jax export: error: --out-dir {trained}/export: {trained} is not writable by this user (permission denied)",
             ),
         ],
     )

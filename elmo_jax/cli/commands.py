@@ -852,28 +852,31 @@ def error_line(exc: BaseException, flags: dict[str, str], given: argparse.Namesp
     system, a name too long) is said the same way, in the OS's words where ``describe`` has none."""
     if isinstance(exc, OSError) and exc.filename is not None:
         culprit, phrase = describe(exc)
-        flag, value = _flag_of(culprit, phrase, flags, given)
+        asked = os.fspath(exc.filename) if isinstance(exc.filename, (str, os.PathLike)) else ""
+        flag, value = _flag_of(culprit, phrase, flags, given, asked)
         return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase, os.fspath(exc.filename))
     return flag_text(str(exc), arguments_of(exc), flags)
 
 
 def _flag_of(
-    path: str, phrase: str, flags: dict[str, str], given: argparse.Namespace | None
+    path: str, phrase: str, flags: dict[str, str], given: argparse.Namespace | None, asked: str = ""
 ) -> tuple[str, str] | tuple[None, None]:
     """The flag, and its value, that gave ``path`` or a path above or below it.
 
     Where ``path`` is a file that a directory was wanted in place of, a flag whose path runs
     through it is the one that wanted it (``--out corpus.txt/vocab.txt``), not one that names the
-    file itself (``--train-files corpus.txt``); otherwise the flag naming ``path`` itself, else
-    the nearest one above or below it."""
+    file itself (``--train-files corpus.txt``); then the flag naming ``asked``, the path the OS
+    refused, when the fault is its directory's (``--out-dir RUN/export``, not ``--run-dir RUN``
+    read from); otherwise the flag naming ``path`` itself, else the nearest one above or below it."""
     candidates = []
     for dest, value in (vars(given) if given is not None else {}).items():
         if dest not in flags or not isinstance(value, str) or not value:
             continue
         through, same = under(value, path), same_path(value, path)
         if through or same or under(path, value):
+            wanted = bool(asked) and same_path(value, asked)
             candidates.append(
-                ((through and phrase == IS_A_FILE, same, len(os.path.abspath(value))), flags[dest], value)
+                ((through and phrase == IS_A_FILE, wanted, same, len(os.path.abspath(value))), flags[dest], value)
             )
     if not candidates:
         return None, None
