@@ -1207,7 +1207,8 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
         )
         == 0
     )
-    assert "nothing to do" in capsys.readouterr().out
+    # A new run asked for no step (before: "already trained to step 0 (asked for 0)").
+    assert f"{tmp_path / 'ok'}: set up and untrained: 0 steps asked for; nothing to do\n" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -685,7 +685,10 @@ def _train(
         run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
     )
     if run.total is not None and start >= run.total:
-        print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
+        if start == 0:  # a new run asked for no step: it is set up (options, vocabulary), untrained
+            print(f"{settings.run_dir}: set up and untrained: 0 steps asked for; nothing to do")
+        else:
+            print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
     compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
