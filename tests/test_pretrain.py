@@ -447,6 +447,36 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert load_run(str(copy))[3] == 5
 
 
+def test_a_checkpoint_missing_an_orbax_file_is_named_by_it(trained_run, tmp_path):
+    """Without state/_METADATA Orbax cannot rebuild the tree and says 'Expected tuple, got [...]'
+    with a repr of the whole restore target (300 characters of it in the line). The line names
+    the missing file instead."""
+    run_dir, _, _ = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "checkpoints" / "4" / "state" / "_METADATA").unlink()
+    with pytest.raises(CheckpointError) as e:
+        load_run(str(copy), 4)
+    assert str(e.value) == f"{copy}: checkpoint 4 is unreadable (its state/_METADATA missing)"
+    with pytest.warns(UserWarning, match=r"checkpoint 4 is unreadable \(its state/_METADATA missing\); falling back"):
+        assert load_run(str(copy))[3] == 2
+
+
+def test_a_step_without_orbax_s_own_metadata_file_resumes_without_its_warning(trained_run, tmp_path, caplog):
+    """Orbax reads around a missing _CHECKPOINT_METADATA (its save times) and warns through absl,
+    a stray 'WARNING:absl:Metadata file does not exist' on the console of a resume that is fine."""
+    run_dir, options, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+    caplog.set_level(logging.INFO)
+    settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no checkpoint is unreadable: step 4 resumes
+        assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)["step"] == 5
+    assert [r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING] == []
+
+
 def test_a_run_with_no_readable_checkpoint_stops_and_the_rerun_starts_afresh(trained_run, tmp_path):
     """Before: it started from fresh weights there and then, unasked (and without the init_from
     source, which a run dir with checkpoints does not read), the warnings saying it fell back to

@@ -34,6 +34,7 @@ import errno
 import hashlib
 import io
 import itertools
+import logging
 import os
 import shutil
 import threading
@@ -441,6 +442,13 @@ def _commit_only_if_every_process_wrote(manager: ocp.CheckpointManager) -> None:
     background._thread_func = commit_if_every_process_wrote
 
 
+def _without_benign_orbax_warnings(record: logging.LogRecord) -> bool:
+    """False for Orbax's warning that a step has no ``_CHECKPOINT_METADATA`` (its own bookkeeping
+    of save times, which it reads around: the checkpoint restores all the same), a line on the
+    console of a run that is fine."""
+    return record.msg != "Metadata file does not exist: %s"
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -474,6 +482,9 @@ class Checkpointer:
         # coroutines, which ``orbax_log`` collects while their lines go to the run's orbax.log.
         self.orbax_failed = False
         self.nbytes: int | None = None  # of the last checkpoint saved: what the next one needs
+        absl = logging.getLogger("absl")
+        if _without_benign_orbax_warnings not in absl.filters:
+            absl.addFilter(_without_benign_orbax_warnings)
         # Read only, Orbax warns that the directory is read only: that is the point here.
         with absl_errors_only() if read_only else contextlib.nullcontext():
             self.manager = ocp.CheckpointManager(self.run_dir / "checkpoints", options=options)
@@ -699,6 +710,19 @@ class Checkpointer:
                 host = _unflatten({k: f[k] for k in f.files})
         return restored["state"], restored.get("lstm") if "lstm" in items else None, host, meta
 
+    def why_unreadable(self, step: int, e: BaseException) -> str:
+        """Why ``step`` could not be read: a file of Orbax's gone from it, which Orbax reports as a
+        tree it did not expect (with a repr of the whole restore target), else the innermost error."""
+        where = self.run_dir / "checkpoints" / str(step)
+        with contextlib.suppress(OSError):  # a directory that cannot be listed: the error says it
+            if where.is_dir():
+                # The state is in every checkpoint, the LSTM rows only from format 2 on.
+                items = ["state"] + [item for item in ("lstm",) if (where / item).is_dir()]
+                gone = [f"{item}/_METADATA" for item in items if not (where / item / "_METADATA").exists()]
+                if gone:
+                    return f"its {', '.join(gone)} missing"
+        return innermost_message(e)
+
     def restore_latest(
         self,
         abstract: Callable[[dict], tuple[dict, dict | None]],
@@ -717,7 +741,7 @@ class Checkpointer:
             try:
                 found = (step, *self.restore(step, abstract, with_host))
             except Exception as e:  # noqa: BLE001 - a damaged step falls back to the previous one
-                found, why, error = None, innermost_message(e), e
+                found, why, error = None, self.why_unreadable(step, e), e
             # One process whose own files (its host file, its Orbax shards) are damaged makes all
             # fall back together.
             if self._failed_anywhere(step, error):

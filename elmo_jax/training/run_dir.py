@@ -157,7 +157,7 @@ def _restore(
             shared, _, _, meta = ckpt.restore(step, abstract, with_host=False)
             why = damaged_values({"state": shared})
         except Exception as e:  # noqa: BLE001 - Orbax's and tensorstore's errors, in one line
-            why = disk_full.innermost_message(e)
+            why = ckpt.why_unreadable(step, e)
         if why is not None:  # raised out here, without Orbax's exception as its context (see orbax_log)
             raise CheckpointError(f"{run_dir}: checkpoint {step} is unreadable ({why})")
     return softmax_in_id_order(jax.device_get(shared), saved_layout(meta)), int(step), meta
