@@ -301,3 +301,17 @@ def test_an_output_that_is_a_runs_vocabulary_is_refused(tmp_path, capsys):
     )
     assert (run / "vocab.txt").read_text() == "<S>\n</S>\n<UNK>\nold\n"
     assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "vocab.txt")]) == 0
+
+
+@pytest.mark.parametrize("flag, value", [("--min-count", "0"), ("--max-size", "2")])
+def test_the_vocab_command_refuses_its_numbers_before_the_count(tmp_path, capsys, monkeypatch, flag, value):
+    """The count reads the whole corpus, minutes on a large one: a typo is said before it."""
+    from elmo_jax.cli import commands
+    from elmo_jax.text import vocab
+
+    counted = []
+    monkeypatch.setattr(vocab, "count_tokens", lambda *a, **k: counted.append(a))
+    (tmp_path / "t.txt").write_text("a a b\n")
+    argv = ["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "v.txt"), flag, value]
+    assert commands.main(argv) == 2
+    assert counted == [] and f"error: {flag} must be an integer >= " in capsys.readouterr().err

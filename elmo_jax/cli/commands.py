@@ -116,14 +116,22 @@ def bundled_sample() -> tuple[str, str]:
 def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.model.vocabulary import Vocabulary
     from elmo_jax.text.sources import open_source
-    from elmo_jax.text.vocab import SPECIALS, build_vocab, check_vocab_path, count_tokens, write_vocab
+    from elmo_jax.text.vocab import (
+        SPECIALS,
+        build_vocab,
+        check_vocab_arguments,
+        check_vocab_path,
+        count_tokens,
+        write_vocab,
+    )
 
     try:  # before the count, which can take minutes
         extend = Vocabulary.load(args.extend).words if args.extend else None
     except VocabError as e:
         raise about(VocabError(f"extend: {e}"), "extend") from None
     files = open_source(args.train_files, args.tfds_data_dir)
-    check_vocab_path(args.out, files)  # before the count, which can take minutes
+    check_vocab_arguments(args.min_count, args.max_size)  # before the count, which can take minutes
+    check_vocab_path(args.out, files)
     _refuse_a_runs_vocab(args.out)
     counts, n_tokens, n_sentences = count_tokens(files)
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)

@@ -68,6 +68,22 @@ def count_tokens(
     return counts, n_tokens, n_sentences
 
 
+def check_vocab_arguments(min_count: int = 1, max_size: int | None = None) -> None:
+    """``build_vocab``'s checks of its numbers, which a caller may make before the count."""
+    if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
+        raise about(VocabError(f"min_count must be an integer >= 1; got {min_count!r}"), "min_count")
+    if max_size is not None and (
+        isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4
+    ):
+        raise about(
+            VocabError(
+                f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least one word); "
+                f"got {max_size!r}"
+            ),
+            "max_size",
+        )
+
+
 def build_vocab(
     counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None, extend: Sequence[str] | None = None
 ) -> list[str]:
@@ -82,31 +98,20 @@ def build_vocab(
     the counts of this corpus, because the log-uniform sampler assumes ids in frequency order;
     words of ``extend`` that do not occur here come last, in their old order.
     """
-    if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
-        raise about(VocabError(f"min_count must be an integer >= 1; got {min_count!r}"), "min_count")
-    if max_size is not None and (
-        isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < 4
-    ):
-        raise about(
-            VocabError(
-                f"max_size must be an integer >= 4 (the 3 specials {list(SPECIALS)} and at least one word); "
-                f"got {max_size!r}"
-            ),
-            "max_size",
-        )
-    words = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
-    if not words and not extend and any(w not in SPECIALS for w in counts):  # a vocabulary of the markers alone
+    check_vocab_arguments(min_count, max_size)
+    found = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
+    if not found and not extend and any(w not in SPECIALS for w in counts):  # a vocabulary of the markers alone
         most = max(c for w, c in counts.items() if w not in SPECIALS)
         raise about(
             VocabError(f"min_count {min_count}: no word is counted that often (the most frequent, {most} times)"),
             "min_count",
         )
-    old_rank = {}
+    old_rank: dict[str, int] = {}
     for w in extend or ():
         if w not in SPECIALS:
             old_rank.setdefault(w, len(old_rank))
-            words.add(w)
-    words = sorted(words, key=lambda w: (-counts.get(w, 0), old_rank.get(w, 0) if not counts.get(w) else 0, w))
+            found.add(w)
+    words = sorted(found, key=lambda w: (-counts.get(w, 0), old_rank.get(w, 0) if not counts.get(w) else 0, w))
     if max_size is not None:
         room = max_size - len(SPECIALS) - len(old_rank)  # every word of extend is kept: the cap is on the new ones
         if room < 0:
