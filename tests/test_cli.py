@@ -754,3 +754,30 @@ def test_vocab_extend_and_models_all_files_refusals_name_their_flags(tmp_path, c
         capsys.readouterr().err
         == "elmo-jax models: error: --all-files needs --fetch: it says which files a --fetch downloads\n"
     )
+
+
+def test_embed_refuses_an_output_that_is_the_model_s_own_file(tmp_path, capsys):
+    """The output is written to a temporary file and renamed over its name: over --weights, the
+    model was lost once the vectors were written."""
+    import shutil
+
+    weights, options = tmp_path / "w.hdf5", tmp_path / "o.json"
+    shutil.copyfile(WEIGHTS, weights)
+    shutil.copyfile(OPTIONS, options)
+    (tmp_path / "in.txt").write_text("a b\n")
+    before = weights.read_bytes()
+    for output, flag in ((weights, "--weights"), (options, "--options")):
+        argv = ["embed", "--options", str(options), "--weights", str(weights), "--input", str(tmp_path / "in.txt")]
+        assert cli.main([*argv, "--output", str(output)]) == 2
+        assert capsys.readouterr().err == (
+            f"elmo-jax embed: error: --output {output}: is the model's {flag} file; give another --output\n"
+        )
+    assert weights.read_bytes() == before
+
+
+def test_every_help_shows_a_compile_cache_path_with_a_percent_sign(monkeypatch):
+    """argparse %-formats each help text: the path, put into a subcommand's, broke its --help."""
+    monkeypatch.setenv("ELMO_JAX_COMPILE_CACHE", "/tmp/100%done")
+    parser = cli.build_parser()
+    for name in ("train", "embed", "eval", "vocab", "export", "demo"):
+        assert "/tmp/100%done" in commands._subcommand(parser, name).format_help().replace("\n", " ")

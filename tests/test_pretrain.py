@@ -287,9 +287,9 @@ def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(
     assert words != vocab.words
     (copy / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
     said = (
-        f"{copy / 'vocab.txt'}: not the vocabulary {copy} was trained with ({len(words)} words; checkpoint 4 has "
-        f"{len(vocab)}, or other words or another order): put the run's own vocab.txt back (an export of the run "
-        "holds a copy)"
+        f"{copy / 'vocab.txt'}: not the vocabulary {copy} was trained with ({len(words)} words; its checkpoints "
+        f"have {len(vocab)}, or other words or another order): put the run's own vocab.txt back (an export of the "
+        "run holds a copy)"
     )
     for read in (lambda: load_run(str(copy)), lambda: export_run(str(copy), str(tmp_path / "export"))):
         with pytest.raises(CheckpointError) as e:
@@ -299,6 +299,11 @@ def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(
     assert cli.main(["eval", "--run-dir", str(copy), "--files", str(TRAIN / "data.txt")]) == 2
     assert capsys.readouterr().err == f"elmo-jax eval: error: {said}\n"
     assert Embedder.from_checkpoint(str(copy)).embed([["a", "b"]])[0].shape[1] == 2
+    if change == "another order":  # a resume reading it is told the same (before: to fine-tune from the run)
+        settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
+        with pytest.raises(CheckpointError) as e:
+            pretrain(options, Vocabulary.load(copy / "vocab.txt"), TextFiles(str(TRAIN / "data.txt")), settings)
+        assert str(e.value) == said
 
 
 def test_a_resumed_run_keeps_its_seed_and_refuses_another(tmp_path):
@@ -1238,7 +1243,7 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
         == 0
     )
     # A new run asked for no step (before: "already trained to step 0 (asked for 0)").
-    assert f"{tmp_path / 'ok'}: set up and untrained: 0 steps asked for; nothing to do\n" in capsys.readouterr().out
+    assert f"{tmp_path / 'ok'}: set up and untrained: 0 steps planned; nothing to do\n" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -275,6 +275,19 @@ def test_evaluate_matches_numpy_reset_per_sentence(eval_setup, steps):
     assert part["perplexity"] == pytest.approx(np.exp(0.5 * (fwd + bwd)), rel=1e-5)
 
 
+def test_per_sentence_evaluation_of_no_text_says_so(eval_setup):
+    """Packed windows hold any text: only none (or none scored) is left to refuse, and a smaller
+    batch_size, the carried protocol's advice, cannot help there."""
+    from elmo_jax.text.sources import DataError, Lines
+
+    vocab, params, _, _ = eval_setup
+    with pytest.raises(DataError, match=r"^the held-out text \(<lines>\) has no sentence to score; give a file"):
+        evaluate(params, MODEL, vocab, Lines([" "]), batch_size=3, reset_state_per_sentence=True)
+    none = np.zeros(len(EVAL_VOCAB), bool)
+    with pytest.raises(DataError, match=r"has no target among the scored ids; score more ids, or give other text$"):
+        evaluate(params, MODEL, vocab, Lines(["the cat"]), batch_size=3, reset_state_per_sentence=True, scored=none)
+
+
 @pytest.mark.parametrize("reset", [False, True])
 def test_evaluate_is_the_same_on_one_or_two_devices_in_any_block_size(eval_setup, reset):
     """Rows split over the devices (3 rows on 2: one padding row), softmax rows split too, and

@@ -292,7 +292,7 @@ def test_an_output_that_is_a_runs_vocabulary_is_refused(tmp_path, capsys):
 
     (tmp_path / "t.txt").write_text("a a b\n")
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "3").mkdir(parents=True)
     (run / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nold\n")
     assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(run / "vocab.txt")]) == 2
     assert capsys.readouterr().err == (
@@ -300,6 +300,8 @@ def test_an_output_that_is_a_runs_vocabulary_is_refused(tmp_path, capsys):
         "checkpoints were trained with; give another path\n"
     )
     assert (run / "vocab.txt").read_text() == "<S>\n</S>\n<UNK>\nold\n"
+    (run / "checkpoints" / "3").rmdir()  # a run set up and untrained (--steps 0): no checkpoint yet
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(run / "vocab.txt")]) == 0
     assert commands.main(["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "vocab.txt")]) == 0
 
 

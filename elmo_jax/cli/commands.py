@@ -22,7 +22,7 @@ import numpy as np
 from elmo_jax._util.arguments import about, arguments_of
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax._util.disk_full import WriteFailed
-from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, said, same_path, under
+from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, replaced_input, said, same_path, under
 from elmo_jax._util.runtime import (
     GPU_KERNELS,
     default_compile_cache,
@@ -150,8 +150,10 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 def _refuse_a_runs_vocab(out: str) -> None:
     """A run's own vocab.txt holds the words of its softmax's rows, in order: another one there
     would make every later eval and export of the run refuse it."""
+    from elmo_jax.training.setup import has_checkpoint
+
     run_dir = os.path.dirname(out) or "."
-    if os.path.basename(out) == "vocab.txt" and os.path.isdir(os.path.join(run_dir, "checkpoints")):
+    if os.path.basename(out) == "vocab.txt" and has_checkpoint(run_dir):
         raise ConfigError(
             f"--out {out}: is the vocabulary of the run in {run_dir}, which its checkpoints were trained with; "
             "give another path"
@@ -343,6 +345,9 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
     if sum(map(bool, (args.run_dir, args.options, args.model))) != 1:
         raise ConfigError("give one of --model, --run-dir, or --options with --weights")
+    for flag, model_file in (("--weights", args.weights), ("--options", args.options)):
+        if model_file and replaced_input(args.output, [model_file]):  # embed_file checks --input
+            raise ConfigError(f"--output {args.output}: is the model's {flag} file; give another --output")
     options = EmbedFileOptions(
         layers=args.layers,
         pool=args.pool,
@@ -474,15 +479,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     cache_help = "persistent XLA compilation cache ('none': off; default: %s, or $ELMO_JAX_COMPILE_CACHE)"
     p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR", help=cache_help % "%(default)s")
+    shown = default_compile_cache().replace("%", "%%")  # argparse %-formats each help text
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_vocab, _add_train, _add_eval, _add_embed, _add_export, _add_models):
         add(sub)
     for name, command in sub.choices.items():
         if name != "models":  # it compiles nothing
             # Also after the command, where users put flags; SUPPRESS keeps the one given before it.
-            command.add_argument(
-                "--compile-cache", default=argparse.SUPPRESS, metavar="DIR", help=cache_help % default_compile_cache()
-            )
+            command.add_argument("--compile-cache", default=argparse.SUPPRESS, metavar="DIR", help=cache_help % shown)
         command.set_defaults(flags=_flags(command, ARGUMENT_DESTS.get(name, {})))
     return p
 
@@ -606,7 +610,8 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--seed",
         type=int,
-        help="initial weights, data order, dropout (default: 0; a resumed run keeps its own, and refuses another)",
+        help="initial weights, data order, dropout (default: 0; a resumed run keeps its own, and refuses another "
+        "but with --new-data)",
     )
     _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")

@@ -714,7 +714,9 @@ class Checkpointer:
         """Why ``step`` could not be read: a file of Orbax's gone from it, which Orbax reports as a
         tree it did not expect (with a repr of the whole restore target), else the innermost error."""
         where = self.run_dir / "checkpoints" / str(step)
-        with contextlib.suppress(OSError):  # a directory that cannot be listed: the error says it
+        # A directory that cannot be listed (gs://'s client raises its own types): the error says it,
+        # and nothing may escape here, inside restore_latest's handler, before the processes agree.
+        with contextlib.suppress(Exception):
             if where.is_dir():
                 # The state is in every checkpoint, the LSTM rows only from format 2 on.
                 items = ["state"] + [item for item in ("lstm",) if (where / item).is_dir()]

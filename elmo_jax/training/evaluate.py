@@ -115,9 +115,13 @@ def evaluate(
     raise error  # outside the clause: XLA's traceback is not the message
 
 
+def _names(source: Source) -> str:
+    return ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
+
+
 def too_little_text(source: Source, batch_size: int, unroll_steps: int) -> DataError:
     """The error for held-out text that fills no evaluation window (empty, or too short)."""
-    names = ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
+    names = _names(source)
     knob = "batch_size" if batch_size > 1 else "unroll_steps"  # one row already: only shorter ones can help
     return about(
         DataError(
@@ -199,8 +203,15 @@ class HeldoutEvaluator:
                 local["resets"] = resets.reshape(2, n_dev, padded // n_dev, -1).transpose(1, 0, 2, 3)
             self.windows.append((local, (targets, score)))
             self.count += score.sum(axis=(1, 2))
-        if self.count.min() == 0:
+        if self.count.min() == 0 and not reset_state_per_sentence:
             raise too_little_text(source, batch_size, unroll_steps)
+        if self.count.min() == 0:  # any text fills the packed windows: there is none, or none scored
+            said = (
+                "no target among the scored ids; score more ids, or give other text"
+                if scored is not None
+                else "no sentence to score; give a file with text in it"
+            )
+            raise DataError(f"the held-out text ({_names(source)}) has {said}")
         self.unk_rate = unks / max(positions, 1)
 
     def __call__(self, params: dict, on_window: Callable[[], None] | None = None) -> dict:

@@ -28,7 +28,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.lock import FileLock, Held
-from elmo_jax._util.paths import check_writable
+from elmo_jax._util.paths import check_writable, same_path
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model import lstm
@@ -49,7 +49,13 @@ from elmo_jax.training.hooks import (
     logged,
 )
 from elmo_jax.training.orbax_log import orbax_log
-from elmo_jax.training.run_dir import abstract_rows, abstract_shared, softmax_in_slot_order, write_vocab_file
+from elmo_jax.training.run_dir import (
+    abstract_rows,
+    abstract_shared,
+    check_run_vocab,
+    softmax_in_slot_order,
+    write_vocab_file,
+)
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
 from elmo_jax.training.step import AXIS, TrainState, make_train_step, put_global, state_shardings
 from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
@@ -234,6 +240,8 @@ def check_compatible(meta: dict, options: Options, vocab: Vocabulary, run_dir: s
             ),
             "run_dir",
         )
+    if same_path(vocab.source, os.path.join(run_dir, "vocab.txt")):  # the run's own file, replaced
+        check_run_vocab(vocab, meta, run_dir)
     if meta["vocab_sha256"] != vocab_hash(vocab):
         raise about(
             CheckpointError(
@@ -686,7 +694,7 @@ def _train(
     )
     if run.total is not None and start >= run.total:
         if start == 0:  # a new run asked for no step: it is set up (options, vocabulary), untrained
-            print(f"{settings.run_dir}: set up and untrained: 0 steps asked for; nothing to do")
+            print(f"{settings.run_dir}: set up and untrained: 0 steps planned; nothing to do")
         else:
             print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
@@ -758,7 +766,8 @@ def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: B
     run_dir = run.settings.run_dir
     where = f"checkpoint saved in {run_dir}"
     if reason in ("signal", "another's signal"):  # stopped short of the run's end: say how it goes on
-        where += "; the same command resumes from it"
+        # Again with --new-data, the data position would start afresh on text already trained on.
+        where += "; the same command " + ("without --new-data " if run.settings.new_data else "") + "resumes from it"
     if not saved:
         newest = run.ckpt.steps()[-1] if run.ckpt.steps() else 0
         where = f"not saved, the newest logged loss being above the divergence threshold: {run_dir} resumes from step {newest}"

@@ -108,22 +108,28 @@ def read_run(
     # warning or the error says what was unreadable.
     with orbax_log(None, failed=lambda: ckpt.orbax_failed):
         try:
+            if check_vocab:  # before the restore, which reads every array of a large run
+                newest = None
+                with contextlib.suppress(Exception):  # unreadable metadata: the restore says why
+                    newest = ckpt.latest_meta()
+                if newest is not None:
+                    check_run_vocab(vocab, newest, run_dir)
             shared, step, meta = _restore(ckpt, run_dir, options, step)
         finally:
             ckpt.close()
-    if check_vocab:
-        _check_vocab(vocab, meta, run_dir, step)
+    if check_vocab:  # the step restored, where an older one was fallen back to
+        check_run_vocab(vocab, meta, run_dir)
     return options, vocab, shared, step
 
 
-def _check_vocab(vocab: Vocabulary, meta: dict, run_dir: str | os.PathLike, step: int) -> None:
-    """The run's vocab.txt is the one its checkpoint was trained with: the softmax's rows are its
-    words, in its order (``vocab`` or ``elmo-jax vocab --out`` may have replaced it since)."""
+def check_run_vocab(vocab: Vocabulary, meta: dict, run_dir: str | os.PathLike) -> None:
+    """The run's vocab.txt is the one its checkpoint (``meta``) was trained with: the softmax's
+    rows are its words, in its order (a copy from another run may have replaced it since)."""
     saved = meta.get("vocab_sha256")  # checkpoints of every format record it
     if saved is not None and saved != vocab_hash(vocab):
         raise CheckpointError(
-            f"{vocab.source}: not the vocabulary {run_dir} was trained with ({len(vocab)} words; checkpoint {step} "
-            f"has {meta.get('vocab_size', 'another')}, or other words or another order): put the run's own "
+            f"{vocab.source}: not the vocabulary {run_dir} was trained with ({len(vocab)} words; its checkpoints "
+            f"have {meta.get('vocab_size', 'another')}, or other words or another order): put the run's own "
             "vocab.txt back (an export of the run holds a copy)"
         )
 

@@ -269,8 +269,10 @@ def _check_recipe(spec: TrainSpec, saved: dict | None) -> TrainConfig:
     """``spec.config`` and the values ``spec`` overrides in its recipe, checked before any text
     is read: the vocabulary's size is not known yet, and no check here depends on it. Returns
     the recipe (its vocabulary size a placeholder)."""
+    from elmo_jax.text.vocab import check_vocab_arguments
+
     check_counts(1, optional=True, n_train_tokens=spec.n_train_tokens)  # 0 was taken as not given
-    check_counts(1, min_count=spec.min_count)  # even with a vocab given, where it is not used: a typo all the same
+    check_vocab_arguments(spec.min_count)  # even with a vocab given, where it is not used: a typo all the same
     config = _config(spec, bool(spec.init_from), saved)
     if isinstance(config, Options):  # a resumed run's, whose vocabulary is the run's own
         train = config.training
