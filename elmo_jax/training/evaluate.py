@@ -11,12 +11,11 @@ Two protocols, as in the references:
   only at the streams' ends.
 
 Both feed the same step: a window of rows with a mask (padding rows; the streams' ends) and the
-LSTM state carried in and out. The rows are split
-over the devices of a mesh for the char-CNN and the LSTM; the top-layer outputs are then
-all-gathered, and each device scores every position against its own contiguous share of the
-softmax rows, ``block`` rows at a time (``softmax.full_softmax_loss``), so that no ``[positions,
-V]`` logits ever exist. A training state's softmax, in ``RowLayout`` slot order and already split
-by rows, is used where it lies.
+LSTM state carried in and out. The rows are split over the devices of a mesh for the char-CNN
+and the LSTM; the top-layer outputs are then all-gathered, and each device scores every position
+against its own contiguous share of the softmax rows, ``block`` rows at a time
+(``softmax.full_softmax_loss``), so that no ``[positions, V]`` logits ever exist. A training
+state's softmax, in ``RowLayout`` slot order and already split by rows, is used where it lies.
 """
 
 from __future__ import annotations
@@ -280,8 +279,8 @@ def _place(tree, sharding):
 def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = Compute()):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices``, their mask
-    and, per sentence, their resets), ``targets [2, rows, T]`` (rows of the table) and ``score [2, rows, T]`` (the
-    positions that count) are all rows, on every device."""
+    and, per sentence, their resets), ``targets [2, rows, T]`` (rows of the table) and
+    ``score [2, rows, T]`` (the positions that count) are all rows, on every device."""
     p = model.lstm.projection_dim
 
     def per_device(params, valid, state, local, everywhere):
