@@ -35,7 +35,6 @@ from elmo_jax.model import lstm
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training.batches import WordTable, split_over_devices
 from elmo_jax.training.checkpoint import Checkpointer
-from elmo_jax.training.evaluate import _sentences
 from elmo_jax.training.run_dir import read_run
 from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
 from elmo_jax.training.step import token_vectors
@@ -71,10 +70,30 @@ def positions(run_dir: str, heldout: str, n_sentences: int, rows: int = 32):
 
     table = WordTable(vocab, options.model.char_cnn.max_characters_per_token)
     out = []
-    for inputs, targets, mask in _sentences(First(), vocab, table, rows):
+    for inputs, targets, mask in _one_a_row(First(), vocab, table, rows):
         batch = split_over_devices(table, inputs, targets, 1)
         out.append(({"chars": batch["chars"][0], "inputs": batch["inputs"][0]}, targets, mask))
     return options, vocab, out
+
+
+def _one_a_row(source, vocab, table: WordTable, rows: int):
+    """``rows`` sentences at a time, each alone in its row from the row's start (``diagnose``
+    starts each from a state of its choosing: zero, or one the training reached), shortest
+    first: ``inputs``, ``targets [2, rows, T]``, ``mask [rows, T]``, T a multiple of 8. (The
+    held-out evaluation packs several sentences into a row instead, resetting at each start.)"""
+    sentences = sorted((line.split() for i in range(len(source)) for line in source.read(i)), key=len)
+    for lo in range(0, len(sentences), rows):
+        chunk = sentences[lo : lo + rows]
+        n = -(-(max(len(s) for s in chunk) + 1) // 8) * 8
+        inputs, targets = np.zeros((2, len(chunk), n), np.int64), np.zeros((2, len(chunk), n), np.int64)
+        mask = np.zeros((len(chunk), n), bool)
+        for r, s in enumerate(chunk):
+            for d, (words, start, end) in enumerate(((s, vocab.bos, vocab.eos), (s[::-1], vocab.eos, vocab.bos))):
+                ids = table.input_ids(words)
+                inputs[d, r, : len(s) + 1] = np.append(start, ids)
+                targets[d, r, : len(s) + 1] = np.append(table.targets(ids), end)
+            mask[r, : len(s) + 1] = True
+        yield inputs, targets, mask
 
 
 def training_state(run_dir: str, step: int, options, rows: int) -> dict:
