@@ -885,6 +885,21 @@ def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
     assert load_run(str(run_dir))[3] == step >= 2
 
 
+@pytest.mark.parametrize("new_data", [False, True])
+def test_a_signal_stop_says_how_the_run_goes_on(capsys, new_data):
+    """Rerun with --new-data, a run would deal its new text from the start again: the line says to
+    resume without it. (The stop itself, under real signals: the test above.)"""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(settings=SimpleNamespace(run_dir="RUN", new_data=new_data))
+    loop._finish(run, 7, None, "signal", None, lambda step, state: True)
+    without = "without --new-data " if new_data else ""
+    assert (
+        capsys.readouterr().out
+        == f"stopped at step 7; checkpoint saved in RUN; the same command {without}resumes from it\n"
+    )
+
+
 @pytest.mark.slow
 def test_cli_says_whether_it_resumes_and_what_to_do_next(tmp_path, capsys):
     options = _write_tiny_options(tmp_path / "options.json")
