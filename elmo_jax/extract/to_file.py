@@ -202,19 +202,14 @@ def _check_arguments(input_path: str, output_path: str, options: EmbedFileOption
     )
     if replaced_input(output, [input_path]):
         raise about(DataError(f"{output}: is the input file: its text would be lost; give another output"), "output")
-    if os.path.isfile(output) and not _is_hdf5(output):
-        raise about(
-            DataError(f"{output}: exists and is not an hdf5 file, which this would replace; give another output"),
-            "output",
-        )
+    if os.path.isfile(output) and os.path.getsize(output):  # empty: what a crashed writer may leave
+        import h5py
 
-
-def _is_hdf5(path: str) -> bool:
-    """Whether ``path`` starts with the HDF5 signature, as every file h5py writes does (an empty
-    file too: what a crashed writer may leave)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    return head in (b"", b"\x89HDF\r\n\x1a\n")
+        if not h5py.is_hdf5(output):
+            raise about(
+                DataError(f"{output}: exists and is not an hdf5 file, which this would replace; give another output"),
+                "output",
+            )
 
 
 def _write_hdf5(

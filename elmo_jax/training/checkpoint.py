@@ -97,23 +97,18 @@ def vocab_hash(vocab: Vocabulary) -> str:
 def damaged_values(restored: dict) -> str | None:
     """Why a restored checkpoint (``{"state": ..., "lstm": ...}``) is unusable though it was read:
     bytes a disk flipped inside an array's chunk still decode, as NaNs that a resume trains on
-    and that eval and export hand on. None when every value is finite. A collective over the
-    arrays' devices: every process calls it, once all have read the checkpoint."""
-    bad = non_finite(restored)
-    return None if bad is None else f"its {bad} holds NaN or inf values"
-
-
-def non_finite(tree) -> str | None:
-    """The path (``state/params/bilm/...``) of the first floating array of ``tree`` that holds a
-    NaN or an inf, or None. Each array is reduced where it lies, whatever its sharding, and one
-    bool each comes back: a restored state is checked without copying it to the host."""
+    and that eval and export hand on. None when every value is finite. Each array is reduced
+    where it lies, whatever its sharding, and one bool each comes back (no copy to the host): a
+    collective over the arrays' devices, which every process calls once all have read the
+    checkpoint."""
     named = [
         (jax.tree_util.keystr(path, simple=True, separator="/"), x)
-        for path, x in jax.tree_util.tree_leaves_with_path(tree)
+        for path, x in jax.tree_util.tree_leaves_with_path(restored)
         if jnp.issubdtype(x.dtype, jnp.inexact)
     ]
     finite = _all_finite([x for _, x in named]) if named else []
-    return next((name for (name, _), ok in zip(named, finite) if not ok.addressable_data(0)), None)
+    bad = next((name for (name, _), ok in zip(named, finite) if not ok.addressable_data(0)), None)
+    return None if bad is None else f"its {bad} holds NaN or inf values"
 
 
 @jax.jit

@@ -341,10 +341,10 @@ def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int, s
         at = 0
         for s in stream:
             m = len(s) + 1
-            for d, (words, start, end) in enumerate(((s, vocab.bos, vocab.eos), (s[::-1], vocab.eos, vocab.bos))):
-                ids = table.input_ids(words)
-                inputs[d, r, at : at + m] = np.append(start, ids)
-                targets[d, r, at : at + m] = np.append(table.targets(ids), end)
+            ids = table.input_ids(s)  # looked up once: the backward stream is its reverse
+            for d, (seq, start, end) in enumerate(((ids, vocab.bos, vocab.eos), (ids[::-1], vocab.eos, vocab.bos))):
+                inputs[d, r, at : at + m] = np.append(start, seq)
+                targets[d, r, at : at + m] = np.append(table.targets(seq), end)
             resets[:, r, at] = True
             at += m
         mask[r, :at] = True

@@ -108,8 +108,8 @@ def read_run(
     # warning or the error says what was unreadable.
     with orbax_log(None, failed=lambda: ckpt.orbax_failed):
         try:
+            newest = None  # a run's vocabulary is one for all its checkpoints: one check does
             if check_vocab:  # before the restore, which reads every array of a large run
-                newest = None
                 with contextlib.suppress(Exception):  # unreadable metadata: the restore says why
                     newest = ckpt.latest_meta()
                 if newest is not None:
@@ -117,7 +117,7 @@ def read_run(
             shared, step, meta = _restore(ckpt, run_dir, options, step)
         finally:
             ckpt.close()
-    if check_vocab:  # the step restored, where an older one was fallen back to
+    if check_vocab and newest is None:  # the newest metadata unreadable: the restored step's
         check_run_vocab(vocab, meta, run_dir)
     return options, vocab, shared, step
 
