@@ -202,8 +202,10 @@ class TrainConfig:
     all_clip_norm_val: float = 10.0
     """Global-norm gradient clipping."""
     n_epochs: int = 10
-    n_train_tokens: int = 768648884
-    """Tokens per epoch (bilm-tf's default is the 1B Word count; set it from the vocab pass)."""
+    n_train_tokens: int | None = 768648884
+    """Tokens per epoch (bilm-tf's default is the 1B Word count; set it from the vocab pass).
+    None (``null`` in options.json): a run started for a number of steps on text it never counted,
+    saved so that its resume cannot count epochs in 1B Word's tokens."""
     bidirectional: bool = True
     """Only bidirectional models are supported (a missing key means true here; see docs/formats.md)."""
     learning_rate: float = 0.2
@@ -233,9 +235,10 @@ class TrainConfig:
             "unroll_steps",
             "n_negative_samples_batch",
             "n_epochs",
-            "n_train_tokens",
         ):
             _check_int(where, name, getattr(self, name))
+        if self.n_train_tokens is not None:
+            _check_int(where, "n_train_tokens", self.n_train_tokens)
         for name in ("dropout", "all_clip_norm_val", "learning_rate", "reset_state_prob"):
             _check_number(where, name, getattr(self, name))
         for name in ("bidirectional", "sample_softmax", "share_embedding_softmax"):

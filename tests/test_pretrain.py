@@ -22,10 +22,11 @@ from jax.sharding import Mesh
 from test_config import BILM_TF_TRAIN_OPTIONS
 
 from elmo_jax import cli
+from elmo_jax._util.arguments import arguments_of
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli.commands import bundled_sample
 from elmo_jax.compat.hdf5 import load_hdf5
-from elmo_jax.config import Options
+from elmo_jax.config import ConfigError, Options
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.text.vocab import build_vocab, count_tokens
@@ -676,6 +677,38 @@ def test_a_resumed_run_without_a_config_counts_its_epochs_with_its_own_options(t
     settings = RunSettings(run_dir=str(copy), epochs=epochs, progress=False, devices=1)
     out = train(TrainSpec(vocab=str(TRAIN / "vocab.txt")), TextFiles(str(TRAIN / "data.txt")), settings)
     assert out["step"] == 4
+
+
+def test_a_run_started_without_a_token_count_saves_none_and_its_resume_counts_no_epochs(tmp_path):
+    """Steps on text never counted (a vocabulary without its sidecar, a config without
+    n_train_tokens): the run saves null, where it saved the recipe's 1B Word count, in which its
+    resume then counted epochs (one epoch of 2 x 5 tokens a step: 76,864,889 steps)."""
+    from elmo_jax.training.setup import TrainSpec, train
+
+    opts = json.loads(_write_tiny_options(tmp_path / "with_count.json").read_text())
+    del opts["n_train_tokens"]
+    (tmp_path / "options.json").write_text(json.dumps(opts))
+    run_dir, source = tmp_path / "run", TextFiles(str(TRAIN / "data.txt"))
+    spec = TrainSpec(config=str(tmp_path / "options.json"), vocab=str(TRAIN / "vocab.txt"))  # no sidecar
+
+    def settings(**stop):
+        return RunSettings(run_dir=str(run_dir), progress=False, devices=1, async_save=False, **stop)
+
+    assert train(spec, source, settings(steps=2), say=lambda *_: None)["step"] == 2
+    assert json.loads((run_dir / "options.json").read_text())["n_train_tokens"] is None
+    for resumed in (spec, TrainSpec(vocab=spec.vocab)):  # its config again, or its own options
+        with pytest.raises(ConfigError) as e:
+            train(resumed, source, settings(epochs=1), say=lambda *_: None)
+        assert "so epochs cannot be counted" in str(e.value) and arguments_of(e.value) == (
+            "config", "n_train_tokens", "steps",
+        )  # fmt: skip
+    assert saved_steps(str(run_dir)) == [2]
+    assert train(TrainSpec(vocab=spec.vocab), source, settings(steps=4), say=lambda *_: None)["step"] == 4
+    assert json.loads((run_dir / "options.json").read_text())["n_train_tokens"] is None
+    # A library caller's options with no count: steps run, epochs are refused in one line.
+    options = Options.load(run_dir / "options.json", saved=True)
+    with pytest.raises(ConfigError, match="n_train_tokens is null"):
+        pretrain(options, Vocabulary.load(TRAIN / "vocab.txt"), source, settings(epochs=1))
 
 
 def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path):

@@ -451,6 +451,15 @@ def _planned_steps(settings: RunSettings, t: TrainConfig, global_rows: int) -> i
     the options' tokens; None: at the end of the data."""
     epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
     if settings.steps is None and epochs is not None:
+        if t.n_train_tokens is None:
+            raise about(
+                ConfigError(
+                    "the options give no token count (n_train_tokens is null: the run was started for a number "
+                    "of steps on text it never counted), so epochs cannot be counted; give steps, or n_train_tokens"
+                ),
+                "steps",
+                "n_train_tokens",
+            )
         return math.ceil(epochs * t.n_train_tokens / (global_rows * t.unroll_steps))
     return settings.steps
 

@@ -171,13 +171,17 @@ def _run_options(
 
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
-    counted = _config_sets(spec.config, "n_train_tokens") or (spec.config is None and saved is not None)
-    if n_train_tokens is None and settings.steps is None and not counted:
+    counted = _config_sets(spec.config, "n_train_tokens") or (
+        spec.config is None and saved is not None and saved.get("n_train_tokens") is not None
+    )
+    uncounted = n_train_tokens is None and not counted
+    if uncounted and settings.steps is None:
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
         raise about(
             ConfigError(
                 f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
-                f"token count, so epochs cannot be counted; give n_train_tokens (tokens + "
+                f"token count{', nor did the run in run_dir' if saved is not None else ''}, so epochs "
+                f"cannot be counted; give n_train_tokens (tokens + "
                 f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
             ),
             "config",
@@ -208,7 +212,7 @@ def _run_options(
         reset_state_prob = saved_reset_state_prob(saved)
     if learning_rate is None and saved is not None and not _config_sets(spec.config, "learning_rate"):
         learning_rate = saved.get("learning_rate")
-    return training_options(
+    options = training_options(
         config,
         vocab,
         spec.batch_size,
@@ -218,6 +222,9 @@ def _run_options(
         learning_rate,
         spec.rows_per_draw,
     )
+    if uncounted:  # saved as null, not as the recipe's 1B Word count, which a resume would count epochs in
+        options = dataclasses.replace(options, train=dataclasses.replace(options.training, n_train_tokens=None))
+    return options
 
 
 def training_options(
