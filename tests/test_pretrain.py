@@ -336,7 +336,35 @@ def test_a_resumed_run_keeps_its_seed_and_refuses_another(tmp_path):
     _, _, unbroken, _ = load_run(str(tmp_path / "unbroken"))
     for x, y in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(unbroken)):
         np.testing.assert_array_equal(x, y)
+    shutil.copytree(tmp_path / "broken", tmp_path / "replay")
     assert run("broken", 6, 7, new_data=True)["step"] == 6  # the data starts afresh: any seed
+    # Step 6, the new_data session's, unreadable: the resume falls back to step 4, whose data
+    # position is in seed 3's shuffle. It starts the data afresh, as the session did (before: it
+    # went on from step 4's position and LSTM state, under seed 7).
+    for f in (tmp_path / "broken" / "checkpoints" / "6").rglob("*"):
+        if f.is_file() and "state" in str(f) and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")
+    said = "step 4, older than the newest checkpoint, was saved with seed 3, not 7 (a new_data session began"
+    with pytest.warns(UserWarning, match=re.escape(said)):
+        assert run("broken", 8, None)["step"] == 8
+    run("replay", 8, 7, new_data=True)
+    _, _, fallen_back, _ = load_run(str(tmp_path / "broken"))
+    _, _, replayed, _ = load_run(str(tmp_path / "replay"))
+    for x, y in zip(jax.tree_util.tree_leaves(fallen_back), jax.tree_util.tree_leaves(replayed)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_step_before_a_new_data_session_is_told_apart_by_its_seed_or_files():
+    files = [{"name": "a.txt", "size": 10, "sha256_ends": "x"}]
+    other = [{"name": "b.txt", "size": 10, "sha256_ends": "x"}]
+    newest = {"seed": 7, "train_files": files}
+    assert loop.another_stream(dict(newest), newest) is None
+    assert loop.another_stream({"seed": 3, "train_files": files}, newest) == "was saved with seed 3, not 7"
+    assert loop.another_stream({"seed": 7, "train_files": other}, newest) == (
+        "was saved with other training files (b.txt is gone; a.txt is new)"
+    )
+    # Saved before the seed and the files were recorded: nothing to tell it apart by.
+    assert loop.another_stream({}, newest) is None
 
 
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):

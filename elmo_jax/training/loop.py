@@ -297,6 +297,9 @@ def _restore_or_init(
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
         return 0, TrainState(**shared, lstm=zero_rows()), 0
     start, shared, rows, host, saved = restored
+    crossed = another_stream(saved, cast(dict, meta))  # a restore happens only with meta
+    if crossed is not None:  # an older step, from before a new_data session: its position is in other text
+        host = rows = None
     if saved.get("format", 1) == 1:
         shared = put_global(softmax_in_slot_order(jax.device_get(shared), layout), shardings.shared())
         if host is not None and saved.get("global_rows") == global_rows:
@@ -315,7 +318,7 @@ def _restore_or_init(
         saved_mesh = saved.get("process_count", 0) * saved.get("local_devices", 0)
         if saved_mesh == cast(NamedSharding, shardings.step).mesh.size:
             capacity = int(host.get("fetch", {}).get("capacity", 0))
-    _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher)
+    _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher, crossed)
     return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity
 
 
@@ -337,9 +340,24 @@ def _restore_targets(options: Options, shardings: TrainState, global_rows: int, 
     return abstract
 
 
+def another_stream(saved: dict, newest: dict) -> str | None:
+    """Why the data position in ``saved``, the metadata of the step a resume restored, is not one of
+    the run's newest checkpoint (``newest``): the newer steps were unreadable and a new_data session
+    with another seed or other files began after ``saved``'s. None: the same stream of text.
+    Checkpoints saved before the seed (or the files) were recorded are not told apart by it."""
+    if "seed" in saved and "seed" in newest and saved["seed"] != newest["seed"]:
+        return f"was saved with seed {saved['seed']}, not {newest['seed']}"
+    before, now = saved.get("train_files"), newest.get("train_files")
+    changes = data_changes(before, now) if before is not None and now is not None else []
+    if changes:
+        return f"was saved with other training files ({'; '.join(changes[:2])})"
+    return None
+
+
 def _say_what_resumed(settings: RunSettings, saved: dict, start: int, global_rows: int, data: bool, rows: bool,
-                      batcher: LMBatcher) -> None:  # fmt: skip
-    """One line when a resume is not exact: what was restored and what starts afresh."""
+                      batcher: LMBatcher, crossed: str | None = None) -> None:  # fmt: skip
+    """One line when a resume is not exact: what was restored and what starts afresh (``crossed``:
+    ``another_stream``'s reason)."""
     where = (
         f"{settings.run_dir}: step {start} was saved by {saved.get('process_count')} process(es) with "
         f"{saved.get('global_rows')} rows, resumed by {jax.process_count()} with {global_rows}: params and "
@@ -348,6 +366,13 @@ def _say_what_resumed(settings: RunSettings, saved: dict, start: int, global_row
     if settings.new_data:
         if jax.process_index() == 0:
             print(f"{where}; new training data (new_data): the data position and the LSTM state start afresh")
+    elif crossed is not None:
+        warnings.warn(
+            f"{settings.run_dir}: step {start}, older than the newest checkpoint, {crossed} (a new_data session "
+            f"began after it): params and optimizer state restored; the data position and the LSTM state start "
+            f"afresh, as that session started them",
+            stacklevel=3,
+        )
     elif not data:
         warnings.warn(
             f"{where}; the data starts afresh (shards are dealt per process) and so does the LSTM state", stacklevel=3
