@@ -1194,24 +1194,24 @@ def test_a_process_failing_alone_stops_the_others_with_its_line(tmp_path, worker
 @pytest.mark.slow
 def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_path, worker_cache):
     """A scheduler suspends the job (SIGSTOP to every process, as SLURM's suspend does: process 0's
-    keeper of the coordination service too) for 20 s, past --heartbeat-timeout 3 and past jax's
-    own heartbeat timeout (16 s): once resumed, no process takes another for dead (each watch
+    keeper of the coordination service too) for 18 s, past --heartbeat-timeout 2 and past jax's
+    own heartbeat timeout (14 s): once resumed, no process takes another for dead (each watch
     leaves out the time it could not run), and the run goes on until SIGTERM stops it with its
     checkpoint. (Before: both stopped, each saying process 0 had stopped answering; later, past
     jax's timeout, jax's service ended both from C++ as it woke: its own timeout is now a day,
     ``multihost.SERVICE_HEARTBEAT``, and tests/probe_suspend.py tries longer suspends.)"""
     run_dir, args = _scenario(tmp_path, SHARDS)
-    args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "3"]
+    args = args[:-2] + ["--save-every", "4", "--heartbeat-timeout", "2"]
     procs, logs = _start_workers(tmp_path, 0, args, worker_cache)
     _wait_for_a_checkpoint(run_dir, procs)
     every = [_keeper_of(procs[0]), *(p.pid for p in procs)]
     assert None not in every
     for pid in every:
         os.kill(pid, signal.SIGSTOP)
-    time.sleep(20)
+    time.sleep(2 * 2 + 10 + 4)  # past jax's client heartbeat timeout (multihost.JAX_HEARTBEAT_FACTOR)
     for pid in every:
         os.kill(pid, signal.SIGCONT)
-    time.sleep(6)  # two timeouts: a death would have been said by now
+    time.sleep(4)  # two timeouts: a death would have been said by now
     assert all(p.poll() is None for p in procs), "a worker stopped after the suspend"
     for p in procs:
         p.send_signal(signal.SIGTERM)

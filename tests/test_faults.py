@@ -435,7 +435,7 @@ def test_a_metrics_line_the_disk_refuses_stops_in_one_line_and_the_rerun_resumes
 
 @pytest.mark.slow
 @pytest.mark.parametrize("at", [25, 1], ids=["later", "first-batch"])
-def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_resumes(tmp_path, at):
+def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_resumes(tmp_path, at, request):
     """No progress for --stall-timeout seconds (the reader hangs at its ``at``-th batch; nothing
     raises): one line naming the step it hung in and the file that holds every thread's stack,
     exit 1; that file shows the hanging reader; the same command, once the reader answers,
@@ -446,6 +446,16 @@ def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_res
     # Armed from the start, the watch's timeout also covers the first step's compile.
     args = _train_args(tmp_path, str(TRAIN / "data.txt"), "--steps", "60", "--stall-timeout", "5")
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    # The negative control, no watch, runs beside the test's runs (whose seconds it would add).
+    control = None
+    if at != 1:
+        control = subprocess.Popen(
+            [sys.executable, "-c", read_never_returns(at), *args[:-2], "--run-dir", str(tmp_path / "off"),
+             "--stall-timeout", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        request.addfinalizer(lambda: (control.kill(), control.wait()))
+        started = time.monotonic()
     hung = subprocess.run(
         [sys.executable, "-c", read_never_returns(at), *args], capture_output=True, text=True, timeout=300, env=env
     )
@@ -479,14 +489,10 @@ def test_a_stuck_run_stops_in_one_line_with_its_threads_stacks_and_the_rerun_res
     assert rerun in again.stdout
     assert _steps(run)[-1] == 60
 
-    if at == 1:
+    if control is None:
         return
-    with pytest.raises(subprocess.TimeoutExpired):  # the negative control: no watch, no end
-        subprocess.run(
-            [sys.executable, "-c", read_never_returns(at), *args[:-2], "--run-dir", str(tmp_path / "off"),
-             "--stall-timeout", "0"],
-            capture_output=True, text=True, timeout=15, env=env,
-        )  # fmt: skip
+    with pytest.raises(subprocess.TimeoutExpired):  # no watch, no end
+        control.wait(timeout=max(0.1, 15 - (time.monotonic() - started)))
 
 
 @pytest.mark.slow
