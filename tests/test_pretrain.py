@@ -481,6 +481,18 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert load_run(str(copy))[3] == 5
 
 
+@pytest.mark.parametrize("damaged", ["state/_METADATA", "meta/metadata", "state/array_metadatas/process_0"])
+def test_a_damaged_json_file_of_a_checkpoint_is_named_by_it(trained_run, tmp_path, damaged):
+    """Orbax reads these with json and passes its words on, naming no file; the innermost of
+    them was json's scanner's ``StopIteration: 0`` (before: the whole reason given)."""
+    run_dir, _, _ = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "checkpoints" / "4" / damaged).write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match=re.escape(f"checkpoint 4 is unreadable (its {damaged} is not valid JSON")):
+        assert load_run(str(copy))[3] == 2
+
+
 def test_a_checkpoint_missing_an_orbax_file_is_named_by_it(trained_run, tmp_path):
     """Without state/_METADATA Orbax cannot rebuild the tree and says 'Expected tuple, got [...]'
     with a repr of the whole restore target (300 characters of it in the line). The line names

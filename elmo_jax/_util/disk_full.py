@@ -50,7 +50,8 @@ def innermost_message(e: BaseException) -> str:
     """The first line of the innermost exception ``e`` was raised from, with its type: for a
     damaged checkpoint, tensorstore's words (``OUT_OF_RANGE: Error reading "params.x/0" ...``), not
     Orbax's wrapper with its ~60-line spec."""
-    last = next((x for x in reversed(list(exception_chain(e))) if str(x)), e)
+    # json's scanner raises StopIteration(index) inside, the context of every JSONDecodeError.
+    last = next((x for x in reversed(list(exception_chain(e))) if str(x) and not isinstance(x, StopIteration)), e)
     return f"{type(last).__name__}: {str(last).splitlines()[0][:300]}" if str(last) else type(last).__name__
 
 

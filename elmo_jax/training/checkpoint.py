@@ -34,6 +34,7 @@ import errno
 import hashlib
 import io
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -54,6 +55,7 @@ from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.disk_full import (
     OutOfSpaceError,
     WriteFailed,
+    exception_chain,
     free_space,
     innermost_message,
     os_errno,
@@ -444,6 +446,28 @@ def _without_benign_orbax_warnings(record: logging.LogRecord) -> bool:
     return record.msg != "Metadata file does not exist: %s"
 
 
+def _json_files(step_dir: epath.Path) -> list[str]:
+    """The JSON files of a checkpoint that Orbax reads, relative to ``step_dir``: the metadata
+    item's, each array item's tree and its per-process array metadata."""
+    names = ["meta/metadata"]
+    for item in ("state", "lstm"):
+        if (step_dir / item).is_dir():
+            names.append(f"{item}/_METADATA")
+            if (step_dir / item / "array_metadatas").is_dir():
+                names += sorted(
+                    f"{item}/array_metadatas/{p.name}" for p in (step_dir / item / "array_metadatas").iterdir()
+                )
+    return [name for name in names if (step_dir / name).exists()]
+
+
+def _parses(path: epath.Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+    except ValueError:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        return False
+    return True
+
+
 class Checkpointer:
     """Saves every ``save_every`` steps (and on demand), keeps the last ``keep``, async by default."""
 
@@ -707,7 +731,8 @@ class Checkpointer:
 
     def why_unreadable(self, step: int, e: BaseException) -> str:
         """Why ``step`` could not be read: a file of Orbax's gone from it, which Orbax reports as a
-        tree it did not expect (with a repr of the whole restore target), else the innermost error."""
+        tree it did not expect (with a repr of the whole restore target), or one of its JSON files
+        damaged, which Orbax reports as json's words with no file named; else the innermost error."""
         where = self.run_dir / "checkpoints" / str(step)
         # A directory that cannot be listed (gs://'s client raises its own types): the error says it,
         # and nothing may escape here, inside restore_latest's handler, before the processes agree.
@@ -718,6 +743,10 @@ class Checkpointer:
                 gone = [f"{item}/_METADATA" for item in items if not (where / item / "_METADATA").exists()]
                 if gone:
                     return f"its {', '.join(gone)} missing"
+                if any(isinstance(x, json.JSONDecodeError) for x in exception_chain(e)):
+                    bad = [name for name in _json_files(where) if not _parses(where / name)]
+                    if bad:
+                        return f"its {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not valid JSON (damaged)"
         return innermost_message(e)
 
     def restore_latest(
