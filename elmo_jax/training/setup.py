@@ -180,7 +180,7 @@ def _run_options(
         raise about(
             ConfigError(
                 f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
-                f"token count{', nor did the run in run_dir' if saved is not None else ''}, so epochs "
+                f"token count{f', nor does the run in {settings.run_dir}' if saved is not None else ''}, so epochs "
                 f"cannot be counted; give n_train_tokens (tokens + "
                 f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
             ),
