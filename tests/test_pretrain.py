@@ -1,6 +1,7 @@
 """Pretraining end to end: bilm-tf's training check, resume, export/fine-tune, bad input."""
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -743,11 +744,16 @@ def test_a_run_started_without_a_token_count_saves_none_and_its_resume_counts_no
         assert arguments_of(e.value) == ("config", "n_train_tokens", "steps")
     assert saved_steps(str(run_dir)) == [2]
     assert train(TrainSpec(vocab=spec.vocab), source, settings(steps=4), say=lambda *_: None)["step"] == 4
-    assert json.loads((run_dir / "options.json").read_text())["n_train_tokens"] is None
+    assert loop.saved_options(str(run_dir))["n_train_tokens"] is None  # the newest checkpoint's record
     # A library caller's options with no count: steps run, epochs are refused in one line.
     options = Options.load(run_dir / "options.json", saved=True)
     with pytest.raises(ConfigError, match="n_train_tokens is null"):
         pretrain(options, Vocabulary.load(TRAIN / "vocab.txt"), source, settings(epochs=1))
+    # A count given once is the run's: resumed with its config again (which has none), it counts
+    # its epochs in it (before: refused, as if it had never been given). 60 tokens: 6 steps an epoch.
+    assert train(dataclasses.replace(spec, n_train_tokens=60), source, settings(steps=5))["step"] == 5
+    assert loop.saved_options(str(run_dir))["n_train_tokens"] == 60
+    assert train(spec, source, settings(epochs=1), say=lambda *_: None)["step"] == 6
 
 
 def test_non_utf8_lines_are_skipped_with_a_warning_and_long_lines_work(tmp_path):

@@ -171,10 +171,10 @@ def _run_options(
 
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
-    counted = _config_sets(spec.config, "n_train_tokens") or (
-        spec.config is None and saved is not None and saved.get("n_train_tokens") is not None
-    )
-    uncounted = n_train_tokens is None and not counted
+    in_config = _config_sets(spec.config, "n_train_tokens")
+    if n_train_tokens is None and saved is not None and not in_config:
+        n_train_tokens = saved.get("n_train_tokens")  # the run's own count (None: it never had one)
+    uncounted = n_train_tokens is None and not in_config
     if uncounted and settings.steps is None:
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
         raise about(
