@@ -749,6 +749,11 @@ def test_a_run_started_without_a_token_count_saves_none_and_its_resume_counts_no
     options = Options.load(run_dir / "options.json", saved=True)
     with pytest.raises(ConfigError, match="n_train_tokens is null"):
         pretrain(options, Vocabulary.load(TRAIN / "vocab.txt"), source, settings(epochs=1))
+    # The run's options.json as a new run's config: its null is no count either (before: the new
+    # run was refused by the loop, in words about a run started for a number of steps).
+    other = RunSettings(run_dir=str(tmp_path / "other"), epochs=1, progress=False, devices=1)
+    with pytest.raises(ConfigError, match="has no token-count sidecar"):
+        train(TrainSpec(config=str(run_dir / "options.json"), vocab=spec.vocab), source, other, say=lambda *_: None)
     # A count given once is the run's: resumed with its config again (which has none), it counts
     # its epochs in it (before: refused, as if it had never been given). 60 tokens: 6 steps an epoch.
     assert train(dataclasses.replace(spec, n_train_tokens=60), source, settings(steps=5))["step"] == 5

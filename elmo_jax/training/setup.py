@@ -322,12 +322,14 @@ def _options_file(config: str) -> Options:
 
 
 def _config_sets(config: str | None, key: str) -> bool:
-    """Whether ``config`` is an options.json that gives ``key`` itself (presets give no counts)."""
+    """Whether ``config`` is an options.json that gives ``key`` itself (presets give no counts; a
+    null, as a run saved without a token count writes it, gives none)."""
     if config is None or not os.path.isfile(config):
         return False
     try:
         with open(config, encoding="utf-8") as f:
-            return key in json.load(f)
+            d = json.load(f)
+        return isinstance(d, dict) and d.get(key) is not None
     except (OSError, ValueError):
         return False  # Options.load reports a bad file with its own message
 
