@@ -725,6 +725,7 @@ def test_demo_refuses_what_it_would_silently_ignore_and_says_when_nothing_is_com
     assert "'pear' occurs 1 time(s) in the sentences: no two of its vectors to compare" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_coordinator_without_the_ids_on_a_host_that_does_not_say_them_is_one_line(tmp_path):
     """jax.distributed's own refusal, before it connects (before: its ValueError's traceback)."""
     r = run_elmo_jax(

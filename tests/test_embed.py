@@ -296,6 +296,7 @@ def test_a_second_embedder_of_the_same_model_compiles_nothing(model, sentences, 
     assert len(compiles) >= 2, compiles
 
 
+@pytest.mark.slow
 def test_stateful_batches_of_other_sizes_run_one_program_and_continue_each_row(model):
     """Rows are padded to a power of two with inactive rows, whose state passes through: batch
     sizes 6, 5, 8, 7 compile one biLSTM program (before: one per size), a later batch of 2 one

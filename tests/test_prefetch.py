@@ -79,6 +79,7 @@ def _wait_ready(pool: CandidatePool) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draws", [1, 3])
 def test_candidates_drawn_by_workers_equal_those_drawn_in_process(draws):
     args = dict(seed=7, num_sampled=2048, vocab_size=793_471, draws=draws, first_device=2, fixed=False)

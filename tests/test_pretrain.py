@@ -308,6 +308,7 @@ def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(
         assert str(e.value) == said
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_seed_and_refuses_another(tmp_path):
     """The data order, the dropout and the candidates follow the seed: resumed with another, the
     rest of the epoch was dealt from another shuffle at the saved position, without a word.
@@ -1453,6 +1454,7 @@ def test_on_progress_says_what_the_run_does_next_from_the_start_to_the_last_save
     )
 
 
+@pytest.mark.slow
 def test_on_progress_is_told_of_each_shard_counted_for_a_vocabulary_the_run_builds(tmp_path):
     from elmo_jax.training.setup import TrainSpec, train
 

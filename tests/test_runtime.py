@@ -144,6 +144,7 @@ def test_gpu_kernels_fall_back_to_xlas_deterministic_flag_where_they_cannot_be_s
         runtime.gpu_kernel_flags("", "fast", tmp_path)
 
 
+@pytest.mark.slow
 def test_xla_accepts_the_flags_of_every_gpu_kernels_mode(tmp_path):
     """XLA aborts at start-up on a flag it does not know, GPU flags included, and a CPU build knows
     them all: so a misspelt flag fails here, not first on a GPU. The negative control is one."""
