@@ -171,7 +171,8 @@ def _run_options(
 
     meta = read_vocab_meta(vocab_path) or {}
     n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
-    in_config = _config_sets(spec.config, "n_train_tokens")
+    given = _config_keys(spec.config)
+    in_config = "n_train_tokens" in given
     if n_train_tokens is None and saved is not None and not in_config:
         n_train_tokens = saved.get("n_train_tokens")  # the run's own count (None: it never had one)
     uncounted = n_train_tokens is None and not in_config
@@ -194,12 +195,7 @@ def _run_options(
     # started from a config not given again.
     config = _config(spec, warm is not None, saved)
     learning_rate = spec.learning_rate
-    if (
-        learning_rate is None
-        and warm is not None
-        and warm.bilm_acc is None
-        and not _config_sets(spec.config, "learning_rate")
-    ):
+    if learning_rate is None and warm is not None and warm.bilm_acc is None and "learning_rate" not in given:
         from elmo_jax.training.warmstart import NO_ACCUMULATORS_LEARNING_RATE as learning_rate
 
         say(
@@ -208,9 +204,9 @@ def _run_options(
             "learning_rate",
         )
     reset_state_prob = spec.reset_state_prob
-    if reset_state_prob is None and saved is not None and not _config_sets(spec.config, "reset_state_prob"):
+    if reset_state_prob is None and saved is not None and "reset_state_prob" not in given:
         reset_state_prob = saved_reset_state_prob(saved)
-    if learning_rate is None and saved is not None and not _config_sets(spec.config, "learning_rate"):
+    if learning_rate is None and saved is not None and "learning_rate" not in given:
         learning_rate = saved.get("learning_rate")
     options = training_options(
         config,
@@ -321,17 +317,17 @@ def _options_file(config: str) -> Options:
     return Options.load(config)
 
 
-def _config_sets(config: str | None, key: str) -> bool:
-    """Whether ``config`` is an options.json that gives ``key`` itself (presets give no counts; a
-    null, as a run saved without a token count writes it, gives none)."""
+def _config_keys(config: str | None) -> frozenset[str]:
+    """The keys ``config`` gives itself, when it is an options.json (presets give none; a null, as a
+    run saved without a token count writes it, gives none)."""
     if config is None or not os.path.isfile(config):
-        return False
+        return frozenset()
     try:
         with open(config, encoding="utf-8") as f:
             d = json.load(f)
-        return isinstance(d, dict) and d.get(key) is not None
     except (OSError, ValueError):
-        return False  # Options.load reports a bad file with its own message
+        return frozenset()  # Options.load reports a bad file with its own message
+    return frozenset(key for key, value in d.items() if value is not None) if isinstance(d, dict) else frozenset()
 
 
 def _tiny_train(n_tokens_vocab: int) -> TrainConfig:
