@@ -355,7 +355,7 @@ def another_stream(saved: dict, newest: dict) -> str | None:
 
 
 def _say_what_resumed(settings: RunSettings, saved: dict, start: int, global_rows: int, data: bool, rows: bool,
-                      batcher: LMBatcher, crossed: str | None = None) -> None:  # fmt: skip
+                      batcher: LMBatcher, crossed: str | None) -> None:  # fmt: skip
     """One line when a resume is not exact: what was restored and what starts afresh (``crossed``:
     ``another_stream``'s reason)."""
     where = (
