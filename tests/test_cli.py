@@ -18,6 +18,7 @@ from elmo_jax import cli
 from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli import commands
+from elmo_jax.cli import parser as cli_parser
 from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
 
@@ -35,12 +36,12 @@ def run_cli(*args):
 
 # -- library errors, flag messages --------------------------------------------------------------
 def test_an_error_about_arguments_names_the_flags_and_only_those():
-    flags = commands.build_parser().parse_args(["embed", "--input", "x", "--output", "y"]).flags
+    flags = cli.build_parser().parse_args(["embed", "--input", "x", "--output", "y"]).flags
     e = about(ConfigError("window must be 1 or more and ahead 0 or more; window_size stays"), "window", "ahead")
     assert commands.error_line(e, flags) == "--window must be 1 or more and --ahead 0 or more; window_size stays"
     # Negative control: the same words in an error not marked as about them stay as they are.
     assert commands.error_line(ConfigError("window and ahead"), flags) == "window and ahead"
-    train = commands.build_parser().parse_args(["train"]).flags
+    train = cli.build_parser().parse_args(["train"]).flags
     assert train["source"] == "--init-from" and train["eval_every"] == "--eval-every"
     assert (
         commands.error_line(
@@ -218,7 +219,7 @@ def test_a_signal_while_the_program_imports_jax_is_its_one_line_and_exit_code(se
     than held, the line is said but jax's import is cut short."""
     script = _when_jax_is_imported(
         f"sys.meta_path.remove(self); os.kill(os.getpid(), signal.{sent})",
-        ["train", "--preset", "tiny"],
+        ["train", "--config", "tiny"],
         then="print('jax.numpy' in sys.modules)",
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -233,7 +234,9 @@ def test_an_import_that_hangs_stops_at_the_second_signal():
     """The signals held in the imports are held once: an import that never returns (a stalled
     network file system) stops at a second Ctrl-C, where holding every signal would leave only
     kill -9. Negative control, holding every signal: the test times out."""
-    script = _when_jax_is_imported("print('importing jax', flush=True); time.sleep(3600)", ["embed"])
+    script = _when_jax_is_imported(
+        "print('importing jax', flush=True); time.sleep(3600)", ["embed", "--input", "in.txt", "--output", "out.h5"]
+    )
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == "importing jax\n"
@@ -261,6 +264,38 @@ def test_an_import_that_hangs_stops_at_the_second_signal():
 def test_the_command_an_interruption_before_the_parser_names(argv, command):
     """``cli.main`` names the command in its line for an interrupt before the parser has run."""
     assert cli._command(argv) == command
+
+
+def test_help_and_a_mistyped_flag_are_answered_without_importing_jax(tmp_path):
+    """``elmo-jax --help`` took about two seconds, nearly all of it importing jax and Orbax for a
+    command that never ran; the parser imports neither, so help and usage errors come at once. One
+    fresh interpreter answers each in turn and says whether jax is imported yet. Negative control,
+    last: a command line that parses imports jax to run (its input is missing: exit 2)."""
+    script = (
+        "import contextlib, io, sys\n"
+        "from elmo_jax.cli import main\n"
+        "for argv in sys.argv[1:]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            code = main(argv.split())\n"
+        "        except SystemExit as e:\n"
+        "            code = e.code\n"
+        "    print(code, 'jax' in sys.modules)\n"
+    )
+    missing = tmp_path / "missing.txt"
+    answers = [
+        "--help",
+        "train --help",
+        "embed --help",
+        "train --bogus",
+        "train --batch-size many",
+        "embed --options o.json --input a --output b",  # --options needs --weights
+        "eval",  # --run-dir is required
+        f"embed --input {missing} --output {tmp_path / 'out.h5'}",
+    ]
+    r = subprocess.run([sys.executable, "-c", script, *answers], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["0 False"] * 3 + ["2 False"] * 4 + ["2 True"]
 
 
 @pytest.mark.parametrize(
@@ -559,7 +594,7 @@ def test_embed_out_of_device_memory_or_a_failed_device_is_one_line_and_leaves_no
 def test_gpu_kernels_are_fixed_by_default_and_the_old_flag_still_parses(capsys):
     """--gpu-kernels fixed (XLA's deterministic-ops flag) is the default until a GPU confirms a
     resume under saved; 0.x's --gpu-scatters maps onto fixed and tuned."""
-    parser = commands.build_parser()
+    parser = cli.build_parser()
     assert parser.parse_args(["train"]).gpu_kernels == "fixed"
     assert parser.parse_args(["train", "--gpu-kernels", "saved"]).gpu_kernels == "saved"
     assert parser.parse_args(["train", "--gpu-kernels", "tuned"]).gpu_kernels == "tuned"
@@ -592,7 +627,7 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
     params = {"softmax": {"w": jnp.zeros((4, 2)), "b": jnp.zeros(4)}}
     with pytest.raises(OutOfDeviceMemory) as e:
         evaluate_module.evaluate(params, None, None, None, batch_size=64)
-    flags = commands.build_parser().parse_args(["eval", "--run-dir", "r", "--files", "f"]).flags
+    flags = cli.build_parser().parse_args(["eval", "--run-dir", "r", "--files", "f"]).flags
     assert commands.error_line(e.value, flags) == (
         "the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.); "
         "--batch-size 64 rows is more than it holds: lower --batch-size (the perplexity with carried state "
@@ -781,4 +816,4 @@ def test_every_help_shows_a_compile_cache_path_with_a_percent_sign(monkeypatch):
     monkeypatch.setenv("ELMO_JAX_COMPILE_CACHE", "/tmp/100%done")
     parser = cli.build_parser()
     for name in ("train", "embed", "eval", "vocab", "export", "demo"):
-        assert "/tmp/100%done" in commands._subcommand(parser, name).format_help().replace("\n", " ")
+        assert "/tmp/100%done" in cli_parser._subcommand(parser, name).format_help().replace("\n", " ")

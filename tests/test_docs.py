@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from elmo_jax.cli.commands import build_parser
+from elmo_jax.cli.parser import build_parser
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "README.md"]

@@ -1,7 +1,9 @@
-"""The ``elmo-jax`` command line (also ``python -m elmo_jax``); the subcommands are in ``commands``.
+"""The ``elmo-jax`` command line (also ``python -m elmo_jax``): ``parser`` reads the flags,
+``commands`` runs them.
 
-Importing this package imports neither jax nor the commands: ``main`` sets the command's signal
-handling first and imports them after (jax and Orbax, most of a second on a CPU), so that an
+Importing this package imports neither jax nor the commands. ``main`` parses first (``parser``
+imports no jax, so ``--help`` and a mistyped flag are answered at once), then sets the command's
+signal handling and imports the commands (jax and Orbax, most of a second on a CPU), so that an
 interrupt in that second is the command's one line and exit code, not a traceback out of an import
 (or a crash in one: ``signals.held_signals``).
 """
@@ -9,26 +11,26 @@ interrupt in that second is the command's one line and exit code, not a tracebac
 from __future__ import annotations
 
 import sys
-import typing
 
-if typing.TYPE_CHECKING:
-    from elmo_jax.cli.commands import build_parser
+from elmo_jax.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``elmo-jax`` with ``argv`` (None: the program, ``sys.argv[1:]``); returns its exit code."""
+    from elmo_jax.cli import parser
     from elmo_jax.cli.signals import as_interrupt, held_signals, interrupting_signals, say_interrupted
 
     command = _command(sys.argv[1:] if argv is None else argv)
     with interrupting_signals():
-        with held_signals(command) as came:  # the imports: a signal is said once they are done
-            from elmo_jax.cli import commands
-        if came:
-            return say_interrupted(command, as_interrupt(came[0]))
         try:
-            return commands.main(argv)
+            args = parser.parse(argv)
+            with held_signals(args.command) as came:  # the imports: a signal is said once they are done
+                from elmo_jax.cli import commands
+            if came:
+                return say_interrupted(args.command, as_interrupt(came[0]))
+            return commands.run(args, argv)
         except KeyboardInterrupt as e:
             # The parsing and the checks before the command runs: the command says its own
             # interruption (commands._run), with what it cleaned up.
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str]) -> str | None:
-    """The subcommand named in ``argv``, as far as it can be told without the parser."""
+    """The subcommand named in ``argv``, as far as it can be told without the parser (an interrupt
+    may come before the parser has told it)."""
     words = iter(argv)
     for word in words:
         if word == "--compile-cache":  # the one option before the subcommand that takes a value
@@ -44,11 +47,3 @@ def _command(argv: list[str]) -> str | None:
         elif not word.startswith("-"):
             return word
     return None
-
-
-def __getattr__(name: str):
-    if name == "build_parser":
-        from elmo_jax.cli.commands import build_parser
-
-        return build_parser
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
