@@ -94,6 +94,8 @@ def _expanded_pattern(argv: list[str], extra: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``elmo-jax`` and its subcommands. A parsed command line's ``flags`` maps each
+    argument name of the library to the subcommand's flag (``commands.error_line`` speaks in them)."""
     p = _Parser(prog="elmo-jax", description="ELMo biLMs in JAX.")
     cache_help = "persistent XLA compilation cache ('none': off; default: %s, or $ELMO_JAX_COMPILE_CACHE)"
     p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR", help=cache_help % "%(default)s")
