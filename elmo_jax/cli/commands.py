@@ -1,4 +1,5 @@
-"""The ``elmo-jax`` command line (also ``python -m elmo_jax``)."""
+"""The ``elmo-jax`` commands: each runs a command line that ``parser`` parsed, calling the library, and
+turns its errors into one line that names the flags (``error_line``) and an exit code."""
 
 from __future__ import annotations
 
