@@ -89,11 +89,41 @@ def test_progress_is_silent_when_disabled_and_shows_the_record_otherwise(capsys)
     assert "3/5" in err and "loss=1.250" in err
 
 
+@pytest.mark.parametrize("start", [0, 40])
+def test_the_bar_s_rate_and_time_left_leave_out_the_first_step_s_compile(capsys, monkeypatch, start):
+    """A run's first step waits for its batch and compiles: 100 s here, on a clock the test
+    drives, then a step a second. The bar's rate is then 1 step/s, and the time left is one second
+    a step, from the first redraws on; a resumed run's bar alike. Negative control, counting the
+    first step's seconds: 0.54 step/s after those 10 steps, and 165 s left where 89 are."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)  # tqdm's redraws, not one a minute
+    now = [0.0]
+    progress = Progress(True, total=start + 100, start=start)
+    progress.bar._time = lambda: now[0]
+    progress.bar.last_print_t = progress.bar.start_t = 0.0
+    now[0] = 100.0  # the batch and the compile
+    progress.update()
+    for _ in range(10):
+        now[0] += 1.0
+        progress.update()
+    shown = progress.bar.format_dict
+    progress.close()
+    assert shown["rate"] == pytest.approx(1.0, rel=0.15)
+    assert (shown["total"] - shown["n"]) / shown["rate"] == pytest.approx(89.0, rel=0.15)
+
+
 def test_progress_into_a_log_file_redraws_once_a_minute(capsys, monkeypatch):
-    """Every redraw of a bar stays in a log file; on a terminal it overwrites the last."""
-    into_a_file = Progress(True, total=5, start=0)
+    """Every redraw of a bar stays in a log file; on a terminal it overwrites the last. Into a
+    file it redraws once a minute, the records' loss and rate included, not at each record."""
+    into_a_file = Progress(True, total=500, start=0)
     assert into_a_file.bar.mininterval == 60.0
+    capsys.readouterr()
+    for step in range(1, 501):  # a record every 10 steps, as the README's run logs
+        into_a_file.update()
+        if step % 10 == 0:
+            into_a_file.show({"loss": 5.0, "perplexity": 148.4, "tokens_per_s": 4000.0})
+    assert capsys.readouterr().err == ""  # none in 500 quick steps; each record forced one before (50)
     into_a_file.close()
+    assert capsys.readouterr().err.count("500/500") == 1
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     on_a_terminal = Progress(True, total=5, start=0)
     assert on_a_terminal.bar.mininterval < 1  # tqdm's own default

@@ -233,7 +233,7 @@ class Progress:
     stuck one, and say where it stuck."""
 
     def __init__(self, enabled: bool, total: int | None, start: int, on_progress: Callable[[str], None] | None = None):
-        self.bar = None
+        self.bar, self.quiet = None, True
         self.step, self.total = start, total
         self.on_progress = on_progress
         if enabled:
@@ -241,9 +241,13 @@ class Progress:
 
             # Into a log file or a pipe each redraw is written for good (a \r, not a terminal's
             # overwrite): 65 KB for the README's one-minute run. There, a redraw a minute.
-            quiet = tqdm.__module__ != "tqdm.notebook" and not _is_terminal(sys.stderr)
+            self.quiet = tqdm.__module__ != "tqdm.notebook" and not _is_terminal(sys.stderr)
             self.bar = tqdm(
-                total=total, initial=start, unit="step", dynamic_ncols=True, **({"mininterval": 60.0} if quiet else {})
+                total=total,
+                initial=start,
+                unit="step",
+                dynamic_ncols=True,
+                **({"mininterval": 60.0} if self.quiet else {}),
             )
         # The first step reads the first batch and compiles: the longest wait of most runs.
         self.beat(f"running step {start + 1}, this run's first (its batch, then its compile)")
@@ -252,6 +256,11 @@ class Progress:
         """A step completed."""
         self.step += 1
         if self.bar is not None:
+            if self.bar.n == self.bar.initial:
+                # The first step's batch and compile are left out of the bar's clock (and so of its
+                # elapsed time): counted, the README's run showed 20 minutes left at step 9 and 7
+                # at step 29, where 2.5 were.
+                self.bar.unpause()
             self.bar.update(1)
         last = self.total is not None and self.step >= self.total
         self.beat(f"ending the run at step {self.step}" if last else f"running step {self.step + 1}")
@@ -263,7 +272,10 @@ class Progress:
     def show(self, record: dict) -> None:
         if self.bar is not None:
             self.bar.set_postfix(
-                loss=f"{record['loss']:.3f}", ppl=f"{record['perplexity']:.1f}", tok_s=f"{record['tokens_per_s']:.0f}"
+                loss=f"{record['loss']:.3f}",
+                ppl=f"{record['perplexity']:.1f}",
+                tok_s=f"{record['tokens_per_s']:.0f}",
+                refresh=not self.quiet,  # into a file, shown at the next of its redraws a minute
             )
 
     def close(self) -> None:
