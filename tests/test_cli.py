@@ -263,7 +263,44 @@ def test_an_import_that_hangs_stops_at_the_second_signal():
 )
 def test_the_command_an_interruption_before_the_parser_names(argv, command):
     """``cli.main`` names the command in its line for an interrupt before the parser has run."""
-    assert cli._command(argv) == command
+    assert cli_parser.named_command(argv) == command
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        ([], "no command given: choose one of demo, vocab, train, eval, embed, export, models"),
+        (["--compile-cache", "x"], "no command given: choose one of demo, vocab, train, eval, embed, export, models"),
+        (
+            ["trian", "--steps", "3"],
+            "'trian' is not a command (choose one of demo, vocab, train, eval, embed, "
+            "export, models); did you mean train?",
+        ),
+        (
+            ["frobnicate"],
+            "'frobnicate' is not a command (choose one of demo, vocab, train, eval, embed, export, models)",
+        ),
+    ],
+)
+def test_a_missing_or_mistyped_command_is_one_line_naming_the_commands(argv, said, capsys):
+    """argparse said "the following arguments are required: command" and "argument command:
+    invalid choice: 'trian' (choose from 'demo', ...)"; the line now names the commands, and the
+    nearest one to a typo. Negative control: the command spelt right parses."""
+    with pytest.raises(SystemExit) as e:
+        cli_parser.parse(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"elmo-jax: error: {said} (see elmo-jax --help)\n"
+    if argv[:1] == ["trian"]:
+        assert cli_parser.parse(["train", *argv[1:]]).steps == 3
+
+
+def test_version_is_the_installed_package_s(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli_parser.parse(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"elmo-jax {version('elmo_jax')}\n"
 
 
 def test_help_and_a_mistyped_flag_are_answered_without_importing_jax(tmp_path):
@@ -288,6 +325,7 @@ def test_help_and_a_mistyped_flag_are_answered_without_importing_jax(tmp_path):
         "train --help",
         "embed --help",
         "train --bogus",
+        "trian",
         "train --batch-size many",
         "embed --options o.json --input a --output b",  # --options needs --weights
         "eval",  # --run-dir is required
@@ -295,7 +333,7 @@ def test_help_and_a_mistyped_flag_are_answered_without_importing_jax(tmp_path):
     ]
     r = subprocess.run([sys.executable, "-c", script, *answers], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["0 False"] * 3 + ["2 False"] * 4 + ["2 True"]
+    assert r.stdout.splitlines() == ["0 False"] * 3 + ["2 False"] * 5 + ["2 True"]
 
 
 @pytest.mark.parametrize(

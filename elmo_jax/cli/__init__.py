@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from elmo_jax.cli import parser
     from elmo_jax.cli.signals import as_interrupt, held_signals, interrupting_signals, say_interrupted
 
-    command = _command(sys.argv[1:] if argv is None else argv)
+    command = parser.named_command(sys.argv[1:] if argv is None else argv)
     with interrupting_signals():
         try:
             args = parser.parse(argv)
@@ -35,15 +35,3 @@ def main(argv: list[str] | None = None) -> int:
             # The parsing and the checks before the command runs: the command says its own
             # interruption (commands._run), with what it cleaned up.
             return say_interrupted(command, e)
-
-
-def _command(argv: list[str]) -> str | None:
-    """The subcommand named in ``argv``, as far as it can be told without the parser (an interrupt
-    may come before the parser has told it)."""
-    words = iter(argv)
-    for word in words:
-        if word == "--compile-cache":  # the one option before the subcommand that takes a value
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None

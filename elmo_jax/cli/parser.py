@@ -8,20 +8,31 @@ themselves are in ``commands``, which runs a parsed command line.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shlex
 import sys
 import typing
 
+from elmo_jax import __version__
 from elmo_jax._util.runtime import GPU_KERNELS, default_compile_cache
 
-__all__ = ["build_parser", "parse"]
+__all__ = ["build_parser", "named_command", "parse"]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """``argv`` (None: ``sys.argv[1:]``) parsed; argparse's refusals exit 2 with one line, and
     ``--help`` exits 0."""
     parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    named, commands = named_command(words), list(_subcommands(parser))
+    if not {"-h", "--help", "--version"} & set(words):
+        if named is None:
+            parser.error(f"no command given: choose one of {', '.join(commands)}")
+        if named not in commands:
+            close = difflib.get_close_matches(named, commands, n=1)
+            maybe = f"; did you mean {close[0]}?" if close else ""
+            parser.error(f"{named!r} is not a command (choose one of {', '.join(commands)}){maybe}")
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
         _subcommand(parser, args.command).error("--options needs --weights")
@@ -97,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of ``elmo-jax`` and its subcommands. A parsed command line's ``flags`` maps each
     argument name of the library to the subcommand's flag (``commands.error_line`` speaks in them)."""
     p = _Parser(prog="elmo-jax", description="ELMo biLMs in JAX.")
+    p.add_argument("--version", action="version", version=f"elmo-jax {__version__}")
     cache_help = "persistent XLA compilation cache ('none': off; default: %s, or $ELMO_JAX_COMPILE_CACHE)"
     p.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR", help=cache_help % "%(default)s")
     shown = default_compile_cache().replace("%", "%%")  # argparse %-formats each help text
@@ -111,10 +123,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def named_command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option of ``elmo-jax``
+    itself), as far as it can be told without parsing (an interrupt may come before the parser
+    has told it); None if there is none."""
+    words = iter(argv)
+    for word in words:
+        if word == "--compile-cache":  # the one option before the subcommand that takes a value
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's name -> its parser."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     """The parser of the subcommand ``name``."""
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return action.choices[name]
+    return _subcommands(parser)[name]
 
 
 def _flags(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:
