@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -113,6 +114,30 @@ def test_the_keeper_serves_until_its_parent_ends_then_until_its_last_client_leav
     client.close()
     assert _gone(keeper, within=10), "it kept serving with no client left"
     assert not listens(address)
+
+
+@slow
+def test_the_keeper_serves_without_importing_jax():
+    """The keeper needs jaxlib's service alone: importing jax too took 2.3 s of process 0's
+    start-up (its own import after the keeper's ``serving``). Negative control, the keeper
+    importing ``jax._src.lib``: True."""
+    script = (
+        "import builtins, io, sys\n"
+        "from elmo_jax.cli import coordinator\n"
+        "say = builtins.print\n"
+        "def print(*a, **k):\n"
+        "    say(*a, **k)\n"
+        "    if a == ('serving',):\n"
+        "        say('jax' in sys.modules, flush=True)\n"
+        "builtins.print = print\n"
+        "coordinator.DONE_GRACE = 0\n"
+        "sys.stdin = io.TextIOWrapper(io.BytesIO(b'done'))\n"
+        "coordinator.main([sys.argv[1], '1', '10', '10', '0', '0'])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, _free_address()], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.stdout.split() == ["serving", "False"], (r.stdout, r.stderr[-2000:])
 
 
 @slow
