@@ -656,9 +656,9 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
 
     class Evaluator:
         def __init__(self, *args, **kwargs):
-            pass
+            self.windows: list = []
 
-        def __call__(self, params):
+        def __call__(self, params, on_window=None):
             raise raised[0]
 
     monkeypatch.setattr(evaluate_module, "HeldoutEvaluator", Evaluator)

@@ -25,7 +25,7 @@ from elmo_jax.model.layout import BY_BACKEND
 from elmo_jax.model.vocabulary import Vocabulary, token_to_ids
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.training.batches import LMBatcher
-from elmo_jax.training.evaluate import evaluate
+from elmo_jax.training.evaluate import IN_FLIGHT, evaluate
 from elmo_jax.training.run_dir import softmax_in_id_order, softmax_in_slot_order
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.softmax import sampled_softmax_loss
@@ -230,6 +230,19 @@ def test_evaluate_matches_numpy_stateful_streams(eval_setup):
     )
     for k in ("perplexity_fwd", "perplexity_bwd"):
         assert slot_order[k] == pytest.approx(got[k], rel=1e-6)
+
+
+def test_evaluate_s_bar_counts_its_windows_and_changes_no_number(eval_setup, capsys):
+    """``progress``: a bar on stderr over the windows, as many as the reference deals; the
+    numbers are those without it. There are more windows than ``IN_FLIGHT``, so the bound on the
+    windows dispatched ahead is reached. Negative control: without ``progress``, nothing said."""
+    vocab, params, source, sentences = eval_setup
+    windows = len(deal_windows(sentences, 0, 2, 3))
+    assert windows > IN_FLIGHT
+    quiet = evaluate(params, MODEL, vocab, source, batch_size=2, unroll_steps=3)
+    assert capsys.readouterr().err == ""
+    assert evaluate(params, MODEL, vocab, source, batch_size=2, unroll_steps=3, progress=True) == quiet
+    assert f"{windows}/{windows} [" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("steps", [3, 20])

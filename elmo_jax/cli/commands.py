@@ -308,6 +308,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         unroll_steps=args.unroll_steps,
         reset_state_per_sentence=args.reset_state_per_sentence,
+        progress=not args.no_progress,
     )
     print(json.dumps({"step": step, **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}}))
 

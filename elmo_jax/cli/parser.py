@@ -377,6 +377,7 @@ def _add_eval(sub) -> None:
         action="store_true",
         help="every sentence alone from zero state (to compare with models that cannot carry context)",
     )
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _add_embed(sub) -> None:

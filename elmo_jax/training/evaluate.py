@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
@@ -46,6 +47,7 @@ from elmo_jax.training.step import AXIS, put_global, token_vectors
 # Rows of the softmax scored at once per device: logits of [2 x rows x steps, BLOCK] float32 are
 # 84 MB at bilm-tf's 128 x 20, whatever the vocabulary.
 BLOCK = 4096
+IN_FLIGHT = 4  # windows dispatched ahead of the last one known scored
 
 
 def evaluate(
@@ -62,6 +64,7 @@ def evaluate(
     mesh: Mesh | None = None,
     block: int = BLOCK,
     scored: np.ndarray | None = None,
+    progress: bool = False,
 ) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
     "unk_rate"}``.
@@ -82,7 +85,8 @@ def evaluate(
     feed the LSTM as inputs, but their losses are left out (``tokens`` counts per direction's
     mean). ``unk_rate``: the share of target positions that are ``<UNK>`` in ``vocab``.
     ``compute``: the biLM's matmul precision, compute dtype and layout (``elmo_jax.model.compute``;
-    default: float32, the references' numbers).
+    default: float32, the references' numbers). ``progress``: a tqdm bar on stderr (process 0's)
+    over the windows as they are scored.
     """
     evaluator = HeldoutEvaluator(
         model,
@@ -97,8 +101,15 @@ def evaluate(
         block=block,
         scored=scored,
     )
+    bar = tqdm(
+        total=len(evaluator.windows),
+        unit="window",
+        disable=not progress or jax.process_index() != 0,
+        dynamic_ncols=True,
+    )
     try:
-        return evaluator(params)
+        with bar:
+            return evaluator(params, on_window=bar.update)
     except jax.errors.JaxRuntimeError as e:
         error = device_error(
             e,
@@ -215,7 +226,7 @@ class HeldoutEvaluator:
 
     def __call__(self, params: dict, on_window: Callable[[], None] | None = None) -> dict:
         """``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens", "unk_rate"}`` of ``params``
-        (``on_window``: called as each window is dispatched, a sign of progress)."""
+        (``on_window``: called as each window is scored, a sign of progress)."""
         w, b, valid, rows = _softmax_table(params["softmax"], self.layout, self.mesh.size, self.block_limit)
         block = _divisor_at_most(rows // self.mesh.size, self.block_limit)
         placed = {
@@ -230,6 +241,10 @@ class HeldoutEvaluator:
                 placed, valid, state, put_global(local, self.by_row), put_global(everywhere, self.everywhere)
             )
             sums.append(s)  # read back at the end: the host puts the next window meanwhile
+            if len(sums) > IN_FLIGHT:
+                # Without a bound the host ran ahead through every window, putting each window's
+                # text on the device at once, and "scored" said only that it was dispatched.
+                sums[-IN_FLIGHT - 1].block_until_ready()
             if on_window is not None:
                 on_window()
         fwd, bwd = np.sum([np.asarray(s.addressable_data(0), np.float64) for s in sums], axis=0) / self.count
