@@ -11,6 +11,7 @@ import asyncio
 import errno
 import functools
 import gc
+import itertools
 import logging
 import os
 import pathlib
@@ -540,13 +541,16 @@ def test_a_coroutine_of_orbax_alive_before_the_block_is_not_waited_for_again(mon
     the process. The block that made it collects and looks again until the timeout; the blocks
     after it (a notebook's next run) look once. Before, each of them waited the 5 s again, and the
     slow tier's in-process runs after one such test took three times as long. (Looks are counted,
-    not timed: in the whole suite's process one block's looks took a second.)"""
+    on a clock that a second passes at each reading: in the whole suite's process one look, which
+    scans every object, took over the 2 s that the test once gave two of them.)"""
     stuck, looks = _stuck_orbax_coroutine(), _counted_looks(monkeypatch)
-    monkeypatch.setattr(orbax_log_module, "_settle", functools.partial(orbax_log_module._settle, timeout=2.0))
+    readings = itertools.count()
+    clock = lambda: float(next(readings))  # noqa: E731
+    monkeypatch.setattr(orbax_log_module, "_settle", functools.partial(orbax_log_module._settle, 2.0, clock))
     with orbax_log(None):
         coroutine = stuck()  # made in the block, and alive at its end
-    # The negative control: this block looks again (as often as 2 s allow: twice on a loaded machine).
-    assert len(looks) >= 2
+    # The negative control: this block looks again until its 2 s are past.
+    assert len(looks) == 3
     looks.clear()
     with orbax_log(None):
         pass

@@ -91,22 +91,22 @@ def _orbax_coroutines() -> list[types.CoroutineType]:
 _STRANDED: weakref.WeakSet = weakref.WeakSet()
 
 
-def _settle(timeout: float = 5.0) -> None:
+def _settle(timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
     """Collects garbage until no coroutine of Orbax's is left but those of ``_STRANDED``, or for
-    ``timeout`` seconds.
+    ``timeout`` seconds (of ``clock``).
 
     After a failed read or write, tensorstore still holds the coroutines of the reads and writes it
     had in flight (their callbacks), for as long as those take; they are finalized, and print,
     when it lets go. A write that never ends keeps its coroutine for the life of the process: the
     block that made it waits out the timeout once, and leaves it to ``_STRANDED``, so that later
     blocks (a notebook's next run) do not each wait the timeout again."""
-    deadline = time.monotonic() + timeout
+    deadline = clock() + timeout
     while True:
         gc.collect()
         alive = [o for o in _orbax_coroutines() if o not in _STRANDED]
         if not alive:
             return
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             _STRANDED.update(alive)
             return
         del alive
