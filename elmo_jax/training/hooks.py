@@ -258,8 +258,8 @@ class Progress:
         if self.bar is not None:
             if self.bar.n == self.bar.initial:
                 # The first step's batch and compile are left out of the bar's clock (and so of its
-                # elapsed time): counted, the README's run showed 20 minutes left at step 9 and 7
-                # at step 29, where 2.5 were.
+                # elapsed time): counted, the README's run showed 20:16 left at step 9, where 2:15
+                # were.
                 self.bar.unpause()
             self.bar.update(1)
         last = self.total is not None and self.step >= self.total
