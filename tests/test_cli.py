@@ -854,4 +854,4 @@ def test_every_help_shows_a_compile_cache_path_with_a_percent_sign(monkeypatch):
     monkeypatch.setenv("ELMO_JAX_COMPILE_CACHE", "/tmp/100%done")
     parser = cli.build_parser()
     for name in ("train", "embed", "eval", "vocab", "export", "demo"):
-        assert "/tmp/100%done" in cli_parser._subcommand(parser, name).format_help().replace("\n", " ")
+        assert "/tmp/100%done" in cli_parser._subcommands(parser)[name].format_help().replace("\n", " ")

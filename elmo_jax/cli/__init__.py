@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from elmo_jax.cli import parser
 from elmo_jax.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]
@@ -19,7 +20,6 @@ __all__ = ["build_parser", "main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``elmo-jax`` with ``argv`` (None: the program, ``sys.argv[1:]``); returns its exit code."""
-    from elmo_jax.cli import parser
     from elmo_jax.cli.signals import as_interrupt, held_signals, interrupting_signals, say_interrupted
 
     command = parser.named_command(sys.argv[1:] if argv is None else argv)

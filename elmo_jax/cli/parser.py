@@ -35,7 +35,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{named!r} is not a command (choose one of {', '.join(commands)}){maybe}")
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
-        _subcommand(parser, args.command).error("--options needs --weights")
+        _subcommands(parser)[args.command].error("--options needs --weights")
     return args
 
 
@@ -84,7 +84,7 @@ class _Parser(argparse.ArgumentParser):
         if extra:  # said by the subcommand they were given to, whose --help lists its flags
             command = getattr(parsed, "command", None)
             hint = _expanded_pattern(sys.argv[1:] if args is None else list(args), extra)
-            (_subcommand(self, command) if command else self).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+            (_subcommands(self)[command] if command else self).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed
 
 
@@ -139,11 +139,6 @@ def named_command(argv: list[str]) -> str | None:
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """Each subcommand's name -> its parser."""
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-
-
-def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The parser of the subcommand ``name``."""
-    return _subcommands(parser)[name]
 
 
 def _flags(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:
