@@ -415,7 +415,7 @@ class Options:
         path = os.fspath(path)
         try:
             with open_binary(path) as f:
-                d = json.loads(f.read().decode("utf-8"))
+                d = json.loads(f.read().decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
         except FileNotFoundError:
             raise ConfigError(f"{path}: options file not found") from None
         except json.JSONDecodeError as e:

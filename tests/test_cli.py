@@ -52,6 +52,29 @@ def test_an_error_about_arguments_names_the_flags_and_only_those():
 
 
 # -- embed (from test_embed.py) ------------------------------------------------------------------
+def test_embed_drops_a_byte_order_mark_and_names_utf16_input(tmp_path, capsys):
+    """A file that an editor started with U+FEFF embeds as the same file without it; a UTF-16 file
+    is said to be one."""
+    text = b"the cat sat\non the mat\n"
+    (tmp_path / "plain.txt").write_bytes(text)
+    # The mark again at the start of line 3, where it is not a byte-order mark and is kept.
+    (tmp_path / "marked.txt").write_bytes(b"\xef\xbb\xbf" + text + b"\xef\xbb\xbfthe cat sat\n")
+    (tmp_path / "one.txt").write_bytes(text.splitlines()[0])
+    for name in ("plain", "marked", "one"):
+        assert run_cli("--input", str(tmp_path / f"{name}.txt"), "--output", str(tmp_path / f"{name}.hdf5")) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(" to ")[0] for line in err] == ["wrote 2 sentences", "wrote 3 sentences", "wrote 1 sentence"]
+    with h5py.File(tmp_path / "plain.hdf5", "r") as plain, h5py.File(tmp_path / "marked.hdf5", "r") as marked:
+        assert sorted(plain) == ["0", "1"] and sorted(marked) == ["0", "1", "2"]
+        for k in plain:  # equal up to float32 rounding: another line in the call packs it otherwise
+            np.testing.assert_allclose(marked[k][()], plain[k][()], rtol=1e-5, atol=1e-6)
+        # Negative control: kept, the mark changes the word's vectors.
+        assert np.abs(marked["2"][()] - plain["0"][()]).max() > 1e-2
+    (tmp_path / "utf16.txt").write_text("the cat sat\n", encoding="utf-16")
+    assert run_cli("--input", str(tmp_path / "utf16.txt"), "--output", str(tmp_path / "u.hdf5")) == 2
+    assert "utf16.txt: line 1: not UTF-8 (invalid start byte at byte 0); it starts as UTF-16" in capsys.readouterr().err
+
+
 def test_cli_bad_input(tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("")
     assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "e.hdf5")) == 0

@@ -5,10 +5,13 @@ import json
 import os
 
 import pytest
+from helpers import FIXTURES
 
+from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, TextFiles
 from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
+from elmo_jax.training.setup import _config_keys
 
 SPECIALS = ["<S>", "</S>", "<UNK>"]
 
@@ -317,3 +320,37 @@ def test_the_vocab_command_refuses_its_numbers_before_the_count(tmp_path, capsys
     argv = ["vocab", "--train-files", str(tmp_path / "t.txt"), "--out", str(tmp_path / "v.txt"), flag, value]
     assert commands.main(argv) == 2
     assert counted == [] and f"error: {flag} must be an integer >= " in capsys.readouterr().err
+
+
+BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8: what Windows editors put at the start of a text file
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_word_of_text_or_vocabulary_or_options(tmp_path):
+    """Kept, the mark would join the first word: ``\\ufeffthe``, another vocabulary entry."""
+    text = b"the cat sat\non the mat\n"
+    (tmp_path / "plain.txt").write_bytes(text)
+    (tmp_path / "marked.txt").write_bytes(BOM + text)
+    plain, marked = (count_tokens(TextFiles(str(tmp_path / f"{n}.txt")))[0] for n in ("plain", "marked"))
+    assert marked == plain and plain["the"] == 2, marked
+    # Negative control: the mark is there to be dropped (a line split off its file keeps it).
+    assert (tmp_path / "marked.txt").read_bytes().decode("utf-8").split()[0] == "\ufeffthe"
+
+    words = "<S>\n</S>\n<UNK>\nthe\n"
+    (tmp_path / "v.txt").write_bytes(BOM + words.encode())
+    assert Vocabulary.load(tmp_path / "v.txt").words == ["<S>", "</S>", "<UNK>", "the"]
+
+    (tmp_path / "options.json").write_bytes(BOM + (FIXTURES / "allennlp_elmo" / "options.json").read_bytes())
+    assert Options.load(tmp_path / "options.json") == Options.load(FIXTURES / "allennlp_elmo" / "options.json")
+    # train --config reads which keys the file sets itself, to let them override the preset's.
+    keys = _config_keys(str(FIXTURES / "allennlp_elmo" / "options.json"))
+    assert keys and _config_keys(str(tmp_path / "options.json")) == keys
+
+
+def test_utf16_text_is_said_to_be_utf16(tmp_path):
+    (tmp_path / "v.txt").write_text("<S>\n</S>\n<UNK>\n", encoding="utf-16")
+    with pytest.raises(VocabError, match=r"v.txt: line 1: not UTF-8 \(.*\); it starts as UTF-16 text does: convert"):
+        Vocabulary.load(tmp_path / "v.txt")
+    # Negative control: other bytes that are not UTF-8 get no such guess.
+    (tmp_path / "v.txt").write_bytes(b"<S>\xff\n</S>\n<UNK>\n")
+    with pytest.raises(VocabError, match=r"line 1: not UTF-8 \([^)]*\)$"):
+        Vocabulary.load(tmp_path / "v.txt")

@@ -352,7 +352,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     else:
-        print(f"wrote {done.lines} sentences to {done.output}", file=sys.stderr)
+        print(f"wrote {done.lines} sentence{'s' if done.lines > 1 else ''} to {done.output}", file=sys.stderr)
 
 
 def _embedder(args: argparse.Namespace, precision: str):

@@ -7,6 +7,7 @@ returned with bilm-tf's inference shift (+1) so that an all-zero row means "no t
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Iterable, Sequence
 
@@ -138,14 +139,22 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50, min_le
 
 
 def utf8_lines(path: str, error: type[Exception]):
-    """Yields (line number, line) of a UTF-8 file; a line that is not UTF-8 raises ``error``
-    naming the file and line."""
+    """Yields (line number, line) of a UTF-8 file, less a byte-order mark at its start; a line
+    that is not UTF-8 raises ``error`` naming the file and line (and UTF-16, where its mark says so).
+
+    Windows editors start UTF-8 files with the mark U+FEFF. It is no part of the text: kept, it
+    would join the first word (U+FEFF then ``The``: another word, another vocabulary entry, other
+    character ids). Python's ``open(..., encoding="utf-8")`` keeps it; only ``utf-8-sig`` drops it."""
     with open_binary(path) as f:  # a local file, or e.g. gs:// through etils.epath
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
                 yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise error(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
+                utf16 = lineno == 1 and raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+                hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
+                raise error(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start}){hint}") from None
 
 
 class Vocabulary:

@@ -323,7 +323,7 @@ def _config_keys(config: str | None) -> frozenset[str]:
     if config is None or not os.path.isfile(config):
         return frozenset()
     try:
-        with open(config, encoding="utf-8") as f:
+        with open(config, encoding="utf-8-sig") as f:
             d = json.load(f)
     except (OSError, ValueError):
         return frozenset()  # Options.load reports a bad file with its own message
