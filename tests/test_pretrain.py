@@ -1294,7 +1294,7 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
                 "--log-every",
                 "1",
             ],
-            "is smaller than one evaluation batch (2 rows x 5 tokens)",
+            "heldout.txt: 1 sentence, 2 tokens) is smaller than one evaluation window (2 rows x 5 tokens)",
         ),
         (
             [
@@ -1490,6 +1490,22 @@ def test_too_little_held_out_text_names_the_setting_that_can_help(tmp_path):
     for rows, knob in ((2, "batch_size"), (1, "unroll_steps")):
         e = too_little_text(source, rows, 20)
         assert str(e).endswith(f"give more text or a smaller {knob}") and arguments_of(e) == (knob,)
+    e = too_little_text(source, 2, 20, per_sentence=True)  # evaluate() can offer its other protocol
+    assert str(e).endswith("a smaller batch_size, or reset_state_per_sentence (it packs any text)")
+    assert arguments_of(e) == ("batch_size", "reset_state_per_sentence")
+    assert f"({tmp_path / 'h.txt'}: 1 sentence, 2 tokens) is smaller than one evaluation window (2 rows x 20" in str(e)
+
+    # Tokens enough for 16 rows x 20, but one sentence: the carried protocol deals whole sentences
+    # to the rows in turn, so 15 rows get none (before: "smaller than one evaluation batch").
+    (tmp_path / "h.txt").write_text(" ".join(["w"] * 2000) + "\n")
+    e = too_little_text(source, 16, 20)
+    said = "1 sentence, 2000 tokens) fills no evaluation window (16 rows x 20 tokens): each row reads whole sentences"
+    assert f"({tmp_path / 'h.txt'}: {said}" in str(e), e
+    # No sentence at all: neither a smaller batch nor the other protocol can help.
+    (tmp_path / "h.txt").write_text("\n \n")
+    e = too_little_text(source, 2, 20, per_sentence=True)
+    assert str(e) == f"the held-out text ({tmp_path / 'h.txt'}) has no sentence to score; give a file with text in it"
+    assert arguments_of(e) == ()
 
 
 def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_last_steps(tmp_path, capsys):

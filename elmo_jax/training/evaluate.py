@@ -129,16 +129,27 @@ def _names(source: Source) -> str:
     return ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
 
 
-def too_little_text(source: Source, batch_size: int, unroll_steps: int) -> DataError:
-    """The error for held-out text that fills no evaluation window (empty, or too short)."""
-    names = _names(source)
+def too_little_text(source: Source, batch_size: int, unroll_steps: int, *, per_sentence: bool = False) -> DataError:
+    """The error for held-out text that fills no window of the carried protocol (empty, too short,
+    or too few sentences for the rows). ``per_sentence``: the caller can offer that protocol,
+    which packs any text into its windows."""
+    lengths = [len(line.split()) for i in range(len(source)) for line in source.read(i)]
+    if not lengths:
+        return DataError(f"the held-out text ({_names(source)}) has no sentence to score; give a file with text in it")
+    pairs = sum(lengths) + len(lengths)  # each sentence also predicts its end marker
+    said = f"{len(lengths)} sentence{'' if len(lengths) == 1 else 's'}, {sum(lengths)} tokens"
+    window = f"{batch_size} row{'' if batch_size == 1 else 's'} x {unroll_steps} tokens"
+    if pairs >= batch_size * unroll_steps:
+        # bilm-tf's protocol: a row takes whole sentences in turn, so a few long ones fill a few rows.
+        why = f"fills no evaluation window ({window}): each row reads whole sentences, and none are left for the last rows"
+    else:
+        why = f"is smaller than one evaluation window ({window})"
     knob = "batch_size" if batch_size > 1 else "unroll_steps"  # one row already: only shorter ones can help
+    also = ", or reset_state_per_sentence (it packs any text)" if per_sentence else ""
     return about(
-        DataError(
-            f"the held-out text ({names}) is smaller than one evaluation batch ({batch_size} rows x "
-            f"{unroll_steps} tokens); give more text or a smaller {knob}"
-        ),
+        DataError(f"the held-out text ({_names(source)}: {said}) {why}; give more text or a smaller {knob}{also}"),
         knob,
+        *(["reset_state_per_sentence"] if per_sentence else []),
     )
 
 
@@ -214,7 +225,7 @@ class HeldoutEvaluator:
             self.windows.append((local, (targets, score)))
             self.count += score.sum(axis=(1, 2))
         if self.count.min() == 0 and not reset_state_per_sentence:
-            raise too_little_text(source, batch_size, unroll_steps)
+            raise too_little_text(source, batch_size, unroll_steps, per_sentence=True)
         if self.count.min() == 0:  # any text fills the packed windows: there is none, or none scored
             said = (
                 "no target among the scored ids; score more ids, or give other text"
