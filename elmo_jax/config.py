@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax._util.atomic import open_binary, write_text_atomic
 
 ACTIVATIONS = ("relu", "tanh")
@@ -457,5 +457,5 @@ PRESETS: dict[str, ModelConfig] = {
 
 def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}{did_you_mean(name, PRESETS)}")
     return PRESETS[name]

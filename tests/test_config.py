@@ -313,3 +313,35 @@ def test_written_training_options_are_read_by_bilm_tf_and_allennlp(tmp_path):
         with pytest.raises(KeyError):
             reads(broken)
     _allennlp_reads(json.loads((FIXTURES / "allennlp_elmo" / "options.json").read_text()))  # the model fits
+
+
+def test_a_mistyped_name_is_refused_with_the_nearest_one(monkeypatch, tmp_path):
+    """Presets, released models (as a model, or as --init-from's source) and train's config: a name
+    one letter off is answered with the name meant; a name near none of them, without a guess."""
+    from elmo_jax.pretrained.registry import PretrainedError, get_model
+    from elmo_jax.training.setup import _options_file
+    from elmo_jax.training.warmstart import CheckpointError, read_warmstart
+
+    monkeypatch.chdir(tmp_path)  # where no file is named like the typos
+    cases = [
+        (lambda name: preset(name), ConfigError, "smal", "small"),
+        (lambda name: get_model(name), PretrainedError, "orignal", "original"),
+        (lambda name: _options_file(name), ConfigError, "tinny", "tiny"),
+        (lambda name: read_warmstart(name), CheckpointError, "orignal", "original"),
+    ]
+    for call, error, typo, meant in cases:
+        with pytest.raises(error) as e:
+            call(typo)
+        assert str(e.value).endswith(f"; did you mean {meant}?"), e.value
+        with pytest.raises(error) as e:  # negative control: nothing near
+            call("xyzzy")
+        assert "did you mean" not in str(e.value), e.value
+
+
+def test_one_str_for_many_sentences_is_named():
+    """A str is a sequence of letters: taken as sentences, "the cat" was 7 one-letter sentences."""
+    from elmo_jax.model.vocabulary import batch_to_ids
+
+    with pytest.raises(TypeError, match=r"^sentences is one str \('the cat'\); expected a list of sentences"):
+        batch_to_ids("the cat")
+    assert batch_to_ids(["the cat".split()]).shape == (1, 2, 50)  # negative control

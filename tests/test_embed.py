@@ -397,7 +397,9 @@ def test_a_str_where_tokens_are_expected_is_rejected(embedder):
         embedder.embed(None)
     with pytest.raises(TypeError, match=r"^texts is a NoneType; expected a list of strings \(one sentence each\)"):
         embedder.embed_texts(None)
-    with pytest.raises(TypeError, match=r"^inputs is one str; expected a list of strings or of token lists"):
+    with pytest.raises(
+        TypeError, match=r"^inputs is one str \('hello world'\); expected a list of strings or of token lists"
+    ):
         embedder.hub_outputs("hello world")  # not 11 one-letter sentences
     with pytest.raises(TypeError, match=r"^sentence 0, token 1 has type int \(3\); expected str$"):
         embedder.embed([["a", 3]])

@@ -8,6 +8,8 @@ line reads them back with ``arguments_of`` and writes its flags in their place
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import TypeVar
 
 _ATTRIBUTE = "arguments"
@@ -23,3 +25,10 @@ def about(exc: _E, *arguments: str) -> _E:
 def arguments_of(exc: BaseException) -> tuple[str, ...]:
     """The argument names ``exc`` was marked with by ``about`` (none: ``()``)."""
     return tuple(getattr(exc, _ATTRIBUTE, ()))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the choice nearest a mistyped ``word`` (difflib's ratio, 0.6 at
+    least), or ``""``: the end of a message that refuses ``word``."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"; did you mean {close[0]}?" if close else ""

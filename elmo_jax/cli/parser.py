@@ -8,13 +8,13 @@ themselves are in ``commands``, which runs a parsed command line.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shlex
 import sys
 import typing
 
 from elmo_jax import __version__
+from elmo_jax._util.arguments import did_you_mean
 from elmo_jax._util.runtime import GPU_KERNELS, default_compile_cache
 
 __all__ = ["build_parser", "named_command", "parse"]
@@ -30,9 +30,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if named is None:
             parser.error(f"no command given: choose one of {', '.join(commands)}")
         if named not in commands:
-            close = difflib.get_close_matches(named, commands, n=1)
-            maybe = f"; did you mean {close[0]}?" if close else ""
-            parser.error(f"{named!r} is not a command (choose one of {', '.join(commands)}){maybe}")
+            parser.error(
+                f"{named!r} is not a command (choose one of {', '.join(commands)}){did_you_mean(named, commands)}"
+            )
     args = parser.parse_args(argv)
     if args.command in ("demo", "embed") and args.options and not args.weights:
         _subcommands(parser)[args.command].error("--options needs --weights")

@@ -68,7 +68,7 @@ from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.bilm import bilm_from_tokens, check_params, marker_vectors
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout, for_backend
-from elmo_jax.model.vocabulary import PAD_CHAR, check_tokenized, token_to_ids
+from elmo_jax.model.vocabulary import PAD_CHAR, check_many, check_tokenized, token_to_ids
 from elmo_jax.training.batches import bucket_size
 
 Layers = str | Sequence[float] | np.ndarray  # "all", "top", "average", or one weight per ELMo layer
@@ -148,17 +148,10 @@ def _warn_empty(n: int) -> None:
         warnings.warn(f"{n} empty sentence(s) pooled to zero vectors", stacklevel=3)
 
 
-def _check_many(value, name: str, expected: str) -> None:
-    """A ``TypeError`` when the argument ``name``, a collection, is one str or no collection."""
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        what = "one str" if isinstance(value, str) else f"a {type(value).__name__}"
-        raise TypeError(f"{name} is {what}; expected {expected}")
-
-
 def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> list[list[str]]:
     """Raw strings, one sentence each -> token lists, by ``tokenizer`` (default
     ``elmo_jax.text.tokenize.tokenize``, the rules of the bundled sample; ``str.split`` splits on spaces)."""
-    _check_many(texts, "texts", "a list of strings (one sentence each)")
+    check_many(texts, "texts", "a list of strings (one sentence each)")
     if tokenizer is None:
         from elmo_jax.text.tokenize import tokenize
 
@@ -560,7 +553,7 @@ class Embedder:
         with one warning per call. A sentence that is a ``str`` raises ``TypeError`` (raw text:
         ``embed_texts``).
         """
-        _check_many(sentences, "sentences", f"a list of token lists: {_EMBED_HINT}")
+        check_many(sentences, "sentences", f"a list of token lists: {_EMBED_HINT}")
         sentences = list(sentences)
         check_tokenized(sentences, _EMBED_HINT)
         sentences = [list(s) for s in sentences]
@@ -613,7 +606,7 @@ class Embedder:
           a warning, for an empty one);
         - ``sequence_len`` ``[B]`` int32.
         """
-        _check_many(inputs, "inputs", "a list of strings or of token lists (one sentence each)")
+        check_many(inputs, "inputs", "a list of strings or of token lists (one sentence each)")
         inputs = list(inputs)
         kinds = {isinstance(x, str) for x in inputs}
         if kinds == {True, False}:

@@ -98,6 +98,14 @@ def words_to_ids(words: Sequence[str], max_chars: int = 50) -> np.ndarray:
     return out
 
 
+def check_many(value, name: str, expected: str) -> None:
+    """A ``TypeError`` when the argument ``name``, a collection, is one str (a sequence of its
+    letters, so it would pass for one) or no collection."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        what = f"one str ({value[:40]!r})" if isinstance(value, str) else f"a {type(value).__name__}"
+        raise TypeError(f"{name} is {what}; expected {expected}")
+
+
 def check_tokenized(
     sentences: Sequence[Sequence[str]],
     hint: str = "split it into tokens first (elmo_jax.text.tokenize.tokenize or str.split)",
@@ -107,6 +115,7 @@ def check_tokenized(
     A ``str`` is a sequence of 1-character strings, so without this check ``"The cat"`` would be
     embedded as 7 one-letter tokens. One ``isinstance`` per token: cheap next to the rest.
     """
+    check_many(sentences, "sentences", "a list of sentences, each a list of tokens")
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, str):
             raise TypeError(f"sentence {i} is a str ({sentence[:40]!r}); expected a list of tokens: {hint}")

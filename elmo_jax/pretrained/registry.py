@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax._util.atomic import write_text_atomic
 from elmo_jax._util.disk_full import reported
 from elmo_jax._util.lock import FileLock
@@ -317,7 +317,7 @@ def get_model(name: str | PretrainedModel) -> PretrainedModel:
         return name
     model = MODELS.get(str(name).lower())
     if model is None:
-        raise PretrainedError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+        raise PretrainedError(f"unknown model {name!r}; known models: {', '.join(MODELS)}{did_you_mean(name, MODELS)}")
     return model
 
 

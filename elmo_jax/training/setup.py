@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.training.loop import (
@@ -311,7 +311,10 @@ def _options_file(config: str) -> Options:
     """The options.json ``config`` names; a ``ConfigError`` when it is neither that nor a preset."""
     if not os.path.isfile(config):
         raise about(
-            ConfigError(f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file"),
+            ConfigError(
+                f"config {config!r}: neither a preset ({', '.join(PRESETS)}) nor an options.json file"
+                + did_you_mean(config, PRESETS)
+            ),
             "config",
         )
     return Options.load(config)

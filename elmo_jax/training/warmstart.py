@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax.compat.hdf5 import WeightsError, load_hdf5, open_hdf5
 from elmo_jax.config import ModelConfig, Options
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
@@ -80,6 +80,7 @@ def read_warmstart(source: str) -> Warmstart:
         raise about(
             CheckpointError(
                 f"source {source}: neither a directory nor a released model ({', '.join(registry.MODELS)})"
+                + did_you_mean(source, registry.MODELS)
             ),
             "source",
         )
