@@ -128,3 +128,60 @@ def test_progress_into_a_log_file_redraws_once_a_minute(capsys, monkeypatch):
     on_a_terminal = Progress(True, total=5, start=0)
     assert on_a_terminal.bar.mininterval < 1  # tqdm's own default
     on_a_terminal.close()
+
+
+def _shown(tty, master: int) -> str:
+    """What was written to the terminal ``tty`` since the last look (read from its ``master`` side)."""
+    import select
+
+    tty.flush()
+    out = b""
+    while select.select([master], [], [], 0.2)[0]:  # what was written is there already
+        out += os.read(master, 65536)
+    return out.decode(errors="replace")
+
+
+def _drawn(tty, master: int, **width) -> str:
+    """What a 3-step tqdm bar on ``tty`` put on the terminal."""
+    from tqdm import tqdm
+
+    for _ in tqdm(range(3), file=tty, mininterval=0, **width):
+        pass
+    return _shown(tty, master)
+
+
+def test_a_bar_on_a_terminal_that_reports_no_size_is_drawn_80_wide(monkeypatch):
+    """A pseudo-terminal opened with no window size (docker exec -t, some CI runners) reports 0 x 0,
+    and with tqdm's own size (one less of each) a bar was not drawn there: no progress shown."""
+    import fcntl
+    import io
+    import struct
+    import termios
+
+    from elmo_jax._util.terminal import bar_size
+
+    master, slave = os.openpty()  # no window size set: 0 x 0
+    try:
+        with os.fdopen(slave, "w") as tty:
+            assert os.get_terminal_size(slave).columns == 0
+            assert bar_size(tty) == {"ncols": 80, "nrows": 20}
+            drawn = _drawn(tty, master, **bar_size(tty))
+            assert "3/3" in drawn and max(len(line) for line in drawn.replace("\r", "\n").splitlines()) <= 80, drawn
+            # Negative control: tqdm's own size of the same terminal draws nothing.
+            assert "3/3" not in _drawn(tty, master, dynamic_ncols=True)
+            # Training's bar on that terminal as its stderr, where tqdm measures the terminal
+            # itself unless told its size (with ncols alone, a height of -1 hid the bar).
+            monkeypatch.setattr(sys, "stderr", tty)
+            progress = Progress(True, total=3, start=0)
+            for _ in range(3):
+                progress.update()
+            progress.close()
+            monkeypatch.undo()
+            assert "3/3" in _shown(tty, master)
+            # A terminal with a size, a file or a pipe: the width tqdm reads at each redraw.
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+            assert bar_size(tty) == {"dynamic_ncols": True}
+            assert "3/3" in _drawn(tty, master, dynamic_ncols=True)
+    finally:
+        os.close(master)
+    assert bar_size(io.StringIO()) == {"dynamic_ncols": True}

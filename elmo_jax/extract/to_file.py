@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.paths import fault, replaced_input, said
+from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ConfigError, check_counts
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
@@ -242,7 +244,7 @@ def _write_hdf5(
         # A background thread writes (an hdf5 dataset per line is host time: see
         # benchmarks/bench_embed_cli.py) while this one goes on with the next window's device work.
         with (
-            tqdm(total=mine, unit="sent", disable=not options.progress, dynamic_ncols=True) as bar,
+            tqdm(total=mine, unit="sent", disable=not options.progress, **bar_size(sys.stderr)) as bar,
             warnings.catch_warnings(),
             background.calls(store, options.ahead * options.window) as submit,
         ):

@@ -45,6 +45,7 @@ from elmo_jax._util.atomic import write_text_atomic
 from elmo_jax._util.disk_full import reported
 from elmo_jax._util.lock import FileLock
 from elmo_jax._util.paths import IS_A_FILE, describe, fault, said
+from elmo_jax._util.terminal import bar_size, is_terminal
 
 __all__ = [
     "BASE_URL",
@@ -467,8 +468,8 @@ def _bar(f: RemoteFile, total: int | None, initial: int, progress: bool):
         unit_divisor=1024,
         desc=f.local,
         disable=not progress,
-        dynamic_ncols=True,
         file=sys.stderr,
+        **bar_size(sys.stderr),
     )
 
 
@@ -647,7 +648,7 @@ def fetch(
     model = get_model(name)
     wanted = _files(model, files)
     pins = _pins(model, sha256)
-    progress = sys.stderr.isatty() if progress is None else progress
+    progress = is_terminal(sys.stderr) if progress is None else progress
     model_dir = _usable_root(cache_dir) / model.name
     manifest = _read_manifest(model_dir)
     missing = []

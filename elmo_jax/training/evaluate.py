@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import sys
 from collections.abc import Callable
 
 import jax
@@ -34,6 +35,7 @@ from tqdm import tqdm
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
+from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
@@ -105,7 +107,7 @@ def evaluate(
         total=len(evaluator.windows),
         unit="window",
         disable=not progress or jax.process_index() != 0,
-        dynamic_ncols=True,
+        **bar_size(sys.stderr),
     )
     try:
         with bar:

@@ -32,6 +32,7 @@ from elmo_jax._util.disk_full import (
     remedy,
 )
 from elmo_jax._util.signals import HANGUP, as_interrupt, handling
+from elmo_jax._util.terminal import bar_size, is_terminal
 
 
 class MetricsWindow:
@@ -219,13 +220,6 @@ class SignalStop:
         self._handling.__exit__(*exc)
 
 
-def _is_terminal(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # no isatty, or closed
-        return False
-
-
 class Progress:
     """The run's progress: the tqdm bar of process 0 (nothing elsewhere, or when ``enabled`` is
     False), and ``on_progress(doing)`` (every process), called with what the run does next at
@@ -241,12 +235,12 @@ class Progress:
 
             # Into a log file or a pipe each redraw is written for good (a \r, not a terminal's
             # overwrite): 65 KB for the README's one-minute run. There, a redraw a minute.
-            self.quiet = tqdm.__module__ != "tqdm.notebook" and not _is_terminal(sys.stderr)
+            self.quiet = tqdm.__module__ != "tqdm.notebook" and not is_terminal(sys.stderr)
             self.bar = tqdm(
                 total=total,
                 initial=start,
                 unit="step",
-                dynamic_ncols=True,
+                **bar_size(sys.stderr),
                 **({"mininterval": 60.0} if self.quiet else {}),
             )
         # The first step reads the first batch and compiles: the longest wait of most runs.
