@@ -1510,7 +1510,9 @@ def test_too_little_held_out_text_names_the_setting_that_can_help(tmp_path):
 
 def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_last_steps(tmp_path, capsys):
     """At the end of the data (or a signal) between logged steps (before: the record of the last
-    logged step, under the number of the step it stopped at)."""
+    logged step, under the number of the step it stopped at). The data's end ends the run as a
+    total's last step does: that step is logged too, and a rerun says there is nothing to do (before:
+    it resumed, said "end of data" again, and gave a record of the step alone)."""
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
     quiet = {"progress": False, "devices": 1, "async_save": False, "epochs": 1}  # the data ends long before
@@ -1522,7 +1524,16 @@ def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_
 
     _, every = run("every", 1)
     last, logged = run("fours", 4)
-    assert "end of data at step" in capsys.readouterr().out
-    assert last["step"] == every[-1]["step"] == logged[-1]["step"] + 1
+    assert f"end of data at step {last['step']}" in capsys.readouterr().out
+    assert last["step"] == every[-1]["step"] == logged[-1]["step"] == logged[-2]["step"] + 1
+    assert last["step"] % 4  # between logged steps
     # The one step since the last logged one: its loss, not the logged window's.
-    assert last["loss"] == pytest.approx(every[-1]["loss"], rel=1e-6) and last["loss"] != logged[-1]["loss"]
+    assert last["loss"] == pytest.approx(every[-1]["loss"], rel=1e-6) and last["loss"] != logged[-2]["loss"]
+    assert logged[-1] == {**last, "time": logged[-1]["time"]} and last["epoch"] == 1
+
+    again, relogged = run("fours", 4)
+    out = capsys.readouterr().out
+    planned = re.search(rf"its data ended at step {last['step']} \(planned (\d+)\); nothing to do", out)
+    assert planned and int(planned[1]) > last["step"], out  # rows take whole sentences: the last window did not fill
+    assert "end of data" not in out and relogged == logged
+    assert again == logged[-1]

@@ -751,6 +751,11 @@ def _train(
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     progress.beat(f"saving step {step}, the last")
+    if step == start and reason == "end of data" and not (error or batches.error):
+        # A rerun of a run whose data ended short of its planned total (rows take whole sentences,
+        # so the last window of an epoch may not fill): nothing was run, nothing is saved again.
+        print(f"{settings.run_dir}: its data ended at step {start} (planned {run.total}); nothing to do")
+        return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
     _finish(run, step, state, reason, error or batches.error, save)
     # A session that stops between logged steps (a signal, the end of the data; the last step of a
     # total is logged) ends with the metrics of its steps since the last logged one, not with that
@@ -934,7 +939,15 @@ def _steps(
                 if save.alone():  # out of step with the others' collectives: it enters no other one
                     raise
                 error = e
-    window.flush()
+    window.flush()  # the last step's metrics, read
+    if reason == "end of data" and window.n:
+        # The data's last step ends the run as a total's last step does: logged, so that
+        # metrics.jsonl ends with it and a rerun has its record to show. Its epochs are all done
+        # (the position saved is the last window's, before the stream found its end).
+        try:
+            on_log(step, state, window.close(step, math.ceil(settings.epochs or batches.epoch())))
+        except Exception as e:  # noqa: BLE001 - kept as the loop keeps a hook's: the last save comes first
+            error = e
     return step, state, reason, error
 
 
