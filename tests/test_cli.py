@@ -878,3 +878,23 @@ def test_every_help_shows_a_compile_cache_path_with_a_percent_sign(monkeypatch):
     parser = cli.build_parser()
     for name in ("train", "embed", "eval", "vocab", "export", "demo"):
         assert "/tmp/100%done" in cli_parser._subcommands(parser)[name].format_help().replace("\n", " ")
+
+
+def test_train_on_the_sample_says_so_only_once_its_flags_pass(tmp_path, capsys):
+    """Without --train-files, train says that it trains on the bundled sample: not above a line
+    that refuses one of its flags (before: every such refusal was two lines)."""
+    (tmp_path / "a.txt").write_text("not a directory\n")
+    refusals = [
+        (["--run-dir", str(tmp_path / "a.txt")], "a.txt: is a file, not a directory"),
+        (["--run-dir", str(tmp_path / "a.txt" / "run")], "a.txt is a file, not a directory"),
+        (["--run-dir", str(tmp_path / "r"), "--batch-size", "0"], "--batch-size' must be an integer >= 1"),
+    ]
+    for flags, said in refusals:
+        assert cli.main(["train", "--steps", "1", "--no-progress", *flags]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and said in err, (out, err)
+    # Negative control: a run that sets up (and trains no step) says it, first.
+    assert cli.main(["train", "--steps", "0", "--no-progress", "--run-dir", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("no --train-files: training on the bundled sample "), out
+    assert out[1] == f"no --vocab: wrote {tmp_path / 'r' / 'vocab.txt'}", out

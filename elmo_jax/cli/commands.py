@@ -197,10 +197,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     several = (args.num_processes or 1) > 1 or bool(multihost.coordinator(args))
     kernels = set_gpu_kernels(args.gpu_kernels, args.run_dir, several)
     train_files, heldout_files = args.train_files, args.heldout_files
+    notes = []  # said once the flags have passed their checks (_train), not above a refusal of them
     if train_files is None:
         train_files, sample_heldout = bundled_sample()
         heldout_files = heldout_files or sample_heldout
-        print(f"no --train-files: training on the bundled sample {train_files}")
+        notes.append(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
     multihost.check_processes(args, source)
     heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
@@ -213,7 +214,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                 print(kernels)
             if stall is not None:
                 stall.start()
-            last = _train(args, source, heldout, None if stall is None else stall.beat)
+            last = _train(args, source, heldout, None if stall is None else stall.beat, notes)
     finally:
         if stall is not None:
             stall.close()
@@ -222,8 +223,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
 
 
-def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str], None] | None) -> dict:
-    """``setup.train`` with the flags' spec and settings; the last metrics."""
+def _train(
+    args: argparse.Namespace, source, heldout, on_progress: Callable[[str], None] | None, notes: list[str]
+) -> dict:
+    """``setup.train`` with the flags' spec and settings; the last metrics. ``notes`` are said
+    before the first thing the run says or does, past the checks of its settings."""
     from elmo_jax.training.loop import RunSettings
     from elmo_jax.training.setup import TrainSpec, train
 
@@ -256,8 +260,18 @@ def _train(args: argparse.Namespace, source, heldout, on_progress: Callable[[str
         on_divergence=args.on_divergence,
         new_data=args.new_data,
     )
-    say = lambda text, *names: print(flag_text(text, names, args.flags))  # noqa: E731
-    return train(spec, source, settings, heldout=heldout, say=say, on_progress=on_progress)
+
+    def after_notes(then: Callable[..., None]) -> Callable[..., None]:
+        def call(*what: str) -> None:
+            while notes:
+                print(notes.pop(0))
+            then(*what)
+
+        return call
+
+    say = after_notes(lambda text, *names: print(flag_text(text, names, args.flags)))
+    beat = after_notes(on_progress or (lambda doing: None))
+    return train(spec, source, settings, heldout=heldout, say=say, on_progress=beat)
 
 
 def next_commands(run_dir: str, heldout_files: str | None, tfds_data_dir: str | None = None) -> str:

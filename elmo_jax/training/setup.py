@@ -12,12 +12,14 @@ name arguments by the names here (``elmo_jax._util.arguments``).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 from elmo_jax._util.arguments import about, did_you_mean
+from elmo_jax._util.paths import IS_A_FILE, fault
 from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.training.loop import (
@@ -75,6 +77,8 @@ def train(
     from elmo_jax.text.vocab import SPECIALS
     from elmo_jax.training.warmstart import check_continues, finetune_state, read_warmstart
 
+    if (bad := fault(settings.run_dir, "dir")) and bad[1] == IS_A_FILE:  # before any pass over the text
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), bad[0])
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
     recipe = _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
