@@ -367,6 +367,7 @@ def test_help_and_a_mistyped_flag_are_answered_without_importing_jax(tmp_path):
         (["embed", "--input", "a", "--output", "b", "--compile-cache", "x"], "x"),  # where users put flags
         (["--compile-cache", "x", "train", "--compile-cache", "y"], "y"),  # the later one, as argparse does
         (["--compile-cache", "x", "models"], "none"),  # it compiles nothing
+        (["models", "--compile-cache", "x"], "none"),  # taken, as after any other command, and unused
     ],
 )
 def test_compile_cache_is_a_flag_before_or_after_the_command(argv, cache):

@@ -116,8 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_demo, _add_vocab, _add_train, _add_eval, _add_embed, _add_export, _add_models):
         add(sub)
     for name, command in sub.choices.items():
-        if name != "models":  # it compiles nothing
-            # Also after the command, where users put flags; SUPPRESS keeps the one given before it.
+        # Also after the command, where users put flags; SUPPRESS keeps the one given before it.
+        # models compiles nothing (and its cache would import jax): it takes the flag, as scripts
+        # pass it to every command, and leaves it unused.
+        if name == "models":
+            command.add_argument(
+                "--compile-cache", dest="unused_compile_cache", default=argparse.SUPPRESS, metavar="DIR",
+                help="unused: models compiles nothing",
+            )  # fmt: skip
+        else:
             command.add_argument("--compile-cache", default=argparse.SUPPRESS, metavar="DIR", help=cache_help % shown)
         command.set_defaults(flags=_flags(command, ARGUMENT_DESTS.get(name, {})))
     return p
