@@ -81,12 +81,19 @@ def test_cli_bad_input(tmp_path, capsys):
     with h5py.File(tmp_path / "e.hdf5", "r") as f:
         assert list(f.keys()) == []
     assert "is empty; wrote" in capsys.readouterr().err
+    assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "p.hdf5"), "--pool", "mean") == 0
+    with h5py.File(tmp_path / "p.hdf5", "r") as f:
+        assert list(f.keys()) == ["embeddings"] and f["embeddings"].shape[0] == 0
+    assert (
+        "is empty; wrote " + str(tmp_path / "p.hdf5") + " with an 'embeddings' dataset of 0 rows"
+        in capsys.readouterr().err
+    )
     (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff line\n")
     assert run_cli("--input", str(tmp_path / "bad.txt"), "--output", str(tmp_path / "b.hdf5")) == 2
     err = capsys.readouterr().err
     assert "bad.txt: line 2: not UTF-8" in err and "Traceback" not in err
     assert not (tmp_path / "b.hdf5").exists()
-    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "e.hdf5", "empty.txt"]  # no temporary file left
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "e.hdf5", "empty.txt", "p.hdf5"]  # no temporary file left
     assert run_cli("--input", str(tmp_path / "empty.txt"), "--output", str(tmp_path / "missing/o.hdf5")) == 2
     assert "does not exist" in capsys.readouterr().err
     assert (

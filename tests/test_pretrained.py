@@ -325,6 +325,10 @@ def test_html_page_mirror_is_refused(tmp_path, monkeypatch, page_type):
 
 
 def test_models_command(tmp_path, monkeypatch, capsys):
+    assert cli.main(["models", "--verify"]) == 0  # an empty cache: said, where it printed nothing
+    assert capsys.readouterr().out.endswith(
+        "\nno file is cached, so none was checked; elmo-jax models --fetch NAME downloads a model\n"
+    )
     with serve_fixture(tmp_path) as server:
         monkeypatch.setenv("ELMO_JAX_MIRROR", server.url)
         assert cli.main(["models", "--fetch", "original", "--no-progress"]) == 0
@@ -340,7 +344,8 @@ def test_models_command(tmp_path, monkeypatch, capsys):
     assert lines[WEIGHTS].split()[-2:] == [f"{FIXTURE['weights'].stat().st_size:,}", "cached"]
 
     assert cli.main(["models", "--verify"]) == 0
-    assert "original: 2 cached file(s) match their sha256" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "original: 2 cached file(s) match their sha256" in out and "none was checked" not in out
 
     weights = model_dir(tmp_path) / WEIGHTS
     data = bytearray(weights.read_bytes())

@@ -358,7 +358,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
     if done.empty_pooled:
         print(f"elmo-jax embed: {done.empty_pooled} empty line(s) pooled to zero vectors", file=sys.stderr)
     if done.lines == 0:
-        print(f"elmo-jax embed: {args.input} is empty; wrote {done.output} with no datasets", file=sys.stderr)
+        what = "an 'embeddings' dataset of 0 rows" if args.pool else "no datasets"
+        print(f"elmo-jax embed: {args.input} is empty; wrote {done.output} with {what}", file=sys.stderr)
     elif done.manifest:
         print(
             f"wrote {done.written} of {done.lines} lines (shard {args.shard_index} of {args.num_shards}) to "
@@ -404,7 +405,7 @@ def cmd_models(args: argparse.Namespace) -> None:
             state = r.state if r.state in ("cached", "missing") else f"{r.state} ({r.on_disk:,} bytes)"
             print(f"  {r.role:<10} {r.file:<{width}} {size:>13}  {state}")
     if args.verify:
-        bad = 0
+        bad = checked = 0
         print()
         for model in registry.list_models():
             try:
@@ -413,10 +414,13 @@ def cmd_models(args: argparse.Namespace) -> None:
                 bad += 1
                 print(f"{model.name}: FAILED: {e}")
                 continue
+            checked += len(hashes)
             if hashes:
                 print(f"{model.name}: {len(hashes)} cached file(s) match their sha256")
         if bad:
             raise PretrainedError(f"{bad} model(s) failed verification")
+        if not checked:
+            print("no file is cached, so none was checked; elmo-jax models --fetch NAME downloads a model")
     else:
         print(
             "\nelmo-jax models --fetch NAME downloads a model (--all-files: softmax, vocab, checkpoint too); "

@@ -395,10 +395,14 @@ class ShardedEmbeddings:
             by_index[m["shard_index"]] = m
         missing = [i for i in range(n) if i not in by_index]
         if missing:
-            hint = os.path.join(os.path.dirname(shards[0]["manifest"]), "...")
-            raise FileNotFoundError(
-                f"shard(s) {missing} of {n} have no manifest next to {hint} (still running, or failed?)"
+            # The output the shards were given, from one manifest's name (shard_file's pattern).
+            known = shards[0]
+            root, ext = os.path.splitext(known["manifest"].removesuffix(".json"))
+            output = root.removesuffix(f"-{known['shard_index']:05d}-of-{n:05d}") + ext
+            names = ", ".join(shard_file(output, i, n) + ".json" for i in missing[:3]) + (
+                ", ..." if len(missing) > 3 else ""
             )
+            raise FileNotFoundError(f"shard(s) {missing} of {n} have no manifest: {names} (still running, or failed?)")
         return [by_index[i] for i in range(n)]
 
     @staticmethod
