@@ -1537,3 +1537,26 @@ def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_
     assert planned and int(planned[1]) > last["step"], out  # rows take whole sentences: the last window did not fill
     assert "end of data" not in out and relogged == logged
     assert again == logged[-1]
+
+
+@pytest.mark.slow  # 11 s here: two sessions and two exports
+def test_a_session_that_changes_the_recipe_is_what_eval_and_export_read(tmp_path):
+    """A resume with another learning rate: the run's options.json follows it, and each checkpoint
+    is read with its own options (before: options.json and so every export kept the first
+    session's, while the checkpoints trained with the new one)."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    first = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    assert first.training.learning_rate == 0.2
+    later = dataclasses.replace(first, train=dataclasses.replace(first.training, learning_rate=0.1))
+    run = tmp_path / "run"
+    quiet = {"progress": False, "devices": 1, "async_save": False, "save_every": 2}
+    for options, steps in ((first, 2), (later, 4)):
+        pretrain(
+            options, vocab, TextFiles(str(TRAIN / "data.txt")), RunSettings(run_dir=str(run), steps=steps, **quiet)
+        )
+    assert Options.load(run / "options.json", saved=True) == later
+    assert load_run(run)[0] == later and load_run(run, step=2)[0] == first  # each step's own
+    for step, options in ((None, later), (2, first)):
+        out = tmp_path / f"export{step}"
+        export_run(run, out, step=step)
+        assert json.loads((out / "options.json").read_text())["learning_rate"] == options.training.learning_rate

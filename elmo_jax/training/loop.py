@@ -525,7 +525,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
             if not settings.new_data:
                 check_same_data(meta, data, settings.run_dir)
             if jax.process_index() == 0:
-                _mend_run_files(settings.run_dir, meta, vocab)
+                _mend_run_files(settings.run_dir, meta, vocab, options)
         elif jax.process_index() == 0:
             options.save(os.path.join(settings.run_dir, "options.json"))
             write_vocab_file(os.path.join(settings.run_dir, "vocab.txt"), vocab)
@@ -552,13 +552,15 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     )
 
 
-def _mend_run_files(run_dir: str, meta: dict, vocab: Vocabulary) -> None:
+def _mend_run_files(run_dir: str, meta: dict, vocab: Vocabulary, options: Options) -> None:
     """A resumed run's options.json and vocab.txt, which eval, embed and export read, written
     again (with a warning) when they are gone or unreadable or hold another vocabulary: the
-    checkpoint's options and the vocabulary it was checked against are the run's own."""
+    checkpoint's options and the vocabulary it was checked against are the run's own. options.json
+    also follows ``options``, this session's, when it changes the recipe (the start line says how)."""
     options_path, vocab_path = os.path.join(run_dir, "options.json"), os.path.join(run_dir, "vocab.txt")
     try:
-        Options.load(options_path, saved=True)
+        if Options.load(options_path, saved=True) != options:
+            options.save(options_path)
     except ConfigError as e:
         Options.from_dict(meta["options"], where=options_path, saved=True).save(options_path)
         print(f"warning: {e}; wrote it again from the newest checkpoint's options", file=sys.stderr)

@@ -119,6 +119,9 @@ def read_run(
             ckpt.close()
     if check_vocab and newest is None:  # the newest metadata unreadable: the restored step's
         check_run_vocab(vocab, meta, run_dir)
+    if "options" in meta:  # the step's own: a later session may have changed its recipe (batch_size,
+        # learning_rate, ...), which options.json, written when the run began, does not follow
+        options = Options.from_dict(meta["options"], where=f"{run_dir}: checkpoint {step}'s options", saved=True)
     return options, vocab, shared, step
 
 
