@@ -1560,3 +1560,25 @@ def test_a_session_that_changes_the_recipe_is_what_eval_and_export_read(tmp_path
         out = tmp_path / f"export{step}"
         export_run(run, out, step=step)
         assert json.loads((out / "options.json").read_text())["learning_rate"] == options.training.learning_rate
+
+
+@pytest.mark.slow  # 8.5 s here: four sessions
+def test_a_resume_without_the_held_out_files_is_warned_and_the_hints_keep_them(tmp_path, capsys):
+    """A run scored on held-out text, resumed without it, scores none from then on: said once per
+    session, where it stopped silently; and train's closing hints name the run's file."""
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text((TRAIN / "data.txt").read_text())
+    run = ["--run-dir", str(tmp_path / "run"), "--log-every", "1", "--devices", "1"]
+    assert cli.main(_tiny_train(tmp_path, *run, "--steps", "1", "--heldout-files", str(heldout))) == 0
+    assert "warning" not in capsys.readouterr().err
+    for steps in ("2", "3"):  # recorded again by the session without it: warned at each resume
+        assert cli.main(_tiny_train(tmp_path, *run, "--steps", steps)) == 0
+        err = capsys.readouterr().err
+        assert f"warning: {tmp_path / 'run'} scored held-out text ({heldout}) in an earlier session; this one" in err
+        assert f"eval --run-dir {tmp_path / 'run'} --files {heldout}" in err, err
+    # Negative control: given again, it is scored, and nothing is said.
+    assert (
+        cli.main(_tiny_train(tmp_path, *run, "--steps", "4", "--heldout-files", str(heldout), "--eval-every", "1")) == 0
+    )
+    out, err = capsys.readouterr()
+    assert "warning" not in err and "heldout_perplexity" in out

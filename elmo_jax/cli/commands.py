@@ -220,7 +220,22 @@ def cmd_train(args: argparse.Namespace) -> None:
             stall.close()
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0 and last.get("step"):  # a run with no step (--steps 0) has nothing to use
-        print(next_commands(args.run_dir, heldout_files, args.tfds_data_dir), file=sys.stderr)
+        print(
+            next_commands(args.run_dir, heldout_files or _saved_heldout(args.run_dir), args.tfds_data_dir),
+            file=sys.stderr,
+        )
+
+
+def _saved_heldout(run_dir: str) -> str | None:
+    """The held-out file the run's newest checkpoint was scored on, when it was one file."""
+    from elmo_jax.training.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(run_dir, read_only=True)
+    try:
+        files = (ckpt.latest_meta() or {}).get("heldout_files") or []
+    finally:
+        ckpt.close()
+    return files[0] if len(files) == 1 else None
 
 
 def _train(

@@ -164,9 +164,12 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     return Options(model=options.model.with_shifted_chars(), train=dataclasses.replace(train_cfg, **changes))
 
 
-def _meta(run: _Run) -> dict:
+def _meta(run: _Run, heldout_files: list[str] | None) -> dict:
     options = run.options
     return {
+        # The run's held-out text, given in this session or an earlier one: what a resume without
+        # it is warned of, and what the command line's hints name.
+        "heldout_files": heldout_files,
         "options": options.to_dict(),
         "seed": run.seed,
         "vocab_sha256": vocab_hash(run.vocab),
@@ -734,6 +737,16 @@ def _train(
         else:
             print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
+    scored = (run.meta or {}).get("heldout_files")
+    if heldout is not None:
+        scored = [heldout.name(i) for i in range(min(len(heldout), 20))]
+    elif scored and run.lead:
+        names = ", ".join(scored[:2]) + (", ..." if len(scored) > 2 else "")
+        print(
+            f"warning: {settings.run_dir} scored held-out text ({names}) in an earlier session; this one "
+            "scores none: give the held-out files again to go on scoring them",
+            file=sys.stderr,
+        )
     compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
@@ -744,7 +757,7 @@ def _train(
         t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
     )
     progress = Progress(settings.progress and run.lead, run.total, start, on_progress)
-    save = _Saver(run, batches, guard, start)
+    save = _Saver(run, batches, guard, start, scored)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
     on_log = _on_log(run, heldout, guard, progress, start, on_metrics)
     step, state, reason, error = _steps(
@@ -827,9 +840,11 @@ class _Saver:
     while the divergence guard suspects the newest logged loss (a diverged state must not become
     the newest checkpoint). Returns whether the step is on disk (or on its way there)."""
 
-    def __init__(self, run: _Run, batches: GlobalBatches, guard: DivergenceGuard, start: int):
+    def __init__(
+        self, run: _Run, batches: GlobalBatches, guard: DivergenceGuard, start: int, heldout_files: list[str] | None
+    ):
         self.run, self.batches, self.guard, self.last = run, batches, guard, start
-        self.meta = _meta(run)
+        self.meta = _meta(run, heldout_files)
 
     def __call__(self, step: int, state: TrainState) -> bool:
         if self.last == step:
