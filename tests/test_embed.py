@@ -886,3 +886,23 @@ def test_length_buckets_pad_to_the_next_size_and_no_further():
     # (before: 88 and 136), and the buckets that follow are the next sizes.
     assert [steps[n] for n in (63, 78, 79, 99, 124)] == [80, 80, 104, 128, 160]
     assert len(set(steps.values())) == 25  # few programs for a long tail of lengths
+
+
+def test_a_pooled_sentence_to_index_gives_rows_of_embeddings(tmp_path, sentences):
+    """With --pool the file holds one dataset, embeddings: the index gives each sentence's row
+    there (before: dataset names, "0", "1", ..., that the file does not have), in a shard too."""
+    lines = [" ".join(s) for s in sentences[:5]]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    flags = ["--input", str(tmp_path / "in.txt"), "--pool", "mean", "--layers", "top", "--sentence-to-index"]
+    assert run_cli(*flags, "--output", str(tmp_path / "p.hdf5")) == 0
+    assert run_cli(*flags, "--output", str(tmp_path / "s.hdf5"), "--num-shards", "2", "--shard-index", "1") == 0
+    with h5py.File(tmp_path / "p.hdf5", "r") as whole, h5py.File(tmp_path / "s-00001-of-00002.hdf5", "r") as shard:
+        assert sorted(whole) == ["embeddings", "sentence_to_index"]
+        for f, mine in ((whole, range(5)), (shard, range(1, 5, 2))):
+            index = json.loads(f["sentence_to_index"][()])
+            assert sorted(index.values(), key=int) == [str(r) for r in range(len(mine))]
+            for line in mine:
+                row = f["embeddings"][int(index[lines[line]])]
+                np.testing.assert_allclose(row, whole["embeddings"][line], atol=1e-5, rtol=0)
+        # Negative control: the rows differ, so a wrong row would be told.
+        assert np.abs(whole["embeddings"][1] - whole["embeddings"][3]).max() > 1e-3

@@ -57,7 +57,8 @@ class EmbedFileOptions:
       (0: written in the loop; each costs a window's memory).
     num_shards, shard_index: this process embeds the lines ``i`` with ``i % num_shards ==
       shard_index`` into its own file and manifest (``shard_file``); None: every line.
-    sentence_to_index: also write AllenNLP's ``sentence_to_index`` JSON dataset.
+    sentence_to_index: also write AllenNLP's ``sentence_to_index`` JSON dataset (each sentence's
+        dataset name; with ``pool``, its row of ``embeddings``, as a string too).
     progress: a tqdm bar over the lines.
     """
 
@@ -231,7 +232,9 @@ def _write_hdf5(
     sentence_to_index: dict[str, str] = {}
     counts: collections.Counter[str] = collections.Counter()
     with atomic_path(output) as tmp, h5py.File(tmp, "w") as out:
-        lines = _remember(lines, sentence_to_index if options.sentence_to_index else None, start, step)
+        # Each sentence's dataset, as AllenNLP's index has it; pooled, its row of ``embeddings``.
+        at = (0, 1) if options.pool else (start, step)
+        lines = _remember(lines, sentence_to_index if options.sentence_to_index else None, *at)
         write = _pooled_rows(out, mine, embedder.config, layers, options.window) if options.pool else None
 
         def store(item: tuple[int, np.ndarray]) -> None:
