@@ -227,7 +227,12 @@ def _add_train(sub) -> None:
 
 def _add_train_recipe_args(tr: argparse.ArgumentParser) -> None:
     """elmo-jax train: the recipe's values that a flag overrides."""
-    tr.add_argument("--batch-size", type=int, help="rows per device (bilm-tf batch_size)")
+    tr.add_argument(
+        "--batch-size",
+        type=int,
+        help="rows per device (bilm-tf batch_size; default: the --config's, 32 for tiny and 128 for the others, "
+        "or a resumed run's own)",
+    )
     tr.add_argument(
         "--rows-per-draw",
         type=int,
@@ -439,7 +444,7 @@ def _add_embed(sub) -> None:
     )
     _add_precision(em, "default: float32, which reproduces bilm-tf's and AllenNLP's numbers")
     em.add_argument("--sentence-to-index", action="store_true", help="also write AllenNLP's sentence_to_index JSON")
-    em.add_argument("--no-progress", action="store_true")
+    em.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _add_export(sub) -> None:
@@ -469,7 +474,7 @@ def _add_models(sub) -> None:
     mo.add_argument("--all-files", action="store_true", help="with --fetch: also softmax, vocab and TF checkpoint")
     mo.add_argument("--verify", action="store_true", help="recompute the sha256 of every cached file")
     mo.add_argument("--cache-dir", help="the model cache (default: $ELMO_JAX_HOME, else ~/.cache/elmo_jax/models)")
-    mo.add_argument("--no-progress", action="store_true")
+    mo.add_argument("--no-progress", action="store_true", help="no download progress bar")
     # No XLA compile cache: setting it up would import jax, which listing models never needs.
     mo.set_defaults(compile_cache="none")
 
