@@ -220,10 +220,10 @@ def cmd_train(args: argparse.Namespace) -> None:
             stall.close()
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}))
     if jax.process_index() == 0 and last.get("step"):  # a run with no step (--steps 0) has nothing to use
-        print(
-            next_commands(args.run_dir, heldout_files or _saved_heldout(args.run_dir), args.tfds_data_dir),
-            file=sys.stderr,
-        )
+        # The run's own held-out file when this session had none; read by one process, so not
+        # where reading checkpoints is a collective of several.
+        saved = _saved_heldout(args.run_dir) if heldout_files is None and jax.process_count() == 1 else None
+        print(next_commands(args.run_dir, heldout_files or saved, args.tfds_data_dir), file=sys.stderr)
 
 
 def _saved_heldout(run_dir: str) -> str | None:
