@@ -896,6 +896,7 @@ def test_train_on_the_sample_says_so_only_once_its_flags_pass(tmp_path, capsys):
         (["--run-dir", str(tmp_path / "a.txt")], "a.txt: is a file, not a directory"),
         (["--run-dir", str(tmp_path / "a.txt" / "run")], "a.txt is a file, not a directory"),
         (["--run-dir", str(tmp_path / "r"), "--batch-size", "0"], "--batch-size' must be an integer >= 1"),
+        (["--run-dir", str(tmp_path / "r"), "--init-from", "orignal"], "did you mean original?"),
     ]
     for flags, said in refusals:
         assert cli.main(["train", "--steps", "1", "--no-progress", *flags]) == 2

@@ -75,7 +75,7 @@ def train(
     read and as each shard is counted for the vocabulary."""
     from elmo_jax.text.sources import fingerprint
     from elmo_jax.text.vocab import SPECIALS
-    from elmo_jax.training.warmstart import check_continues, finetune_state, read_warmstart
+    from elmo_jax.training.warmstart import check_continues, check_source, finetune_state, read_warmstart
 
     if (bad := fault(settings.run_dir, "dir")) and bad[1] == IS_A_FILE:  # before any pass over the text
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), bad[0])
@@ -89,6 +89,7 @@ def train(
     beat = on_progress or (lambda doing: None)
     warm = None
     if spec.init_from and not has_checkpoint(settings.run_dir):  # a resumed run continues from its own
+        check_source(spec.init_from)  # a mistyped one, refused before the read is begun
         beat(f"reading {spec.init_from} (init_from)")
         warm = read_warmstart(spec.init_from)
         if spec.config is not None:  # refused before the vocabulary pass writes the run dir

@@ -67,16 +67,17 @@ class Warmstart:
     step: int | None = None
 
 
-def read_warmstart(source: str) -> Warmstart:
-    """Reads ``source`` (see the module doc); one-line ``CheckpointError``/``WeightsError`` otherwise."""
+def check_source(source: str) -> None:
+    """A one-line ``CheckpointError`` when ``source`` can be no warm start at all (no path there,
+    no released model of that name; a file): what ``read_warmstart`` refuses before reading."""
     source = os.fspath(source)
     if epath.Path(source, "checkpoints").is_dir():
-        return _from_run(source)
+        return
     if not epath.Path(source).exists():
         from elmo_jax.pretrained import registry
 
         if str(source).lower() in registry.MODELS:
-            return _from_released(source.lower())
+            return
         raise about(
             CheckpointError(
                 f"source {source}: neither a directory nor a released model ({', '.join(registry.MODELS)})"
@@ -86,6 +87,16 @@ def read_warmstart(source: str) -> Warmstart:
         )
     if not os.path.isdir(source):
         raise about(CheckpointError(f"source {source}: not a directory"), "source")
+
+
+def read_warmstart(source: str) -> Warmstart:
+    """Reads ``source`` (see the module doc); one-line ``CheckpointError``/``WeightsError`` otherwise."""
+    source = os.fspath(source)
+    check_source(source)
+    if epath.Path(source, "checkpoints").is_dir():
+        return _from_run(source)
+    if not epath.Path(source).exists():  # a released model's name
+        return _from_released(source.lower())
     if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
         return _from_tf_checkpoint(source, _find_vocab(source, also_parent=True))
     return _from_hdf5_dir(source)
