@@ -412,21 +412,26 @@ class Options:
     @classmethod
     def load(cls, path: str | os.PathLike, saved: bool = False) -> Options:
         """``saved``: as in ``from_dict``, for a run dir's own options.json."""
-        path = os.fspath(path)
-        try:
-            with open_binary(path) as f:
-                d = json.loads(f.read().decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: options file not found") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-        except UnicodeDecodeError as e:  # a weights file or an archive given for the options
-            raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        return cls.from_dict(d, where=path, saved=saved)
+        return cls.from_dict(read_options_json(path), where=os.fspath(path), saved=saved)
 
     def save(self, path: str | os.PathLike, n_characters: int | None = 262) -> None:
         """Writes atomically (temp file, then rename). bilm-tf inference requires n_characters 262."""
         write_text_atomic(path, json.dumps(self.to_dict(n_characters), indent=2) + "\n")
+
+
+def read_options_json(path: str | os.PathLike) -> Any:
+    """The JSON value of the options file ``path``, unchecked; a one-line ``ConfigError`` for a
+    file that is missing, not UTF-8 or not JSON."""
+    path = os.fspath(path)
+    try:
+        with open_binary(path) as f:
+            return json.loads(f.read().decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: options file not found") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except UnicodeDecodeError as e:  # a weights file or an archive given for the options
+        raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))

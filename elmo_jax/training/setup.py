@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax._util.paths import IS_A_FILE, fault
-from elmo_jax.config import PRESETS, ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
+from elmo_jax.config import (
+    PRESETS,
+    ConfigError,
+    Options,
+    TrainConfig,
+    check_counts,
+    read_options_json,
+    saved_reset_state_prob,
+)
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.training.loop import (
     RunSettings,
@@ -331,9 +338,8 @@ def _config_keys(config: str | None) -> frozenset[str]:
     if config is None or not os.path.isfile(config):
         return frozenset()
     try:
-        with open(config, encoding="utf-8-sig") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
+        d = read_options_json(config)
+    except (OSError, ConfigError):
         return frozenset()  # Options.load reports a bad file with its own message
     return frozenset(key for key, value in d.items() if value is not None) if isinstance(d, dict) else frozenset()
 

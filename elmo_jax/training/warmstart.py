@@ -67,17 +67,18 @@ class Warmstart:
     step: int | None = None
 
 
-def check_source(source: str) -> None:
-    """A one-line ``CheckpointError`` when ``source`` can be no warm start at all (no path there,
-    no released model of that name; a file): what ``read_warmstart`` refuses before reading."""
+def check_source(source: str) -> str:
+    """What ``source`` is: ``"run"`` (an elmo-jax run dir), ``"released"`` (a released model's
+    name) or ``"directory"`` (a TF checkpoint's or hdf5 files'); a one-line ``CheckpointError``
+    when it can be no warm start at all (nothing there and no such model; a file), before any read."""
     source = os.fspath(source)
     if epath.Path(source, "checkpoints").is_dir():
-        return
+        return "run"
     if not epath.Path(source).exists():
         from elmo_jax.pretrained import registry
 
         if str(source).lower() in registry.MODELS:
-            return
+            return "released"
         raise about(
             CheckpointError(
                 f"source {source}: neither a directory nor a released model ({', '.join(registry.MODELS)})"
@@ -87,15 +88,16 @@ def check_source(source: str) -> None:
         )
     if not os.path.isdir(source):
         raise about(CheckpointError(f"source {source}: not a directory"), "source")
+    return "directory"
 
 
 def read_warmstart(source: str) -> Warmstart:
     """Reads ``source`` (see the module doc); one-line ``CheckpointError``/``WeightsError`` otherwise."""
     source = os.fspath(source)
-    check_source(source)
-    if epath.Path(source, "checkpoints").is_dir():
+    kind = check_source(source)
+    if kind == "run":
         return _from_run(source)
-    if not epath.Path(source).exists():  # a released model's name
+    if kind == "released":
         return _from_released(source.lower())
     if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
         return _from_tf_checkpoint(source, _find_vocab(source, also_parent=True))
