@@ -57,6 +57,17 @@ def heavy_modules_loaded() -> list[str]:
     return sorted(m for m in ("jax", "jaxlib", "flax", "orbax") if m in sys.modules)
 
 
+CACHE_EVERY_PROCESS = pathlib.Path(__file__).parent / "cache_every_process"
+
+
+def multiprocess_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for one process of a multi-process run started by a test: every process, not only
+    process 0, keeps its compiled programs in the persistent cache (``cache_every_process``), so
+    the next test's processes load them rather than compile them again."""
+    path = os.pathsep.join(p for p in (str(CACHE_EVERY_PROCESS), env.get("PYTHONPATH")) if p)
+    return {**env, "PYTHONPATH": path}
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on (free when asked; a coordinator's, say)."""
     with socket.socket() as s:

@@ -40,7 +40,15 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from helpers import FIXTURES, free_port, gpu_candidates, read_never_returns, spelled_inputs, xla_flags
+from helpers import (
+    FIXTURES,
+    free_port,
+    gpu_candidates,
+    multiprocess_env,
+    read_never_returns,
+    spelled_inputs,
+    xla_flags,
+)
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -681,12 +689,7 @@ def _start_workers(
     ``-m elmo_jax``; ``both``: how all do; ``ids_from``: ``flags``, or ``slurm`` for the
     coordinator's port and the process ids in the environment of a SLURM job step instead)."""
     port = free_port()
-    env = dict(
-        os.environ,
-        XLA_FLAGS=xla_flags(1),
-        JAX_PLATFORMS="cpu",
-        ELMO_JAX_COMPILE_CACHE=cache,
-    )
+    env = multiprocess_env(dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu", ELMO_JAX_COMPILE_CACHE=cache))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     procs, logs = [], []
     base = args or _train_args(tmp_path, tmp_path / "run_mh", seed)
@@ -1305,6 +1308,15 @@ def test_a_save_that_orbax_fails_on_one_process_stops_both_in_one_line_each(tmp_
     ], lines
     assert not any("Traceback" in t or "mismatch" in t for t in texts), texts
     assert Checkpointer(run_dir, read_only=True).steps() == [2]
+
+
+@pytest.mark.slow
+def test_every_worker_keeps_its_train_step_in_the_compile_cache(saved_2_and_4, worker_cache):
+    """The suite's own harness (``helpers.multiprocess_env``): jax writes the persistent cache from
+    process 0 only, and on this CPU process 1's train step has a key of its own, so without the
+    harness's ``cache_every_process`` it compiled afresh in every scenario, the others waiting."""
+    steps = sorted(p.name for p in pathlib.Path(worker_cache).glob("jit_per_device-*"))
+    assert len(steps) >= 2, steps
 
 
 @pytest.mark.slow
