@@ -267,6 +267,10 @@ def test_the_vocab_command_counts_the_markers_the_text_s_words_and_the_kept_old_
         f"{tmp_path / 'old.txt'}; 5 tokens, 2 sentences, 1 shard(s)"
     )
     assert len((tmp_path / "v.txt").read_text().split()) == 7
+    # One of each is said so (before: "1 tokens, 1 sentences").
+    (tmp_path / "one.txt").write_text("a\n")
+    assert commands.main(["vocab", "--train-files", str(tmp_path / "one.txt"), "--out", str(tmp_path / "w.txt")]) == 0
+    assert capsys.readouterr().out.strip().endswith("; 1 token, 1 sentence, 1 shard(s)")
 
 
 @pytest.mark.parametrize("named", ["as counted", "through a link"])

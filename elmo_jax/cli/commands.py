@@ -142,7 +142,8 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     kept = f", {old} more of {args.extend}" if extend else ""
     print(
         f"{args.out}: {len(words)} entries: the {len(SPECIALS)} markers, {frequent} of the text's {len(counts)} "
-        f"distinct words{kept}; {n_tokens} tokens, {n_sentences} sentences, {len(files)} shard(s)"
+        f"distinct words{kept}; {n_tokens} token{'' if n_tokens == 1 else 's'}, {n_sentences} "
+        f"sentence{'' if n_sentences == 1 else 's'}, {len(files)} shard(s)"
     )
 
 
