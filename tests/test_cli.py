@@ -2,11 +2,13 @@
 and exit codes, Ctrl-C, the compile-cache flag, and how library errors become flag messages.
 What the commands compute and write is tested with the library: test_embed.py, test_pretrain.py, ..."""
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import h5py
 import numpy as np
@@ -73,6 +75,46 @@ def test_embed_drops_a_byte_order_mark_and_names_utf16_input(tmp_path, capsys):
     (tmp_path / "utf16.txt").write_text("the cat sat\n", encoding="utf-16")
     assert run_cli("--input", str(tmp_path / "utf16.txt"), "--output", str(tmp_path / "u.hdf5")) == 2
     assert "utf16.txt: line 1: not UTF-8 (invalid start byte at byte 0); it starts as UTF-16" in capsys.readouterr().err
+
+
+def test_embed_reads_standard_input_as_it_reads_a_file(tmp_path, capsys, monkeypatch):
+    """``--input -``, as AllenNLP's ``elmo`` command takes it: the same datasets as the same text
+    in a file (a byte-order mark dropped alike), its spooled copy removed; a line that is not UTF-8,
+    no standard input, and shards of it are each one line. (Before: "-: does not exist".)"""
+    text = b"the cat sat\non the mat\n"
+    (tmp_path / "plain.txt").write_bytes(text)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+
+    def from_stdin(data: bytes | None, *args: str) -> int:
+        stdin = None if data is None else io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+        monkeypatch.setattr(sys, "stdin", stdin)
+        return run_cli("--input", "-", *args)
+
+    assert run_cli("--input", str(tmp_path / "plain.txt"), "--output", str(tmp_path / "file.hdf5")) == 0
+    assert from_stdin(b"\xef\xbb\xbf" + text, "--output", str(tmp_path / "stdin.hdf5")) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"wrote 2 sentences to {tmp_path / 'stdin.hdf5'}"
+    with h5py.File(tmp_path / "file.hdf5", "r") as file, h5py.File(tmp_path / "stdin.hdf5", "r") as stdin:
+        assert sorted(stdin) == sorted(file) == ["0", "1"]
+        for k in file:
+            np.testing.assert_array_equal(stdin[k][()], file[k][()])
+    assert list(spool.iterdir()) == []
+
+    assert from_stdin(b"the cat\n\xff sat\n", "--output", str(tmp_path / "bad.hdf5")) == 2
+    assert capsys.readouterr().err.strip() == (
+        "elmo-jax embed: error: standard input (--input -): line 2: not UTF-8 (invalid start byte at byte 0)"
+    )
+    assert not (tmp_path / "bad.hdf5").exists() and list(spool.iterdir()) == []
+    assert from_stdin(b"", "--output", str(tmp_path / "empty.hdf5")) == 0
+    assert "standard input (--input -) is empty; wrote" in capsys.readouterr().err
+    assert from_stdin(None, "--output", str(tmp_path / "none.hdf5")) == 2
+    assert "standard input (--input -): this process has none to read; give a file" in capsys.readouterr().err
+    shards = ["--output", str(tmp_path / "s.hdf5"), "--num-shards", "2", "--shard-index", "0"]
+    assert from_stdin(text, *shards) == 2
+    assert "--input -: standard input goes to one process; give a file to split with --num-shards" in (
+        capsys.readouterr().err
+    )
 
 
 def test_cli_bad_input(tmp_path, capsys):

@@ -22,7 +22,7 @@ import numpy as np
 from elmo_jax._util.arguments import about, arguments_of
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax._util.disk_full import WriteFailed
-from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, replaced_input, said, same_path, under
+from elmo_jax._util.paths import IS_A_FILE, PATH_ERRORS, describe, fault, replaced_input, said, same_path, under
 from elmo_jax._util.runtime import (
     enable_compile_cache,
     set_gpu_kernels,
@@ -33,7 +33,7 @@ from elmo_jax.cli.coordinator import CoordinatorError
 from elmo_jax.cli.parser import parse
 from elmo_jax.cli.signals import say_interrupted
 from elmo_jax.cli.stall import StallWatch
-from elmo_jax.cli.streams import outliving_reader
+from elmo_jax.cli.streams import STDIN, outliving_reader, spooled_stdin
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import ConfigError
 from elmo_jax.model.vocabulary import VocabError
@@ -370,12 +370,21 @@ def cmd_embed(args: argparse.Namespace) -> None:
         progress=not args.no_progress,
     )
     load = functools.partial(_embedder, args, _policy(args, "float32") or "float32")
-    done = embed_file(load, args.input, args.output, options)
+    if args.input == "-":
+        if args.num_shards is not None:
+            raise ConfigError("--input -: standard input goes to one process; give a file to split with --num-shards")
+        if bad := fault(args.output, "output"):  # said before the input is read to its end
+            raise DataError(said(*bad, args.output))
+        with spooled_stdin(DataError) as spooled:
+            done = embed_file(load, spooled, args.output, options)
+    else:
+        done = embed_file(load, args.input, args.output, options)
     if done.empty_pooled:
         print(f"elmo-jax embed: {done.empty_pooled} empty line(s) pooled to zero vectors", file=sys.stderr)
     if done.lines == 0:
         what = "an 'embeddings' dataset of 0 rows" if args.pool else "no datasets"
-        print(f"elmo-jax embed: {args.input} is empty; wrote {done.output} with {what}", file=sys.stderr)
+        name = STDIN if args.input == "-" else args.input
+        print(f"elmo-jax embed: {name} is empty; wrote {done.output} with {what}", file=sys.stderr)
     elif done.manifest:
         print(
             f"wrote {done.written} of {done.lines} lines (shard {args.shard_index} of {args.num_shards}) to "

@@ -394,7 +394,12 @@ def _add_embed(sub) -> None:
     em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
     em.add_argument("--options", help="bilm-tf options.json (with --weights)")
     em.add_argument("--weights", help="bilm-tf weights hdf5")
-    em.add_argument("--input", required=True, help="UTF-8 text, one whitespace-tokenized sentence per line")
+    em.add_argument(
+        "--input",
+        required=True,
+        help="UTF-8 text, one whitespace-tokenized sentence per line; - reads standard input (kept in $TMPDIR "
+        "until the command ends)",
+    )
     em.add_argument(
         "--output",
         required=True,

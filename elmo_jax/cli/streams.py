@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any, TextIO
 
@@ -86,3 +87,33 @@ def outliving_reader(command: str) -> Iterator[None]:
         for stream in wrapped.values():
             stream.flush()  # what is still buffered meets a gone reader here, not at exit
         sys.stdout, sys.stderr = original["stdout"], original["stderr"]
+
+
+STDIN = "standard input (--input -)"
+
+
+@contextlib.contextmanager
+def spooled_stdin(error: type[Exception]) -> Iterator[str]:
+    """The path of a temporary file (in ``$TMPDIR``, removed after the block) holding standard
+    input's lines, read to its end and checked as UTF-8 (``error`` names the line that is not).
+
+    For ``embed --input -``, as AllenNLP's ``elmo`` command reads ``-``: ``embed`` reads its input
+    twice (the lines are counted first, for the progress bar and the shards' manifests), which a
+    pipe cannot give."""
+    from elmo_jax._util import disk_full
+    from elmo_jax.model.vocabulary import utf8_decoded
+
+    source = getattr(sys.stdin, "buffer", None)  # sys.stdin is None where it was closed (<&-)
+    if source is None:
+        raise error(f"{STDIN}: this process has none to read; give a file")
+    if sys.stdin.isatty():
+        print("reading sentences from the terminal, one a line; end with Ctrl-D", file=sys.stderr)
+    fd, path = tempfile.mkstemp(prefix="elmo-jax-stdin-", suffix=".txt")
+    try:
+        with disk_full.reported(path), os.fdopen(fd, "wb") as f:
+            for _, line in utf8_decoded(source, STDIN, error):
+                f.write(line.encode("utf-8"))
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

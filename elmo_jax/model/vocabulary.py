@@ -155,15 +155,21 @@ def utf8_lines(path: str, error: type[Exception]):
     would join the first word (U+FEFF then ``The``: another word, another vocabulary entry, other
     character ids). Python's ``open(..., encoding="utf-8")`` keeps it; only ``utf-8-sig`` drops it."""
     with open_binary(path) as f:  # a local file, or e.g. gs:// through etils.epath
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                utf16 = lineno == 1 and raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-                hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
-                raise error(f"{path}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start}){hint}") from None
+        yield from utf8_decoded(f, path, error)
+
+
+def utf8_decoded(raw_lines: Iterable[bytes], name: str, error: type[Exception]):
+    """``utf8_lines`` of any source of byte lines (a file, standard input's buffer); ``name`` is
+    what an error calls it."""
+    for lineno, raw in enumerate(raw_lines, 1):
+        if lineno == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            utf16 = lineno == 1 and raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+            hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
+            raise error(f"{name}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start}){hint}") from None
 
 
 class Vocabulary:
