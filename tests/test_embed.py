@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import warnings
 
 import h5py
 import numpy as np
@@ -20,6 +21,7 @@ from elmo_jax import batch_to_ids, bilm_apply, cli, load_hdf5
 from elmo_jax.config import ConfigError
 from elmo_jax.extract.embedder import Embedder
 from elmo_jax.model.layout import Layout
+from elmo_jax.model.vocabulary import Vocabulary
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -408,6 +410,25 @@ def test_a_str_where_tokens_are_expected_is_rejected(embedder):
     with pytest.raises(TypeError, match=r"^sentence 1, token 0 has type bytes"):
         batch_to_ids([["a"], [b"b"]])
     assert batch_to_ids([("a", "b"), ["c"]]).shape == (2, 2, 50)  # any sequence of str is fine
+    # A cache of words and a vocabulary's ids, alike (before: "The apple" cached 7 letters, and
+    # encode("the cat") gave 7 ids).
+    with pytest.raises(TypeError, match=r"^token_cache is one str \('The apple'\); expected a list of words"):
+        Embedder(embedder.config, embedder.params, token_cache="The apple")
+    with pytest.raises(TypeError, match=r"^token_cache\[0\] has type int \(3\); expected str$"):
+        Embedder(embedder.config, embedder.params, token_cache=[3, "a"])
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "the", "cat"])
+    with pytest.raises(TypeError, match=r"^words is one str \('the cat'\); expected a list of words$"):
+        vocab.encode("the cat")
+    assert vocab.encode("the cat".split()).tolist() == [3, 4]
+
+
+def test_more_devices_than_the_process_has_are_said(model):
+    """(Before: devices=3 on this 2-device process ran on 2 without a word.)"""
+    with pytest.warns(UserWarning, match=r"^devices=3, but this process has 2 local device\(s\): embedding on 2$"):
+        assert Embedder(*model, devices=3).n_devices == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Embedder(*model, devices=2).n_devices == 2
 
 
 def test_weights_that_are_not_the_configs_bilm_are_refused_before_anything_compiles(model):

@@ -385,6 +385,13 @@ class Embedder:
             raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")
         if devices is not None and devices < 1:
             raise about(ConfigError(f"devices must be 1 or more (None: every local device); got {devices}"), "devices")
+        if token_cache is not None:  # before the compiles: "The apple" would cache 7 letters
+            check_many(token_cache, "token_cache", "a list of words (a vocabulary's, say)")
+            token_cache = list(token_cache)
+            bad = next((j for j, w in enumerate(token_cache) if not isinstance(w, str)), None)
+            if bad is not None:
+                w = token_cache[bad]
+                raise TypeError(f"token_cache[{bad}] has type {type(w).__name__} ({w!r:.40}); expected str")
         self.batch_tokens = max(1, int(batch_tokens or self.layout.extract_tokens))
         self.policy = policy.check(precision)
         self.compute = Compute.from_policy(self.policy, layout=self.layout)
@@ -394,6 +401,11 @@ class Embedder:
         self.max_chars = config.char_cnn.max_characters_per_token
         self._char_cache: dict[str, np.ndarray] = {}
         n_local = jax.local_device_count()
+        if devices is not None and devices > n_local:
+            warnings.warn(
+                f"devices={devices}, but this process has {n_local} local device(s): embedding on {n_local}",
+                stacklevel=2,
+            )
         self.n_devices = 1 if stateful else min(devices or n_local, n_local)
         self._compile_one_device()
         if self.n_devices > 1:
@@ -401,7 +413,7 @@ class Embedder:
         self.cache_words: dict[str, int] = {}
         self.cache: np.ndarray | None = None  # [W, P] float32, row cache_words[w] for word w
         if token_cache is not None:
-            self._build_cache(list(token_cache))
+            self._build_cache(token_cache)
 
     def _compile_one_device(self) -> None:
         """The jitted device functions of one device, and the marker vectors."""

@@ -238,6 +238,7 @@ class Vocabulary:
 
     def encode(self, words: Iterable[str]) -> np.ndarray:
         """Words -> ``[n] int32`` ids (OOV: ``<UNK>`` for an LM vocabulary, -1 otherwise)."""
+        check_many(words, "words", "a list of words")  # one str would be encoded letter by letter
         get, unk = self._index.get, self.unk
         return np.fromiter((get(w, unk) for w in words), dtype=np.int32)
 
