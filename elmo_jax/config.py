@@ -55,6 +55,16 @@ def _check_number(where: str, name: str, value: Any) -> None:
         _fail(where, f"'{name}' must be a number, found {value!r}")
 
 
+def _plain_numbers(config: Any) -> None:
+    """A config's numpy scalars (a sweep's ``np.int64(512)``) as Python's int and float, once they
+    have passed the checks: they compare and hash alike, but ``json`` cannot write them
+    (``Options.save``)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, numbers.Number) and not isinstance(value, (int, float)) and hasattr(value, "item"):
+            object.__setattr__(config, field.name, value.item())
+
+
 def _check_bool(where: str, name: str, value: Any) -> None:
     if not isinstance(value, bool):
         _fail(where, f"'{name}' must be true or false, found {value!r}")
@@ -73,7 +83,7 @@ def _check_clip(where: str, name: str, value: Any) -> None:
     # Written as a range, not as `value < 0`, so that NaN (false to every comparison) fails too; inf
     # is refused like a learning_rate of inf: null already means no clipping.
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
+        isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf
     ):
         _fail(where, f"'{name}' must be a finite number >= 0 or null (0/null: no clipping), found {value!r}")
 
@@ -116,6 +126,7 @@ class CharCNNConfig:
         widest = max(w for w, _ in self.filters)
         if widest > self.max_characters_per_token:
             _fail(where, f"filter width {widest} exceeds max_characters_per_token {self.max_characters_per_token}")
+        _plain_numbers(self)
 
     @property
     def n_filters(self) -> int:
@@ -148,6 +159,7 @@ class LSTMConfig:
         _check_clip(where, "cell_clip", self.cell_clip)
         _check_clip(where, "proj_clip", self.proj_clip)
         _check_bool(where, "use_skip_connections", self.use_skip_connections)
+        _plain_numbers(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +286,7 @@ class TrainConfig:
                 f"'n_negative_samples_batch' ({self.n_negative_samples_batch}) must be smaller than "
                 f"'n_tokens_vocab' ({self.n_tokens_vocab})",
             )
+        _plain_numbers(self)
 
     @property
     def draws_per_device(self) -> int:
@@ -428,6 +441,8 @@ def read_options_json(path: str | os.PathLike) -> Any:
             return json.loads(f.read().decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
     except FileNotFoundError:
         raise ConfigError(f"{path}: options file not found") from None
+    except IsADirectoryError:  # a run dir given for its options.json, say
+        raise ConfigError(f"{path}: is a directory, not an options file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except UnicodeDecodeError as e:  # a weights file or an archive given for the options

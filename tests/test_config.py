@@ -147,6 +147,8 @@ def test_bad_options_give_one_clear_error(tmp_path, mutate, message):
 def test_missing_and_malformed_options_files(tmp_path):
     with pytest.raises(ConfigError, match="options file not found"):
         Options.load(tmp_path / "nope.json")
+    with pytest.raises(ConfigError, match=r": is a directory, not an options file$"):
+        Options.load(tmp_path)
     bad = tmp_path / "bad.json"
     bad.write_text('{"lstm": {"dim": 4,\n "x": }')
     with pytest.raises(ConfigError, match=r"bad.json: not valid JSON \(line 2, column"):
@@ -345,3 +347,20 @@ def test_one_str_for_many_sentences_is_named():
     with pytest.raises(TypeError, match=r"^sentences is one str \('the cat'\); expected a list of sentences"):
         batch_to_ids("the cat")
     assert batch_to_ids(["the cat".split()]).shape == (1, 2, 50)  # negative control
+
+
+def test_numpy_numbers_of_a_sweep_are_kept_as_python_numbers_and_saved(tmp_path):
+    """(Before: ``LSTMConfig(dim=np.int64(64))`` passed its checks, and then ``Options.save``
+    failed with json's "Object of type int64 is not JSON serializable", writing nothing.)"""
+    base = preset("tiny")
+    lstm = dataclasses.replace(base.lstm, dim=np.int64(64), projection_dim=np.int32(32), cell_clip=np.float32(3))
+    cnn = dataclasses.replace(base.char_cnn, embedding_dim=np.int64(4), filters=((1, np.int64(32)),))
+    train = TrainConfig(
+        n_tokens_vocab=np.int64(100), n_negative_samples_batch=np.int64(8), learning_rate=np.float32(0.5)
+    )
+    options = Options(model=ModelConfig(char_cnn=cnn, lstm=lstm), train=train)
+    assert type(lstm.dim) is int and type(lstm.cell_clip) is float and type(train.learning_rate) is float
+    assert lstm == dataclasses.replace(base.lstm, dim=64, projection_dim=32, cell_clip=3.0)
+    options.save(tmp_path / "options.json")
+    assert Options.load(tmp_path / "options.json") == options
+    assert json.loads((tmp_path / "options.json").read_text())["lstm"]["dim"] == 64
