@@ -195,6 +195,12 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
         # Fewer chars per token than the model's 50, cut where windows need them (before: other vectors, silently).
         (batch_to_ids([["abcdefgh"]], max_chars=10), ValueError, "char_ids have 10 chars per token, which cuts windows of the model's 50: make them with batch_to_ids(max_chars=50) (char_cnn.trim_char_ids drops only what no window needs)"),
         (ids[..., :2], ValueError, "char_ids have 2 chars per token, which cuts windows of the model's 50: make them with batch_to_ids(max_chars=50) (char_cnn.trim_char_ids drops only what no window needs)"),
+        # Tokens for their ids (before: numpy's "inhomogeneous shape", or with sentences of one
+        # length "got shape (2, 2): ... not a word id", of strings), and ragged lists of ids.
+        ([["The", "cat", "sat"], ["Hi"]], TypeError, "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"),
+        ([["The", "cat"], ["Hi", "x"]], TypeError, "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"),
+        (np.array([["The", "cat"]]), TypeError, "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"),
+        ([ids[0].tolist(), ids[1, :1].tolist()], ValueError, "char_ids are lists of different lengths; batch_to_ids pads them"),
     ]  # fmt: skip
     for bad, error, said in refused:
         with pytest.raises(error) as e:
@@ -230,6 +236,25 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
     with pytest.raises(TypeError, match=r"^compute is a str \('bfloat16'\); expected a Compute"):
         bilm_apply(params, config, ids, compute="bfloat16")  # type: ignore[arg-type]
     np.testing.assert_array_equal(bilm_apply({**params, "mine": np.ones(3)}, config, ids)[0], layers)  # keys beside
+
+
+def test_init_bilm_takes_a_key_then_a_config_and_says_so(allennlp_model):
+    """(Before: jax's "invalid PRNG key data" for a seed, its "Error interpreting argument" for
+    the two swapped.)"""
+    config, _ = allennlp_model
+    key = "; expected one PRNG key: jax.random.key(0) or jax.random.PRNGKey(0)"
+    with pytest.raises(TypeError, match=re.escape("key is a int (0)" + key)):
+        init_bilm(0, config)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape("key is an array of shape (2, 2) and dtype uint32" + key)):
+        init_bilm(jax.random.split(jax.random.PRNGKey(0)), config)
+    with pytest.raises(
+        TypeError, match=r"^config is a ArrayImpl; expected a ModelConfig \(the arguments are key, then"
+    ):
+        init_bilm(config, jax.random.PRNGKey(0))  # type: ignore[arg-type]
+    raw, typed = init_bilm(jax.random.PRNGKey(3), config), init_bilm(jax.random.key(3), config)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((a == b).all()), raw, typed))
+    traced = jax.jit(lambda k: init_bilm(k, config))(jax.random.PRNGKey(3))
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((a == b).all()), raw, traced))
 
 
 @pytest.mark.parametrize("layout", ["_layer_rows", "_layer_columns"])

@@ -19,10 +19,31 @@ from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import sentence_markers
 
 
-@functools.partial(jax.jit, static_argnames="config")
 def init(key: jax.Array, config: ModelConfig) -> dict:
-    """Fresh biLM params. Jitted: run eagerly, the weights' ~30 slices and scalings would each
-    compile a program of their own."""
+    """Fresh biLM params from ``key``, a PRNG key (``jax.random.key(0)`` or
+    ``jax.random.PRNGKey(0)``); a ``TypeError`` (one line) for arguments that are not those."""
+    if not isinstance(config, ModelConfig):
+        swapped = " (the arguments are key, then config)" if isinstance(key, ModelConfig) else ""
+        raise TypeError(f"config is a {type(config).__name__}; expected a ModelConfig{swapped}")
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+    # A raw key is uint32 key data: [2] for threefry, [4] for rbg (jax_default_prng_impl).
+    raw = dtype == jnp.uint32 and shape is not None and len(shape) == 1
+    if not (typed or raw):
+        raise TypeError(f"key is {_described(key)}; expected one PRNG key: jax.random.key(0) or jax.random.PRNGKey(0)")
+    return _init(key, config)
+
+
+def _described(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"an array of shape {tuple(shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__} ({value!r:.40})"
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _init(key: jax.Array, config: ModelConfig) -> dict:
+    # Jitted: run eagerly, the weights' ~30 slices and scalings would each compile a program.
     k1, k2 = jax.random.split(key)
     return {"char_cnn": char_cnn.init(k1, config), "lstm": lstm.init(k2, config)}
 
@@ -156,7 +177,7 @@ def check_params_tree(params, name: str = "params") -> None:
 @functools.cache
 def _init_shapes(config: ModelConfig) -> dict[str, tuple]:
     """``init``'s leaf shapes by path (traced once per config: no arrays are made)."""
-    return _shapes(jax.eval_shape(init, jax.random.PRNGKey(0), config))
+    return _shapes(jax.eval_shape(lambda: init(jax.random.PRNGKey(0), config)))
 
 
 def _shapes(tree) -> dict[str, tuple]:

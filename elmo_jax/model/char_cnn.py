@@ -165,9 +165,20 @@ def check_char_ids(params: dict, config: ModelConfig, char_ids, *, ndim: int | N
     ``batch_to_ids`` gives them): out of range, the gather would clamp them to a real character.
     A traced or device array keeps its values unread, so a jitted call costs nothing more.
     """
+    tokens = "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"
     if isinstance(char_ids, (list, tuple)):
-        char_ids = np.asarray(char_ids)
+        first = char_ids
+        while isinstance(first, (list, tuple)) and first:
+            first = first[0]
+        if isinstance(first, str):
+            raise TypeError(tokens)
+        try:
+            char_ids = np.asarray(char_ids)
+        except ValueError:  # numpy's "inhomogeneous shape"
+            raise ValueError("char_ids are lists of different lengths; batch_to_ids pads them") from None
     shape, dtype = getattr(char_ids, "shape", None), getattr(char_ids, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", None) in ("U", "S", "O"):
+        raise TypeError(tokens)
     if shape is None or dtype is None:
         raise TypeError(f"char_ids is a {type(char_ids).__name__}; expected an int32 array (from batch_to_ids)")
     axes = "[batch, time, chars]" if ndim == 3 else "[..., chars]"
