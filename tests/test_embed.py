@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import random
 import re
 import subprocess
@@ -844,6 +845,20 @@ def test_sharded_pooled_output_reads_back(tmp_path, sentences, expected):
         ValueError, match=r"the manifests come from different runs \(their num_shards, num_lines, layers"
     ):
         ShardedEmbeddings(tmp_path / "p-x.hdf5")
+    # What is not embed's output, or not all of it, is said so. (Before: one shard's file read as
+    # a run of its lines, then h5py's KeyError for line 1; a weights file, 0 lines; a text file,
+    # h5py's "file signature not found"; a list of hdf5 files, a UnicodeDecodeError.)
+    shard = tmp_path / "p-00001-of-00003.hdf5"
+    wrong = {
+        shard: f"{shard}: is shard 1 of 3 of {tmp_path / 'p.hdf5'}, one line in 3: give {tmp_path / 'p.hdf5'} to read",
+        pathlib.Path(WEIGHTS): f"{WEIGHTS}: not what elmo-jax embed writes (it holds ['CNN', 'CNN_high_0', ",
+        tmp_path / "in.txt": f"{tmp_path / 'in.txt'}: not an hdf5 file: give what elmo-jax embed wrote",
+        (shard,): f"{shard}: a list names shard manifests (*.hdf5.json); give an hdf5 file, or the --output",
+    }
+    for source, said in wrong.items():
+        with pytest.raises(ValueError) as e:
+            ShardedEmbeddings(list(source) if isinstance(source, tuple) else source)
+        assert str(e.value).startswith(said), str(e.value)
 
 
 @pytest.fixture(scope="module")

@@ -336,6 +336,10 @@ def shard_manifest(
     }
 
 
+# shard_file's names: OUTPUT-00001-of-00004.hdf5 (groups: the output's root, index, count, extension).
+_SHARD = re.compile(r"(.+)-(\d{5,})-of-(\d{5,})(\.[^.]*)?")
+
+
 class ShardedEmbeddings:
     """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
     processes of a ``--num-shards N`` run, or the one file of an unsharded run.
@@ -368,9 +372,18 @@ class ShardedEmbeddings:
 
     @staticmethod
     def _read_manifest(path: str) -> dict:
-        with open(path, encoding="utf-8") as f:
-            m = json.load(f)
-        if m.get("format") != MANIFEST_FORMAT:
+        if not path.endswith(".json"):
+            raise ValueError(
+                f"{path}: a list names shard manifests (*.hdf5.json); give an hdf5 file, or the --output "
+                "of a sharded run, alone"
+            )
+        with open(path, "rb") as f:
+            try:
+                m = json.loads(f.read().decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"{path}: not an elmo-jax embed shard manifest ({e})") from None
+        if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+            m = m if isinstance(m, dict) else {}
             raise ValueError(f"{path}: not an elmo-jax embed shard manifest (format {m.get('format')!r})")
         return {**m, "path": os.path.join(os.path.dirname(path), m["file"]), "manifest": path}
 
@@ -414,9 +427,24 @@ class ShardedEmbeddings:
 
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
+        shard = _SHARD.fullmatch(os.path.basename(path))
+        if shard is not None and os.path.isfile(path + ".json"):  # its manifest says what it is
+            output = os.path.join(os.path.dirname(path), shard[1] + (shard[4] or ""))
+            raise ValueError(
+                f"{path}: is shard {int(shard[2])} of {int(shard[3])} of {output}, one line in "
+                f"{int(shard[3])}: give {output} to read every shard's lines in line order"
+            )
+        if not h5py.is_hdf5(path):
+            raise ValueError(f"{path}: not an hdf5 file: give what elmo-jax embed wrote (its --output)")
         with h5py.File(path, "r") as f:
             pooled = "embeddings" in f
-            n = len(f["embeddings"]) if pooled else sum(k.isdigit() for k in f)
+            lines = sorted(int(k) for k in f if k.isdigit())
+            others = sorted(k for k in f if not k.isdigit() and k not in ("embeddings", "sentence_to_index"))
+            n = len(f["embeddings"]) if pooled else len(lines)
+        # A weights file, say; or one dataset per line, but not lines 0 to n-1.
+        if others or lines != list(range(len(lines))):
+            held = f"{others[:4]}" if others else f"the lines {lines[:3]}... of {len(lines)}"
+            raise ValueError(f"{path}: not what elmo-jax embed writes (it holds {held}): give its --output")
         return {
             "path": path,
             "num_lines": n,
