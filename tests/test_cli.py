@@ -21,8 +21,10 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli import commands
 from elmo_jax.cli import parser as cli_parser
-from elmo_jax.config import ConfigError
+from elmo_jax.config import ConfigError, preset
 from elmo_jax.extract.embedder import Embedder
+from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import Lines
 
 OPTIONS, WEIGHTS = (str(p) for p in model_files("allennlp"))
 
@@ -735,9 +737,10 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
             raise raised[0]
 
     monkeypatch.setattr(evaluate_module, "HeldoutEvaluator", Evaluator)
-    params = {"softmax": {"w": jnp.zeros((4, 2)), "b": jnp.zeros(4)}}
+    params = {"bilm": {}, "softmax": {"w": jnp.zeros((4, 2)), "b": jnp.zeros(4)}}
+    rest = (preset("tiny"), Vocabulary(["<S>", "</S>", "<UNK>"]), Lines(["a b"]))  # unread: no evaluator
     with pytest.raises(OutOfDeviceMemory) as e:
-        evaluate_module.evaluate(params, None, None, None, batch_size=64)
+        evaluate_module.evaluate(params, *rest, batch_size=64)
     flags = cli.build_parser().parse_args(["eval", "--run-dir", "r", "--files", "f"]).flags
     assert commands.error_line(e.value, flags) == (
         "the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.); "
@@ -746,13 +749,13 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
     )
     raised[0] = jax.errors.JaxRuntimeError("UNAVAILABLE: TPU halted")
     with pytest.raises(DeviceFailed) as failed:
-        evaluate_module.evaluate(params, None, None, None, batch_size=64)
+        evaluate_module.evaluate(params, *rest, batch_size=64)
     assert commands.error_line(failed.value, flags) == (
         "the device failed (UNAVAILABLE: TPU halted); check the device (nvidia-smi, on a GPU); once it works, rerun"
     )
     raised[0] = jax.errors.JaxRuntimeError("INVALID_ARGUMENT: something else")
     with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):  # the negative control
-        evaluate_module.evaluate(params, None, None, None, batch_size=64)
+        evaluate_module.evaluate(params, *rest, batch_size=64)
 
 
 def test_demo_compares_every_occurrence_of_the_word_whatever_its_case(capsys):

@@ -18,7 +18,7 @@ import optax
 import pytest
 from helpers import gpu_candidates
 
-from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, TrainConfig
+from elmo_jax.config import CharCNNConfig, LSTMConfig, ModelConfig, Options, TrainConfig
 from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import BY_BACKEND
@@ -243,6 +243,25 @@ def test_evaluate_s_bar_counts_its_windows_and_changes_no_number(eval_setup, cap
     assert capsys.readouterr().err == ""
     assert evaluate(params, MODEL, vocab, source, batch_size=2, unroll_steps=3, progress=True) == quiet
     assert f"{windows}/{windows} [" in capsys.readouterr().err
+
+
+def test_evaluate_takes_a_list_of_sentences_and_says_what_else_it_was_given(eval_setup):
+    """(Before: a list of str raised AttributeError "'list' object has no attribute 'read'" from
+    the batcher; the options for their model, "'Options' object has no attribute 'lstm'"; the
+    biLM's params alone, KeyError 'softmax'.)"""
+    vocab, params, source, _ = eval_setup
+    as_files = evaluate(params, MODEL, vocab, source, batch_size=2, unroll_steps=3)
+    assert evaluate(params, MODEL, vocab, EVAL_TEXT.splitlines(), batch_size=2, unroll_steps=3) == as_files
+    refused = [
+        ((params, MODEL, vocab, "heldout.txt"), "source is a str; expected sentences: TextFiles(glob) for files"),
+        ((params, Options(model=MODEL), vocab, source), "model is a Options; expected a ModelConfig: give options.model"),
+        ((params["bilm"], MODEL, vocab, source), "params must be a run's {'bilm': ..., 'softmax': ...} (load_run gives"),
+        ((params, MODEL, EVAL_VOCAB, source), "vocab is a list; expected a Vocabulary (load_run gives the run's)"),
+    ]  # fmt: skip
+    for args, said in refused:
+        with pytest.raises(TypeError) as e:
+            evaluate(*args, batch_size=2, unroll_steps=3)
+        assert str(e.value).startswith(said), str(e.value)
 
 
 @pytest.mark.parametrize("steps", [3, 20])

@@ -23,8 +23,9 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.text.sources import DataError, Source
+from elmo_jax.text.sources import DataError, Lines, Source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.softmax import full_softmax_loss
@@ -50,6 +51,30 @@ from elmo_jax.training.step import AXIS, put_global, token_vectors
 # 84 MB at bilm-tf's 128 x 20, whatever the vocabulary.
 BLOCK = 4096
 IN_FLIGHT = 4  # windows dispatched ahead of the last one known scored
+
+
+def _check_arguments(params, model, vocab, source) -> Source:
+    """``evaluate``'s arguments, each said in one line where it is not what it takes; a list of
+    sentences (str) is taken as ``Lines``."""
+    if not isinstance(model, ModelConfig):
+        hint = ": give options.model" if hasattr(model, "model") else ""
+        raise TypeError(f"model is a {type(model).__name__}; expected a ModelConfig{hint}")
+    if not isinstance(params, Mapping) or not {"bilm", "softmax"} <= set(params):
+        got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise TypeError(
+            f"params must be a run's {{'bilm': ..., 'softmax': ...}} (load_run gives them), got {got}: "
+            "perplexity needs the softmax"
+        )
+    if not isinstance(vocab, Vocabulary):
+        raise TypeError(f"vocab is a {type(vocab).__name__}; expected a Vocabulary (load_run gives the run's)")
+    if isinstance(source, (list, tuple)) and all(isinstance(s, str) for s in source):
+        return Lines(source)
+    if isinstance(source, (str, os.PathLike)) or not all(hasattr(source, a) for a in ("read", "name")):
+        raise TypeError(
+            f"source is a {type(source).__name__}; expected sentences: TextFiles(glob) for files, "
+            "Lines([...]) or a list of str for text in memory"
+        )
+    return source
 
 
 def evaluate(
@@ -90,6 +115,7 @@ def evaluate(
     default: float32, the references' numbers). ``progress``: a tqdm bar on stderr (process 0's)
     over the windows as they are scored.
     """
+    source = _check_arguments(params, model, vocab, source)
     evaluator = HeldoutEvaluator(
         model,
         vocab,
