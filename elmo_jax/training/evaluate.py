@@ -94,7 +94,8 @@ def evaluate(
     progress: bool = False,
 ) -> dict:
     """Full-softmax perplexities: ``{"perplexity", "perplexity_fwd", "perplexity_bwd", "tokens",
-    "unk_rate"}``.
+    "unk_rate"}`` of ``source``'s sentences (``TextFiles``, ``Lines``, ``TfdsSource``, or a list of
+    str, one whitespace-tokenized sentence each).
 
     ``perplexity`` is ``exp(mean CE)`` over all target tokens with ``CE = 0.5 * (CE_fwd +
     CE_bwd)`` per position (bilm-tf's mean over equal-sized batches is the same number).
