@@ -319,6 +319,17 @@ def test_elmo_nnx_refuses_weights_of_another_model_when_built(model):
     ElmoNNX(c261, bilm_params=params, rngs=nnx.Rngs(0))
 
 
+def test_an_unknown_precision_is_refused_as_the_module_is_made(model):
+    """As dropout and convention are (before: taken, then refused at the first init)."""
+    config, params, _ = model
+    said = "^precision must be one of float32, tf32, bfloat16; got 'fp16'$"
+    with pytest.raises(ValueError, match=said):
+        Elmo(config=config, precision="fp16")
+    with pytest.raises(ValueError, match=said):
+        ElmoNNX(config, bilm_params=params, precision="fp16", rngs=nnx.Rngs(0))
+    Elmo(config=config, precision="bfloat16")
+
+
 def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
     config, params, char_ids = model
     elmo, weights = Elmo.from_hdf5(*model_files("allennlp"), dropout=0.0)

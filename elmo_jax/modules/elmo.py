@@ -116,6 +116,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from elmo_jax import policy
 from elmo_jax.config import ModelConfig
 from elmo_jax.model import bilm as _bilm
 from elmo_jax.model.compute import Compute
@@ -345,6 +346,7 @@ class Elmo(nn.Module):
     def __post_init__(self) -> None:
         _check_settings(self.num_output_representations, self.dropout)
         _check_convention(self.convention)
+        policy.check(self.precision)  # as the module is made, not at its first init
         super().__post_init__()
 
     @classmethod
@@ -487,6 +489,7 @@ class ElmoNNX(nnx.Module):
     ):
         _check_settings(num_output_representations, dropout)
         _check_convention(convention)
+        policy.check(precision)
         self.config = config
         self.num_output_representations = num_output_representations
         self.trainable_bilm = trainable_bilm
