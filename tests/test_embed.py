@@ -411,6 +411,8 @@ def test_a_str_where_tokens_are_expected_is_rejected(embedder):
     with pytest.raises(TypeError, match=r"^sentence 1, token 0 has type bytes"):
         batch_to_ids([["a"], [b"b"]])
     assert batch_to_ids([("a", "b"), ["c"]]).shape == (2, 2, 50)  # any sequence of str is fine
+    generated = batch_to_ids(s.split() for s in ["a b", "c"])  # (before: "object of type 'generator' has no len()")
+    np.testing.assert_array_equal(generated, batch_to_ids([["a", "b"], ["c"]]))
     # A cache of words and a vocabulary's ids, alike (before: "The apple" cached 7 letters, and
     # encode("the cat") gave 7 ids).
     with pytest.raises(TypeError, match=r"^token_cache is one str \('The apple'\); expected a list of words"):

@@ -221,6 +221,13 @@ def test_tokenize_unicode():
     assert tokenize("\u00a0Hi\u3000there\u00a0") == ["Hi", "there"]
 
 
+def test_tokenize_takes_one_str_and_says_so():
+    """(Before: unicodedata's "normalize() argument 2 must be str, not list".)"""
+    with pytest.raises(TypeError, match=r"^sentence is a list; expected one str: \[tokenize\(s\) for s in sentences\]"):
+        tokenize(["a b"])  # type: ignore[arg-type]
+    assert [tokenize(s) for s in ["a b", "c."]] == [["a", "b"], ["c", "."]]
+
+
 def test_tokens_are_clean_and_deterministic():
     text = (
         "\u201cWe can\u2019t stop,\u201d said Mr. Smith of the U.S. Senate\u2014again. It's 1,000.50! "

@@ -133,6 +133,9 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50, min_le
     batch keeps a time axis). Each distinct word's ids are computed once per call. A sentence
     that is a ``str`` instead of a list of tokens raises ``TypeError`` (see ``check_tokenized``).
     """
+    check_many(sentences, "sentences", "a list of sentences, each a list of tokens")
+    if not isinstance(sentences, Sequence):  # a generator: read once, here
+        sentences = list(sentences)
     check_tokenized(sentences)
     lengths = [len(s) for s in sentences]
     max_len = max([min_length, 1, *lengths])

@@ -303,6 +303,11 @@ def tokenize(sentence: str) -> list[str]:
     >>> tokenize("“We can’t stop,” said Mr. Smith of the U.S. Senate—again.")
     ['"', 'We', 'ca', "n't", 'stop', ',', '"', 'said', 'Mr.', 'Smith', 'of', 'the', 'U.S.', 'Senate', '--', 'again', '.']
     """
+    if not isinstance(sentence, str):  # (before: unicodedata's "argument 2 must be str, not list")
+        raise TypeError(
+            f"sentence is a {type(sentence).__name__}; expected one str: [tokenize(s) for s in sentences] "
+            "for many, tokenize_text for a text"
+        )
     s = unicodedata.normalize("NFC", sentence).translate(_CHAR_MAP)
     s = _DASH_RUN.sub(" -- ", s)
     s = s.replace("\u2013", "-").replace("\u2012", "-")
