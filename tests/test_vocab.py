@@ -9,7 +9,7 @@ from helpers import FIXTURES
 
 from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
-from elmo_jax.text.sources import DataError, TextFiles
+from elmo_jax.text.sources import DataError, Lines, TextFiles
 from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
 from elmo_jax.training.setup import _config_keys
 
@@ -98,6 +98,13 @@ def test_max_size_with_extend_caps_the_new_words_and_keeps_every_old_one(corpus)
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(VocabError, match=match):
         build_vocab({"a": 1}, **kwargs)
+
+
+def test_build_vocab_given_text_for_its_counts_says_what_gives_them():
+    """(Before: AttributeError "'Lines' object has no attribute 'items'".)"""
+    with pytest.raises(TypeError, match=r"^counts is a Lines; expected a mapping of word to count: count_tokens"):
+        build_vocab(Lines(["a b a"]))  # type: ignore[arg-type]
+    assert build_vocab(count_tokens(Lines(["a b a"]))[0]) == ["<S>", "</S>", "<UNK>", "a", "b"]
 
 
 def test_specials_in_text_first_and_once(tmp_path):

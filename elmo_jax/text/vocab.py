@@ -98,6 +98,11 @@ def build_vocab(
     the counts of this corpus, because the log-uniform sampler assumes ids in frequency order;
     words of ``extend`` that do not occur here come last, in their old order.
     """
+    if not isinstance(counts, Mapping):  # a source of text, say (before: "... has no attribute 'items'")
+        raise TypeError(
+            f"counts is a {type(counts).__name__}; expected a mapping of word to count: count_tokens(source)[0] "
+            "gives one"
+        )
     check_vocab_arguments(min_count, max_size)
     found = {w for w, c in counts.items() if c >= min_count and w not in SPECIALS}
     if not found and not extend and any(w not in SPECIALS for w in counts):  # a vocabulary of the markers alone
