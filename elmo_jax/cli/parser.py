@@ -388,7 +388,7 @@ def _add_eval(sub) -> None:
 
 
 def _add_embed(sub) -> None:
-    """elmo-jax embed"""
+    """elmo-jax embed. Long because: a table of flags, one call each."""
     em = sub.add_parser("embed", help="ELMo layers of every line of a file into hdf5 (bilm-tf's dump format)")
     em.add_argument("--model", help="a released model, downloaded once into the cache (see elmo-jax models)")
     em.add_argument("--run-dir", help="an elmo-jax run directory (newest checkpoint)")
