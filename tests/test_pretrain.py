@@ -721,6 +721,45 @@ def test_a_resumed_run_without_a_config_counts_its_epochs_with_its_own_options(t
     assert out["step"] == 4
 
 
+def test_a_vocabulary_counted_on_other_text_gives_no_epoch_of_this_one(tmp_path):
+    """A vocabulary's sidecar counts the text it was built from: for other training text its count
+    is no epoch (before: taken without a word, and a vocabulary of a 200-line slice made a 1-epoch
+    run of the whole text stop after 1 % of it)."""
+    from elmo_jax.text.vocab import write_vocab
+    from elmo_jax.training.setup import TrainSpec, train
+
+    opts = json.loads(_write_tiny_options(tmp_path / "with_count.json").read_text())
+    del opts["n_train_tokens"]
+    (tmp_path / "options.json").write_text(json.dumps(opts))
+    whole = TRAIN / "data.txt"
+    (tmp_path / "part.txt").write_text("".join(whole.read_text().splitlines(keepends=True)[:3]))
+    words = Vocabulary.load(TRAIN / "vocab.txt").words
+    counts = {}
+    for name, counted in (("whole", str(whole)), ("part", str(tmp_path / "part.txt"))):
+        _, n_tokens, n_sentences = count_tokens(TextFiles(counted))
+        write_vocab(words, tmp_path / f"{name}-vocab.txt", n_tokens, n_sentences, TextFiles(counted))
+        counts[name] = n_tokens + n_sentences
+
+    def run(vocab: str, **stop):
+        settings = RunSettings(run_dir=str(tmp_path / vocab), progress=False, devices=1, async_save=False, **stop)
+        spec = TrainSpec(config=str(tmp_path / "options.json"), vocab=str(tmp_path / f"{vocab}-vocab.txt"))
+        return train(spec, TextFiles(str(whole)), settings, say=lambda *_: None)
+
+    with (
+        pytest.warns(
+            UserWarning, match=r"part-vocab.txt.json counts other text than the training files \(it counted 1"
+        ),
+        pytest.raises(ConfigError, match=r"part-vocab.txt.json counts other text than the training files and config"),
+    ):
+        run("part", epochs=1)
+    # Negative control: the training text's own count is its epoch.
+    assert counts["whole"] != counts["part"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run("whole", steps=1)
+    assert json.loads((tmp_path / "whole" / "options.json").read_text())["n_train_tokens"] == counts["whole"]
+
+
 def test_a_run_started_without_a_token_count_saves_none_and_its_resume_counts_no_epochs(tmp_path):
     """Steps on text never counted (a vocabulary without its sidecar, a config without
     n_train_tokens): the run saves null, where it saved the recipe's 1B Word count, in which its

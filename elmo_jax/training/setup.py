@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from elmo_jax._util.arguments import about, did_you_mean
+from elmo_jax._util.atomic import is_local
 from elmo_jax._util.paths import IS_A_FILE, fault
 from elmo_jax.config import (
     PRESETS,
@@ -103,7 +105,7 @@ def train(
             check_continues(warm, _config_options(spec.config, warm.model, _ANY_VOCAB).model)
     vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
-    options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say)
+    options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say, source)
     # A fresh run's (a resumed one starts from its checkpoint, not from this state).
     seed = 0 if settings.seed is None else settings.seed
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=seed)
@@ -130,8 +132,6 @@ def saved_steps(run_dir: str) -> list[int]:
     commits it; on an object store Orbax writes into the step's own directory and commits it
     with a ``commit_success.txt`` there (``elmo_jax.training.checkpoint``)."""
     from etils import epath
-
-    from elmo_jax._util.atomic import is_local
 
     checkpoints, local = epath.Path(run_dir, "checkpoints"), is_local(run_dir)
     if not checkpoints.is_dir():
@@ -175,14 +175,12 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
 
 
 def _run_options(
-    spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, saved: dict | None, say
+    spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, saved: dict | None, say, source
 ) -> Options:
     """The run's Options: ``spec.config`` (or ``warm``'s biLM, or a resumed run's ``saved``
     options) with the values that override its recipe."""
-    from elmo_jax.text.vocab import read_vocab_meta
-
-    meta = read_vocab_meta(vocab_path) or {}
-    n_train_tokens = spec.n_train_tokens or meta.get("n_train_tokens")
+    counted, other = _vocab_count(vocab_path, source, taken=spec.n_train_tokens is None)
+    n_train_tokens = spec.n_train_tokens or counted
     given = _config_keys(spec.config)
     in_config = "n_train_tokens" in given
     if n_train_tokens is None and saved is not None and not in_config:
@@ -192,7 +190,12 @@ def _run_options(
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
         raise about(
             ConfigError(
-                f"{vocab_path} has no token-count sidecar ({vocab_path}.json) and config sets no "
+                (
+                    f"{vocab_path}.json counts other text than the training files"
+                    if other
+                    else f"{vocab_path} has no token-count sidecar ({vocab_path}.json)"
+                )
+                + " and config sets no "
                 f"token count{f', nor does the run in {settings.run_dir}' if saved is not None else ''}, so epochs "
                 f"cannot be counted; give n_train_tokens (tokens + "
                 f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
@@ -233,6 +236,43 @@ def _run_options(
     if uncounted:  # saved as null, not as the recipe's 1B Word count, which a resume would count epochs in
         options = dataclasses.replace(options, train=dataclasses.replace(options.training, n_train_tokens=None))
     return options
+
+
+def _vocab_count(vocab_path: str, source, taken: bool) -> tuple[int | None, str | None]:
+    """The token count in ``vocab_path``'s sidecar, if it counted ``source``'s files, and how the
+    files it counted differ (None: the same, or not known); ``taken``: warned when they differ."""
+    from elmo_jax.text.vocab import read_vocab_meta
+
+    meta = read_vocab_meta(vocab_path) or {}
+    other = _counted_other_text(meta, source)
+    if other is None:
+        return meta.get("n_train_tokens"), None
+    if taken:
+        # Its count would set the epochs of another text: a vocabulary of a 200-line slice made a
+        # 1-epoch run of the whole text stop after 1 % of it (before: without a word).
+        warnings.warn(
+            f"{vocab_path}.json counts other text than the training files ({other}): its "
+            f"{meta.get('n_train_tokens')} tokens are not taken for an epoch",
+            stacklevel=3,
+        )
+    return None, other
+
+
+def _counted_other_text(meta: dict, source) -> str | None:
+    """How the files a vocabulary sidecar counted differ from ``source``'s (None: the same, or
+    not known)."""
+    counted = meta.get("files")
+    if not isinstance(counted, list) or not hasattr(source, "name"):
+        return None
+    mine = [source.name(i) for i in range(len(source))]
+
+    def same(names: list) -> set:
+        return {os.path.abspath(n) if is_local(n) else n for n in map(str, names)}
+
+    if same(counted) == same(mine):
+        return None
+    first = ", ".join(map(str, counted[:2])) + (", ..." if len(counted) > 2 else "")
+    return f"it counted {len(counted)} file(s): {first}"
 
 
 def training_options(
