@@ -266,10 +266,13 @@ def _counted_other_text(meta: dict, source) -> str | None:
         return None
     mine = [source.name(i) for i in range(len(source))]
 
-    def same(names: list) -> set:
+    def paths(names: list) -> set:
         return {os.path.abspath(n) if is_local(n) else n for n in map(str, names)}
 
-    if same(counted) == same(mine):
+    # By name too: the sidecar keeps the paths as given, relative to where elmo-jax vocab ran.
+    if paths(counted) == paths(mine) or sorted(map(os.path.basename, map(str, counted))) == sorted(
+        map(os.path.basename, mine)
+    ):
         return None
     first = ", ".join(map(str, counted[:2])) + (", ..." if len(counted) > 2 else "")
     return f"it counted {len(counted)} file(s): {first}"
