@@ -37,7 +37,7 @@ from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
-from elmo_jax._util.paths import fault, replaced_input, said
+from elmo_jax._util.paths import fault, replaced_input, said, same_path
 from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ConfigError, check_counts
 from elmo_jax.model.vocabulary import utf8_lines
@@ -340,6 +340,12 @@ def shard_manifest(
 _SHARD = re.compile(r"(.+)-(\d{5,})-of-(\d{5,})(\.[^.]*)?")
 
 
+def _output_of(shard: str) -> str | None:
+    """The ``--output`` whose ``shard_file`` is ``shard`` (None: not a shard's name)."""
+    m = _SHARD.fullmatch(os.path.basename(shard))
+    return None if m is None else os.path.join(os.path.dirname(shard), m[1] + (m[4] or ""))
+
+
 class ShardedEmbeddings:
     """One read-only view, in line order, over what ``elmo-jax embed`` wrote: the files of the N
     processes of a ``--num-shards N`` run, or the one file of an unsharded run.
@@ -362,11 +368,10 @@ class ShardedEmbeddings:
             return
         root, ext = os.path.splitext(source)
         # The glob's * would also take another output's shards: e-top-00000-of-00002.hdf5.json for e.hdf5.
-        name = re.compile(rf"{re.escape(os.path.basename(root))}-\d{{5,}}-of-\d{{5,}}{re.escape(ext)}\.json")
         paths = sorted(
             p
             for p in glob.glob(f"{glob.escape(root)}-*-of-*{glob.escape(ext)}.json")
-            if name.fullmatch(os.path.basename(p))
+            if (output := _output_of(p.removesuffix(".json"))) is not None and same_path(output, source)
         )
         self._shards = self._check([self._read_manifest(p) for p in paths]) if paths else [self._unsharded(source)]
 
@@ -413,8 +418,7 @@ class ShardedEmbeddings:
         if missing:
             # The output the shards were given, from one manifest's name (shard_file's pattern).
             known = shards[0]
-            root, ext = os.path.splitext(known["manifest"].removesuffix(".json"))
-            output = root.removesuffix(f"-{known['shard_index']:05d}-of-{n:05d}") + ext
+            output = _output_of(known["manifest"].removesuffix(".json")) or known["manifest"]
             names = ", ".join(shard_file(output, i, n) + ".json" for i in missing[:3]) + (
                 ", ..." if len(missing) > 3 else ""
             )
@@ -429,7 +433,7 @@ class ShardedEmbeddings:
             raise FileNotFoundError(f"{path}: no such embed output, and no shard manifests next to it")
         shard = _SHARD.fullmatch(os.path.basename(path))
         if shard is not None and os.path.isfile(path + ".json"):  # its manifest says what it is
-            output = os.path.join(os.path.dirname(path), shard[1] + (shard[4] or ""))
+            output = _output_of(path)
             raise ValueError(
                 f"{path}: is shard {int(shard[2])} of {int(shard[3])} of {output}, one line in "
                 f"{int(shard[3])}: give {output} to read every shard's lines in line order"
@@ -437,14 +441,16 @@ class ShardedEmbeddings:
         if not h5py.is_hdf5(path):
             raise ValueError(f"{path}: not an hdf5 file: give what elmo-jax embed wrote (its --output)")
         with h5py.File(path, "r") as f:
-            pooled = "embeddings" in f
-            lines = sorted(int(k) for k in f if k.isdigit())
-            others = sorted(k for k in f if not k.isdigit() and k not in ("embeddings", "sentence_to_index"))
-            n = len(f["embeddings"]) if pooled else len(lines)
+            names = list(f)  # one pass over the file's index: a dataset per line can be millions
+            pooled = "embeddings" in names
+            rows = len(f["embeddings"]) if pooled else 0
+        lines = sorted(int(k) for k in names if k.isdigit())
+        others = sorted(k for k in names if not k.isdigit() and k not in ("embeddings", "sentence_to_index"))
         # A weights file, say; or one dataset per line, but not lines 0 to n-1.
         if others or lines != list(range(len(lines))):
             held = f"{others[:4]}" if others else f"the lines {lines[:3]}... of {len(lines)}"
             raise ValueError(f"{path}: not what elmo-jax embed writes (it holds {held}): give its --output")
+        n = rows if pooled else len(lines)
         return {
             "path": path,
             "num_lines": n,
