@@ -27,6 +27,7 @@ if typing.TYPE_CHECKING:  # what type checkers and editors see; at run time, __g
     from elmo_jax.text.tokenize import tokenize, tokenize_text
     from elmo_jax.text.vocab import build_vocab, write_vocab
     from elmo_jax.training.evaluate import evaluate
+    from elmo_jax.training.hooks import Stopped
     from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
     from elmo_jax.training.run_dir import export_run, load_run
 
@@ -78,6 +79,7 @@ _LAZY = {
     "build_vocab": "elmo_jax.text.vocab",
     "write_vocab": "elmo_jax.text.vocab",
     "evaluate": "elmo_jax.training.evaluate",
+    "Stopped": "elmo_jax.training.hooks",
     "RunSettings": "elmo_jax.training.loop",
     "options_for_vocab": "elmo_jax.training.loop",
     "pretrain": "elmo_jax.training.loop",
@@ -105,6 +107,7 @@ __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for
     "RunSettings",
     "ScalarMix",
     "ShardedEmbeddings",
+    "Stopped",
     "TextFiles",
     "TrainConfig",
     "VocabError",

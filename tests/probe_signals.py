@@ -12,7 +12,8 @@ Each run starts ``elmo-jax train`` (the README's command, to step 60 on the bund
 new run dir) or ``elmo-jax embed`` (AllenNLP's test biLM over 20,000 lines) as a terminal starts
 it, sends SIGINT, SIGTERM or SIGHUP after a random delay, and sorts how it ended:
 
-- ``stopped``: training's loop saved and stopped (exit 0, "stopped at step N");
+- ``stopped``: training's loop saved and stopped ("stopped at step N", exit 128 + N as a process
+  the signal ended);
 - ``interrupted``: the command's one line, ``elmo-jax train: interrupted (SIGTERM)``, exit 128 + N
   (``LEFT FILES`` if embed left anything of its output);
 - ``before its handlers``: the signal came while the interpreter started, before ``elmo_jax.cli``
@@ -89,8 +90,10 @@ def _outcome(kind: str, sent: signal.Signals, rc: int | None, out: str, err: str
         return "before its handlers"
     if rc == 1 and 'File "<frozen site>"' in err and err.rstrip().endswith("KeyboardInterrupt"):
         return "before its handlers"  # Ctrl-C in Python's own start-up, its site module
+    if rc == 128 + sent and kind == "train" and "stopped at step" in out:
+        return "stopped"
     if rc == 0:
-        return "stopped" if kind == "train" and "stopped at step" in out else "LOST"
+        return "LOST"
     if "Traceback" in err:
         return "TRACEBACK"
     return "interrupted" if rc == 128 + sent and lines and lines[-1] == said else "OTHER"

@@ -726,7 +726,9 @@ def _when_said(proc, log, text: str, timeout: float) -> float:
     return time.monotonic()
 
 
-def _wait_workers(procs, logs, timeout, expect_ok: bool = True) -> list[str]:
+def _wait_workers(procs, logs, timeout, expect_ok: bool = True, expect: int = 0) -> list[str]:
+    """The workers' logs once they exit (killed at ``timeout`` s); with ``expect_ok``, each must
+    exit ``expect``."""
     deadline = time.monotonic() + timeout
     try:
         for p in procs:
@@ -745,7 +747,7 @@ def _wait_workers(procs, logs, timeout, expect_ok: bool = True) -> list[str]:
         report.append(f"--- process {i}: exit {p.returncode}\n{texts[-1][-3000:]}")
         log.close()
     if expect_ok:
-        assert all(p.returncode == 0 for p in procs), "multi-host workers failed:\n" + "\n".join(report)
+        assert all(p.returncode == expect for p in procs), "multi-host workers failed:\n" + "\n".join(report)
     return texts
 
 
@@ -866,8 +868,9 @@ def _wait_for_a_checkpoint(run_dir, procs) -> None:
 
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, worker_cache):
-    """A scheduler preempts one host: both processes agree on the step, save it and exit 0; the
-    run resumes from that step."""
+    """A scheduler preempts one host: both processes agree on the step, save it and exit 143
+    (128 + SIGTERM, the signalled one's, on both: the run has not ended); the run resumes from
+    that step."""
     from elmo_jax import cli
 
     _two_local_devices()
@@ -877,7 +880,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, capsys, wo
     assert all(p.poll() is None for p in procs), "a worker stopped early"
     procs[1].send_signal(signal.SIGTERM)  # process 1 only
     t0 = time.monotonic()
-    texts = _wait_workers(procs, logs, timeout=60)
+    texts = _wait_workers(procs, logs, timeout=60, expect=128 + signal.SIGTERM)
     assert time.monotonic() - t0 < 60
     stopped = [[l for l in text.splitlines() if l.startswith("stopped at step")] for text in texts]
     assert all(len(x) == 1 for x in stopped), texts
@@ -1231,7 +1234,7 @@ def test_a_suspend_of_the_whole_run_longer_than_the_timeouts_is_survived(tmp_pat
     assert all(p.poll() is None for p in procs), "a worker stopped after the suspend"
     for p in procs:
         p.send_signal(signal.SIGTERM)
-    texts = _wait_workers(procs, logs, timeout=60)
+    texts = _wait_workers(procs, logs, timeout=60, expect=128 + signal.SIGTERM)
     for text in texts:
         assert "stopped answering" not in text and "Traceback" not in text, text[-3000:]
     # Each process is signalled, one after the other: one may stop on the other's signal first.

@@ -193,7 +193,7 @@ def _peer_stops_at(feed, step: int) -> None:
 
     def agree(values):
         calls.append(1)
-        return (*values[:2], StopTogether.REASONS.index("signal")) if len(calls) == step + 1 else real(values)
+        return (*values[:2], StopTogether.REASONS.index("signal"), 15) if len(calls) == step + 1 else real(values)
 
     feed.agree = agree
 

@@ -5,6 +5,7 @@ import dataclasses
 import errno
 import json
 import logging
+import math
 import os
 import pathlib
 import re
@@ -948,9 +949,11 @@ def test_eval_reads_a_tfds_split_like_the_same_text_in_a_file(tmp_path, capsys, 
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP", "SIGHUP under nohup"])
 def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
     """SIGTERM (a scheduler, a preemption notice) and SIGHUP (the terminal closed: an ssh session
-    dropped) save the step reached and stop, exit 0. (Before, SIGHUP ended the process at once,
-    losing the steps since the last checkpoint.) Under nohup, which ignores SIGHUP, a hangup is
-    ignored as asked, and the run goes on until SIGTERM."""
+    dropped) save the step reached and stop, exit 128 + the signal's number, as the signal's own
+    exit: a scheduler or a retry loop must not take the stop for the run's end. (Before, SIGHUP
+    ended the process at once, losing the steps since the last checkpoint; later, a stop exited 0.)
+    Under nohup, which ignores SIGHUP, a hangup is ignored as asked, and the run goes on until
+    SIGTERM."""
     import signal
     import time
 
@@ -1000,7 +1003,7 @@ def test_sigterm_or_a_hangup_saves_a_checkpoint_and_stops(tmp_path, sent):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 128 + (signal.SIGTERM if nohup else getattr(signal, sent)), err
     stopped = [l for l in out.splitlines() if l.startswith("stopped at step")]
     assert len(stopped) == 1, out
     step = int(stopped[0].split()[3].rstrip(";"))
@@ -1021,6 +1024,37 @@ def test_a_signal_stop_says_how_the_run_goes_on(capsys, new_data):
         capsys.readouterr().out
         == f"stopped at step 7; checkpoint saved in RUN; the same command {without}resumes from it\n"
     )
+
+
+def test_a_signal_stop_raises_stopped_in_python_and_the_same_call_resumes(tmp_path, capsys):
+    """Ctrl-C (a notebook's interrupt) saves the step reached, then raises ``Stopped``, a
+    KeyboardInterrupt holding the step and its metrics: a return means the run reached its end.
+    (Before: the stop returned its metrics, as the run's end does.)"""
+    import signal
+
+    from elmo_jax.training.hooks import Stopped
+
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    settings = RunSettings(
+        run_dir=str(tmp_path / "run"), steps=6, log_every=1, save_every=100, progress=False, devices=1, async_save=False
+    )
+
+    def interrupt_at_3(record: dict) -> None:
+        if record["step"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Stopped) as e:
+        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings, on_metrics=interrupt_at_3)
+    assert isinstance(e.value, KeyboardInterrupt) and not isinstance(e.value, Exception)
+    assert (e.value.step, e.value.signum, e.value.here) == (3, signal.SIGINT, True)
+    assert e.value.metrics["step"] == 3 and math.isfinite(e.value.metrics["loss"])
+    assert (
+        str(e.value) == f"stopped at step 3; checkpoint saved in {settings.run_dir}; the same command resumes from it"
+    )
+    assert str(e.value) in capsys.readouterr().out
+    assert load_run(settings.run_dir)[3] == 3
+    assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)["step"] == 6
 
 
 @pytest.mark.slow

@@ -186,11 +186,15 @@ def _watched(watch: multihost.PeerWatch | None, args: argparse.Namespace):
     watch.ended()
 
 
-def cmd_train(args: argparse.Namespace) -> None:
-    """``elmo_jax.training.setup.train`` on the data, vocabulary and options the flags give."""
+def cmd_train(args: argparse.Namespace) -> int:
+    """``elmo_jax.training.setup.train`` on the data, vocabulary and options the flags give; the
+    exit code: 0 at the run's end, 128 + the signal's number when a signal stopped it short (143
+    for SIGTERM), so that a scheduler or a retry loop does not take a preempted run for a finished
+    one."""
     import jax
 
     from elmo_jax.text.sources import open_source
+    from elmo_jax.training.hooks import Stopped
 
     if (cluster := multihost.from_cluster(args)) is not None and args.process_id == 0:
         print(cluster)
@@ -215,7 +219,11 @@ def cmd_train(args: argparse.Namespace) -> None:
                 print(kernels)
             if stall is not None:
                 stall.start()
-            last = _train(args, source, heldout, None if stall is None else stall.beat, notes)
+            stopped = None
+            try:
+                last = _train(args, source, heldout, None if stall is None else stall.beat, notes)
+            except Stopped as e:  # saved, and said so; every process stopped at the same step
+                stopped, last = e, e.metrics
     finally:
         if stall is not None:
             stall.close()
@@ -225,6 +233,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         # where reading checkpoints is a collective of several.
         saved = _saved_heldout(args.run_dir) if heldout_files is None and jax.process_count() == 1 else None
         print(next_commands(args.run_dir, heldout_files or saved, args.tfds_data_dir), file=sys.stderr)
+    return 0 if stopped is None else 128 + stopped.signum
 
 
 def _saved_heldout(run_dir: str) -> str | None:
@@ -541,8 +550,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         return _run(args, argv)
 
 
-def _function(command: str) -> Callable[[argparse.Namespace], None]:
-    """The function that runs ``command``, looked up when it runs."""
+def _function(command: str) -> Callable[[argparse.Namespace], int | None]:
+    """The function that runs ``command``, looked up when it runs; it returns its exit code when
+    that is not 0 (None)."""
     return {
         "demo": cmd_demo,
         "vocab": cmd_vocab,
@@ -572,7 +582,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     """The command, its one-line errors and their exit codes."""
     try:
         enable_compile_cache(args.compile_cache)
-        _function(args.command)(args)
+        code = _function(args.command)(args)
     except KeyboardInterrupt as e:
         exit_code = say_interrupted(args.command, e)
         if argv is None:  # the program, not a caller's Python
@@ -580,7 +590,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
             if args.command == "embed":
                 # Its partial output already removed: leave without the interpreter's teardown, in
                 # which XLA can crash (SIGSEGV) when Ctrl-C landed while a program compiled.
-                # (train saves and returns on a signal.)
+                # (train saves on a signal, and returns its exit code.)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(exit_code)
@@ -589,7 +599,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         if (code := _exit_code(e)) is None:
             raise
         return _failed(args, e, code)
-    return 0
+    return code or 0
 
 
 def _exit_code(exc: BaseException) -> int | None:

@@ -29,9 +29,10 @@ class StopTogether(Exception):
 
     REASONS = (None, "end of data", "signal", "error")
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, signum: int = 0):
         super().__init__(reason)
         self.reason = reason
+        self.signum = signum  # the signal a process stopped for (the highest number of several); 0: none
 
 
 class PeerFailed(RuntimeError):
@@ -100,10 +101,11 @@ class GlobalBatches:
         self._parts: list = [self.host]
         self._closer = weakref.finalize(self, _close_all, self._parts)
 
-    def next(self, step_number: int, stopping: str | None = None) -> dict:
+    def next(self, step_number: int, stopping: str | None = None, signum: int = 0) -> dict:
         """The global batch of ``step_number``; raises ``StopTogether`` if any process stops here.
 
-        ``stopping``: this process's own reason to stop (``StopTogether.REASONS``). An exception
+        ``stopping``: this process's own reason to stop (``StopTogether.REASONS``), and ``signum``
+        the signal's number when that is one (told to the others, whose exit says it). An exception
         while building the batch is one too (kept in ``self.error``). Called once per step, in
         step order."""
         n, local, capacity, arrays, snapshot = self.mesh.size, None, 0, None, None
@@ -123,9 +125,9 @@ class GlobalBatches:
                 # A batch built ahead may have been planned before the last agreement.
                 local, capacity, arrays = item.batch, max(item.capacity, self.capacity), item.arrays
         words = local["chars"].shape[1] if local is not None else 0
-        words, capacity, reason = self.agree([words, capacity, StopTogether.REASONS.index(stopping)])
+        words, capacity, reason, signum = self.agree([words, capacity, StopTogether.REASONS.index(stopping), signum])
         if reason:
-            raise StopTogether(str(StopTogether.REASONS[reason]))
+            raise StopTogether(str(StopTogether.REASONS[reason]), signum)
         assert local is not None  # no process stops here, so this one built its batch
         self._snapshot = snapshot
         if local["fetch"].shape[-1] != capacity:  # another process needs more: plan again with its capacity

@@ -3,7 +3,8 @@
 - ``MetricsWindow``: sums the step metrics between two logged steps and times them;
 - ``MetricsFile``: ``metrics.jsonl``, one line per logged step, kept exact across resumes;
 - ``Progress``: the tqdm bar, and a beat at each step for whoever watches for a stuck run;
-- ``SignalStop``: SIGTERM/SIGINT/SIGHUP become a request to save and stop at the next step boundary;
+- ``SignalStop``: SIGTERM/SIGINT/SIGHUP become a request to save and stop at the next step boundary
+  (``Stopped`` then says the run ended short of its end);
 - ``DivergenceGuard``: a blown-up training loss stops the run (``Diverged``) or is warned about.
 
 The held-out evaluator (``evaluate.HeldoutEvaluator``) and the checkpointer are the others.
@@ -204,8 +205,12 @@ class SignalStop:
     shares outside the loop)."""
 
     def __init__(self):
-        self.requested = False
+        self.signum = 0  # the first signal's number; 0 while none came
         self._handling = handling(self._handle, (signal.SIGTERM, signal.SIGINT, HANGUP))
+
+    @property
+    def requested(self) -> bool:
+        return self.signum != 0
 
     def __enter__(self):
         self._handling.__enter__()
@@ -214,7 +219,7 @@ class SignalStop:
     def _handle(self, signum, frame):
         if self.requested:  # a second one: stop now, as the command line's handlers stop it
             raise as_interrupt(signum)
-        self.requested = True
+        self.signum = signum
 
     def __exit__(self, *exc):
         self._handling.__exit__(*exc)
@@ -275,6 +280,21 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal stopped the run short of its end, once the step it reached was saved: ``pretrain``
+    raises it where a finished run returns, so that a caller (a notebook's interrupt, a script
+    under a scheduler's SIGTERM) cannot take the stop for the end. The same run dir resumes.
+
+    ``step``: the step saved; ``signum``: the signal (another process's, when ``here`` is False);
+    ``metrics``: the record ``pretrain`` returns at the end, for the steps since the last logged one.
+    A ``KeyboardInterrupt``, as the signal's own would have been: ``except Exception`` lets it by,
+    and the command line exits 128 + ``signum`` (143 for SIGTERM), as a process killed by it."""
+
+    def __init__(self, message: str, step: int, signum: int, here: bool, metrics: dict):
+        super().__init__(message)
+        self.step, self.signum, self.here, self.metrics = step, signum, here, metrics
 
 
 class Diverged(RuntimeError):

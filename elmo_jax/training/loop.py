@@ -46,6 +46,7 @@ from elmo_jax.training.hooks import (
     MetricsWindow,
     Progress,
     SignalStop,
+    Stopped,
     logged,
 )
 from elmo_jax.training.orbax_log import orbax_log
@@ -615,6 +616,11 @@ def pretrain(
 ) -> dict:
     """Trains (or resumes) into ``settings.run_dir``. Returns the last logged metrics.
 
+    SIGINT (Ctrl-C, a notebook's interrupt), SIGTERM or SIGHUP stop it at the next step boundary:
+    it saves that step, then raises ``hooks.Stopped`` (a ``KeyboardInterrupt``, holding the step
+    and the metrics), so that a return always means the run reached its end (steps, epochs or the
+    end of the data). The same call resumes.
+
     ``source``: the training text; ``heldout``: text scored under the full softmax every
     ``settings.eval_every`` steps (``evaluate``'s carried protocol). ``fixed_candidates``: every
     device draws device 0's sampled candidates (for tests that compare device layouts).
@@ -737,16 +743,7 @@ def _train(
         else:
             print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
-    scored = (run.meta or {}).get("heldout_files")
-    if heldout is not None:
-        scored = [heldout.name(i) for i in range(min(len(heldout), 20))]
-    elif scored and run.lead:
-        names = ", ".join(scored[:2]) + (", ..." if len(scored) > 2 else "")
-        print(
-            f"warning: {settings.run_dir} scored held-out text ({names}) in an earlier session; this one "
-            "scores none: give the held-out files again to go on scoring them",
-            file=sys.stderr,
-        )
+    scored = _scored_files(run, heldout)
     compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
@@ -760,7 +757,7 @@ def _train(
     save = _Saver(run, batches, guard, start, scored)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
     on_log = _on_log(run, heldout, guard, progress, start, on_metrics)
-    step, state, reason, error = _steps(
+    step, state, reason, error, signum = _steps(
         step_fn, state, batches, start, run.total, settings, window, on_log, save, progress
     )
     batches.close()  # the batches built ahead are not needed; data_state() stays
@@ -771,11 +768,30 @@ def _train(
         # so the last window of an epoch may not fill): nothing was run, nothing is saved again.
         print(f"{settings.run_dir}: its data ended at step {start} (planned {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
-    _finish(run, step, state, reason, error or batches.error, save)
+    said = _finish(run, step, state, reason, error or batches.error, save)
     # A session that stops between logged steps (a signal, the end of the data; the last step of a
     # total is logged) ends with the metrics of its steps since the last logged one, not with that
     # one's under this step's number.
-    return window.close(step, batches.epoch()) if window.n else {**window.last, "step": step}
+    last = window.close(step, batches.epoch()) if window.n else {**window.last, "step": step}
+    if reason in ("signal", "another's signal"):
+        raise Stopped(said, step, signum, reason == "signal", last)
+    return last
+
+
+def _scored_files(run: _Run, heldout: Source | None) -> list[str] | None:
+    """The held-out files the run's checkpoints name: this session's, else the earlier session's,
+    with a warning that this one scores none."""
+    scored = (run.meta or {}).get("heldout_files")
+    if heldout is not None:
+        return [heldout.name(i) for i in range(min(len(heldout), 20))]
+    if scored and run.lead:
+        names = ", ".join(scored[:2]) + (", ..." if len(scored) > 2 else "")
+        print(
+            f"warning: {run.settings.run_dir} scored held-out text ({names}) in an earlier session; this one "
+            "scores none: give the held-out files again to go on scoring them",
+            file=sys.stderr,
+        )
+    return scored
 
 
 def _batcher(run: _Run, source: Source) -> LMBatcher:
@@ -807,9 +823,10 @@ def _announce(run: _Run, start: int, batcher: LMBatcher, state: TrainState, orig
 
 
 def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: BaseException | None,
-            save: _Saver) -> None:  # fmt: skip
+            save: _Saver) -> str:  # fmt: skip
     """The last save, then why the loop stopped: this process's own error (raised after the save,
-    so the last sound state is on disk), a peer's, a signal or the end of the data."""
+    so the last sound state is on disk), a peer's, a signal or the end of the data. Returns the
+    line said (none at the run's end)."""
     if isinstance(mine, Diverged):  # every process decides it alike, from the same replicated loss
         raise mine
     if isinstance(mine, SaveFailed) and jax.process_count() == 1:
@@ -827,12 +844,16 @@ def _finish(run: _Run, step: int, state: TrainState, reason: str | None, mine: B
         where = f"not saved, the newest logged loss being above the divergence threshold: {run_dir} resumes from step {newest}"
     if reason == "error":
         raise PeerFailed(f"another process failed: stopped at step {step}; {where}")
+    said = ""
     if reason == "signal":
-        print(f"stopped at step {step}; {where}")
+        said = f"stopped at step {step}; {where}"
     if reason == "another's signal":
-        print(f"stopped at step {step} (another process was signalled); {where}")
+        said = f"stopped at step {step} (another process was signalled); {where}"
     if reason == "end of data":  # under --epochs, the first process to read all its shards ends the epoch
-        print(f"end of data at step {step}; {where}")
+        said = f"end of data at step {step}; {where}"
+    if said:
+        print(said)
+    return said
 
 
 class _Saver:
@@ -925,21 +946,23 @@ def _steps(
     on_log: Callable,
     save: _Saver,
     progress: Progress,
-) -> tuple[int, TrainState, str | None, BaseException | None]:
-    """The loop: ``(last step, state, why it stopped early, this process's own error)``.
+) -> tuple[int, TrainState, str | None, BaseException | None, int]:
+    """The loop: ``(last step, state, why it stopped early, this process's own error, the signal's
+    number)``; the signal is 0 unless one stopped it, here or on another process.
 
     A failure in host code (a hook, a save) does not stop this process alone: it is kept and
     passed to the next ``batches.next``, so that every process stops at the same step boundary
     and saves there together (``GlobalBatches``). Except a save that Orbax's own code failed on
     this process alone (``Checkpointer.alone``): raised at once, as no collective may follow it."""
-    step, reason, error = start, None, None
+    step, reason, error, signum = start, None, None, 0
     with SignalStop() as stop:
         while total is None or step < total:
             try:
-                batch = batches.next(step, "error" if error else "signal" if stop.requested else None)
+                batch = batches.next(step, "error" if error else "signal" if stop.requested else None, stop.signum)
             except StopTogether as e:
                 # A signal to another process only: this one's line says so, or it reads as its own.
                 reason = "another's signal" if e.reason == "signal" and not stop.requested else e.reason
+                signum = stop.signum or e.signum
                 break
             state, m = step_fn(state, batch)
             step += 1
@@ -965,7 +988,7 @@ def _steps(
             on_log(step, state, window.close(step, math.ceil(settings.epochs or batches.epoch())))
         except Exception as e:  # noqa: BLE001 - kept as the loop keeps a hook's: the last save comes first
             error = e
-    return step, state, reason, error
+    return step, state, reason, error, signum
 
 
 def _learning_rate_change(run: _Run) -> str:
