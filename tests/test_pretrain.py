@@ -1581,6 +1581,32 @@ def test_too_little_held_out_text_names_the_setting_that_can_help(tmp_path):
     assert arguments_of(e) == ()
 
 
+def test_training_text_that_fills_no_step_under_epochs_is_an_error_naming_it(tmp_path, capsys):
+    """Text too short for one step's rows under epochs (steps read it again) stops in one line that
+    names the file and what can help, exit 2. (Before: "its data ended at step 0 (planned 1);
+    nothing to do", exit 0, as if a finished run had been run again.)"""
+    from elmo_jax._util.arguments import arguments_of
+    from elmo_jax.text.sources import DataError
+
+    (tmp_path / "t.txt").write_text((TRAIN / "data.txt").read_text().splitlines()[0] + "\n")
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+    settings = RunSettings(run_dir=str(tmp_path / "run"), epochs=1, progress=False, devices=1, async_save=False)
+    with pytest.raises(DataError) as e:
+        pretrain(options, vocab, TextFiles(str(tmp_path / "t.txt")), settings)
+    assert str(e.value).startswith(f"the training text ({tmp_path / 't.txt'}: 1 sentence, ")
+    assert "training step (2 rows x 5 tokens)" in str(e.value) and "a smaller batch_size, or steps" in str(e.value)
+    assert arguments_of(e.value) == ("batch_size", "steps")
+    assert "nothing to do" not in capsys.readouterr().out and saved_steps(settings.run_dir) == []
+    # The same text under steps: read again as often as they need.
+    assert (
+        pretrain(
+            options, vocab, TextFiles(str(tmp_path / "t.txt")), dataclasses.replace(settings, epochs=None, steps=2)
+        )["step"]
+        == 2
+    )
+
+
 def test_a_session_that_stops_between_logged_steps_ends_with_the_metrics_of_its_last_steps(tmp_path, capsys):
     """At the end of the data (or a signal) between logged steps (before: the record of the last
     logged step, under the number of the step it stopped at). The data's end ends the run as a

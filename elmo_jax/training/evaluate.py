@@ -158,27 +158,36 @@ def _names(source: Source) -> str:
     return ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
 
 
-def too_little_text(source: Source, batch_size: int, unroll_steps: int, *, per_sentence: bool = False) -> DataError:
+def too_little_text(
+    source: Source, batch_size: int, unroll_steps: int, *, per_sentence: bool = False, training: bool = False
+) -> DataError:
     """The error for held-out text that fills no window of the carried protocol (empty, too short,
     or too few sentences for the rows). ``per_sentence``: the caller can offer that protocol,
-    which packs any text into its windows."""
+    which packs any text into its windows. ``training``: training text that filled no step's
+    window (``batch_size``: the rows of one process's devices together)."""
+    text, window_of = ("training text", "training step") if training else ("held-out text", "evaluation window")
     lengths = [len(line.split()) for i in range(len(source)) for line in source.read(i)]
     if not lengths:
-        return DataError(f"the held-out text ({_names(source)}) has no sentence to score; give a file with text in it")
+        return DataError(
+            f"the {text} ({_names(source)}) has no sentence to {'train on' if training else 'score'}; give a file "
+            "with text in it"
+        )
     pairs = sum(lengths) + len(lengths)  # each sentence also predicts its end marker
     said = f"{len(lengths)} sentence{'' if len(lengths) == 1 else 's'}, {sum(lengths)} tokens"
     window = f"{batch_size} row{'' if batch_size == 1 else 's'} x {unroll_steps} tokens"
     if pairs >= batch_size * unroll_steps:
         # bilm-tf's protocol: a row takes whole sentences in turn, so a few long ones fill a few rows.
-        why = f"fills no evaluation window ({window}): each row reads whole sentences, and none are left for the last rows"
+        why = f"fills no {window_of} ({window}): each row reads whole sentences, and none are left for the last rows"
     else:
-        why = f"is smaller than one evaluation window ({window})"
+        why = f"is smaller than one {window_of} ({window})"
     knob = "batch_size" if batch_size > 1 else "unroll_steps"  # one row already: only shorter ones can help
     also = ", or reset_state_per_sentence (it packs any text)" if per_sentence else ""
+    also += ", or steps, which read the text again as often as they need" if training else ""
     return about(
-        DataError(f"the held-out text ({_names(source)}: {said}) {why}; give more text or a smaller {knob}{also}"),
+        DataError(f"the {text} ({_names(source)}: {said}) {why}; give more text or a smaller {knob}{also}"),
         knob,
         *(["reset_state_per_sentence"] if per_sentence else []),
+        *(["steps"] if training else []),
     )
 
 

@@ -763,6 +763,8 @@ def _train(
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     progress.beat(f"saving step {step}, the last")
+    if step == start == 0 and reason == "end of data" and not (error or batches.error):
+        raise _no_first_step(run, source)
     if step == start and reason == "end of data" and not (error or batches.error):
         # A rerun of a run whose data ended short of its planned total (rows take whole sentences,
         # so the last window of an epoch may not fill): nothing was run, nothing is saved again.
@@ -776,6 +778,21 @@ def _train(
     if reason in ("signal", "another's signal"):
         raise Stopped(said, step, signum, reason == "signal", last)
     return last
+
+
+def _no_first_step(run: _Run, source: Source) -> DataError:
+    """The error for training text that ended before the first step (under epochs: ``steps``
+    read it again instead), said as held-out text that fills no window is."""
+    t = run.options.training
+    if jax.process_count() == 1:
+        return too_little_text(source, t.batch_size * run.n_local, t.unroll_steps, training=True)
+    return about(
+        DataError(
+            f"the training text of one process (each reads its own shards: {t.batch_size} rows x {t.unroll_steps} "
+            "tokens per device) ended before the first step; give more text, or a smaller batch_size"
+        ),
+        "batch_size",
+    )
 
 
 def _scored_files(run: _Run, heldout: Source | None) -> list[str] | None:
