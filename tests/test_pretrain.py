@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -1681,3 +1682,43 @@ def test_a_resume_without_the_held_out_files_is_warned_and_the_hints_keep_them(t
     )
     out, err = capsys.readouterr()
     assert "warning" not in err and "heldout_perplexity" in out
+
+
+def _fake_checkpoint(run_dir: pathlib.Path, meta: dict) -> None:
+    """A committed-looking step whose metadata alone is real: what ``setup.newest_meta`` reads."""
+    (run_dir / "checkpoints" / "5" / "meta").mkdir(parents=True)
+    (run_dir / "checkpoints" / "5" / "meta" / "metadata").write_text(json.dumps(meta))
+
+
+def test_a_run_trained_on_other_files_resumed_without_train_files_is_refused_first(tmp_path, capsys):
+    """No --train-files trains on the bundled sample: resuming a run of other text that way is
+    refused in one line that names its files, before the vocabulary or the data are read. (Before:
+    a warning about the vocabulary's count, then "the training data differs ... train.txt is new",
+    a file the user never gave.)"""
+    run_dir = tmp_path / "run"
+    _fake_checkpoint(run_dir, {"train_files": [{"name": "a.txt", "size": 10}], "heldout_files": None})
+    assert cli.main(["train", "--run-dir", str(run_dir), "--steps", "9", "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"elmo-jax train: error: --run-dir {run_dir}: was trained on a.txt, and no --train-files trains on the "
+        "bundled sample; give --train-files with its files to resume it\n"
+    )
+    assert out == "" and sorted(os.listdir(run_dir)) == ["checkpoints"]
+
+
+def test_a_sample_run_that_scored_other_held_out_text_is_not_given_the_samples():
+    """Resumed without flags, a run of the bundled sample scores the sample's held-out file only if
+    that is what it scored before (or nothing): two texts' perplexities would mix in its log."""
+    from elmo_jax.cli.commands import _sample_heldout
+
+    sample, sample_heldout = bundled_sample()
+
+    def heldout_for(tmp: pathlib.Path, scored: list[str] | None) -> str | None:
+        _fake_checkpoint(tmp, {"train_files": [{"name": "train.txt"}], "heldout_files": scored})
+        return _sample_heldout(str(tmp), sample, sample_heldout)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        assert _sample_heldout(tmp, sample, sample_heldout) == sample_heldout  # a new run
+    for scored, given in (([sample_heldout], sample_heldout), (None, sample_heldout), (["/data/dev.txt"], None)):
+        with tempfile.TemporaryDirectory() as tmp:
+            assert heldout_for(pathlib.Path(tmp), scored) == given, scored

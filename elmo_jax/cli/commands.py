@@ -205,7 +205,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     notes = []  # said once the flags have passed their checks (_train), not above a refusal of them
     if train_files is None:
         train_files, sample_heldout = bundled_sample()
-        heldout_files = heldout_files or sample_heldout
+        heldout_files = heldout_files or _sample_heldout(args.run_dir, train_files, sample_heldout)
         notes.append(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
     multihost.check_processes(args, source)
@@ -234,6 +234,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         saved = _saved_heldout(args.run_dir) if heldout_files is None and jax.process_count() == 1 else None
         print(next_commands(args.run_dir, heldout_files or saved, args.tfds_data_dir), file=sys.stderr)
     return 0 if stopped is None else 128 + stopped.signum
+
+
+def _sample_heldout(run_dir: str, sample: str, sample_heldout: str) -> str | None:
+    """The bundled sample's held-out file for a run without --train-files, which trains on the
+    sample: a run dir trained on other files is refused (it would be refused later, saying that
+    the sample's train.txt is new), and one that scored other held-out text is not given the
+    sample's (its perplexities would mix two texts; the run warns that it scores none)."""
+    from elmo_jax.training.setup import newest_meta
+
+    meta = newest_meta(run_dir) or {}
+    trained = [f.get("name") for f in meta.get("train_files") or [] if isinstance(f, dict)]
+    if trained and trained != [os.path.basename(sample)]:
+        names = ", ".join(map(str, trained[:3])) + (", ..." if len(trained) > 3 else "")
+        raise ConfigError(
+            f"--run-dir {run_dir}: was trained on {names}, and no --train-files trains on the bundled sample; "
+            "give --train-files with its files to resume it"
+        )
+    scored = [os.path.basename(str(f)) for f in meta.get("heldout_files") or []]
+    return sample_heldout if scored in ([], [os.path.basename(sample_heldout)]) else None
 
 
 def _saved_heldout(run_dir: str) -> str | None:

@@ -143,6 +143,24 @@ def saved_steps(run_dir: str) -> list[int]:
     )
 
 
+def newest_meta(run_dir: str) -> dict | None:
+    """The newest checkpoint's metadata (its training files, held-out files, options), read as JSON
+    without Orbax or the devices, so that a command can look before jax.distributed starts; None
+    when there is no checkpoint or its file does not parse (the restore then says why)."""
+    import json
+
+    from etils import epath
+
+    steps = saved_steps(run_dir)
+    if not steps:
+        return None
+    try:
+        meta = json.loads(epath.Path(run_dir, "checkpoints", str(steps[-1]), "meta", "metadata").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[[str], None]) -> str:
     """``spec.vocab``, or the run dir's vocab.txt, built from the training text (and ``warm``'s words) when missing."""
     from etils import epath
