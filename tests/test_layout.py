@@ -252,6 +252,7 @@ PUBLIC = [
     "RunSettings",
     "ScalarMix",
     "ShardedEmbeddings",
+    "Stopped",
     "TextFiles",
     "TrainConfig",
     "VocabError",

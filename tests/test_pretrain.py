@@ -1386,6 +1386,10 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
             "--eval-every 3 is not a multiple of --log-every 2",
         ),
         (["--config", "tiny", "--vocab", str(bare_vocab), "--epochs", "1"], "has no token-count sidecar"),
+        (
+            ["--config", str(options), "--steps", "2", "--devices", str(jax.local_device_count() + 1)],
+            f"--devices {jax.local_device_count() + 1}: this process has {jax.local_device_count()} device(s)",
+        ),
     ]
     for i, (args, message) in enumerate(cases):
         run_dir = tmp_path / f"run{i}"
@@ -1417,6 +1421,24 @@ def test_start_up_checks_fail_before_step_1_with_one_line(tmp_path, capsys):
     )
     # A new run asked for no step (before: "already trained to step 0 (asked for 0)").
     assert f"{tmp_path / 'ok'}: set up and untrained: 0 steps planned; nothing to do\n" in capsys.readouterr().out
+
+
+def test_options_written_for_another_vocabulary_say_both_remedies():
+    """A config file's n_tokens_vocab that the vocabulary does not have: the line says what to set,
+    or which vocabulary to give (before: only that they must agree)."""
+    from elmo_jax._util.arguments import arguments_of
+
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = bilm_tf_options(batch_size=2, unroll_steps=5)
+    wrong = dataclasses.replace(options, train=dataclasses.replace(options.train, n_tokens_vocab=len(vocab) + 7))
+    with pytest.raises(CheckpointError) as e:
+        options_for_vocab(wrong, vocab, None)
+    assert str(e.value).endswith(
+        f"they must agree: set n_tokens_vocab to {len(vocab)} in the options, or give the vocab of "
+        f"{len(vocab) + 7} tokens they were written for"
+    )
+    assert arguments_of(e.value) == ("vocab",)
+    assert options_for_vocab(wrong, vocab, None, strict=False).training.n_tokens_vocab == len(vocab)
 
 
 @pytest.mark.slow

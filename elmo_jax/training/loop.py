@@ -152,9 +152,13 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size)."""
     train_cfg = options.train or TrainConfig(n_tokens_vocab=len(vocab))
     if strict and options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
-        raise CheckpointError(
-            f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
-            f"{len(vocab)} tokens; they must agree"
+        raise about(
+            CheckpointError(
+                f"the options say n_tokens_vocab {train_cfg.n_tokens_vocab} but {vocab.source} has "
+                f"{len(vocab)} tokens; they must agree: set n_tokens_vocab to {len(vocab)} in the options, or give "
+                f"the vocab of {train_cfg.n_tokens_vocab} tokens they were written for"
+            ),
+            "vocab",
         )
     changes: dict[str, Any] = {"n_tokens_vocab": len(vocab)}
     if n_train_tokens:
@@ -493,6 +497,19 @@ def _planned_steps(settings: RunSettings, t: TrainConfig, global_rows: int) -> i
     return settings.steps
 
 
+def run_devices(settings: RunSettings) -> tuple[int, list]:
+    """This process's device count and the devices of the run's mesh (``settings.devices``, or all);
+    a count this process cannot give is refused (``setup.train`` asks before its vocabulary pass)."""
+    n_local = jax.local_device_count()
+    if settings.devices is None:
+        return n_local, jax.devices()
+    if jax.process_count() > 1 and settings.devices != n_local:
+        raise about(CheckpointError("a multi-host run uses every local device; leave devices unset"), "devices")
+    if not 1 <= settings.devices <= n_local:
+        raise about(CheckpointError(f"devices {settings.devices}: this process has {n_local} device(s)"), "devices")
+    return settings.devices, jax.local_devices()[: settings.devices]
+
+
 def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: RunSettings) -> _Run:
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
@@ -502,13 +519,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     check_writable(
         settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))
     )
-    n_local, devices = jax.local_device_count(), jax.devices()
-    if settings.devices is not None:
-        if jax.process_count() > 1 and settings.devices != n_local:
-            raise about(CheckpointError("a multi-host run uses every local device; leave devices unset"), "devices")
-        if not 1 <= settings.devices <= n_local:
-            raise about(CheckpointError(f"devices {settings.devices}: this process has {n_local} device(s)"), "devices")
-        n_local, devices = settings.devices, jax.local_devices()[: settings.devices]
+    n_local, devices = run_devices(settings)
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
     try:

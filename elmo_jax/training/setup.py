@@ -36,6 +36,7 @@ from elmo_jax.training.loop import (
     check_heldout_fills_a_window,
     options_for_vocab,
     pretrain,
+    run_devices,
     saved_options,
 )
 
@@ -91,6 +92,7 @@ def train(
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
     recipe = _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
+    run_devices(settings)
     if heldout is not None:  # and held-out text that is empty, binary or unreadable, as the training text is
         fingerprint(heldout)
         if settings.eval_every != 0:  # or too short to score
