@@ -29,7 +29,7 @@ if typing.TYPE_CHECKING:  # what type checkers and editors see; at run time, __g
     from elmo_jax.training.evaluate import evaluate
     from elmo_jax.training.hooks import Stopped
     from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
-    from elmo_jax.training.run_dir import export_run, load_run
+    from elmo_jax.training.run_dir import ExportResult, export_run, load_run
 
 __version__ = "0.1.0"
 
@@ -83,6 +83,7 @@ _LAZY = {
     "RunSettings": "elmo_jax.training.loop",
     "options_for_vocab": "elmo_jax.training.loop",
     "pretrain": "elmo_jax.training.loop",
+    "ExportResult": "elmo_jax.training.run_dir",
     "export_run": "elmo_jax.training.run_dir",
     "load_run": "elmo_jax.training.run_dir",
     "enable_compile_cache": "elmo_jax._util.runtime",
@@ -99,6 +100,7 @@ __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for
     "EmbedFileOptions",
     "EmbedFileResult",
     "Embedder",
+    "ExportResult",
     "LSTMConfig",
     "Lines",
     "ModelConfig",

@@ -124,7 +124,7 @@ def test_pretrain_resume_load_and_export_on_gcs(monkeypatch, tmp_path, capsys):
         from elmo_jax.training.setup import saved_steps
 
         assert saved_steps(RUN) == [4, 6]  # Orbax's own commit files, as saved_steps looks for them
-        paths = export_run(RUN, "gs://bucket/export")
+        paths = export_run(RUN, "gs://bucket/export").paths
         assert paths[0] == "gs://bucket/export/options.json"
 
     written = {p for p, mode in opened if "w" in mode}

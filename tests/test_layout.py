@@ -244,6 +244,7 @@ PUBLIC = [
     "EmbedFileOptions",
     "EmbedFileResult",
     "Embedder",
+    "ExportResult",
     "LSTMConfig",
     "Lines",
     "ModelConfig",

@@ -373,7 +373,7 @@ def test_a_step_before_a_new_data_session_is_told_apart_by_its_seed_or_files():
 
 def test_export_then_import_round_trips_exactly(trained_run, tmp_path):
     run_dir, options, vocab = trained_run
-    paths = export_run(str(run_dir), str(tmp_path / "export"))
+    paths = export_run(str(run_dir), str(tmp_path / "export")).paths
     assert [os.path.basename(p) for p in paths] == ["options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt"]
     _, _, params, _ = load_run(str(run_dir))
     assert_export_holds(tmp_path / "export", params, options.model)
@@ -460,7 +460,7 @@ def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     )
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path, capsys):
     run_dir, options, vocab = trained_run
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
@@ -473,6 +473,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
         _, _, _, step = load_run(str(copy))
     assert step == 2
+    # An export says which step it wrote: the one before the damaged one (before: only its files).
+    with pytest.warns(UserWarning, match="checkpoint 4 is unreadable"):
+        assert cli.main(["export", "--run-dir", str(copy), "--out-dir", str(tmp_path / "export")]) == 0
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith(f"wrote {tmp_path / 'export' / 'options.json'}, ") and said.endswith(f": step 2 of {copy}")
+    assert export_run(str(copy), str(tmp_path / "export4"), step=2).step == 2
     # Past the damaged step: the run saves step 4 again (it once crashed there, on every rerun).
     with pytest.warns(UserWarning, match=f"checkpoint 4 is unreadable .* moved to {copy / 'unreadable' / '4'}"):
         last = pretrain(

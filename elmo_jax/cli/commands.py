@@ -374,8 +374,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     from elmo_jax.training.run_dir import export_run
 
-    paths = export_run(args.run_dir, args.out_dir, args.step, args.layout)
-    print("wrote " + ", ".join(paths))
+    done = export_run(args.run_dir, args.out_dir, args.step, args.layout)
+    print(f"wrote {', '.join(done.paths)}: step {done.step} of {args.run_dir}")
 
 
 def cmd_embed(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ formats are read (see ``checkpoint``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 
@@ -211,9 +212,19 @@ def export_names(model, layout: str = "elmo_jax") -> list[str]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What ``export_run`` wrote: ``paths`` (options, weights, softmax, vocabulary) and the
+    checkpoint ``step`` they hold: the newest readable one when none was asked for (a damaged
+    newer one is passed over with a warning)."""
+
+    paths: list[str]
+    step: int
+
+
 def export_run(
     run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None, layout: str = "elmo_jax"
-) -> list[str]:
+) -> ExportResult:
     """A run's checkpoint -> bilm-tf files: options (with the training keys), weights (AllenNLP's
     layout), softmax (``softmax/W`` [V, P], ``softmax/b`` [V]) and vocabulary, named as
     ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``.
@@ -228,4 +239,4 @@ def export_run(
             f["softmax/W"] = np.asarray(params["softmax"]["w"], np.float32)
             f["softmax/b"] = np.asarray(params["softmax"]["b"], np.float32)
     write_vocab_file(paths[3], vocab)
-    return paths
+    return ExportResult(paths, step)
