@@ -596,7 +596,7 @@ def test_a_resumed_run_plans_its_batches_with_the_fetch_capacity_it_saved(traine
     shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, t)), mesh)
     ckpt = Checkpointer(str(run_dir), read_only=True)
     try:
-        start, _, capacity = loop._restore_or_init(
+        start, _, capacity, _ = loop._restore_or_init(
             ckpt, ckpt.latest_meta(), options, RunSettings(run_dir=str(run_dir)), shardings, t.batch_size, batcher, None
         )
     finally:
@@ -1062,6 +1062,43 @@ def test_a_signal_stop_raises_stopped_in_python_and_the_same_call_resumes(tmp_pa
     assert str(e.value) in capsys.readouterr().out
     assert load_run(settings.run_dir)[3] == 3
     assert pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)["step"] == 6
+
+
+@pytest.mark.slow  # 6 s here: three sessions
+def test_a_run_stopped_between_logged_steps_logs_the_same_records_as_the_unbroken_run(tmp_path):
+    """A signal stops the run at step 3 of a 2-step log: the checkpoint keeps the window of step 3,
+    so the resumed run's record of step 4 averages steps 3 and 4, as the unbroken run's does
+    (before: step 4 alone, a record unlike the unbroken run's and not marked as such)."""
+    import signal
+
+    from elmo_jax.training.hooks import Stopped
+
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
+
+    def settings(name: str) -> RunSettings:
+        return RunSettings(
+            run_dir=str(tmp_path / name), steps=6, log_every=2, save_every=100, progress=False, devices=1,
+            async_save=False,
+        )  # fmt: skip
+
+    def stop_after_3(doing: str) -> None:
+        if doing == "running step 4":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def records(name: str) -> list[dict]:
+        return [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings("straight"))
+    with pytest.raises(Stopped) as e:
+        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings("stopped"), on_progress=stop_after_3)
+    assert e.value.step == 3 and saved_steps(str(tmp_path / "stopped")) == [3]
+    pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings("stopped"))
+    straight, resumed = records("straight"), records("stopped")
+    assert [r["step"] for r in straight] == [r["step"] for r in resumed] == [2, 4, 6]
+    for a, b in zip(straight, resumed):
+        for k in ("loss_fwd", "loss_bwd", "grad_norm"):
+            assert a[k] == b[k], (k, a, b)
 
 
 @pytest.mark.slow

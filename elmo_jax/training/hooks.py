@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 import jax
+import numpy as np
 
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax._util.disk_full import (
@@ -94,6 +95,17 @@ class MetricsWindow:
     def restart_clock(self) -> None:
         """After the logged step's hooks ran: they are not step time."""
         self.t0, self.timed = time.perf_counter(), 0
+
+    def saved(self) -> dict:
+        """The window so far, for a checkpoint's host file: the sums of its steps, and how many. A
+        run resumed from a step between logged ones (a signal's stop) then logs its first record
+        over the same steps as the unbroken run, not over the steps since the restore alone."""
+        self.flush()  # a save waits for the step anyway
+        return {"sums": np.array([self.sums[k] for k in self.KEYS], np.float64), "n": np.int64(self.n)}
+
+    def resume(self, saved: dict) -> None:
+        """Starts from a checkpoint's ``saved()`` window."""
+        self.sums, self.n = dict(zip(self.KEYS, map(float, saved["sums"]))), int(saved["n"])
 
     def _read(self, m: dict) -> None:
         # Replicated: any local copy. One device_get starts every copy before it waits on one.

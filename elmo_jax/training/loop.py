@@ -270,10 +270,11 @@ def _restore_or_init(
     global_rows: int,
     batcher: LMBatcher,
     init_state: dict | None,
-) -> tuple[int, TrainState, int]:
-    """(start step, state on the mesh, fetch capacity): the newest readable checkpoint, else
-    ``init_state``, else a fresh init. The capacity is the saved run's last one where this run has
-    its data and mesh size, else 0 (planned from the first batch).
+) -> tuple[int, TrainState, int, dict | None]:
+    """(start step, state on the mesh, fetch capacity, metrics window): the newest readable
+    checkpoint, else ``init_state``, else a fresh init. The capacity is the saved run's last one
+    where this run has its data and mesh size, else 0 (planned from the first batch). The window
+    is the saved ``MetricsWindow.saved()`` (None: none saved, or a fresh start).
 
     A checkpoint is global arrays, so it restores onto any mesh whose size divides the padded
     softmax. Resumed with the same number of processes and global rows the run continues exactly;
@@ -301,9 +302,9 @@ def _restore_or_init(
     if restored is None:
         key = jax.random.PRNGKey(cast(int, settings.seed))  # decided by _open_run
         if init_state is None:
-            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)(), 0
+            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)(), 0, None
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
-        return 0, TrainState(**shared, lstm=zero_rows()), 0
+        return 0, TrainState(**shared, lstm=zero_rows()), 0, None
     start, shared, rows, host, saved = restored
     crossed = another_stream(saved, cast(dict, meta))  # a restore happens only with meta
     if crossed is not None:  # an older step, from before a new_data session: its position is in other text
@@ -327,7 +328,8 @@ def _restore_or_init(
         if saved_mesh == cast(NamedSharding, shardings.step).mesh.size:
             capacity = int(host.get("fetch", {}).get("capacity", 0))
     _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher, crossed)
-    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity
+    window = host.get("metrics") if host is not None else None  # none in checkpoints before it was kept
+    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity, window
 
 
 def _restore_targets(options: Options, shardings: TrainState, global_rows: int, keep_data: bool) -> Callable:
@@ -745,7 +747,7 @@ def _train(
             if run.meta is not None
             else "initialising the model"
         )
-    start, state, capacity = _restore_or_init(
+    start, state, capacity, saved_window = _restore_or_init(
         run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
     )
     if run.total is not None and start >= run.total:
@@ -765,8 +767,10 @@ def _train(
         t.n_tokens_vocab, start, settings.divergence_margin, settings.divergence_patience, settings.on_divergence
     )
     progress = Progress(settings.progress and run.lead, run.total, start, on_progress)
-    save = _Saver(run, batches, guard, start, scored)
     window = MetricsWindow(run.global_rows * t.unroll_steps)
+    if saved_window is not None:
+        window.resume(saved_window)
+    save = _Saver(run, batches, guard, window, start, scored)
     on_log = _on_log(run, heldout, guard, progress, start, on_metrics)
     step, state, reason, error, signum = _steps(
         step_fn, state, batches, start, run.total, settings, window, on_log, save, progress
@@ -890,9 +894,15 @@ class _Saver:
     the newest checkpoint). Returns whether the step is on disk (or on its way there)."""
 
     def __init__(
-        self, run: _Run, batches: GlobalBatches, guard: DivergenceGuard, start: int, heldout_files: list[str] | None
+        self,
+        run: _Run,
+        batches: GlobalBatches,
+        guard: DivergenceGuard,
+        window: MetricsWindow,
+        start: int,
+        heldout_files: list[str] | None,
     ):
-        self.run, self.batches, self.guard, self.last = run, batches, guard, start
+        self.run, self.batches, self.guard, self.window, self.last = run, batches, guard, window, start
         self.meta = _meta(run, heldout_files)
 
     def __call__(self, step: int, state: TrainState) -> bool:
@@ -901,7 +911,11 @@ class _Saver:
         if self.guard.suspect and self.guard.mode == "stop":
             return False
         self.last = step
-        host = {"data": self.batches.data_state(), "fetch": {"capacity": np.int64(self.batches.capacity)}}
+        host = {
+            "data": self.batches.data_state(),
+            "fetch": {"capacity": np.int64(self.batches.capacity)},
+            "metrics": self.window.saved(),
+        }
         self.run.ckpt.save(step, state.shared(), state.lstm, host, self.meta)
         return True
 
