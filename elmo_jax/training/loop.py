@@ -58,7 +58,7 @@ from elmo_jax.training.run_dir import (
     write_vocab_file,
 )
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
-from elmo_jax.training.step import AXIS, TrainState, make_train_step, put_global, state_shardings
+from elmo_jax.training.step import AXIS, TrainState, make_init, make_train_step, put_global, state_shardings
 from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
 
 
@@ -302,7 +302,7 @@ def _restore_or_init(
     if restored is None:
         key = jax.random.PRNGKey(cast(int, settings.seed))  # decided by _open_run
         if init_state is None:
-            return 0, jax.jit(lambda: init_train_state(key, model, t, global_rows), out_shardings=shardings)(), 0, None
+            return 0, make_init(model, t, cast(NamedSharding, shardings.step).mesh, global_rows)(key), 0, None
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
         return 0, TrainState(**shared, lstm=zero_rows()), 0, None
     start, shared, rows, host, saved = restored

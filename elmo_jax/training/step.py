@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -347,6 +348,16 @@ BATCH_KEYS = (
     "cand_index",
     "target_index",
 )
+
+
+@functools.lru_cache(maxsize=8)
+def make_init(model: ModelConfig, train: TrainConfig, mesh: Mesh, rows: int) -> Callable[[jax.Array], TrainState]:
+    """``init_state`` for ``rows`` global rows, jitted onto ``mesh`` as ``state_shardings`` places
+    it: ``init(key) -> TrainState``. The key is an argument, not a constant of the program, so every
+    seed runs one program (the persistent compile cache matches it across runs); cached in the
+    process as ``make_train_step`` is (a notebook's second run neither traces nor compiles it)."""
+    shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), model, train, rows)), mesh)
+    return jax.jit(functools.partial(init_state, model=model, train=train, rows=rows), out_shardings=shardings)
 
 
 @functools.lru_cache(maxsize=8)
