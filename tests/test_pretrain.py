@@ -212,24 +212,30 @@ def test_a_run_on_two_devices_compiles_its_step_once(tmp_path):
 
 
 def test_a_second_run_in_a_process_compiles_nothing_even_with_another_seed(tmp_path):
-    """A notebook's second run, with another seed: its init is the same program (the key is its
-    argument, not a constant), cached in the process as the step is, and its state is what the
-    program with the key as a constant drew. (Before: its init was traced, lowered and compiled
-    again, 1.2 s of a 1.5 s run here.)"""
+    """A notebook's second run, with another seed, or a resume: its init is the same program (the
+    key is its argument, not a constant), cached in the process as the step is, and so are the
+    zero LSTM states of a resume and of the held-out evaluator; the init draws what the program
+    with the key as a constant drew. (Before: the init, or the zero state, was traced, lowered
+    and compiled again each run: the init was 1.2 s of a 1.5 s run here.)"""
     from helpers import compiled_programs
 
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
 
-    def run(seed: int) -> None:
+    def run(seed: int, steps: int = 2) -> None:
         settings = RunSettings(
-            run_dir=str(tmp_path / str(seed)), steps=2, seed=seed, progress=False, devices=1, async_save=False
+            run_dir=str(tmp_path / str(seed)), steps=steps, seed=seed, log_every=2, eval_every=2, progress=False,
+            devices=1, async_save=False,
+        )  # fmt: skip
+        pretrain(
+            options, vocab, TextFiles(str(TRAIN / "data.txt")), settings, heldout=TextFiles(str(TRAIN / "data.txt"))
         )
-        pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
 
     run(0)
+    run(0, steps=4)  # a first resume: the checkpoint's check for damaged values compiles once
     with compiled_programs() as compiled:  # the persistent cache off: a program made again compiles
-        run(1)
+        run(1)  # a fresh run, another seed
+        run(0, steps=6)  # a resume
     assert compiled == []
     from elmo_jax.training.step import init_state, make_init, state_shardings
 

@@ -45,7 +45,7 @@ from elmo_jax.text.sources import DataError, Lines, Source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.softmax import full_softmax_loss
-from elmo_jax.training.step import AXIS, put_global, token_vectors
+from elmo_jax.training.step import AXIS, make_zero_rows, put_global, token_vectors
 
 # Rows of the softmax scored at once per device: logits of [2 x rows x steps, BLOCK] float32 are
 # 84 MB at bilm-tf's 128 x 20, whatever the vocabulary.
@@ -222,9 +222,7 @@ class HeldoutEvaluator:
         self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
         self.block_limit = block
         padded = -(-batch_size // n_dev) * n_dev
-        self.zero = jax.jit(
-            lambda: lstm.zero_state(model, padded), out_shardings=NamedSharding(mesh, P(None, None, AXIS))
-        )()
+        self.zero = make_zero_rows(model, padded, NamedSharding(mesh, P(None, None, AXIS)))()
         self.model, self.compute = model, compute
         if reset_state_per_sentence:
             table = WordTable(vocab, model.char_cnn.max_characters_per_token)

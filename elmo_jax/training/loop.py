@@ -31,7 +31,6 @@ from elmo_jax._util.lock import FileLock, Held
 from elmo_jax._util.paths import check_writable, same_path
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
-from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
@@ -58,7 +57,15 @@ from elmo_jax.training.run_dir import (
     write_vocab_file,
 )
 from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
-from elmo_jax.training.step import AXIS, TrainState, make_init, make_train_step, put_global, state_shardings
+from elmo_jax.training.step import (
+    AXIS,
+    TrainState,
+    make_init,
+    make_train_step,
+    make_zero_rows,
+    put_global,
+    state_shardings,
+)
 from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
 
 
@@ -286,7 +293,7 @@ def _restore_or_init(
     t, model = options.training, options.model
     layout = RowLayout.for_vocab(t.n_tokens_vocab)
     rows_sharding = shardings.lstm
-    zero_rows = jax.jit(lambda: lstm.zero_state(model, global_rows), out_shardings=rows_sharding)
+    zero_rows = make_zero_rows(model, global_rows, rows_sharding["h"])
     restored = None
     if meta is not None:
         keep_data = meta.get("process_count") == jax.process_count() and not settings.new_data

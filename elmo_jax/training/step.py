@@ -360,6 +360,14 @@ def make_init(model: ModelConfig, train: TrainConfig, mesh: Mesh, rows: int) -> 
     return jax.jit(functools.partial(init_state, model=model, train=train, rows=rows), out_shardings=shardings)
 
 
+@functools.lru_cache(maxsize=16)
+def make_zero_rows(model: ModelConfig, rows: int, sharding: NamedSharding) -> Callable[[], dict]:
+    """``zero_rows() -> {"c": [2, L, rows, D], "h": [2, L, rows, P]}``, the LSTM state at zero with
+    ``sharding`` (a resumed run whose rows start afresh, the held-out evaluator's first window);
+    cached as ``make_init`` is. The program is cached, not its arrays: a step donates them."""
+    return jax.jit(functools.partial(lstm.zero_state, model, rows), out_shardings=sharding)
+
+
 @functools.lru_cache(maxsize=8)
 def make_train_step(model: ModelConfig, train: TrainConfig, mesh: Mesh, *, compute: Compute = Compute()):
     """``train_step`` under ``shard_map`` over ``mesh`` inside ``jit``; the state is donated
