@@ -262,6 +262,11 @@ def test_evaluate_takes_a_list_of_sentences_and_says_what_else_it_was_given(eval
         with pytest.raises(TypeError) as e:
             evaluate(*args, batch_size=2, unroll_steps=3)
         assert str(e.value).startswith(said), str(e.value)
+    # A vocabulary of other words than the softmax scores (before: a perplexity of ids past its rows).
+    other = Vocabulary([*vocab.words, "extra"], source="other.txt")
+    with pytest.raises(ValueError) as e:
+        evaluate(params, MODEL, other, source, batch_size=2, unroll_steps=3)
+    assert str(e.value).startswith(f"vocab (other.txt) has {len(vocab) + 1} words but the softmax scores {len(vocab)}")
 
 
 @pytest.mark.parametrize("steps", [3, 20])

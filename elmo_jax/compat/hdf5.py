@@ -16,8 +16,9 @@ import jax
 import numpy as np
 
 from elmo_jax._util import disk_full
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path
-from elmo_jax._util.paths import fault, said
+from elmo_jax._util.paths import fault, said, same_path
 from elmo_jax.config import ModelConfig, Options
 from elmo_jax.model.bilm import check_params
 
@@ -219,6 +220,13 @@ def save_hdf5(
     """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically (a full
     disk: ``disk_full.OutOfSpaceError`` naming the file)."""
     check_params(params, config.model if isinstance(config, Options) else config)
+    if same_path(os.fspath(options_path), os.fspath(weights_path)):  # the options would overwrite the weights
+        raise about(
+            ValueError(
+                f"options_path and weights_path are both {os.fspath(weights_path)}; give each file its own path"
+            ),
+            "weights_path",
+        )
     options = config if isinstance(config, Options) else Options(model=config)
     datasets = to_datasets(options.model, params)
     with disk_full.reported(weights_path), atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:

@@ -191,6 +191,14 @@ class Vocabulary:
         for i, w in enumerate(self.words):
             if not isinstance(w, str):
                 raise VocabError(f"{source}: line {i + 1}: token {w!r:.40} has type {type(w).__name__}; expected str")
+
+        if " ".join(self.words).split() != self.words:  # one pass in C; the token is looked for after
+            i, w = next((i, w) for i, w in enumerate(self.words) if w.split() != [w])
+            # Text is split on whitespace, and a vocabulary file keeps one token a line.
+            raise VocabError(
+                f"{source}: line {i + 1}: token {w!r:.40} is empty or holds whitespace; no token of "
+                "whitespace-split text can match it, and a vocabulary file could not keep it"
+            )
         self.source = source
         self.lm = lm
         self._index: dict[str, int] = {}

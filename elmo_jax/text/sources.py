@@ -14,7 +14,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -239,6 +239,20 @@ def _not_available(name: str, split: str, data_dir: str | None, e: Exception) ->
 
 
 _ENDS = 1 << 16
+
+
+def as_source(source: Any, name: str = "source") -> Source:
+    """``source`` as sentences: a ``Source`` as it is, a list (or tuple) of str as ``Lines``; a
+    path given as a str, or anything else, is a one-line ``TypeError`` naming argument ``name``
+    (a str would be read as its letters, each a sentence)."""
+    if isinstance(source, (list, tuple)) and all(isinstance(s, str) for s in source):
+        return Lines(list(source))
+    if isinstance(source, (str, bytes, os.PathLike)) or not all(hasattr(source, a) for a in ("read", "name")):
+        raise TypeError(
+            f"{name} is a {type(source).__name__}; expected sentences: TextFiles(glob) for files, "
+            "Lines([...]) or a list of str for text in memory"
+        )
+    return source
 
 
 def fingerprint(source: Source) -> list[dict] | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping
 
@@ -41,7 +40,7 @@ from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import Vocabulary
-from elmo_jax.text.sources import DataError, Lines, Source
+from elmo_jax.text.sources import DataError, Source, as_source
 from elmo_jax.training.batches import LMBatcher, WordTable, split_over_devices
 from elmo_jax.training.sharded_softmax import RowLayout
 from elmo_jax.training.softmax import full_softmax_loss
@@ -53,7 +52,7 @@ BLOCK = 4096
 IN_FLIGHT = 4  # windows dispatched ahead of the last one known scored
 
 
-def _check_arguments(params, model, vocab, source) -> Source:
+def _check_arguments(params, model, vocab, source, layout: RowLayout | None = None) -> Source:
     """``evaluate``'s arguments, each said in one line where it is not what it takes; a list of
     sentences (str) is taken as ``Lines``."""
     if not isinstance(model, ModelConfig):
@@ -67,14 +66,17 @@ def _check_arguments(params, model, vocab, source) -> Source:
         )
     if not isinstance(vocab, Vocabulary):
         raise TypeError(f"vocab is a {type(vocab).__name__}; expected a Vocabulary (load_run gives the run's)")
-    if isinstance(source, (list, tuple)) and all(isinstance(s, str) for s in source):
-        return Lines(source)
-    if isinstance(source, (str, os.PathLike)) or not all(hasattr(source, a) for a in ("read", "name")):
-        raise TypeError(
-            f"source is a {type(source).__name__}; expected sentences: TextFiles(glob) for files, "
-            "Lines([...]) or a list of str for text in memory"
+    rows = getattr(params["softmax"].get("w"), "shape", (None,))[0] if isinstance(params["softmax"], Mapping) else None
+    words = layout.vocab_size if layout is not None else rows
+    if words != len(vocab):  # ids past the softmax's rows would read rows that are not there
+        raise about(
+            ValueError(
+                f"vocab ({vocab.source}) has {len(vocab)} words but the softmax scores {words}: give the vocabulary "
+                "these params were trained with (load_run gives a run's)"
+            ),
+            "vocab",
         )
-    return source
+    return as_source(source, "source")
 
 
 def evaluate(
@@ -116,7 +118,7 @@ def evaluate(
     default: float32, the references' numbers). ``progress``: a tqdm bar on stderr (process 0's)
     over the windows as they are scored.
     """
-    source = _check_arguments(params, model, vocab, source)
+    source = _check_arguments(params, model, vocab, source, layout)
     evaluator = HeldoutEvaluator(
         model,
         vocab,

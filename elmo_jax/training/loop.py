@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import numbers
 import os
 import socket
 import sys
@@ -33,7 +34,7 @@ from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
-from elmo_jax.text.sources import DataError, Source, data_changes, fingerprint, shard_for_process
+from elmo_jax.text.sources import DataError, Source, as_source, data_changes, fingerprint, shard_for_process
 from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator, too_little_text
@@ -123,6 +124,15 @@ class RunSettings:
     on changed data is refused."""
 
     def __post_init__(self):
+        if isinstance(self.run_dir, os.PathLike):  # a pathlib.Path, kept as the str every reader takes
+            object.__setattr__(self, "run_dir", os.fspath(self.run_dir))
+        if not isinstance(self.run_dir, str) or not self.run_dir:
+            raise about(ConfigError(f"run_dir must be a directory's path; got {self.run_dir!r}"), "run_dir")
+        if self.precision is not None and self.precision not in policy.POLICIES:
+            raise about(
+                ConfigError(f"precision must be one of {', '.join(policy.POLICIES)}; got {self.precision!r}"),
+                "precision",
+            )
         check_counts(
             1,
             save_every=self.save_every,
@@ -143,7 +153,11 @@ class RunSettings:
                 "eval_every",
                 "log_every",
             )
-        if self.epochs is not None and not 0 <= self.epochs < math.inf:
+        if self.epochs is not None and (
+            isinstance(self.epochs, bool)
+            or not isinstance(self.epochs, numbers.Real)
+            or not 0 <= self.epochs < math.inf
+        ):
             raise about(ConfigError(f"epochs must be a finite number >= 0; got {self.epochs!r}"), "epochs")
         if self.on_divergence not in DivergenceGuard.MODES:
             raise about(
@@ -157,7 +171,10 @@ class RunSettings:
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None, strict: bool = True) -> Options:
     """Fills the training keys that follow from the data; refuses a config that does not fit it
     (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size)."""
-    train_cfg = options.train or TrainConfig(n_tokens_vocab=len(vocab))
+    # Without training keys, bilm-tf's recipe for this vocabulary (a small one samples what it has).
+    train_cfg = options.train or TrainConfig(
+        n_tokens_vocab=len(vocab), n_negative_samples_batch=min(TrainConfig.n_negative_samples_batch, len(vocab) // 2)
+    )
     if strict and options.train is not None and train_cfg.n_tokens_vocab != len(vocab):
         raise about(
             CheckpointError(
@@ -524,11 +541,11 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     checked on every process before anything waits for the others (Orbax syncs them)."""
     t = options.training
     data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
+    n_local, devices = run_devices(settings)
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     check_writable(
         settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))
     )
-    n_local, devices = run_devices(settings)
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
     try:
@@ -650,6 +667,14 @@ def pretrain(
     ``on_progress``: called with what the run does next (``"running step 12"``), before the
     restore, at each step boundary, each held-out window and the last save (``hooks.Progress``).
     """
+    source = as_source(source, "source")
+    heldout = None if heldout is None else as_source(heldout, "heldout")
+    _check_vocab_fits(options, vocab)
+    if settings.precision:  # tf32 off a GPU: refused before the run dir is made
+        try:
+            policy.check(settings.precision)
+        except ValueError as e:
+            raise about(ConfigError(str(e)), "precision") from None
     if heldout is None:  # so that eval_every > 0 says that the run evaluates (its start line says so)
         settings = dataclasses.replace(settings, eval_every=0)
     elif settings.eval_every is None:
@@ -692,6 +717,27 @@ def pretrain(
                 if run.lock is not None:
                     run.lock.release()
     raise error
+
+
+def _check_vocab_fits(options: Options, vocab: Vocabulary) -> None:
+    """The softmax has a row per word: options made for another vocabulary would train rows that
+    no word names, or words that no row scores (``options_for_vocab`` makes them fit)."""
+    if not isinstance(options, Options) or options.train is None:
+        got = type(options).__name__ if not isinstance(options, Options) else "Options without training keys"
+        raise TypeError(
+            f"options is {got}; expected training Options: options_for_vocab(options, vocab, n_train_tokens)"
+        )
+    if not isinstance(vocab, Vocabulary):
+        raise TypeError(f"vocab is a {type(vocab).__name__}; expected a Vocabulary (Vocabulary.load(path))")
+    if options.train.n_tokens_vocab != len(vocab):
+        raise about(
+            ConfigError(
+                f"the options' n_tokens_vocab is {options.train.n_tokens_vocab} but the vocab ({vocab.source}) has "
+                f"{len(vocab)} words: the softmax has a row per word; make the options for this vocab with "
+                "options_for_vocab(options, vocab, n_train_tokens)"
+            ),
+            "vocab",
+        )
 
 
 def _intact(run: _Run, then: str) -> str:

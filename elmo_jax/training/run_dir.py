@@ -18,6 +18,7 @@ import numpy as np
 from etils import epath
 
 from elmo_jax._util import disk_full
+from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.paths import closed_above
 from elmo_jax.compat.hdf5 import save_hdf5
@@ -92,6 +93,9 @@ def read_run(
     newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath).
     ``check_vocab``: refuse a vocab.txt other than the one the checkpoint was trained with (off
     for readers of the biLM alone, which no vocabulary enters)."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))):
+        # "8" or 8.0 would be looked for as a checkpoint of that name, and said to be missing or damaged.
+        raise about(TypeError(f"step is a {type(step).__name__} ({step!r}); expected an int or None"), "step")
     options_path = os.path.join(run_dir, "options.json")
     if is_local(run_dir) and not os.path.isdir(run_dir) and not closed_above(run_dir):
         # The OS's error for the path: the command line says it after the flag that gave it.
@@ -230,9 +234,11 @@ def export_run(
     ``export_names(layout)`` says. Each file is written atomically. Either dir may be ``gs://``.
     A full disk stops it with ``disk_full.OutOfSpaceError`` naming the file: the files before it are
     complete, and none is left half-written under its name."""
+    if layout not in LAYOUTS:  # before the checkpoint is read and out_dir made
+        raise about(ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}"), "layout")
     options, vocab, params, step = load_run(run_dir, step)
-    epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
     paths = [os.path.join(out_dir, n) for n in export_names(options.model, layout)]
+    epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
     save_hdf5(options, params["bilm"], paths[0], paths[1])
     with disk_full.reported(paths[2]), atomic_path(paths[2]) as tmp:
         with h5py.File(tmp, "w") as f:

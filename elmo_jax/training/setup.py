@@ -110,7 +110,7 @@ def train(
     options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say, source)
     # A fresh run's (a resumed one starts from its checkpoint, not from this state).
     seed = 0 if settings.seed is None else settings.seed
-    init_state = None if warm is None else finetune_state(warm, options, vocab, seed=seed)
+    init_state = None if warm is None else finetune_state(warm, options, vocab, seed=seed, warn_rate=False)
     return pretrain(
         options,
         vocab,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -286,18 +287,29 @@ def check_continues(warm: Warmstart, model: ModelConfig) -> None:
         )
 
 
-def finetune_state(source: str | Warmstart, options: Options, vocab: Vocabulary, seed: int = 0) -> dict:
+def finetune_state(
+    source: str | Warmstart, options: Options, vocab: Vocabulary, seed: int = 0, *, warn_rate: bool = True
+) -> dict:
     """A fresh shared state (no LSTM rows; numpy, softmax in id order) for ``options``/``vocab``
     that starts from ``source`` (a ``Warmstart`` or anything ``read_warmstart`` reads):
     ``pretrain(..., init_state=...)`` trains from it.
 
     The biLM weights carry over, with their Adagrad accumulators where the source has them (else
-    1.0, as at init). Softmax rows and accumulators of the words both vocabularies share are
+    1.0, as at init, and a warning when the options' learning rate is above
+    ``NO_ACCUMULATORS_LEARNING_RATE``, unless ``warn_rate`` is False: the command line chose it). Softmax rows and accumulators of the words both vocabularies share are
     copied by word; the other rows are initialised as in a fresh run. The step restarts at 0.
     """
     warm = source if isinstance(source, Warmstart) else read_warmstart(source)
     check_continues(warm, options.model)
     assert options.train is not None  # continuing needs the training keys
+    if warn_rate and warm.bilm_acc is None and options.train.learning_rate > NO_ACCUMULATORS_LEARNING_RATE:
+        # elmo-jax train picks the lower rate itself; a caller of this function picks its options.
+        warnings.warn(
+            f"{warm.source}: has no optimizer state (Adagrad restarts at 1.0), and the options' learning_rate "
+            f"{options.train.learning_rate:g} makes the first updates as large as at pretraining's first step; "
+            f"elmo-jax train uses {NO_ACCUMULATORS_LEARNING_RATE} for such a source (TrainConfig learning_rate)",
+            stacklevel=2,
+        )
     layout = RowLayout.for_vocab(options.train.n_tokens_vocab)
     fresh = softmax_in_id_order(
         jax.device_get(init_state(jax.random.PRNGKey(seed), options.model, options.train, 1).shared()), layout
