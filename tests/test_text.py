@@ -226,6 +226,10 @@ def test_tokenize_takes_one_str_and_says_so():
     with pytest.raises(TypeError, match=r"^sentence is a list; expected one str: \[tokenize\(s\) for s in sentences\]"):
         tokenize(["a b"])  # type: ignore[arg-type]
     assert [tokenize(s) for s in ["a b", "c."]] == [["a", "b"], ["c", "."]]
+    # tokenize_text too (before: "'list' object has no attribute 'splitlines'").
+    with pytest.raises(TypeError, match=r"^text is a list; expected one str"):
+        tokenize_text(["a. b."])  # type: ignore[arg-type]
+    assert tokenize_text("The cat sat. The dog ran.") == [["The", "cat", "sat", "."], ["The", "dog", "ran", "."]]
 
 
 def test_tokens_are_clean_and_deterministic():

@@ -123,6 +123,10 @@ def test_batch_tokens_and_layers_that_misfit_the_model_name_the_argument(tmp_pat
     with pytest.raises(ConfigError, match="^batch_tokens must be 1 or more; got 0$") as e:
         Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=0)
     assert arguments_of(e.value) == ("batch_tokens",)
+    for bad in ("64", 64.7):  # (before: "'<' not supported between 'str' and 'int'"; 64.7 taken as 64)
+        with pytest.raises(TypeError, match=f"^batch_tokens must be an int; got {bad!r}$"):
+            Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=bad)
+    assert Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=np.int64(64)).batch_tokens == 64
     with pytest.raises(ConfigError, match=r"^devices must be 1 or more \(None: every local device\); got -1$") as e:
         Embedder.from_hdf5(OPTIONS, WEIGHTS, devices=-1)
     assert arguments_of(e.value) == ("devices",)

@@ -332,6 +332,11 @@ def tokenize(sentence: str) -> list[str]:
 
 def tokenize_text(text: str) -> list[list[str]]:
     """:func:`split_sentences` then :func:`tokenize` on each sentence (sentences with no tokens dropped)."""
+    if not isinstance(text, str):  # (before: "'list' object has no attribute 'splitlines'")
+        raise TypeError(
+            f"text is a {type(text).__name__}; expected one str: [tokenize(s) for s in sentences] for sentences "
+            "already split, '\n'.join(texts) for several texts"
+        )
     return [t for t in (tokenize(s) for s in split_sentences(text)) if t]
 
 
