@@ -554,3 +554,35 @@ def test_a_reader_of_its_output_that_goes_away_does_not_stop_the_run(tmp_path, g
         assert "warning: elmo-jax train: its standard output is gone (its reader closed it); going on without it" in (
             err.splitlines()
         ), err[-3000:]
+
+
+def test_the_host_file_of_a_step_still_on_disk_is_kept_until_its_directory_goes(tmp_path):
+    """keep 1: Orbax drops step 1 from its list as step 2's save starts, but deletes its directory
+    only once step 2 commits. Until then step 1 is what a failed save or a kill -9 leaves to resume
+    from, and it needs its host file. (Before: deleted as step 2's save started; with a full disk,
+    or a kill during the save, no checkpoint was readable.) At the run's end none is left over."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from elmo_jax.training.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(str(tmp_path / "run"), keep=1, async_save=False)
+    state, lstm = {"w": jnp.arange(4.0)}, {"h": jnp.zeros(2)}
+    ckpt.save(1, state, lstm, {"data": {"x": np.arange(3)}}, {"seed": 0})
+    host = tmp_path / "run" / "host_state"
+    (host / "2.p0.npz").write_bytes(b"")  # step 2's, written as its save starts
+    real = ckpt.manager.all_steps
+    ckpt.manager.all_steps = lambda: [2]  # Orbax's list once step 2's save has started
+    ckpt._prune_host_files()
+    assert (host / "1.p0.npz").exists()  # step 1's directory is there: it is still the newest intact
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "1")  # what Orbax does once step 2 commits
+    ckpt._prune_host_files()
+    assert sorted(p.name for p in host.iterdir()) == ["2.p0.npz"]
+    ckpt.manager.all_steps = real
+    (host / "2.p0.npz").unlink()
+    # A real run's end: one checkpoint, one host file.
+    ckpt.save(3, state, lstm, {"data": {"x": np.arange(3)}}, {"seed": 0})
+    ckpt.save(4, state, lstm, {"data": {"x": np.arange(3)}}, {"seed": 0})
+    ckpt.close()
+    assert [p.name for p in host.iterdir()] == ["4.p0.npz"]
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["4"]

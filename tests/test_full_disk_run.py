@@ -116,13 +116,18 @@ def _assert_same_weights(run: pathlib.Path, params: dict) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(reference, small_fs, tmp_path, capsys):
+@pytest.mark.parametrize("keep", [3, 1])
+def test_a_full_file_system_stops_in_one_line_and_the_rerun_loses_nothing(reference, small_fs, tmp_path, capsys, keep):
+    """keep 1: the save that fails is the one that would have replaced the only checkpoint, which
+    must stay whole, host file included (before: its host file was deleted as the failing save
+    started, and the rerun found no readable checkpoint)."""
     ref_run, ref_params = reference
     checkpoint = _du(ref_run / "checkpoints" / STEPS)
     rest = _du(ref_run) - _du(ref_run / "checkpoints")
-    # Room for the run's small files and two and a half checkpoints: the third save fails.
-    fs = small_fs(rest + int(2.5 * checkpoint) + (256 << 10))
-    args = _train_args(fs, str(TRAIN / "data.txt"), "--steps", STEPS)
+    # Room for the run's small files and a checkpoint and a half more than it keeps: the save
+    # after those fails (the third with keep 3, the second with keep 1).
+    fs = small_fs(rest + int((min(keep, 2) + 0.5) * checkpoint) + (256 << 10))
+    args = _train_args(fs, str(TRAIN / "data.txt"), "--steps", STEPS, "--keep", str(keep))
     # The stopping run is the real command in a process of its own: its whole stderr is what a
     # user reads, including what Orbax's futures log when they are collected, which once came
     # after the one line (~20 traceback lines, in some runs: it depends on how the writes race).

@@ -479,6 +479,7 @@ class Checkpointer:
         # abspath would turn gs://b/r into <cwd>/gs:/b/r).
         self.run_dir = epath.Path(os.path.abspath(run_dir) if is_local(run_dir) else run_dir)
         self.host_dir = self.run_dir / "host_state"
+        self.read_only = read_only
         if not read_only:
             self.host_dir.mkdir(parents=True, exist_ok=True)
         options = (
@@ -643,13 +644,23 @@ class Checkpointer:
         )
 
     def _prune_host_files(self) -> None:
-        """Deletes the host files of steps no longer kept. Housekeeping: where the directory cannot
-        be read it leaves them, and the next save's own write says what is wrong."""
+        """Deletes the host files of steps no longer kept, once their checkpoint's directory is
+        gone. Orbax drops the oldest step from its list as the save that replaces it starts, but
+        deletes its directory only once that save has committed: until then the old step is the
+        one a failed save or a killed process leaves to resume from, and it needs its host file
+        (before, deleted as the save started: with ``keep`` 1, a full disk or a kill -9 then left
+        no readable checkpoint). Housekeeping: where the directory cannot be read it leaves them,
+        and the next save's own write says what is wrong."""
         keep = set(self.manager.all_steps())
         with contextlib.suppress(OSError):
             for path in self.host_dir.iterdir():
                 step = path.name.split(".", 1)[0]
-                if step.isdigit() and int(step) not in keep and int(step) < max(keep, default=0):
+                if (
+                    step.isdigit()
+                    and int(step) not in keep
+                    and int(step) < max(keep, default=0)
+                    and not (self.run_dir / "checkpoints" / step).exists()
+                ):
                     path.unlink(missing_ok=True)
 
     def steps(self) -> list[int]:
@@ -877,6 +888,8 @@ class Checkpointer:
         try:
             try:
                 self.wait()
+                if not self.read_only:
+                    self._prune_host_files()  # the last save's predecessor, deleted once that save committed
             finally:
                 self._close_manager()
         except SaveFailed:
