@@ -737,7 +737,7 @@ def test_eval_out_of_device_memory_is_one_line_naming_batch_size(monkeypatch):
             raise raised[0]
 
     monkeypatch.setattr(evaluate_module, "HeldoutEvaluator", Evaluator)
-    params = {"bilm": {}, "softmax": {"w": jnp.zeros((4, 2)), "b": jnp.zeros(4)}}
+    params = {"bilm": {}, "softmax": {"w": jnp.zeros((3, 2)), "b": jnp.zeros(3)}}
     rest = (preset("tiny"), Vocabulary(["<S>", "</S>", "<UNK>"]), Lines(["a b"]))  # unread: no evaluator
     with pytest.raises(OutOfDeviceMemory) as e:
         evaluate_module.evaluate(params, *rest, batch_size=64)
