@@ -216,6 +216,31 @@ def test_a_vocabulary_or_a_run_dir_s_first_files_on_a_full_disk_are_one_line_and
     assert not [p.name for p in (fs / "run").iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", ["all", "top"])
+def test_embed_on_a_really_full_disk_is_one_line_with_no_crash_and_the_rerun_completes(small_fs, layers):
+    """A dataset a sentence: HDF5 meets the full disk when it flushes its metadata cache, in a
+    dataset's deallocation and in the file's close. (Before: ~19,000 lines of h5py's tracebacks,
+    then SIGSEGV at the interpreter's exit, and the partial file left; a write hook raising ENOSPC
+    in create_dataset, tests/test_cli.py, never showed it.)"""
+    fixture = pathlib.Path(__file__).parent / "fixtures" / "allennlp_elmo"
+    sample = pathlib.Path(cli.__file__).parents[1] / "data" / "sample" / "heldout.txt"
+    fs = small_fs(3 << 20)  # about a tenth of the output
+    args = ["embed", "--options", fixture / "options.json", "--weights", fixture / "lm_weights.hdf5",
+            "--input", sample, "--output", fs / "e.hdf5", "--layers", layers, "--no-progress"]  # fmt: skip
+    r = run_elmo_jax(*args)
+    assert r.returncode == 1, r.stderr[-3000:]
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"elmo-jax embed: error: {fs / 'e.hdf5'}: not written: the disk is full ("), line
+    assert os.listdir(fs) == []
+    small_fs.grow(64 << 20)
+    assert run_elmo_jax(*args).returncode == 0
+    import h5py
+
+    with h5py.File(fs / "e.hdf5", "r") as f:
+        assert len(f) == len(sample.read_text().splitlines())
+
+
 def test_a_model_fetched_into_a_full_cache_is_one_line_and_the_rerun_completes(small_fs, tmp_path, monkeypatch, capsys):
     """``elmo-jax models --fetch`` whose cache fills mid-file: one line naming the file and the
     space left, exit 1; the partial file stays for the rerun to go on from. (Before: the copy's

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from elmo_jax._util.paths import PATH_ERRORS, READ_ONLY
 
 OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
-_H5PY_ERRNO = re.compile(r"errno = (\d+)")  # h5py's OSError: "... file write failed: ..., errno = 28, ..."
+# h5py's OSError, or its RuntimeError from a flush or a close: "... file write failed: ..., errno = 28, ..."
+_H5PY_ERRNO = re.compile(r"errno = (\d+)")
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='(\d+)'")  # any type: "... [os_error_code='28']"
 
 
@@ -67,11 +68,11 @@ def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
 
 def _errnos(x: BaseException) -> Iterator[int]:
     """The OS error codes one exception carries: an ``OSError``'s own, then those tensorstore (any
-    type) and h5py (an ``OSError``) write in their messages."""
+    type) and h5py (an ``OSError``, or a ``RuntimeError`` of HDF5's cache flush) write in their messages."""
     if isinstance(x, OSError) and x.errno:
         yield x.errno
     yield from map(int, _TENSORSTORE_ERRNO.findall(str(x)))
-    if isinstance(x, OSError):
+    if isinstance(x, (OSError, RuntimeError)):
         yield from map(int, _H5PY_ERRNO.findall(str(x)))
 
 

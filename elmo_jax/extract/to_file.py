@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import glob
 import json
 import os
 import re
+import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +39,7 @@ from elmo_jax._util import background, disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
+from elmo_jax._util.disk_full import out_of_space_errno
 from elmo_jax._util.paths import fault, replaced_input, said, same_path
 from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ConfigError, check_counts
@@ -237,8 +240,11 @@ def _write_hdf5(
         lines = _remember(lines, sentence_to_index if options.sentence_to_index else None, *at)
         write = _pooled_rows(out, mine, embedder.config, layers, options.window) if options.pool else None
 
+        room = _Room(out, tmp)
+
         def store(item: tuple[int, np.ndarray]) -> None:
             k, x = item
+            room.check(x.size * 4)
             if write:
                 write(x)  # rows come in line order
             else:
@@ -264,6 +270,39 @@ def _write_hdf5(
         if options.sentence_to_index:
             out.create_dataset("sentence_to_index", data=json.dumps(sentence_to_index))
     return counts["empty"]
+
+
+class _Room:
+    """Stops the writes while the disk still has room for the file's close.
+
+    HDF5 holds metadata in its cache and meets a full disk when it flushes it: in a dataset's
+    deallocation (where Python only prints the error), then in the file's close, which then fails
+    and leaves the file open; the interpreter's exit closed it again and crashed (SIGSEGV, after
+    ~20,000 lines of h5py's tracebacks on a 3 MB file system). So before each write the free space
+    is checked (one statvfs) against twice the write plus ``SLACK``, and the file is flushed every
+    ``FLUSH_EVERY`` writes, so that what the close still has to write stays well under ``SLACK``:
+    short of room, an ``ENOSPC`` is raised here, before HDF5 meets one. A flush that meets a full
+    disk all the same (another writer took the space) is an ``ENOSPC`` too."""
+
+    SLACK = 1 << 20
+    FLUSH_EVERY = 256
+
+    def __init__(self, out, tmp: str):
+        self.out, self.dir, self.n = out, os.path.dirname(os.path.abspath(tmp)), 0
+
+    def check(self, nbytes: int) -> None:
+        """Before a write of ``nbytes``."""
+        if shutil.disk_usage(self.dir).free < 2 * nbytes + self.SLACK:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.dir)
+        self.n += 1
+        if self.n % self.FLUSH_EVERY:
+            return
+        try:
+            self.out.flush()
+        except RuntimeError as e:  # h5py's, for HDF5's failed write ("errno = 28")
+            if out_of_space_errno(e) is None:
+                raise
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.dir) from None
 
 
 def _count_empty(lines: Iterable[list[str]], counts: collections.Counter) -> Iterator[list[str]]:
