@@ -1,6 +1,8 @@
 """Sentence splitting and tokenization rules (elmo_jax.text.tokenize), and the bundled sample corpus."""
 
+import os
 import pathlib
+import re
 
 import pytest
 
@@ -312,3 +314,19 @@ def test_data_changes_say_files_gone_before_the_many_new_ones():
 
 def test_the_splitter_and_the_tokenizer_agree_on_a_number_abbreviation_that_ends_a_sentence():
     assert tokenize_text("He said no. Then he left.") == [["He", "said", "no", "."], ["Then", "he", "left", "."]]
+
+
+def test_a_pipe_or_a_device_given_as_a_file_is_named_for_what_it_is(tmp_path):
+    """(Before: "/dev/fd/63: is a directory, not a file" for a pipe given to embed, and "no files
+    match /dev/fd/63" for one given as training files, a path that is there.)"""
+    from elmo_jax._util.paths import fault
+    from elmo_jax.text.sources import DataError, TextFiles
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    said = "is a pipe, not a file: it can be read only once, and this reads it more than once; save it to a file first"
+    assert fault(pipe, "file") == (str(pipe), said)
+    with pytest.raises(DataError, match=f"^{re.escape(str(pipe))}: is a pipe, not a file"):
+        TextFiles(str(pipe))
+    assert fault("/dev/null", "file") == ("/dev/null", "is a character device, not a file; give a file")
+    assert fault(tmp_path, "file") == (str(tmp_path), "is a directory, not a file")  # negative control

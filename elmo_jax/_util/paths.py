@@ -43,8 +43,41 @@ def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tu
     if os.path.isfile(p) if want == "file" else os.path.isdir(p):
         return None
     if os.path.exists(p):
+        if want == "file" and (kind := special_kind(p)) is not None:
+            return p, not_a_file(kind)
         return p, IS_A_DIR if want == "file" else IS_A_FILE
     return _missing(p)
+
+
+def special_kind(p: str) -> str | None:
+    """What ``p`` is when it is there but neither a regular file nor a directory ("a pipe", "a
+    character device", ...), else None. A pipe (``<(cmd)``, ``/dev/stdin`` from a pipe) can be read
+    once only, and every reader here reads its file more than once (counts its lines, then reads
+    them; trains on it for epochs)."""
+    import stat
+
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return None
+    for test, kind in (
+        (stat.S_ISFIFO, "a pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return None
+
+
+def not_a_file(kind: str) -> str:
+    """The phrase for a path that is ``kind`` (``special_kind``) where a file is read."""
+    if kind == "a pipe":
+        return (
+            "is a pipe, not a file: it can be read only once, and this reads it more than once; save it to a file first"
+        )
+    return f"is {kind}, not a file; give a file"
 
 
 def _missing(p: str) -> tuple[str, str]:

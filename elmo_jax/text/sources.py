@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from elmo_jax._util.paths import NOT_OPEN, closed_above
+from elmo_jax._util.paths import NOT_OPEN, closed_above, not_a_file, special_kind
 from elmo_jax._util.runtime import absl_errors_only
 
 
@@ -45,9 +45,11 @@ class TextFiles:
 
     def __init__(self, pattern: str | Sequence[str]):
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
-        files = sorted(
-            {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True) if os.path.isfile(f)}
-        )
+        found = {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)}
+        files = sorted(f for f in found if os.path.isfile(f))
+        special = next(((f, kind) for f in sorted(found) if (kind := special_kind(f)) is not None), None)
+        if special is not None:  # (before: "no files match /dev/fd/63", a path that is there)
+            raise DataError(f"{special[0]}: {not_a_file(special[1])}")
         if not files:
             folder = next((p for p in patterns if os.path.isdir(os.path.expanduser(p))), None)
             # A directory this user may not enter globs to nothing, silently: said, with where.
