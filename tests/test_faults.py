@@ -224,6 +224,31 @@ def test_a_resume_on_other_files_or_a_grown_glob_is_refused_and_new_data_goes_on
     assert f"resuming {run} from step 30" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # three short sessions
+def test_a_new_data_session_does_not_count_epochs_in_the_earlier_text(tmp_path, capsys):
+    """--new-data --epochs: the run's token count is of the text it trained on before, so it is
+    not taken for the new text's epochs (before: an epoch of the new text planned from the old
+    count, 5x off here, and the end of the data came long before the planned step)."""
+    run = tmp_path / "run"
+
+    def train(files: str, *flags: str) -> int:  # no --config: a resumed run keeps its own options
+        common = ["--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(run), "--devices", "1", "--no-progress"]
+        return cli.main(["train", "--train-files", files, *common, *flags])
+
+    assert train(str(TRAIN / "data.txt"), "--config", "tiny", "--steps", "2", "--n-train-tokens", "50000") == 0
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join((TRAIN / "data.txt").read_text().splitlines()[:300]) + "\n")
+    capsys.readouterr()
+    assert train(str(other), "--epochs", "1", "--new-data") == 2
+    [line] = _error_lines(capsys.readouterr().err)
+    assert f"and the count of the run in {run} is of the text before --new-data, so epochs cannot be counted" in line
+    assert _steps(run) == [2]  # untouched
+    # Negative control: the new text's count given, the epoch is planned from it.
+    assert train(str(other), "--epochs", "1", "--new-data", "--n-train-tokens", "3200") == 0
+    out = capsys.readouterr().out
+    assert f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 5 " in out, out
+
+
 def _damage_newest(run: pathlib.Path) -> int:
     """Truncates the biggest data file of the newest checkpoint (a copy cut short, a bad disk)."""
     step = _steps(run)[-1]

@@ -203,11 +203,19 @@ def _run_options(
     n_train_tokens = spec.n_train_tokens or counted
     given = _config_keys(spec.config)
     in_config = "n_train_tokens" in given
-    if n_train_tokens is None and saved is not None and not in_config:
-        n_train_tokens = saved.get("n_train_tokens")  # the run's own count (None: it never had one)
+    # The run's own count (None: it never had one); a new_data session's text is another one.
+    if n_train_tokens is None and saved is not None and not in_config and not settings.new_data:
+        n_train_tokens = saved.get("n_train_tokens")
     uncounted = n_train_tokens is None and not in_config
     if uncounted and settings.steps is None:
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
+        run_count = ""
+        if saved is not None:
+            run_count = (
+                f", and the count of the run in {settings.run_dir} is of the text before new_data"
+                if settings.new_data and saved.get("n_train_tokens")
+                else f", nor does the run in {settings.run_dir}"
+            )
         raise about(
             ConfigError(
                 (
@@ -215,14 +223,14 @@ def _run_options(
                     if other
                     else f"{vocab_path} has no token-count sidecar ({vocab_path}.json)"
                 )
-                + " and config sets no "
-                f"token count{f', nor does the run in {settings.run_dir}' if saved is not None else ''}, so epochs "
+                + f" and config sets no token count{run_count}, so epochs "
                 f"cannot be counted; give n_train_tokens (tokens + "
                 f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
             ),
             "config",
             "n_train_tokens",
             "steps",
+            *(["new_data"] if "new_data" in run_count else []),
         )
     # A resumed run keeps its recipe and its learning rate unless an argument or the config says
     # otherwise (pretrain's start line names both), and without a config it keeps its own options:
