@@ -584,6 +584,10 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
         (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
         (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
         (["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(empty)], f"no sentences in {empty}"),
+        (  # which of the two patterns matched nothing (before: "no files match X" alone)
+            ["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(tmp_path / "nothing*.txt")],
+            f"error: --heldout-files {tmp_path / 'nothing*.txt'}: no files match",
+        ),
         (["--train-files", str(TRAIN / "data.txt"), "--vocab", str(no_unk)], "must contain ['<UNK>']"),
         (
             [

@@ -209,7 +209,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         notes.append(f"no --train-files: training on the bundled sample {train_files}")
     source = open_source(train_files, args.tfds_data_dir)
     multihost.check_processes(args, source)
-    heldout = open_source(heldout_files, args.tfds_data_dir) if heldout_files else None
+    heldout = _heldout_source(heldout_files, args.tfds_data_dir) if heldout_files else None
     peers = multihost.start(args)
     stall = StallWatch(args.stall_timeout, args.run_dir, peers) if args.stall_timeout else None
     try:
@@ -234,6 +234,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         saved = _saved_heldout(args.run_dir) if heldout_files is None and jax.process_count() == 1 else None
         print(next_commands(args.run_dir, heldout_files or saved, args.tfds_data_dir), file=sys.stderr)
     return 0 if stopped is None else 128 + stopped.signum
+
+
+def _heldout_source(files: str, tfds_data_dir: str | None):
+    """``open_source`` of the held-out files, its refusal naming the flag: beside the training
+    files' own, "no files match X" alone does not say which of the two X was."""
+    from elmo_jax.text.sources import DataError, open_source
+
+    try:
+        return open_source(files, tfds_data_dir)
+    except DataError as e:
+        raise DataError(f"--heldout-files {files}: {e}") from None
 
 
 def _sample_heldout(run_dir: str, sample: str, sample_heldout: str) -> str | None:
