@@ -1908,3 +1908,19 @@ def test_small_inputs_to_the_library_that_would_lose_or_mislead_are_refused(tmp_
     small = Vocabulary(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(100))])
     options = options_for_vocab(Options(model=preset("tiny")), small, 1000)
     assert (options.training.n_tokens_vocab, options.training.n_negative_samples_batch) == (103, 51)
+
+
+def test_a_run_resumed_with_another_vocabulary_is_told_which_one_it_was_trained_with(trained_run, tmp_path, capsys):
+    """(Before: "the options say n_tokens_vocab 17478 but v.txt has 11 tokens; set n_tokens_vocab
+    to 11 in the options", advice that a resumed run then refused as other options.)"""
+    run_dir, _, vocab = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    small = tmp_path / "v.txt"
+    small.write_text("\n".join(vocab.words[:11]) + "\n")
+    args = ["train", "--run-dir", str(copy), "--train-files", str(TRAIN / "data.txt"), "--steps", "6", "--no-progress"]
+    assert cli.main([*args, "--vocab", str(small)]) == 2
+    assert capsys.readouterr().err == (
+        f"elmo-jax train: error: --vocab {small}: has 11 words, but the run in {copy} was trained with {len(vocab)} "
+        "(its vocab.txt): give that vocabulary, or leave --vocab out to use it\n"
+    )

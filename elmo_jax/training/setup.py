@@ -107,6 +107,15 @@ def train(
             check_continues(warm, _config_options(spec.config, warm.model, _ANY_VOCAB).model)
     vocab_path = _run_vocab(spec, settings.run_dir, source, warm, say, beat)
     vocab = Vocabulary.load(vocab_path)
+    if saved is not None and saved.get("n_tokens_vocab") not in (None, len(vocab)):
+        # Said as the run's, not as the options' n_tokens_vocab: a resumed run's options are its own.
+        raise about(
+            ConfigError(
+                f"vocab {vocab_path}: has {len(vocab)} words, but the run in {settings.run_dir} was trained with "
+                f"{saved['n_tokens_vocab']} (its vocab.txt): give that vocabulary, or leave vocab out to use it"
+            ),
+            "vocab",
+        )
     options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say, source)
     # A fresh run's (a resumed one starts from its checkpoint, not from this state).
     seed = 0 if settings.seed is None else settings.seed
