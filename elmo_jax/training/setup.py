@@ -218,29 +218,7 @@ def _run_options(
     uncounted = n_train_tokens is None and not in_config
     if uncounted and settings.steps is None:
         # Without it epochs (or the options' n_epochs) would count 1B Word's 768,648,884 tokens.
-        run_count = ""
-        if saved is not None:
-            run_count = (
-                f", and the count of the run in {settings.run_dir} is of the text before new_data"
-                if settings.new_data and saved.get("n_train_tokens")
-                else f", nor does the run in {settings.run_dir}"
-            )
-        raise about(
-            ConfigError(
-                (
-                    f"{vocab_path}.json counts other text than the training files"
-                    if other
-                    else f"{vocab_path} has no token-count sidecar ({vocab_path}.json)"
-                )
-                + f" and config sets no token count{run_count}, so epochs "
-                f"cannot be counted; give n_train_tokens (tokens + "
-                f"sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
-            ),
-            "config",
-            "n_train_tokens",
-            "steps",
-            *(["new_data"] if "new_data" in run_count else []),
-        )
+        raise _no_token_count(vocab_path, other is not None, settings, saved)
     # A resumed run keeps its recipe and its learning rate unless an argument or the config says
     # otherwise (pretrain's start line names both), and without a config it keeps its own options:
     # the same command resumes an init_from run, whose source is no longer read, and a run that
@@ -273,6 +251,33 @@ def _run_options(
     if uncounted:  # saved as null, not as the recipe's 1B Word count, which a resume would count epochs in
         options = dataclasses.replace(options, train=dataclasses.replace(options.training, n_train_tokens=None))
     return options
+
+
+def _no_token_count(vocab_path: str, other_text: bool, settings: RunSettings, saved: dict | None) -> ConfigError:
+    """The refusal of epochs that nothing counts: the vocabulary's sidecar (missing, or of
+    ``other_text``), the config, and the run (``saved``: none, or of the text before new_data)."""
+    run_count = ""
+    if saved is not None:
+        run_count = (
+            f", and the count of the run in {settings.run_dir} is of the text before new_data"
+            if settings.new_data and saved.get("n_train_tokens")
+            else f", nor does the run in {settings.run_dir}"
+        )
+    sidecar = (
+        f"{vocab_path}.json counts other text than the training files"
+        if other_text
+        else f"{vocab_path} has no token-count sidecar ({vocab_path}.json)"
+    )
+    return about(
+        ConfigError(
+            f"{sidecar} and config sets no token count{run_count}, so epochs cannot be counted; give "
+            "n_train_tokens (tokens + sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
+        ),
+        "config",
+        "n_train_tokens",
+        "steps",
+        *(["new_data"] if "new_data" in run_count else []),
+    )
 
 
 def _vocab_count(vocab_path: str, source, taken: bool) -> tuple[int | None, str | None]:
