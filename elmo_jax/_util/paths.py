@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Literal
 
 from elmo_jax._util.atomic import is_local
@@ -54,8 +55,6 @@ def special_kind(p: str) -> str | None:
     character device", ...), else None. A pipe (``<(cmd)``, ``/dev/stdin`` from a pipe) can be read
     once only, and every reader here reads its file more than once (counts its lines, then reads
     them; trains on it for epochs)."""
-    import stat
-
     try:
         mode = os.stat(p).st_mode
     except OSError:
