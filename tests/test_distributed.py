@@ -352,7 +352,7 @@ def test_restart_with_another_row_count_keeps_state_and_position_with_one_warnin
     )
     ckpt = Checkpointer(str(run_dir), async_save=False)
     with pytest.warns(UserWarning) as caught:
-        start, state, capacity, _ = _restore_or_init(
+        start, state, capacity, *_ = _restore_or_init(
             ckpt, ckpt.latest_meta(), options, _settings(run_dir, 4, 1), shardings, global_rows, batcher, None
         )
     ckpt.close()

@@ -243,10 +243,52 @@ def test_a_new_data_session_does_not_count_epochs_in_the_earlier_text(tmp_path, 
     [line] = _error_lines(capsys.readouterr().err)
     assert f"and the count of the run in {run} is of the text before --new-data, so epochs cannot be counted" in line
     assert _steps(run) == [2]  # untouched
-    # Negative control: the new text's count given, the epoch is planned from it.
-    assert train(str(other), "--epochs", "1", "--new-data", "--n-train-tokens", "3200") == 0
+    # Negative control: with the new text's count given, the epoch (5 steps) is planned from it,
+    # counted from the step the new text began at.
+    assert train(str(other), "--epochs", "1", "--new-data", "--n-train-tokens", "3200") == 2
+    captured = capsys.readouterr()
+    assert f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 7 " in captured.out, captured.out
+    # The 5 sentences (134 tokens) fill no step of 32 rows x 20 tokens: said as a fresh run's text is
+    # (before: "its data ended at step 2 (planned 5); nothing to do", exit 0, as a finished run's).
+    [line] = _error_lines(captured.err)
+    assert f"the training text ({other}: 5 sentences, 134 tokens) is smaller than one training step" in line, line
+    assert _steps(run) == [2]
+
+
+@pytest.mark.slow  # four short sessions
+def test_the_epochs_of_a_new_data_session_count_from_the_step_its_text_began_at(tmp_path, capsys):
+    """--epochs counts passes over the text the run trains on now: after --new-data, from the step
+    that session began at, in it and in every later session of that text (the checkpoint keeps
+    the step). Before, epochs counted from step 0 of the whole run: a run further on than the new
+    text's epochs was "already trained" and stopped at once, and one not so far on trained only to
+    the epoch's step count from 0."""
+    run = tmp_path / "run"
+
+    def train(files: pathlib.Path, *flags: str) -> int:  # no --config: a resumed run keeps its own options
+        common = ["--vocab", str(TRAIN / "vocab.txt"), "--run-dir", str(run), "--devices", "1", "--no-progress"]
+        return cli.main(["train", "--train-files", str(files), *common, *flags])
+
+    assert train(TRAIN / "data.txt", "--config", "tiny", "--steps", "9") == 0
+    lines = (TRAIN / "data.txt").read_text().splitlines() * 25
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(lines) + "\n")
+    count = str(sum(len(line.split()) + 1 for line in lines))  # tokens + sentences: 3,475, 6 steps of 640
+    capsys.readouterr()
+    assert train(other, "--steps", "11", "--new-data", "--n-train-tokens", count) == 0
+    capsys.readouterr()
+    # The next session (the run's own files and count now): its epoch is planned to end 6 steps
+    # after step 9.
+    assert train(other, "--epochs", "1") == 0
     out = capsys.readouterr().out
-    assert f"resuming {run} from step 2 (epoch 0, shard 1 of 1) to step 5 " in out, out
+    assert f"resuming {run} from step 11 (epoch 0, shard 1 of 1) to step 15 " in out, out
+    # Rows take whole sentences, so the text's epoch ends before its count's: the data's end, not a
+    # step count, stops it.
+    assert "end of data at step 13; checkpoint saved" in out and _steps(run)[-1] == 13
+    # --new-data --epochs: the epoch of the session's text counts from the step it starts at.
+    assert train(other, "--epochs", "1", "--new-data", "--n-train-tokens", count) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {run} from step 13 (epoch 0, shard 1 of 1) to step 19 " in out, out
+    assert "end of data at step 17; checkpoint saved" in out and _steps(run)[-1] == 17
 
 
 def _damage_newest(run: pathlib.Path) -> int:

@@ -639,7 +639,7 @@ def test_a_resumed_run_plans_its_batches_with_the_fetch_capacity_it_saved(traine
     shardings = state_shardings(jax.eval_shape(lambda: init_state(jax.random.PRNGKey(0), options.model, t)), mesh)
     ckpt = Checkpointer(str(run_dir), read_only=True)
     try:
-        start, _, capacity, _ = loop._restore_or_init(
+        start, _, capacity, *_ = loop._restore_or_init(
             ckpt, ckpt.latest_meta(), options, RunSettings(run_dir=str(run_dir)), shardings, t.batch_size, batcher, None
         )
     finally:

@@ -200,7 +200,12 @@ def _add_train(sub) -> None:
     )
     stop = tr.add_mutually_exclusive_group()
     stop.add_argument("--steps", type=int, help="train until this global step")
-    stop.add_argument("--epochs", type=float, help="train this many passes over the data (default: n_epochs)")
+    stop.add_argument(
+        "--epochs",
+        type=float,
+        help="train this many passes over the data (default: n_epochs); after --new-data, over the new text, "
+        "counted from the step its session began at",
+    )
     tr.add_argument(
         "--n-train-tokens",
         type=int,

@@ -208,6 +208,9 @@ def _meta(run: _Run, heldout_files: list[str] | None) -> dict:
         "local_devices": run.n_local,
         "softmax_layout": RowLayout.for_vocab(options.training.n_tokens_vocab).to_dict(),
         "train_files": run.data,
+        # The step this data stream began at: 0, or the first step of a new_data session, from
+        # which --epochs counts passes over its text.
+        "data_from": run.data_from,
     }
 
 
@@ -294,11 +297,12 @@ def _restore_or_init(
     global_rows: int,
     batcher: LMBatcher,
     init_state: dict | None,
-) -> tuple[int, TrainState, int, dict | None]:
-    """(start step, state on the mesh, fetch capacity, metrics window): the newest readable
-    checkpoint, else ``init_state``, else a fresh init. The capacity is the saved run's last one
-    where this run has its data and mesh size, else 0 (planned from the first batch). The window
-    is the saved ``MetricsWindow.saved()`` (None: none saved, or a fresh start).
+) -> tuple[int, TrainState, int, dict | None, int]:
+    """(start step, state on the mesh, fetch capacity, metrics window, data_from): the newest
+    readable checkpoint, else ``init_state``, else a fresh init. The capacity is the saved run's
+    last one where this run has its data and mesh size, else 0 (planned from the first batch). The
+    window is the saved ``MetricsWindow.saved()`` (None: none saved, or a fresh start).
+    ``data_from`` is the step the session's text began at (``_Run.data_from``).
 
     A checkpoint is global arrays, so it restores onto any mesh whose size divides the padded
     softmax. Resumed with the same number of processes and global rows the run continues exactly;
@@ -326,9 +330,9 @@ def _restore_or_init(
     if restored is None:
         key = jax.random.PRNGKey(cast(int, settings.seed))  # decided by _open_run
         if init_state is None:
-            return 0, make_init(model, t, cast(NamedSharding, shardings.step).mesh, global_rows)(key), 0, None
+            return 0, make_init(model, t, cast(NamedSharding, shardings.step).mesh, global_rows)(key), 0, None, 0
         shared = put_global(softmax_in_slot_order(init_state, layout), shardings.shared())
-        return 0, TrainState(**shared, lstm=zero_rows()), 0, None
+        return 0, TrainState(**shared, lstm=zero_rows()), 0, None, 0
     start, shared, rows, host, saved = restored
     crossed = another_stream(saved, cast(dict, meta))  # a restore happens only with meta
     if crossed is not None:  # an older step, from before a new_data session: its position is in other text
@@ -353,7 +357,11 @@ def _restore_or_init(
             capacity = int(host.get("fetch", {}).get("capacity", 0))
     _say_what_resumed(settings, saved, start, global_rows, host is not None, rows is not None, batcher, crossed)
     window = host.get("metrics") if host is not None else None  # none in checkpoints before it was kept
-    return start, TrainState(**shared, lstm=rows if rows is not None else zero_rows()), capacity, window
+    # Another text from this step on (new_data, or the replay of a new_data session begun after
+    # it); else the saved stream's own start (0 in checkpoints from before it was kept).
+    data_from = start if settings.new_data or crossed is not None else int(saved.get("data_from", 0))
+    state = TrainState(**shared, lstm=rows if rows is not None else zero_rows())
+    return start, state, capacity, window, data_from
 
 
 def _restore_targets(options: Options, shardings: TrainState, global_rows: int, keep_data: bool) -> Callable:
@@ -494,6 +502,8 @@ class _Run:
     """The training files as ``sources.fingerprint`` records them."""
     lock: FileLock | None = None
     """The run dir's, held by process 0 for the session (``_lock_run_dir``)."""
+    data_from: int = 0
+    """The step the run's current text began at (``_counted_from``): epochs count from it."""
 
     @property
     def lead(self) -> bool:
@@ -507,7 +517,8 @@ class _Run:
 
 def _planned_steps(settings: RunSettings, t: TrainConfig, global_rows: int) -> int | None:
     """The step to stop at: ``steps``, else ``epochs`` (else the options' ``n_epochs``) counted in
-    the options' tokens; None: at the end of the data."""
+    the options' tokens (from step 0: ``_train`` adds the step a new_data session's text began
+    at); None: at the end of the data."""
     epochs = settings.epochs if settings.epochs is not None else (None if settings.steps else t.n_epochs)
     if settings.steps is None and epochs is not None:
         if t.n_train_tokens is None:
@@ -778,6 +789,31 @@ def _set_aside_diverged(run: _Run, e: Diverged) -> str:
     )
 
 
+def _started(
+    run: _Run, batcher: LMBatcher, init_state: dict | None, on_progress: Callable[[str], None] | None
+) -> tuple[_Run, int, TrainState, int, dict | None]:
+    """``_restore_or_init`` for ``run``, which comes back with the step its text began at and its
+    total counted from it: (run, start step, state, fetch capacity, metrics window)."""
+    t = run.options.training
+    abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), run.options.model, t, run.global_rows))
+    shardings = state_shardings(abstract, run.mesh)
+    if on_progress is not None:
+        on_progress(
+            f"restoring the newest checkpoint in {run.settings.run_dir}"
+            if run.meta is not None
+            else "initialising the model"
+        )
+    start, state, capacity, window, data_from = _restore_or_init(
+        run.ckpt, run.meta, run.options, run.settings, shardings, run.global_rows, batcher, init_state
+    )
+    # Epochs (not steps) count passes over the text the run trains on now: a new_data session's
+    # from its first step (before, from step 0 of the run: a run at step 100,000 given new text
+    # with --epochs 3 was "already trained").
+    epochs_from = data_from if run.settings.steps is None and run.total is not None else 0
+    total = None if run.total is None else run.total + epochs_from
+    return dataclasses.replace(run, data_from=data_from, total=total), start, state, capacity, window
+
+
 def _train(
     run: _Run,
     source: Source,
@@ -792,17 +828,7 @@ def _train(
     names ``init_state``'s source (None with a fresh init)."""
     settings, t, model = run.settings, run.options.training, run.options.model
     batcher = _batcher(run, source)
-    abstract = jax.eval_shape(lambda: init_train_state(jax.random.PRNGKey(0), model, t, run.global_rows))
-    shardings = state_shardings(abstract, run.mesh)
-    if on_progress is not None:
-        on_progress(
-            f"restoring the newest checkpoint in {settings.run_dir}"
-            if run.meta is not None
-            else "initialising the model"
-        )
-    start, state, capacity, saved_window = _restore_or_init(
-        run.ckpt, run.meta, run.options, settings, shardings, run.global_rows, batcher, init_state
-    )
+    run, start, state, capacity, saved_window = _started(run, batcher, init_state, on_progress)
     if run.total is not None and start >= run.total:
         if start == 0:  # a new run asked for no step: it is set up (options, vocabulary), untrained
             print(f"{settings.run_dir}: set up and untrained: 0 steps planned; nothing to do")
@@ -831,7 +857,8 @@ def _train(
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     progress.beat(f"saving step {step}, the last")
-    if step == start == 0 and reason == "end of data" and not (error or batches.error):
+    # Text that began this session (a fresh run's, a new_data session's) and filled no step.
+    if step == start == run.data_from and reason == "end of data" and not (error or batches.error):
         raise _no_first_step(run, source)
     if step == start and reason == "end of data" and not (error or batches.error):
         # A rerun of a run whose data ended short of its planned total (rows take whole sentences,
