@@ -123,10 +123,12 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
     (run / "checkpoints").chmod(0o555)
     commands.append([*commands[2][: commands[2].index("--run-dir")], "--run-dir", str(run)])
     commands.append(["export", "--run-dir", str(trained), "--out-dir", f"{trained}/export"])
+    # Its embed with --output inside it: the same (before: --run-dir, which embed only reads).
+    commands.append([*commands[0][:3], "--run-dir", str(trained), "--output", f"{trained}/x.hdf5"])
     try:
         said = _run(commands, _no_override(tmp_path))
         assert os.listdir(refused) == ["trained"]  # nothing written, not even a temporary file
-        assert "export" not in os.listdir(trained)
+        assert "export" not in os.listdir(trained) and "x.hdf5" not in os.listdir(trained)
     finally:
         refused.chmod(0o755)
         trained.chmod(0o755)
@@ -153,6 +155,10 @@ def test_a_directory_this_user_may_not_write_is_one_line_naming_the_flag_and_it(
             (
                 2,
                 f"elmo-jax export: error: --out-dir {trained}/export: {trained} is not writable by this user (permission denied)",
+            ),
+            (
+                2,
+                f"elmo-jax embed: error: --output {trained}/x.hdf5: {trained} is not writable by this user (permission denied)",
             ),
         ],
     )

@@ -79,8 +79,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         # The directory refused a new file (not this user's, read-only, missing): name it, not the
         # temporary name tried; a name too long is the name given. Raised outside the handler, so
         # that no chain leads back to the temporary name (disk_full.innermost_message follows it).
+        # The path asked for is its second file name: the command line names the flag that gave
+        # it (embed's --output RUN/x.hdf5), not another that names the directory (--run-dir RUN).
         at = path if e.errno == errno.ENAMETOOLONG else (directory or ".") if local else e.filename
-        refused = OSError(e.errno, e.strerror, at)
+        refused = OSError(e.errno, e.strerror, at, None, path) if at != path else OSError(e.errno, e.strerror, at)
     if refused is not None:
         raise refused
     os.close(fd)  # writers open the path themselves (h5py, np.save, savefig)

@@ -521,7 +521,9 @@ def error_line(exc: BaseException, flags: dict[str, str], given: argparse.Namesp
     system, a name too long) is said the same way, in the OS's words where ``describe`` has none."""
     if isinstance(exc, OSError) and exc.filename is not None:
         culprit, phrase = describe(exc)
-        asked = os.fspath(exc.filename) if isinstance(exc.filename, (str, os.PathLike)) else ""
+        # The path a write asked for, where the OS refused its directory (``atomic_path``).
+        wanted = exc.filename2 if exc.filename2 is not None else exc.filename
+        asked = os.fspath(wanted) if isinstance(wanted, (str, os.PathLike)) else ""
         flag, value = _flag_of(culprit, phrase, flags, given, asked)
         return f"{flag} {said(culprit, phrase, value)}" if flag else said(culprit, phrase, os.fspath(exc.filename))
     return flag_text(str(exc), arguments_of(exc), flags)
