@@ -574,6 +574,8 @@ def test_the_cli_warns_for_commands_that_compute_only(monkeypatch, tmp_path, cap
 def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\n\t\n")
     no_unk = tmp_path / "vocab.txt"
     no_unk.write_text("<S>\n</S>\nthe\n")
     big = _write_tiny_options(tmp_path / "o.json")
@@ -582,8 +584,21 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
     (tmp_path / "misfit.json").write_text(json.dumps(opts))
     cases = [
         (["--train-files", str(tmp_path / "nothing*.txt")], "no files match"),
-        (["--train-files", str(empty), "--vocab", str(TRAIN / "vocab.txt")], "no sentences in"),
-        (["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(empty)], f"no sentences in {empty}"),
+        # Said as eval says it, of the text's part (before: "no sentences in X", whichever it was).
+        *(
+            (
+                ["--train-files", str(text), "--vocab", str(TRAIN / "vocab.txt")],
+                f"the training text ({text}) has no sentence to train on; give a file with text in it",
+            )
+            for text in (empty, blank)
+        ),
+        *(
+            (
+                ["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(text)],
+                f"the held-out text ({text}) has no sentence to score; give a file with text in it",
+            )
+            for text in (empty, blank)
+        ),
         (  # which of the two patterns matched nothing (before: "no files match X" alone)
             ["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(tmp_path / "nothing*.txt")],
             f"error: --heldout-files {tmp_path / 'nothing*.txt'}: no files match",
@@ -627,10 +642,20 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
         lines = [l for l in err.splitlines() if l.startswith("elmo-jax train: error:")]
         assert len(lines) == 1 and message in lines[0], (args, err)
         if (
-            args[0] in ("--config", "--batch-size") or "--heldout-files" in args
+            args[0] in ("--config", "--batch-size") or "--heldout-files" in args or "--vocab" in args[2:3]
         ):  # before the vocabulary is built into the run dir
             assert not run.exists(), args
         assert "Traceback" not in err
+    # Blank lines past what the start reads of each file: found by the first batch, said alike.
+    big_blank = tmp_path / "big_blank.txt"
+    big_blank.write_text(" \n" * 40_000)
+    args = ["--train-files", str(big_blank), "--vocab", str(TRAIN / "vocab.txt")]
+    assert cli.main(["train", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--no-progress", *args]) == 2
+    [line] = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    assert (
+        line
+        == f"elmo-jax train: error: the training text ({big_blank}) has no sentence to train on; give a file with text in it"
+    )
 
 
 # -- a full disk (issue 29) ---------------------------------------------------------------------

@@ -73,7 +73,7 @@ class TextFiles:
     def fingerprint(self) -> list[dict]:
         """Per file: its name, size and a hash of its first and last 64 KiB (cheap for GBs of text;
         a regenerated file almost always changes its size or its ends)."""
-        out = []
+        out, blank = [], 0
         for path in self.files:
             try:
                 size = os.path.getsize(path)
@@ -87,8 +87,9 @@ class TextFiles:
             except OSError as e:
                 raise _unreadable(path, e) from None
             _check_text(path, head)
+            blank += size <= _ENDS and not head.strip()  # read whole: empty, or blank lines only
             out.append({"name": os.path.basename(path), "size": size, "sha256_ends": h.hexdigest()[:16]})
-        if not any(f["size"] for f in out):  # said before a run dir is made for it
+        if blank == len(out):  # said before a run dir is made for it
             raise no_sentences(self.files)
         return out
 
@@ -124,9 +125,14 @@ def _literal_dir(pattern: str) -> str:
     return head if head.endswith(os.sep) or head == pattern else os.path.dirname(head) or "."
 
 
+class NoSentences(DataError):
+    """Text files that hold no sentence, said by a reader that does not know what the text is for:
+    a caller that does (training, held-out) says it in its own words."""
+
+
 def no_sentences(names: Sequence[str]) -> DataError:
     """The error for text files that hold no sentence (names: the first five are said)."""
-    return DataError(f"no sentences in {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    return NoSentences(f"no sentences in {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
 
 
 def _check_text(path: str, head: bytes) -> None:

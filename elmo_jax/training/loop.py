@@ -34,7 +34,15 @@ from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
-from elmo_jax.text.sources import DataError, Source, as_source, data_changes, fingerprint, shard_for_process
+from elmo_jax.text.sources import (
+    DataError,
+    NoSentences,
+    Source,
+    as_source,
+    data_changes,
+    fingerprint,
+    shard_for_process,
+)
 from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
 from elmo_jax.training.evaluate import HeldoutEvaluator, too_little_text
@@ -474,7 +482,7 @@ def check_heldout_fills_a_window(heldout: Source, vocab: Vocabulary, batch_size:
     )
     try:
         probe.next()
-    except StopIteration:
+    except (StopIteration, NoSentences):
         raise too_little_text(heldout, batch_size, unroll_steps) from None
 
 
@@ -551,7 +559,10 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
     t = options.training
-    data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
+    try:
+        data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
+    except NoSentences:
+        raise too_little_text(source, t.batch_size, t.unroll_steps, training=True) from None
     n_local, devices = run_devices(settings)
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     check_writable(
@@ -857,8 +868,10 @@ def _train(
     batches.close()  # the batches built ahead are not needed; data_state() stays
     progress.close()
     progress.beat(f"saving step {step}, the last")
-    # Text that began this session (a fresh run's, a new_data session's) and filled no step.
-    if step == start == run.data_from and reason == "end of data" and not (error or batches.error):
+    # Text that began this session (a fresh run's, a new_data session's) and filled no step, or
+    # held no sentence at all (blank lines only).
+    failed = error or batches.error
+    if step == start == run.data_from and (isinstance(failed, NoSentences) or (reason == "end of data" and not failed)):
         raise _no_first_step(run, source)
     if step == start and reason == "end of data" and not (error or batches.error):
         # A rerun of a run whose data ended short of its planned total (rows take whole sentences,

@@ -83,8 +83,9 @@ def train(
     """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics.
     ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
     read and as each shard is counted for the vocabulary."""
-    from elmo_jax.text.sources import fingerprint
+    from elmo_jax.text.sources import NoSentences, fingerprint
     from elmo_jax.text.vocab import SPECIALS
+    from elmo_jax.training.evaluate import too_little_text
     from elmo_jax.training.warmstart import check_continues, check_source, finetune_state, read_warmstart
 
     if (bad := fault(settings.run_dir, "dir")) and bad[1] == IS_A_FILE:  # before any pass over the text
@@ -94,7 +95,10 @@ def train(
     recipe = _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
     run_devices(settings)
     if heldout is not None:  # and held-out text that is empty, binary or unreadable, as the training text is
-        fingerprint(heldout)
+        try:
+            fingerprint(heldout)
+        except NoSentences:
+            raise too_little_text(heldout, recipe.batch_size, recipe.unroll_steps) from None
         if settings.eval_every != 0:  # or too short to score
             check_heldout_fills_a_window(heldout, Vocabulary(list(SPECIALS)), recipe.batch_size, recipe.unroll_steps)
     beat = on_progress or (lambda doing: None)
