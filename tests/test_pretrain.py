@@ -561,13 +561,20 @@ def test_a_checkpoint_missing_an_orbax_file_is_named_by_it(trained_run, tmp_path
         assert load_run(str(copy))[3] == 2
 
 
-def test_a_step_without_orbax_s_own_metadata_file_resumes_without_its_warning(trained_run, tmp_path, caplog):
-    """Orbax reads around a missing _CHECKPOINT_METADATA (its save times) and warns through absl,
-    a stray 'WARNING:absl:Metadata file does not exist' on the console of a resume that is fine."""
+@pytest.mark.parametrize("damage", ["missing", "not JSON"])
+def test_a_step_without_orbax_s_own_metadata_file_resumes_without_its_warning(trained_run, tmp_path, caplog, damage):
+    """Orbax reads around a missing or damaged _CHECKPOINT_METADATA (its save times) and says so
+    through absl, a stray 'WARNING:absl:Metadata file does not exist' on the console of a resume
+    that is fine; or, damaged, 'ERROR:absl:Failed to json parse Metadata file' with the file's
+    whole content, once each time a checkpoint manager opens (three times a resume)."""
     run_dir, options, vocab = trained_run
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
-    (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+    orbax_own = copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA"
+    if damage == "missing":
+        orbax_own.unlink()
+    else:
+        orbax_own.write_bytes(b"{garbage\n\x00")
     caplog.set_level(logging.INFO)
     settings = RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False)
     with warnings.catch_warnings():

@@ -439,11 +439,17 @@ def _commit_only_if_every_process_wrote(manager: ocp.CheckpointManager) -> None:
     background._thread_func = commit_if_every_process_wrote
 
 
+# Orbax's lines about a step's ``_CHECKPOINT_METADATA`` missing or not valid JSON (the latter
+# with the whole file's content, garbage or not, and once a manager opens: three times a resume).
+_BENIGN = ("Metadata file does not exist: %s", "Failed to json parse Metadata file: %s, file content: %s, error: %s")
+
+
 def _without_benign_orbax_warnings(record: logging.LogRecord) -> bool:
-    """False for Orbax's warning that a step has no ``_CHECKPOINT_METADATA`` (its own bookkeeping
-    of save times, which it reads around: the checkpoint restores all the same), a line on the
-    console of a run that is fine."""
-    return record.msg != "Metadata file does not exist: %s"
+    """False for Orbax's lines that a step's ``_CHECKPOINT_METADATA`` is missing or damaged: that is
+    its own bookkeeping of save times, which it reads around (the checkpoint restores all the same,
+    and the files this package reads are checked for damage: ``_json_files``), so they would be
+    noise on the console of a run that is fine."""
+    return record.msg not in _BENIGN
 
 
 def _json_files(step_dir: epath.Path) -> list[str]:
