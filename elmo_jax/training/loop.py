@@ -511,7 +511,7 @@ class _Run:
     lock: FileLock | None = None
     """The run dir's, held by process 0 for the session (``_lock_run_dir``)."""
     data_from: int = 0
-    """The step the run's current text began at (``_counted_from``): epochs count from it."""
+    """The step the run's current text began at (set by ``_started``): epochs count from it."""
 
     @property
     def lead(self) -> bool:
