@@ -339,14 +339,14 @@ def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
     options = Options.load(model_files("allennlp")[0])
     calls = []
 
-    def fake_load_run(run_dir, step=None, *, check_vocab=True):
-        calls.append((run_dir, step, check_vocab))
-        return options, None, {"bilm": params, "softmax": {}}, 7
+    def fake_read_bilm(run_dir, step=None):
+        calls.append((run_dir, step))
+        return options, {"bilm": params, "softmax": {}}, 7
 
-    monkeypatch.setattr("elmo_jax.training.run_dir.load_run", fake_load_run)
+    monkeypatch.setattr("elmo_jax.training.run_dir.read_bilm", fake_read_bilm)
     ck, ck_weights = Elmo.from_checkpoint("/some/run", step=7, trainable_bilm=True)
     nn_ck = ElmoNNX.from_checkpoint("/some/run", rngs=nnx.Rngs(0))
-    assert calls == [("/some/run", 7, False), ("/some/run", None, False)]  # the biLM alone: no vocabulary
+    assert calls == [("/some/run", 7), ("/some/run", None)]  # the biLM alone: no vocabulary
     assert ck.config == options.model and ck.trainable_bilm and nn_ck.config == options.model
     for a, b in zip(bilm_leaves(ck_weights), bilm_leaves(params)):
         np.testing.assert_array_equal(a, b)

@@ -13,7 +13,7 @@ import pytest
 from helpers import FIXTURES
 from test_pretrain import TRAIN, trained_run  # noqa: F401  (a fixture: test_pretrain's short run)
 
-from elmo_jax import cli
+from elmo_jax import Embedder, cli
 from elmo_jax.compat.hdf5 import WeightsError
 from elmo_jax.config import Options
 from elmo_jax.model.vocabulary import Vocabulary
@@ -56,6 +56,12 @@ def test_released_names_round_trip(trained_run, released):
             CheckpointError, match=re.escape(f"{said}; its {weights} is an export's: read it with from_hdf5")
         ):
             load_run(str(export))
+    # The biLM's readers need no vocab.txt, so an export without one is told apart too (before:
+    # "vocab.txt: vocabulary file not found").
+    (plain / "vocab.txt").unlink()
+    weights = export_names(options.model, "elmo_jax")[1]
+    with pytest.raises(CheckpointError, match=re.escape(f"no checkpoint found; its {weights} is an export's")):
+        Embedder.from_checkpoint(str(plain))
 
 
 @pytest.mark.slow

@@ -463,9 +463,9 @@ class Embedder:
 
     @classmethod
     def from_checkpoint(cls, run_dir: str, step: int | None = None, **kw) -> Embedder:
-        from elmo_jax.training.run_dir import load_run
+        from elmo_jax.training.run_dir import read_bilm
 
-        options, _, params, _ = load_run(run_dir, step, check_vocab=False)
+        options, params, _ = read_bilm(run_dir, step)
         return cls(options.model, params["bilm"], **kw)
 
     # -- token vectors ---------------------------------------------------------------------------

@@ -256,9 +256,9 @@ def _split_inputs(char_ids, layers, mask):
 
 
 def _load_checkpoint(run_dir, step):
-    from elmo_jax.training.run_dir import load_run  # orbax and the training code: imported only when needed
+    from elmo_jax.training.run_dir import read_bilm  # orbax and the training code: imported only when needed
 
-    options, _, params, _ = load_run(run_dir, step, check_vocab=False)
+    options, params, _ = read_bilm(run_dir, step)
     return options.model, params["bilm"]
 
 

@@ -92,7 +92,23 @@ def read_run(
     """(options, vocab, shared state with the softmax in id order, step) of a run directory's
     newest readable (or the given) checkpoint. ``run_dir`` may be a ``gs://`` path (etils.epath).
     ``check_vocab``: refuse a vocab.txt other than the one the checkpoint was trained with (off
-    for readers of the biLM alone, which no vocabulary enters)."""
+    for readers of the biLM alone, which no vocabulary enters: ``read_bilm`` reads none)."""
+    options = _run_options(run_dir, step)
+    vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
+    options, shared, step = _read_checkpoint(run_dir, options, step, vocab if check_vocab else None)
+    return options, vocab, shared, step
+
+
+def read_bilm(run_dir: str | os.PathLike, step: int | None = None) -> tuple[Options, dict, int]:
+    """(options, params, step) of a run directory's newest readable (or the given) checkpoint, for
+    readers of the biLM alone (extraction): its vocab.txt is neither read nor needed."""
+    options = _run_options(run_dir, step)
+    options, shared, step = _read_checkpoint(run_dir, options, step, None)
+    return options, shared["params"], step
+
+
+def _run_options(run_dir: str | os.PathLike, step: int | None) -> Options:
+    """The run's options.json, once ``run_dir`` and ``step`` are known to be a run dir and a step."""
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))):
         # "8" or 8.0 would be looked for as a checkpoint of that name, and said to be missing or damaged.
         raise about(TypeError(f"step is a {type(step).__name__} ({step!r}); expected an int or None"), "step")
@@ -106,15 +122,21 @@ def read_run(
         if closed := closed_above(options_path):  # its files may be there, out of this user's reach
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), closed)
         raise CheckpointError(f"{run_dir}: not a run directory (no options.json){_export_hint(run_dir)}")
-    options = Options.load(options_path, saved=True)
-    vocab = Vocabulary.load(os.path.join(run_dir, "vocab.txt"))
+    return Options.load(options_path, saved=True)
+
+
+def _read_checkpoint(
+    run_dir: str | os.PathLike, options: Options, step: int | None, vocab: Vocabulary | None
+) -> tuple[Options, dict, int]:
+    """(the step's options, shared state, step) of ``step`` or the newest readable checkpoint;
+    ``vocab``: checked against the one the checkpoint was trained with (None: not checked)."""
     ckpt = Checkpointer(run_dir, read_only=True)
     # A damaged checkpoint's noise is dropped (a reader writes nothing into a run dir); the
     # warning or the error says what was unreadable.
     with orbax_log(None, failed=lambda: ckpt.orbax_failed):
         try:
             newest = None  # a run's vocabulary is one for all its checkpoints: one check does
-            if check_vocab:  # before the restore, which reads every array of a large run
+            if vocab is not None:  # before the restore, which reads every array of a large run
                 with contextlib.suppress(Exception):  # unreadable metadata: the restore says why
                     newest = ckpt.latest_meta()
                 if newest is not None:
@@ -122,12 +144,12 @@ def read_run(
             shared, step, meta = _restore(ckpt, run_dir, options, step)
         finally:
             ckpt.close()
-    if check_vocab and newest is None:  # the newest metadata unreadable: the restored step's
+    if vocab is not None and newest is None:  # the newest metadata unreadable: the restored step's
         check_run_vocab(vocab, meta, run_dir)
     if "options" in meta:  # the step's own: a later session may have changed its recipe (batch_size,
         # learning_rate, ...), which options.json, written when the run began, does not follow
         options = Options.from_dict(meta["options"], where=f"{run_dir}: checkpoint {step}'s options", saved=True)
-    return options, vocab, shared, step
+    return options, shared, step
 
 
 def check_run_vocab(vocab: Vocabulary, meta: dict, run_dir: str | os.PathLike) -> None:
