@@ -29,7 +29,7 @@ from elmo_jax._util.arguments import arguments_of
 from elmo_jax._util.device_memory import DeviceFailed, OutOfDeviceMemory
 from elmo_jax.cli.commands import bundled_sample
 from elmo_jax.compat.hdf5 import load_hdf5
-from elmo_jax.config import ConfigError, Options
+from elmo_jax.config import ConfigError, Options, preset
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.text.sources import TextFiles
 from elmo_jax.text.vocab import build_vocab, count_tokens
@@ -345,6 +345,9 @@ def test_a_replaced_vocab_txt_is_refused_by_eval_and_export_not_by_the_embedder(
         with pytest.raises(CheckpointError) as e:
             pretrain(options, Vocabulary.load(copy / "vocab.txt"), TextFiles(str(TRAIN / "data.txt")), settings)
         assert str(e.value) == said
+    # Nor a vocab.txt at all (before: "vocab.txt: vocabulary file not found").
+    (copy / "vocab.txt").unlink()
+    assert Embedder.from_checkpoint(str(copy)).embed([["a", "b"]])[0].shape[1] == 2
 
 
 @pytest.mark.slow
@@ -1532,6 +1535,25 @@ def test_options_written_for_another_vocabulary_say_both_remedies():
     )
     assert arguments_of(e.value) == ("vocab",)
     assert options_for_vocab(wrong, vocab, None, strict=False).training.n_tokens_vocab == len(vocab)
+
+
+def test_options_without_training_keys_and_no_count_plan_no_epochs_of_1b_word(tmp_path):
+    """options_for_vocab(Options(model), vocab, None): no count (null), so a run asks for steps
+    (before: bilm-tf's 1B Word count, 768,648,884 tokens, and a run of the bundled 5 sentences
+    planned to step 3,002,535). A count given, or the options' own, is kept."""
+    vocab = Vocabulary.load(TRAIN / "vocab.txt")
+    bare = Options(model=preset("tiny"))
+    assert options_for_vocab(bare, vocab, None).training.n_train_tokens is None
+    assert options_for_vocab(bare, vocab, 139).training.n_train_tokens == 139
+    own = bilm_tf_options(batch_size=2, unroll_steps=5)
+    assert options_for_vocab(own, vocab, None).training.n_train_tokens == own.training.n_train_tokens
+    settings = RunSettings(run_dir=str(tmp_path / "run"), progress=False, devices=1)
+    with pytest.raises(ConfigError, match=r"the options give no token count .* give steps, or n_train_tokens"):
+        pretrain(options_for_vocab(bare, vocab, None), vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+    assert not (tmp_path / "run").exists()
+    # And a list given for the vocabulary is said so (before: n_negative_samples_batch must be >= 1).
+    with pytest.raises(TypeError, match=r"^vocab is a list; expected a Vocabulary"):
+        options_for_vocab(bare, ["a", "b"], None)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

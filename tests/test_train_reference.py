@@ -10,6 +10,7 @@ weights come from the project.
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from elmo_jax.model import char_cnn, lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import BY_BACKEND
 from elmo_jax.model.vocabulary import Vocabulary, token_to_ids
-from elmo_jax.text.sources import TextFiles
+from elmo_jax.text.sources import Lines, TextFiles
 from elmo_jax.training.batches import LMBatcher
 from elmo_jax.training.evaluate import IN_FLIGHT, evaluate
 from elmo_jax.training.run_dir import softmax_in_id_order, softmax_in_slot_order
@@ -267,6 +268,15 @@ def test_evaluate_takes_a_list_of_sentences_and_says_what_else_it_was_given(eval
     with pytest.raises(ValueError) as e:
         evaluate(params, MODEL, other, source, batch_size=2, unroll_steps=3)
     assert str(e.value).startswith(f"vocab (other.txt) has {len(vocab) + 1} words but the softmax scores {len(vocab)}")
+    # Lines of one str: its letters would be the sentences (before: a perplexity of 831 over
+    # one-letter sentences, where the sentence itself gives another).
+    for text, said in (
+        ("The cat sat .", "lines is a str; expected a list of str"),
+        (["a", 3], "lines holds a int (3)"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(said)):
+            Lines(text)  # type: ignore[arg-type]
+    assert Lines(line for line in ("The cat sat .", " ")).lines == ["The cat sat ."]
 
 
 @pytest.mark.parametrize("steps", [3, 20])

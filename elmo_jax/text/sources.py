@@ -157,6 +157,16 @@ class Lines:
     """Sentences already in memory as one shard (e.g. a notebook's held-out slice)."""
 
     def __init__(self, lines: Sequence[str], name: str = "<lines>"):
+        # A str is a sequence too: its letters would be the sentences, one character each.
+        if isinstance(lines, (str, bytes)):
+            raise TypeError(
+                f"lines is a {type(lines).__name__}; expected a list of str, one sentence each (Lines([text]) "
+                "for one sentence, Lines(text.splitlines()) for one sentence a line)"
+            )
+        lines = list(lines)
+        bad = [line for line in lines if not isinstance(line, str)]
+        if bad:
+            raise TypeError(f"lines holds a {type(bad[0]).__name__} ({bad[0]!r:.40}); expected str sentences")
         self.lines, self.label = [l for l in lines if l.strip()], name
 
     def __len__(self) -> int:

@@ -178,7 +178,14 @@ class RunSettings:
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None, strict: bool = True) -> Options:
     """Fills the training keys that follow from the data; refuses a config that does not fit it
-    (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size)."""
+    (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size).
+
+    ``n_train_tokens``: tokens + sentences of the training text, in which epochs are counted
+    (``count_tokens`` gives both; ``elmo-jax vocab`` writes them beside the vocabulary). None keeps
+    the options' own count; options without training keys then have none (null), and a run of
+    them takes ``steps``, not epochs. (Before, they took bilm-tf's 1B Word count, 768,648,884: an
+    epoch of a small corpus was planned as millions of steps.)"""
+    _check_vocab_type(vocab)
     # Without training keys, bilm-tf's recipe for this vocabulary (a small one samples what it has).
     train_cfg = options.train or TrainConfig(
         n_tokens_vocab=len(vocab), n_negative_samples_batch=min(TrainConfig.n_negative_samples_batch, len(vocab) // 2)
@@ -195,6 +202,8 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     changes: dict[str, Any] = {"n_tokens_vocab": len(vocab)}
     if n_train_tokens:
         changes["n_train_tokens"] = int(n_train_tokens)
+    elif options.train is None:  # the recipe's count is 1B Word's, not this text's
+        changes["n_train_tokens"] = None
     if train_cfg.n_negative_samples_batch >= len(vocab):
         # A small corpus with a small vocabulary: sample what there is to sample.
         changes["n_negative_samples_batch"] = max(1, len(vocab) // 2)
@@ -564,10 +573,6 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     except NoSentences:
         raise too_little_text(source, t.batch_size, t.unroll_steps, training=True) from None
     n_local, devices = run_devices(settings)
-    epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
-    check_writable(
-        settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))
-    )
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
     try:
@@ -575,7 +580,11 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     except LayoutError as e:
         raise CheckpointError(str(e)) from None
     global_rows = t.batch_size * mesh.size
-    total = _planned_steps(settings, t, global_rows)
+    total = _planned_steps(settings, t, global_rows)  # epochs nothing counts: refused before the run dir is made
+    epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
+    check_writable(
+        settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))
+    )
     # Before the checkpoint manager opens: a writer's deletes the unfinished saves it finds.
     lock = _lock_run_dir(settings.run_dir)
     ckpt = None
@@ -741,6 +750,13 @@ def pretrain(
     raise error
 
 
+def _check_vocab_type(vocab: Any) -> None:
+    if not isinstance(vocab, Vocabulary):
+        raise TypeError(
+            f"vocab is a {type(vocab).__name__}; expected a Vocabulary (Vocabulary.load(path), or build_vocab(counts))"
+        )
+
+
 def _check_vocab_fits(options: Options, vocab: Vocabulary) -> None:
     """The softmax has a row per word: options made for another vocabulary would train rows that
     no word names, or words that no row scores (``options_for_vocab`` makes them fit)."""
@@ -749,8 +765,7 @@ def _check_vocab_fits(options: Options, vocab: Vocabulary) -> None:
         raise TypeError(
             f"options is {got}; expected training Options: options_for_vocab(options, vocab, n_train_tokens)"
         )
-    if not isinstance(vocab, Vocabulary):
-        raise TypeError(f"vocab is a {type(vocab).__name__}; expected a Vocabulary (Vocabulary.load(path))")
+    _check_vocab_type(vocab)
     if options.train.n_tokens_vocab != len(vocab):
         raise about(
             ConfigError(
