@@ -21,11 +21,11 @@ if typing.TYPE_CHECKING:  # what type checkers and editors see; at run time, __g
     from elmo_jax.model.bilm import init as init_bilm
     from elmo_jax.model.compute import Compute
     from elmo_jax.model.vocabulary import VocabError, Vocabulary, batch_to_ids, token_to_ids
-    from elmo_jax.modules.elmo import Elmo, ElmoNNX, ScalarMix, scalar_mix, with_bilm
+    from elmo_jax.modules.elmo import FROZEN_COLLECTION, Elmo, ElmoNNX, ScalarMix, scalar_mix, with_bilm
     from elmo_jax.pretrained import fetch, list_models, load_pretrained
     from elmo_jax.text.sources import DataError, Lines, TextFiles, open_source
     from elmo_jax.text.tokenize import tokenize, tokenize_text
-    from elmo_jax.text.vocab import build_vocab, write_vocab
+    from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
     from elmo_jax.training.evaluate import evaluate
     from elmo_jax.training.hooks import Stopped
     from elmo_jax.training.loop import RunSettings, options_for_vocab, pretrain
@@ -58,6 +58,7 @@ _LAZY = {
     "token_to_ids": "elmo_jax.model.vocabulary",
     "Embedder": "elmo_jax.extract.embedder",
     "Elmo": "elmo_jax.modules.elmo",
+    "FROZEN_COLLECTION": "elmo_jax.modules.elmo",
     "ElmoNNX": "elmo_jax.modules.elmo",
     "ScalarMix": "elmo_jax.modules.elmo",
     "scalar_mix": "elmo_jax.modules.elmo",
@@ -77,6 +78,7 @@ _LAZY = {
     "tokenize": "elmo_jax.text.tokenize",
     "tokenize_text": "elmo_jax.text.tokenize",
     "build_vocab": "elmo_jax.text.vocab",
+    "count_tokens": "elmo_jax.text.vocab",
     "write_vocab": "elmo_jax.text.vocab",
     "evaluate": "elmo_jax.training.evaluate",
     "Stopped": "elmo_jax.training.hooks",
@@ -101,6 +103,7 @@ __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for
     "EmbedFileResult",
     "Embedder",
     "ExportResult",
+    "FROZEN_COLLECTION",
     "LSTMConfig",
     "Lines",
     "ModelConfig",
@@ -119,6 +122,7 @@ __all__ = [  # the same names as _LAZY (tests/test_toplevel.py), written out for
     "batch_to_ids",
     "bilm_apply",
     "build_vocab",
+    "count_tokens",
     "embed_file",
     "enable_compile_cache",
     "evaluate",

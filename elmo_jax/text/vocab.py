@@ -100,7 +100,7 @@ def build_vocab(
     """
     if not isinstance(counts, Mapping):  # a source of text, say (before: "... has no attribute 'items'")
         raise TypeError(
-            f"counts is a {type(counts).__name__}; expected a mapping of word to count: count_tokens(source)[0] "
+            f"counts is a {type(counts).__name__}; expected a mapping of word to count: elmo_jax.count_tokens(source)[0] "
             "gives one"
         )
     check_vocab_arguments(min_count, max_size)
