@@ -127,6 +127,13 @@ def test_batch_tokens_and_layers_that_misfit_the_model_name_the_argument(tmp_pat
         with pytest.raises(TypeError, match=f"^batch_tokens must be an int; got {bad!r}$"):
             Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=bad)
     assert Embedder.from_hdf5(OPTIONS, WEIGHTS, batch_tokens=np.int64(64)).batch_tokens == 64
+    with pytest.raises(TypeError, match=r"^devices must be an int; got '2'$"):  # (before: '<' not supported)
+        Embedder.from_hdf5(OPTIONS, WEIGHTS, devices="2")
+    # A model's file for the Embedder (before: AttributeError, 'str' object has no attribute 'config').
+    for wrong in (str(OPTIONS), lambda: str(OPTIONS)):
+        with pytest.raises(TypeError, match=r"^embedder is a str; expected an Embedder \(Embedder.from_hdf5"):
+            embed_file(wrong, text, tmp_path / "o.hdf5")
+    assert not (tmp_path / "o.hdf5").exists()
     with pytest.raises(ConfigError, match=r"^devices must be 1 or more \(None: every local device\); got -1$") as e:
         Embedder.from_hdf5(OPTIONS, WEIGHTS, devices=-1)
     assert arguments_of(e.value) == ("devices",)

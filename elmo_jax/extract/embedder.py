@@ -382,11 +382,10 @@ class Embedder:
         # device_put, not jnp.asarray: that would compile a small program per leaf shape.
         self.params = jax.device_put(params)
         self.layout = layout or for_backend()
-        if batch_tokens is not None and (
-            isinstance(batch_tokens, bool) or not isinstance(batch_tokens, numbers.Integral)
-        ):
-            # (before: "'<' not supported between 'str' and 'int'"; 64.7 was taken as 64)
-            raise about(TypeError(f"batch_tokens must be an int; got {batch_tokens!r}"), "batch_tokens")
+        for name, value in (("batch_tokens", batch_tokens), ("devices", devices)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                # (before: "'<' not supported between 'str' and 'int'"; 64.7 was taken as 64)
+                raise about(TypeError(f"{name} must be an int; got {value!r}"), name)
         if batch_tokens is not None and batch_tokens < 1:
             raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")
         if devices is not None and devices < 1:

@@ -137,9 +137,18 @@ def embed_file(
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     _check_arguments(input_path, output_path, options)
-    if callable(embedder):
+    from elmo_jax.extract.embedder import Embedder, check_layers
+
+    if callable(embedder) and not isinstance(embedder, Embedder):
         embedder = embedder()
-    from elmo_jax.extract.embedder import check_layers
+    if not isinstance(embedder, Embedder):  # a model's path, say (before: no attribute 'config')
+        raise about(
+            TypeError(
+                f"embedder is a {type(embedder).__name__}; expected an Embedder (Embedder.from_hdf5, "
+                "from_checkpoint or from_pretrained), or a function of no arguments returning one"
+            ),
+            "embedder",
+        )
 
     try:
         layers = check_layers(options.layers, embedder.config.n_output_layers)
