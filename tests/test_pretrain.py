@@ -1556,6 +1556,24 @@ def test_options_without_training_keys_and_no_count_plan_no_epochs_of_1b_word(tm
         options_for_vocab(bare, ["a", "b"], None)  # type: ignore[arg-type]
 
 
+def test_a_file_given_for_a_directory_to_make_is_said_by_the_python_api_too(trained_run, tmp_path):
+    """pretrain's run_dir and export_run's out_dir, a file or under one: the OS's NotADirectoryError
+    naming that file, before anything is read or written (before: FileExistsError from the mkdir,
+    seven frames deep, after the checkpoint was read). The CLI says it after the flag."""
+    run_dir, options, vocab = trained_run
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x\n")
+    for target in (a_file, a_file / "sub"):
+        with pytest.raises(NotADirectoryError) as e:
+            export_run(str(run_dir), str(target))
+        assert e.value.filename == str(a_file)
+        settings = RunSettings(run_dir=str(target), steps=1, progress=False, devices=1)
+        with pytest.raises(NotADirectoryError) as e:
+            pretrain(options, vocab, TextFiles(str(TRAIN / "data.txt")), settings)
+        assert e.value.filename == str(a_file)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
 @pytest.mark.slow
 def test_an_exception_in_the_loop_still_saves_the_last_step_and_closes(trained_run, tmp_path):
     _, options, vocab = trained_run

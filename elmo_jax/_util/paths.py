@@ -50,6 +50,14 @@ def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tu
     return _missing(p)
 
 
+def check_dir_to_make(path: str | os.PathLike) -> None:
+    """The OS's ``NotADirectoryError`` for ``path``, or the file on the way to it, when a file is
+    where a directory is to be made (before the work that writes there; ``mkdir`` would say
+    "File exists" of it)."""
+    if (bad := fault(path, "dir")) and bad[1] == IS_A_FILE:
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), bad[0])
+
+
 def special_kind(p: str) -> str | None:
     """What ``p`` is when it is there but neither a regular file nor a directory ("a pipe", "a
     character device", ...), else None. A pipe (``<(cmd)``, ``/dev/stdin`` from a pipe) can be read

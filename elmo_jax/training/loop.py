@@ -29,7 +29,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.lock import FileLock, Held
-from elmo_jax._util.paths import check_writable, same_path
+from elmo_jax._util.paths import check_dir_to_make, check_writable, same_path
 from elmo_jax._util.processes import agree_max
 from elmo_jax.config import ConfigError, Options, TrainConfig, check_counts, saved_reset_state_prob
 from elmo_jax.model.compute import Compute
@@ -581,6 +581,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
         raise CheckpointError(str(e)) from None
     global_rows = t.batch_size * mesh.size
     total = _planned_steps(settings, t, global_rows)  # epochs nothing counts: refused before the run dir is made
+    check_dir_to_make(settings.run_dir)
     epath.Path(settings.run_dir).mkdir(parents=True, exist_ok=True)  # a gs:// run dir too
     check_writable(
         settings.run_dir, *(os.path.join(settings.run_dir, p) for p in ("checkpoints", "host_state", "metrics.jsonl"))

@@ -20,7 +20,7 @@ from etils import epath
 from elmo_jax._util import disk_full
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
-from elmo_jax._util.paths import closed_above
+from elmo_jax._util.paths import check_dir_to_make, closed_above
 from elmo_jax.compat.hdf5 import save_hdf5
 from elmo_jax.config import Options
 from elmo_jax.model import lstm
@@ -258,6 +258,7 @@ def export_run(
     complete, and none is left half-written under its name."""
     if layout not in LAYOUTS:  # before the checkpoint is read and out_dir made
         raise about(ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}"), "layout")
+    check_dir_to_make(out_dir)
     options, vocab, params, step = load_run(run_dir, step)
     paths = [os.path.join(out_dir, n) for n in export_names(options.model, layout)]
     epath.Path(out_dir).mkdir(parents=True, exist_ok=True)

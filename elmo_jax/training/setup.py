@@ -12,7 +12,6 @@ name arguments by the names here (``elmo_jax._util.arguments``).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import warnings
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax._util.atomic import is_local
-from elmo_jax._util.paths import IS_A_FILE, fault
+from elmo_jax._util.paths import check_dir_to_make
 from elmo_jax.config import (
     PRESETS,
     ConfigError,
@@ -88,8 +87,7 @@ def train(
     from elmo_jax.training.evaluate import too_little_text
     from elmo_jax.training.warmstart import check_continues, check_source, finetune_state, read_warmstart
 
-    if (bad := fault(settings.run_dir, "dir")) and bad[1] == IS_A_FILE:  # before any pass over the text
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), bad[0])
+    check_dir_to_make(settings.run_dir)  # before any pass over the text
     # A resumed run's own options (None for a new run): without a config they are the run's.
     saved = saved_options(settings.run_dir)
     recipe = _check_recipe(spec, saved)  # before the vocabulary pass, which can take minutes, and writes
