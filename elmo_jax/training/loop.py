@@ -178,7 +178,11 @@ class RunSettings:
 
 def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int | None, strict: bool = True) -> Options:
     """Fills the training keys that follow from the data; refuses a config that does not fit it
-    (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size).
+    (``strict``: the options' own ``n_tokens_vocab`` must be the vocabulary's size). Options
+    without training keys get bilm-tf's recipe for every model (128 rows, 8,192 negatives, 10
+    epochs); ``elmo-jax train --config tiny`` trains the tiny preset with a CPU-sized one
+    (``setup.TRAIN_DEFAULTS``: 32 rows, 1,024 negatives, 1 epoch): give ``Options(model, train)``
+    for that.
 
     ``n_train_tokens``: tokens + sentences of the training text, in which epochs are counted
     (``count_tokens`` gives both; ``elmo-jax vocab`` writes them beside the vocabulary). None keeps
