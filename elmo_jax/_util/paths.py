@@ -41,13 +41,17 @@ def fault(path: str | os.PathLike, want: Literal["file", "dir", "output"]) -> tu
         if os.path.isdir(p):
             return p, IS_A_DIR
         return fault(os.path.dirname(p) or ".", "dir")
-    if os.path.isfile(p) if want == "file" else os.path.isdir(p):
+    # One stat: asked twice (is it a directory? does it exist?), a directory another process makes
+    # in between (each process of a run makes the run dir) was said to be a file.
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:  # missing, or out of this user's reach: as os.path.exists says
+        return _missing(p)
+    if stat.S_ISREG(mode) if want == "file" else stat.S_ISDIR(mode):
         return None
-    if os.path.exists(p):
-        if want == "file" and (kind := special_kind(p)) is not None:
-            return p, not_a_file(kind)
-        return p, IS_A_DIR if want == "file" else IS_A_FILE
-    return _missing(p)
+    if want == "file" and (kind := special_kind(p)) is not None:
+        return p, not_a_file(kind)
+    return p, IS_A_DIR if want == "file" else IS_A_FILE
 
 
 def check_dir_to_make(path: str | os.PathLike) -> None:
