@@ -592,6 +592,8 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
             )
             for text in (empty, blank)
         ),
+        # No --vocab: the vocabulary's count of it finds nothing (before: "no tokens in X").
+        (["--train-files", str(blank)], f"the training text ({blank}) has no sentence to train on"),
         *(
             (
                 ["--train-files", str(TRAIN / "data.txt"), "--heldout-files", str(text)],

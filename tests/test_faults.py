@@ -242,6 +242,7 @@ def test_a_new_data_session_does_not_count_epochs_in_the_earlier_text(tmp_path, 
     assert train(str(other), "--epochs", "1", "--new-data") == 2
     [line] = _error_lines(capsys.readouterr().err)
     assert f"and the count of the run in {run} is of the text before --new-data, so epochs cannot be counted" in line
+    assert line.endswith("or --steps")  # not to rebuild the vocabulary, which a run keeps
     assert _steps(run) == [2]  # untouched
     # Negative control: with the new text's count given, the epoch (5 steps) is planned from it,
     # counted from the step the new text began at.

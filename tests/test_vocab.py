@@ -102,7 +102,9 @@ def test_invalid_arguments(kwargs, match):
 
 def test_build_vocab_given_text_for_its_counts_says_what_gives_them():
     """(Before: AttributeError "'Lines' object has no attribute 'items'".)"""
-    with pytest.raises(TypeError, match=r"^counts is a Lines; expected a mapping of word to count: count_tokens"):
+    with pytest.raises(
+        TypeError, match=r"^counts is a Lines; expected a mapping of word to count: elmo_jax.count_tokens"
+    ):
         build_vocab(Lines(["a b a"]))  # type: ignore[arg-type]
     assert build_vocab(count_tokens(Lines(["a b a"]))[0]) == ["<S>", "</S>", "<UNK>", "a", "b"]
 

@@ -33,7 +33,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax._util.paths import replaced_input, same_path
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
-from elmo_jax.text.sources import DataError, Source, TextFiles
+from elmo_jax.text.sources import DataError, NoSentences, Source, TextFiles
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
@@ -64,7 +64,7 @@ def count_tokens(
         counts.update(itertools.chain.from_iterable(map(str.split, lines)))
     n_tokens = sum(counts.values())
     if n_tokens == 0:
-        raise DataError(f"no tokens in {_describe(files)}")
+        raise NoSentences(f"no tokens in {_describe(files)}")
     return counts, n_tokens, n_sentences
 
 

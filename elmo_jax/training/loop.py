@@ -545,8 +545,8 @@ def _planned_steps(settings: RunSettings, t: TrainConfig, global_rows: int) -> i
         if t.n_train_tokens is None:
             raise about(
                 ConfigError(
-                    "the options give no token count (n_train_tokens is null: the run was started for a number "
-                    "of steps on text it never counted), so epochs cannot be counted; give steps, or n_train_tokens"
+                    "the options give no token count (n_train_tokens is null), so epochs cannot be counted; give "
+                    "steps, or n_train_tokens (tokens + sentences of the training text: count_tokens gives both)"
                 ),
                 "steps",
                 "n_train_tokens",

@@ -30,6 +30,8 @@ from elmo_jax.config import (
     saved_reset_state_prob,
 )
 from elmo_jax.model.vocabulary import Vocabulary
+from elmo_jax.text.sources import NoSentences
+from elmo_jax.training.evaluate import too_little_text
 from elmo_jax.training.loop import (
     RunSettings,
     check_heldout_fills_a_window,
@@ -82,9 +84,8 @@ def train(
     """``loop.pretrain`` of what ``spec`` describes on ``source``; returns its last metrics.
     ``on_progress(doing)``: as ``pretrain``'s, and before that while the model to continue is
     read and as each shard is counted for the vocabulary."""
-    from elmo_jax.text.sources import NoSentences, fingerprint
+    from elmo_jax.text.sources import fingerprint
     from elmo_jax.text.vocab import SPECIALS
-    from elmo_jax.training.evaluate import too_little_text
     from elmo_jax.training.warmstart import check_continues, check_source, finetune_state, read_warmstart
 
     check_dir_to_make(settings.run_dir)  # before any pass over the text
@@ -184,12 +185,15 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
         return spec.vocab
     vocab_path = os.path.join(run_dir, "vocab.txt")
     if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
-        counts, n_tokens, n_sentences = count_tokens(
-            source,
-            lambda i: beat(
-                f"counting the words of {source.name(i)} for the vocabulary (shard {i + 1} of {len(source)})"
-            ),
-        )
+        try:
+            counts, n_tokens, n_sentences = count_tokens(
+                source,
+                lambda i: beat(
+                    f"counting the words of {source.name(i)} for the vocabulary (shard {i + 1} of {len(source)})"
+                ),
+            )
+        except NoSentences:  # said as with a vocabulary given (its sizes do not enter an empty text's line)
+            raise too_little_text(source, 1, 1, training=True) from None
         epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # once the text is known good
         # Continuing a model: its words keep their softmax rows, the new text's words are added.
         old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
@@ -273,7 +277,9 @@ def _no_token_count(vocab_path: str, other_text: bool, settings: RunSettings, sa
     return about(
         ConfigError(
             f"{sidecar} and config sets no token count{run_count}, so epochs cannot be counted; give "
-            "n_train_tokens (tokens + sentences of the training text) or steps, or rebuild it with elmo-jax vocab"
+            "n_train_tokens (tokens + sentences of the training text) or steps"
+            # A run keeps its vocabulary: only a new one's can be rebuilt.
+            + (", or rebuild it with elmo-jax vocab" if saved is None else "")
         ),
         "config",
         "n_train_tokens",
