@@ -10,6 +10,7 @@ the forward pass needs and ``TrainConfig`` the rest.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import math
@@ -436,9 +437,11 @@ def read_options_json(path: str | os.PathLike) -> Any:
     """The JSON value of the options file ``path``, unchecked; a one-line ``ConfigError`` for a
     file that is missing, not UTF-8 or not JSON."""
     path = os.fspath(path)
+    raw = b""
     try:
         with open_binary(path) as f:
-            return json.loads(f.read().decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
+            raw = f.read()
+        return json.loads(raw.decode("utf-8-sig"))  # a byte-order mark, as Windows editors write
     except FileNotFoundError:
         raise ConfigError(f"{path}: options file not found") from None
     except IsADirectoryError:  # a run dir given for its options.json, say
@@ -446,7 +449,9 @@ def read_options_json(path: str | os.PathLike) -> Any:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except UnicodeDecodeError as e:  # a weights file or an archive given for the options
-        raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # as vocabularies and text are told
+        hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
+        raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None
 
 
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))

@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import FIXTURES
 
-from elmo_jax.config import Options
+from elmo_jax.config import ConfigError, Options
 from elmo_jax.model.vocabulary import VocabError, Vocabulary
 from elmo_jax.text.sources import DataError, Lines, TextFiles
 from elmo_jax.text.vocab import build_vocab, count_tokens, read_vocab_meta, write_vocab
@@ -367,3 +367,11 @@ def test_utf16_text_is_said_to_be_utf16(tmp_path):
     (tmp_path / "v.txt").write_bytes(b"<S>\xff\n</S>\n<UNK>\n")
     with pytest.raises(VocabError, match=r"line 1: not UTF-8 \([^)]*\)$"):
         Vocabulary.load(tmp_path / "v.txt")
+    # An options.json too (before: not UTF-8 alone).
+    options = FIXTURES / "allennlp_elmo" / "options.json"
+    (tmp_path / "o.json").write_text(options.read_text(), encoding="utf-16")
+    with pytest.raises(ConfigError, match=r"o.json: not an options.json: not UTF-8 text \(.*\); it starts as UTF-16"):
+        Options.load(tmp_path / "o.json")
+    (tmp_path / "o.json").write_bytes(b"\xff" + options.read_bytes())
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \([^)]*\)$"):
+        Options.load(tmp_path / "o.json")
