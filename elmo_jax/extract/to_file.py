@@ -31,7 +31,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ConfigError, check_counts
 from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
+
+if TYPE_CHECKING:  # imported where used: the embedder imports jax, which this module does not
+    from elmo_jax.extract.embedder import Embedder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +120,23 @@ class EmbedFileResult:
     empty_pooled: int
 
 
+def _the_embedder(embedder: Any) -> Embedder:
+    """``embed_file``'s ``embedder``: an ``Embedder``, or made by the function given."""
+    from elmo_jax.extract.embedder import Embedder
+
+    if callable(embedder) and not isinstance(embedder, Embedder):
+        embedder = embedder()
+    if not isinstance(embedder, Embedder):  # a model's path, say (before: no attribute 'config')
+        raise about(
+            TypeError(
+                f"embedder is a {type(embedder).__name__}; expected an Embedder (Embedder.from_hdf5, "
+                "from_checkpoint or from_pretrained), or a function of no arguments returning one"
+            ),
+            "embedder",
+        )
+    return embedder
+
+
 def embed_file(
     embedder,
     input_path: str | os.PathLike,
@@ -137,18 +157,9 @@ def embed_file(
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     _check_arguments(input_path, output_path, options)
-    from elmo_jax.extract.embedder import Embedder, check_layers
+    from elmo_jax.extract.embedder import check_layers
 
-    if callable(embedder) and not isinstance(embedder, Embedder):
-        embedder = embedder()
-    if not isinstance(embedder, Embedder):  # a model's path, say (before: no attribute 'config')
-        raise about(
-            TypeError(
-                f"embedder is a {type(embedder).__name__}; expected an Embedder (Embedder.from_hdf5, "
-                "from_checkpoint or from_pretrained), or a function of no arguments returning one"
-            ),
-            "embedder",
-        )
+    embedder = _the_embedder(embedder)
 
     try:
         layers = check_layers(options.layers, embedder.config.n_output_layers)
