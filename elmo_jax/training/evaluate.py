@@ -160,6 +160,12 @@ def _names(source: Source) -> str:
     return ", ".join(source.name(i) for i in range(min(len(source), 3))) + (", ..." if len(source) > 3 else "")
 
 
+def no_sentence(source: Source, *, training: bool = False) -> DataError:
+    """The error for training (or held-out) text with no sentence at all: empty, or blank lines."""
+    text, to = ("training text", "train on") if training else ("held-out text", "score")
+    return DataError(f"the {text} ({_names(source)}) has no sentence to {to}; give a file with text in it")
+
+
 def too_little_text(
     source: Source, batch_size: int, unroll_steps: int, *, per_sentence: bool = False, training: bool = False
 ) -> DataError:
@@ -170,10 +176,7 @@ def too_little_text(
     text, window_of = ("training text", "training step") if training else ("held-out text", "evaluation window")
     lengths = [len(line.split()) for i in range(len(source)) for line in source.read(i)]
     if not lengths:
-        return DataError(
-            f"the {text} ({_names(source)}) has no sentence to {'train on' if training else 'score'}; give a file "
-            "with text in it"
-        )
+        return no_sentence(source, training=training)
     pairs = sum(lengths) + len(lengths)  # each sentence also predicts its end marker
     said = f"{len(lengths)} sentence{'' if len(lengths) == 1 else 's'}, {sum(lengths)} tokens"
     window = f"{batch_size} row{'' if batch_size == 1 else 's'} x {unroll_steps} tokens"

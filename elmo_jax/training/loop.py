@@ -45,7 +45,7 @@ from elmo_jax.text.sources import (
 )
 from elmo_jax.training.batches import AHEAD_WORDS, LMBatcher
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, SaveFailed, checkpoint_bytes, vocab_hash
-from elmo_jax.training.evaluate import HeldoutEvaluator, too_little_text
+from elmo_jax.training.evaluate import HeldoutEvaluator, no_sentence, too_little_text
 from elmo_jax.training.global_batches import GlobalBatches, PeerFailed, StopTogether
 from elmo_jax.training.hooks import (
     Diverged,
@@ -575,7 +575,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     try:
         data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
     except NoSentences:
-        raise too_little_text(source, t.batch_size, t.unroll_steps, training=True) from None
+        raise no_sentence(source, training=True) from None
     n_local, devices = run_devices(settings)
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))

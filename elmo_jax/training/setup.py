@@ -31,7 +31,7 @@ from elmo_jax.config import (
 )
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import NoSentences
-from elmo_jax.training.evaluate import too_little_text
+from elmo_jax.training.evaluate import no_sentence
 from elmo_jax.training.loop import (
     RunSettings,
     check_heldout_fills_a_window,
@@ -97,7 +97,7 @@ def train(
         try:
             fingerprint(heldout)
         except NoSentences:
-            raise too_little_text(heldout, recipe.batch_size, recipe.unroll_steps) from None
+            raise no_sentence(heldout) from None
         if settings.eval_every != 0:  # or too short to score
             check_heldout_fills_a_window(heldout, Vocabulary(list(SPECIALS)), recipe.batch_size, recipe.unroll_steps)
     beat = on_progress or (lambda doing: None)
@@ -192,8 +192,8 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
                     f"counting the words of {source.name(i)} for the vocabulary (shard {i + 1} of {len(source)})"
                 ),
             )
-        except NoSentences:  # said as with a vocabulary given (its sizes do not enter an empty text's line)
-            raise too_little_text(source, 1, 1, training=True) from None
+        except NoSentences:  # said as with a vocabulary given
+            raise no_sentence(source, training=True) from None
         epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # once the text is known good
         # Continuing a model: its words keep their softmax rows, the new text's words are added.
         old_words = warm.vocab.words if warm is not None and warm.vocab is not None else None
