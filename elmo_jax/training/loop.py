@@ -893,12 +893,12 @@ def _train(
     failed = error or batches.error
     if step == start == run.data_from and (isinstance(failed, NoSentences) or (reason == "end of data" and not failed)):
         raise _no_first_step(run, source)
-    if step == start and reason == "end of data" and not (error or batches.error):
+    if step == start and reason == "end of data" and not failed:
         # A rerun of a run whose data ended short of its planned total (rows take whole sentences,
         # so the last window of an epoch may not fill): nothing was run, nothing is saved again.
         print(f"{settings.run_dir}: its data ended at step {start} (planned {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
-    said = _finish(run, step, state, reason, error or batches.error, save)
+    said = _finish(run, step, state, reason, failed, save)
     # A session that stops between logged steps (a signal, the end of the data; the last step of a
     # total is logged) ends with the metrics of its steps since the last logged one, not with that
     # one's under this step's number.
