@@ -433,6 +433,10 @@ class Options:
         write_text_atomic(path, json.dumps(self.to_dict(n_characters), indent=2) + "\n")
 
 
+# The first 8 bytes of an HDF5 file (h5py writes its superblock at offset 0).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def read_options_json(path: str | os.PathLike) -> Any:
     """The JSON value of the options file ``path``, unchecked; a one-line ``ConfigError`` for a
     file that is missing, not UTF-8 or not JSON."""
@@ -451,6 +455,8 @@ def read_options_json(path: str | os.PathLike) -> Any:
     except UnicodeDecodeError as e:  # a weights file or an archive given for the options
         utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # as vocabularies and text are told
         hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
+        if raw.startswith(HDF5_SIGNATURE):  # (options, weights) is the order of every loader's two paths
+            hint = "; it is an HDF5 file: the weight file, given where the options go?"
         raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None
 
 

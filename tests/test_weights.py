@@ -9,6 +9,7 @@ import pytest
 from helpers import FIXTURES, model_files
 
 from elmo_jax import batch_to_ids, bilm_apply, init_bilm, load_hdf5, preset, save_hdf5
+from elmo_jax._util.arguments import arguments_of
 from elmo_jax.compat.hdf5 import WeightsError, expected_datasets
 from elmo_jax.config import ConfigError, Options
 
@@ -179,7 +180,28 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
         save_hdf5(config, {"bilm": params, "softmax": {}}, tmp_path / "o.json", tmp_path / "w.hdf5")
     with pytest.raises(TypeError, match="^config is a dict; expected a ModelConfig$"):
         save_hdf5(params, config, tmp_path / "o.json", tmp_path / "w.hdf5")  # type: ignore[arg-type]
+    # The two paths swapped: before, each file was written under the other's name.
+    for o, w in [("w.hdf5", "o.json"), ("x.h5", "y"), ("x", "y.JSON")]:
+        with pytest.raises(ValueError) as e:
+            save_hdf5(config, params, tmp_path / o, tmp_path / w)
+        assert str(e.value) == (
+            f"options_path is {tmp_path / o} and weights_path is {tmp_path / w}: swapped? "
+            "save_hdf5(config, params, options_path, weights_path) writes the options.json first"
+        )
+        assert arguments_of(e.value) == ("options_path", "weights_path")
     assert (tmp_path / "w.hdf5").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.json", "w.hdf5"]
+    save_hdf5(config, params, tmp_path / "x.json", tmp_path / "y.weights")  # other names pass
+    assert load_hdf5(tmp_path / "x.json", tmp_path / "y.weights")[0] == config.with_shifted_chars()
+    # Swapped when read: the options reader says the file is HDF5, not only that it is not UTF-8.
+    with pytest.raises(ConfigError) as e:
+        load_hdf5(tmp_path / "w.hdf5", tmp_path / "o.json")
+    assert str(e.value) == (
+        f"{tmp_path / 'w.hdf5'}: not an options.json: not UTF-8 text (invalid start byte at byte 0); "
+        "it is an HDF5 file: the weight file, given where the options go?"
+    )
+    for name in ("x.json", "y.weights"):
+        (tmp_path / name).unlink()
 
     def fail(*a, **k):
         raise KeyboardInterrupt

@@ -214,6 +214,21 @@ def to_datasets(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
+def _check_not_swapped(options_path: str, weights_path: str) -> None:
+    """Refuses the two output paths given in each other's places: each file would be written under
+    the other's name, and a later ``load_hdf5`` of the right names would fail."""
+    hdf5 = (".hdf5", ".h5")
+    if options_path.lower().endswith(hdf5) or weights_path.lower().endswith(".json"):
+        raise about(
+            ValueError(
+                f"options_path is {options_path} and weights_path is {weights_path}: swapped? "
+                "save_hdf5(config, params, options_path, weights_path) writes the options.json first"
+            ),
+            "options_path",
+            "weights_path",
+        )
+
+
 def save_hdf5(
     config: ModelConfig | Options, params: dict, options_path: str | os.PathLike, weights_path: str | os.PathLike
 ) -> None:
@@ -227,6 +242,7 @@ def save_hdf5(
             ),
             "weights_path",
         )
+    _check_not_swapped(os.fspath(options_path), os.fspath(weights_path))
     options = config if isinstance(config, Options) else Options(model=config)
     datasets = to_datasets(options.model, params)
     with disk_full.reported(weights_path), atomic_path(weights_path) as tmp, h5py.File(tmp, "w") as f:
