@@ -506,7 +506,7 @@ def test_cli_init_from_starts_a_new_run_from_another_run(trained_run, tmp_path):
     )
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path, capsys):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run, tmp_path, capsys, monkeypatch):
     run_dir, options, vocab = trained_run
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
@@ -526,13 +526,20 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(trained_run,
     assert said.startswith(f"wrote {tmp_path / 'export' / 'options.json'}, ") and said.endswith(f": step 2 of {copy}")
     assert export_run(str(copy), str(tmp_path / "export4"), step=2).step == 2
     # Past the damaged step: the run saves step 4 again (it once crashed there, on every rerun).
-    with pytest.warns(UserWarning, match=f"checkpoint 4 is unreadable .* moved to {copy / 'unreadable' / '4'}"):
+    # A run dir given relative is named as given, as the run's other lines name it (before: its
+    # absolute path, in this warning alone).
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning) as warned:
         last = pretrain(
             options,
             vocab,
             TextFiles(str(TRAIN / "data.txt")),
-            RunSettings(run_dir=str(copy), steps=5, progress=False, devices=1, async_save=False),
+            RunSettings(run_dir="copy", steps=5, progress=False, devices=1, async_save=False),
         )
+    said = [str(w.message) for w in warned if "unreadable" in str(w.message)]
+    assert len(said) == 1 and re.fullmatch(
+        r"copy: checkpoint 4 is unreadable \(.+\); moved to copy/unreadable/4; falling back to an older one", said[0]
+    ), said
     assert last["step"] == 5
     assert load_run(str(copy))[3] == 5
 

@@ -484,6 +484,7 @@ class Checkpointer:
         # Through etils.epath, so that a gs:// run dir works (an absolute path only for a local one:
         # abspath would turn gs://b/r into <cwd>/gs:/b/r).
         self.run_dir = epath.Path(os.path.abspath(run_dir) if is_local(run_dir) else run_dir)
+        self.shown = os.fspath(run_dir)  # for messages: the run dir as the user wrote it, as the CLI's lines name it
         self.host_dir = self.run_dir / "host_state"
         self.read_only = read_only
         if not read_only:
@@ -620,15 +621,13 @@ class Checkpointer:
                     f", {size(free)} free)" if free is not None else ")"
                 )
             return DiskFull(
-                f"{self.run_dir}: step {step} not saved: {why}; {then}",
+                f"{self.shown}: step {step} not saved: {why}; {then}",
                 str(self.run_dir),
                 code,
                 step,
                 kept,
             )
-        return SaveFailed(
-            f"{self.run_dir}: step {step} not saved: {error}; {then}", str(self.run_dir), code, step, kept
-        )
+        return SaveFailed(f"{self.shown}: step {step} not saved: {error}; {then}", str(self.run_dir), code, step, kept)
 
     def _remove_partial(self, step: int) -> None:
         if is_local(str(self.run_dir)):
@@ -645,7 +644,7 @@ class Checkpointer:
         if free >= need:
             return None
         return (
-            f"{self.run_dir}: {size(free)} free, but keeping {keep} checkpoints of about {size(nbytes)} "
+            f"{self.shown}: {size(free)} free, but keeping {keep} checkpoints of about {size(nbytes)} "
             f"each (and one in flight) needs about {size(need)} more; a save may run out of space"
         )
 
@@ -699,7 +698,7 @@ class Checkpointer:
             if not self._failed_anywhere(step, error):
                 return meta
             warnings.warn(
-                f"{self.run_dir}: checkpoint {step} metadata unreadable "
+                f"{self.shown}: checkpoint {step} metadata unreadable "
                 f"({type(error).__name__ if error is not None else 'on another process'}); trying older",
                 stacklevel=2,
             )
@@ -710,14 +709,14 @@ class Checkpointer:
         None), agreed by all: every process then falls back alike. (Otherwise they would train
         from two states, or mismatch their collectives.) A read that failed for a reason that is
         not damage (denied, or the device's) stops them all alike, and moves nothing."""
-        device = _device_error(self.run_dir, step, error)
+        device = _device_error(self.shown, step, error)
         mine = 0 if error is None else 2 if _denied(error) else 3 if device else 1
         worst = agree_max([mine])[0] if jax.process_count() > 1 else mine
         if worst == 2:
             self._refuse_if_denied(step, error or PermissionError(errno.EACCES, "on another process"))
         if worst == 3:
             raise device or CheckpointError(
-                f"{self.run_dir}: checkpoint {step}: another process's device failed or ran out of memory while restoring it; "
+                f"{self.shown}: checkpoint {step}: another process's device failed or ran out of memory while restoring it; "
                 "nothing was moved: see that process's line"
             )
         return bool(worst)
@@ -796,13 +795,15 @@ class Checkpointer:
             unreadable.append((step, why or ""))
         moved = self.set_aside(found[0] if found else -1, set_aside) if unreadable and set_aside else []
         for step, why in unreadable:
-            where = f"moved to {self.run_dir / set_aside / str(step)}; " if step in moved and set_aside else ""
+            where = (
+                f"moved to {os.path.join(self.shown, set_aside, str(step))}; " if step in moved and set_aside else ""
+            )
             then = (
                 "no older one is readable"
                 if found is None and step == unreadable[-1][0]
                 else "falling back to an older one"
             )
-            warnings.warn(f"{self.run_dir}: checkpoint {step} is unreadable ({why}); {where}{then}", stacklevel=2)
+            warnings.warn(f"{self.shown}: checkpoint {step} is unreadable ({why}); {where}{then}", stacklevel=2)
         return found
 
     def _agreed_steps(self) -> Iterator[int]:
@@ -834,7 +835,7 @@ class Checkpointer:
             self.manager.reload()
             listed = self.steps()
         raise CheckpointError(
-            f"{self.run_dir}: checkpoint {newest} is listed on some hosts but not on all of them after "
+            f"{self.shown}: checkpoint {newest} is listed on some hosts but not on all of them after "
             f"{VISIBLE_WAIT} s: every process must see the run dir alike (a shared file system, mounted on "
             "every host without a long attribute cache); check the mounts, then restart every process"
         )
@@ -844,7 +845,7 @@ class Checkpointer:
         is not damaged, and falling back past it (moving it aside) would lose its steps."""
         if _denied(e):
             raise CheckpointError(
-                f"{self.run_dir}: checkpoint {step} cannot be read, access denied ({innermost_message(e)}); "
+                f"{self.shown}: checkpoint {step} cannot be read, access denied ({innermost_message(e)}); "
                 "nothing was moved: give this user access to the run dir (or run as its owner) and rerun"
             )
 

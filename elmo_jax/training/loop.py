@@ -810,7 +810,7 @@ def _set_aside_diverged(run: _Run, e: Diverged) -> str:
     if moved:
         said += (
             f"step(s) {', '.join(map(str, moved))}, saved after the last healthy step {e.last_good}, were "
-            f"moved to {run.ckpt.run_dir / 'diverged'}; "
+            f"moved to {os.path.join(run.ckpt.shown, 'diverged')}; "
         )
     if newest is None:
         return said + "no checkpoint was saved before it: start again with a lower learning_rate"
