@@ -519,15 +519,27 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
         assert np.all((new_w[touched] != old_w[touched]).reshape(len(touched), -1).any(axis=1))
 
 
-def test_with_jax_enable_x64_the_state_and_a_step_stay_float32(tmp_path):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        None,
+        pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow),
+        pytest.param(gpu_candidates(), marks=pytest.mark.slow),
+    ],
+    ids=["backend", "gpu-layout", "gpu-candidates"],
+)
+def test_with_jax_enable_x64_the_state_and_a_step_stay_float32(tmp_path, layout):
     """A process with ``jax_enable_x64`` on (a notebook that needs float64 elsewhere) trains as any
     other: before, the initialisers drew float64 (46 of the state's leaves), so the whole run went
-    at float64's speed and memory, and saved float64 checkpoints."""
+    at float64's speed and memory, and saved float64 checkpoints. Under every layout: the
+    wavefront's skip mask was float64 there, and its scan refused the float64 carry it made."""
     tc = TrainConfig(n_tokens_vocab=V, batch_size=2, unroll_steps=5, n_negative_samples_batch=8)
     with jax.enable_x64(True):
         state = init_state(jax.random.PRNGKey(1), MODEL, tc)
         batch = _train_batch(tmp_path, tc)
-        step = jax.jit(functools.partial(train_step, model=MODEL, train=tc, axis_name=None))
+        step = jax.jit(
+            functools.partial(train_step, model=MODEL, train=tc, axis_name=None, compute=Compute(layout=layout))
+        )
         new, metrics = step(state, batch)
         for tree in (state, new, metrics):
             kinds = {str(x.dtype) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}

@@ -111,7 +111,7 @@ def _skip(config: ModelConfig, n: int) -> jax.Array:
     """``[L, 1, 1, 1]``: 1 where a layer's output adds its input (every layer but the first, with
     skip connections), else 0."""
     skip = [0.0] + [1.0 if config.lstm.use_skip_connections else 0.0] * (n - 1)
-    return jnp.asarray(skip)[:, None, None, None]
+    return jnp.asarray(skip, jnp.float32)[:, None, None, None]  # not float64 under jax_enable_x64: the scan's carry
 
 
 def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
