@@ -12,7 +12,14 @@ accumulates in float32 and returns bfloat16: the LSTM widens its gate pre-activa
 projections back to float32 for its cell, while the char CNN's max-pool, highway and projection run
 in bfloat16 up to its float32 output. The hand-written backward passes return float32. ``"float32"`` is the
 one that reproduces bilm-tf's and AllenNLP's numbers (to about 1e-6); XLA's own default on a GPU
-or TPU is neither exact nor named, which is why the library never uses it unasked.
+or TPU is neither exact nor named, which is why "float32" and "tf32" never use it.
+
+One exception under "bfloat16": the softmax's logits (sampled in training, full in evaluation).
+Their inputs, the LSTM's float32 output and the float32 softmax rows, are not cast, and their
+matmul runs at the backend's default precision for float32: TF32 passes on NVIDIA GPUs from
+sm 8.0, one bfloat16 pass on TPUs, float32 on CPUs. The GPU figures and the bfloat16
+perplexities in experiments/README.md were measured with it; casting them to bfloat16 as well
+is for a GPU to time first.
 
 The functions below the policy (``bilm_apply``, ``train_step``, ...) take a
 ``elmo_jax.model.compute.Compute``: ``Compute.from_policy(name)`` is the policy's ``jax.lax``
