@@ -342,7 +342,7 @@ def _place(tree, sharding):
     )
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # bounded, as make_train_step: each entry holds a mesh and its compiled programs
 def _step_fn(model: ModelConfig, mesh: Mesh, block: int, *, compute: Compute = Compute()):
     """``(params, valid, lstm_state, local, (targets, score)) -> (lstm_state, CE sums [2])``,
     jitted over ``mesh``: ``local`` is each device's rows (``split_over_devices``, their mask
