@@ -727,11 +727,7 @@ class Embedder:
         device_table = np.zeros((batch_rows(len(table) + 2), p), np.float32)
         device_table[: len(table)], device_table[bos : eos + 1] = table, np.asarray(self._markers)
         index, mask, starts = pack.streams(token_rows, bos, eos)
-        l = self.config.lstm
-        state = {
-            "c": np.zeros((2, l.n_layers, pack.rows, l.dim), np.float32),
-            "h": np.zeros((2, l.n_layers, pack.rows, p), np.float32),
-        }
+        state = lstm.zero_state(self.config, pack.rows, on_host=True)
         params = self.params  # on device 0, or on every device (``_compile_devices``)
         if self.n_devices == 1:
             run, lookup, device_table = self._packed, self._gather, jax.device_put(device_table)
@@ -771,17 +767,13 @@ class Embedder:
         rows = len(sentences)
         if rows == 0:
             return []
-        l = self.config.lstm
-        # The call runs a power of two of rows, so that batch sizes compile a few programs, not one
-        # each (a batch of 1 stays 1: a stream of single sentences pays no padding): the rows past
-        # the batch's are inactive, and their state (a longer earlier batch's rows, or zeros)
-        # passes through unchanged.
+        # The call's rows are rounded up to a bucket (powers of two, then multiples of 256), so that
+        # batch sizes compile a few programs, not one each (a batch of 1 stays 1: a stream of
+        # single sentences pays no padding): the rows past the batch's are inactive, and their
+        # state (a longer earlier batch's rows, or zeros) passes through unchanged.
         width = bucket_size(rows, 1)
         if self.state is None or self.state["c"].shape[2] < width:
-            grown = {
-                "c": np.zeros((2, l.n_layers, width, l.dim), np.float32),
-                "h": np.zeros((2, l.n_layers, width, l.projection_dim), np.float32),
-            }
+            grown = lstm.zero_state(self.config, width, on_host=True)
             if self.state is not None:
                 n = self.state["c"].shape[2]
                 for k in grown:

@@ -186,8 +186,7 @@ def _shapes(tree) -> dict[str, tuple]:
 
 
 def _check_state(config: ModelConfig, state, batch: int) -> None:
-    l = config.lstm
-    want = {"c": (2, l.n_layers, batch, l.dim), "h": (2, l.n_layers, batch, l.projection_dim)}
+    want = lstm.state_shapes(config, batch)
     got = {k: tuple(getattr(state.get(k), "shape", ())) for k in want} if isinstance(state, Mapping) else None
     if got != want:
         raise ValueError(

@@ -54,12 +54,18 @@ def init(key: jax.Array, config: ModelConfig) -> list[dict]:
     ]
 
 
-def zero_state(config: ModelConfig, batch: int) -> dict:
+def state_shapes(config: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
+    """The carried state's shapes: ``c [2, n_layers, batch, dim]`` and ``h [2, n_layers, batch, P]``
+    (axis 0: the forward and backward directions)."""
     l = config.lstm
-    return {
-        "c": jnp.zeros((2, l.n_layers, batch, l.dim), jnp.float32),
-        "h": jnp.zeros((2, l.n_layers, batch, l.projection_dim), jnp.float32),
-    }
+    return {"c": (2, l.n_layers, batch, l.dim), "h": (2, l.n_layers, batch, l.projection_dim)}
+
+
+def zero_state(config: ModelConfig, batch: int, *, on_host: bool = False) -> dict:
+    """The state at zero (``state_shapes``), float32: jax arrays, or numpy ones (``on_host``) for a
+    caller that fills rows of it in place."""
+    zeros = np.zeros if on_host else jnp.zeros
+    return {k: zeros(shape, np.float32) for k, shape in state_shapes(config, batch).items()}
 
 
 def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
