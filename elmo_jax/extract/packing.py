@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from elmo_jax._util.lpt import longest_first
 from elmo_jax.model.layout import Layout
 
 
@@ -62,23 +62,6 @@ def rows_within(n: int) -> int:
         return 1 << max(n.bit_length() - 1, 0)
     p = 1 << (n.bit_length() - 1)
     return 3 * p // 2 if 3 * p // 2 <= n else p
-
-
-def _pack(steps: Sequence[int], rows: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Longest first, each item into the row that is shortest so far (LPT scheduling: no row is
-    longer than the mean plus the longest item). ``steps`` of 0 take no room.
-
-    Returns each item's row and first step, and the longest row's steps.
-    """
-    load = np.zeros(rows, np.int64)
-    row, start = np.zeros(len(steps), np.int64), np.zeros(len(steps), np.int64)
-    heap = [(0, r) for r in range(rows)]
-    for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
-        if steps[i]:
-            at, r = heapq.heappop(heap)
-            row[i], start[i], load[r] = r, at, at + steps[i]
-            heapq.heappush(heap, (load[r], r))
-    return row, start, int(load.max(initial=0))
 
 
 Runner = Callable[[Callable[[np.ndarray], None], np.ndarray], None]  # run(fn, items): fn over parts of items
@@ -211,7 +194,7 @@ def pack_sentences(lengths: Sequence[int], n_devices: int, batch_tokens: int, ma
     per_device = rows_within(max(1, batch_tokens // max_steps))
     need = batch_rows(-(-sum(steps) // (max(steps) * n_devices)))
     rows = n_devices * min(per_device, need)
-    row, start, longest = _pack(steps, rows)
+    row, start, longest = longest_first(steps, rows)
     k = min(max_steps, length_bucket(longest - 2) + 2)
     return Packing(rows, k, -(-longest // k), row, start, length)
 

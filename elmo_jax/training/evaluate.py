@@ -21,7 +21,6 @@ state's softmax, in ``RowLayout`` slot order and already split by rows, is used 
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ from tqdm import tqdm
 
 from elmo_jax._util.arguments import about
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
+from elmo_jax._util.lpt import longest_first
 from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ModelConfig, check_counts
 from elmo_jax.model import lstm
@@ -394,27 +394,19 @@ def _sentences(source: Source, vocab: Vocabulary, table: WordTable, rows: int, s
     program per sentence length, and no padding but the streams' ends (longest first, each to
     the shortest stream).
     Yields ``inputs``, ``targets [2, rows, steps]``, ``mask [rows, steps]``, ``resets [2, rows, steps]``."""
-    streams: list[list[list[str]]] = [[] for _ in range(rows)]
-    lengths = [(0, r) for r in range(rows)]  # a heap of (tokens so far, stream)
-    sentences = (line.split() for i in range(len(source)) for line in source.read(i))
-    for s in sorted(sentences, key=len, reverse=True):
-        n, r = heapq.heappop(lengths)
-        streams[r].append(s)
-        heapq.heappush(lengths, (n + len(s) + 1, r))
-    total = -(-max(lengths)[0] // steps) * steps
+    sentences = [line.split() for i in range(len(source)) for line in source.read(i)]
+    row, first, longest = longest_first([len(s) + 1 for s in sentences], rows)  # each with its <S>
+    total = -(-longest // steps) * steps
     inputs, targets = np.zeros((2, rows, total), np.int64), np.zeros((2, rows, total), np.int64)
     resets, mask = np.zeros((2, rows, total), bool), np.zeros((rows, total), bool)
-    for r, stream in enumerate(streams):
-        at = 0
-        for s in stream:
-            m = len(s) + 1
-            ids = table.input_ids(s)  # looked up once: the backward stream is its reverse
-            for d, (seq, start, end) in enumerate(((ids, vocab.bos, vocab.eos), (ids[::-1], vocab.eos, vocab.bos))):
-                inputs[d, r, at : at + m] = np.append(start, seq)
-                targets[d, r, at : at + m] = np.append(table.targets(seq), end)
-            resets[:, r, at] = True
-            at += m
-        mask[r, :at] = True
+    for s, r, at in zip(sentences, row, first):
+        m = len(s) + 1
+        ids = table.input_ids(s)  # looked up once: the backward stream is its reverse
+        for d, (seq, start, end) in enumerate(((ids, vocab.bos, vocab.eos), (ids[::-1], vocab.eos, vocab.bos))):
+            inputs[d, r, at : at + m] = np.append(start, seq)
+            targets[d, r, at : at + m] = np.append(table.targets(seq), end)
+        resets[:, r, at] = True
+        mask[r, at : at + m] = True
     for lo in range(0, total, steps):
         yield (
             inputs[..., lo : lo + steps],
