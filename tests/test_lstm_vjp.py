@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.config import LSTMConfig, preset
-from elmo_jax.model import lstm
+from elmo_jax.model import cell, lstm
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.layout import Layout
 
@@ -155,16 +155,17 @@ def test_time_on_axis_2_gives_the_same_gradients(unroll, vjp):
     _assert_same(_grads(vjp, *setup, unroll=unroll, time_axis=2), _reference(2, True))
 
 
-def drop_term(monkeypatch, module, term: str) -> None:
-    """Makes ``module._mm`` (a hand-written backward pass's matmuls) return zeros for the
-    einsum ``term``: a backward pass that forgets that term."""
-    mm = module._mm
+def drop_term(monkeypatch, term: str) -> None:
+    """Makes ``cell.backward_matmul`` (every hand-written backward pass's matmuls: the rows
+    layout's, the wavefront's and the cell's own) return zeros for the einsum ``term``: a backward
+    pass that forgets that term."""
+    mm = cell.backward_matmul
 
     def without_term(spec, a, b, compute):
         out = mm(spec, a, b, compute)
         return jnp.zeros_like(out) if spec == term else out
 
-    monkeypatch.setattr(module, "_mm", without_term)
+    monkeypatch.setattr(cell, "backward_matmul", without_term)
 
 
 @pytest.mark.parametrize(
@@ -175,7 +176,7 @@ def drop_term(monkeypatch, module, term: str) -> None:
 def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term, time_axis):
     """Negative control: the comparison above catches a backward pass missing one term."""
     setup, reference = _setup(2, True), _reference(2, True)
-    drop_term(monkeypatch, lstm, term)
+    drop_term(monkeypatch, term)
     with pytest.raises(AssertionError):
         _assert_same(_grads(True, *setup, unroll=20, time_axis=time_axis), reference)
 

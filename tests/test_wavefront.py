@@ -77,16 +77,16 @@ def test_wavefront_unrolled_is_the_same():
 
 
 @pytest.mark.parametrize(
-    "module, term",
-    [(wavefront, "ldbg,ldig->ldbi"), (wavefront, "kldbi,kldbg->ldig"), (lstm, "...bp,...cp->...bc")],
+    "term",
+    ["ldbg,ldig->ldbi", "kldbi,kldbg->ldig", "...bp,...cp->...bc"],
     ids=["dX-and-dh", "dW_0", "projection"],
 )
-def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, module, term):
+def test_dropping_one_backward_term_fails_the_comparison(monkeypatch, term):
     """Negative control: the comparison above catches a backward pass missing one term (the
-    projection's is in ``lstm._cell_bwd``, which the wavefront shares with the rows layout)."""
+    projection's is in ``cell.backward``, which the wavefront shares with the rows layout)."""
     setup = _setup(2, True)
     want = _run(PLAIN, setup)
-    drop_term(monkeypatch, module, term)
+    drop_term(monkeypatch, term)
     with pytest.raises(AssertionError):
         _assert_same(_run(Layout("rows", unroll=1, lstm_wavefront=True), setup), want)
 

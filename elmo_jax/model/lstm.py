@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import cell, wavefront
 from elmo_jax.model.compute import Compute
 from elmo_jax.model.initializers import Uniform, draw
 
@@ -77,30 +78,6 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
     idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
     idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
     return jnp.take_along_axis(x, idx, axis=1)
-
-
-def _clip(x: jax.Array, value) -> jax.Array:
-    return jnp.clip(x, -value, value) if value else x
-
-
-def _gates(z: jax.Array, c: jax.Array, cell_clip, axis: int) -> tuple[jax.Array, jax.Array]:
-    """The cell's elementwise part, from gate pre-activations ``z`` (gates i, j, f, o along ``axis``)
-    and the previous cell state ``c``: the new (clipped) cell state and the projection's input
-    ``sigmoid(o) * tanh(c_new)``, each shaped like ``c``."""
-    i, j, f, o = jnp.split(z, 4, axis=axis)
-    c_new = _clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), cell_clip)
-    return c_new, jax.nn.sigmoid(o) * jnp.tanh(c_new)
-
-
-def _cell(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
-    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``):
-    ``((c, h), output)`` as a scan step returns them, and the projection before its clip."""
-    l = config.lstm
-    c_new, a = _gates(z, c, l.cell_clip, axis)
-    p = project(a).astype(jnp.float32)
-    h_new = _clip(p, l.proj_clip)
-    # Padding never enters the recurrence: the state passes through and the output is 0.
-    return ((jnp.where(m, c_new, c), jnp.where(m, h_new, h)), jnp.where(m, h_new, 0.0)), p
 
 
 def _layer(
@@ -223,42 +200,12 @@ def _rows_scan(
         if r:
             c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
-        (carry, y), p = _cell(z, c, h, m, project, config, -1)
+        (carry, y), p = cell.forward(z, c, h, m, project, config, -1)
         return carry, ((y, (z, c, h, p)) if save else y)
 
     per_step = (gx, m) + (() if r is None else (r,))
     (c, h), out = _steps(step, (c0, h0), per_step, time_axis, unroll=unroll)
     return (*out, c, h) if save else (out, c, h)
-
-
-def _mm(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> jax.Array:
-    """A backward-pass matmul: inputs in ``compute.dtype`` at ``compute.precision``, float32 out
-    (float32 accumulation for the sums over all steps; the forward's matmuls return
-    ``compute.dtype``, widened to float32 for the cell)."""
-    return jnp.einsum(
-        spec,
-        a.astype(compute.dtype),
-        b.astype(compute.dtype),
-        precision=compute.precision,
-        preferred_element_type=jnp.float32,
-    )
-
-
-def _cell_bwd(dout, dc, dh, z, c, p, m, w_proj, config: ModelConfig, compute: Compute) -> tuple:
-    """The backward pass of ``_cell`` (gates on the last axis; any leading axes before the rows,
-    ``w_proj [..., D, P]``), from the gradients of the step's output ``dout`` and of the state it
-    passed on (``dc``, ``dh``) and what its forward saved (``z``, ``c`` after any reset, the
-    unclipped projection ``p``, the mask ``m``). Returns the gate pre-activations' gradient
-    ``dz``, the gradient of the cell state the step started from ``dc_in``, the unclipped
-    projection's ``dp`` and the projection's input ``a``. The recurrent part of the gradient of
-    ``h`` is the caller's, as only it knows how ``h`` entered the gates' matmul."""
-    l = config.lstm
-    dh_new = jnp.where(m, dh + dout, 0.0)  # the step's h reaches both its output and its state
-    dp = jax.vjp(lambda q: _clip(q, l.proj_clip), p)[1](dh_new)[0]
-    (_, a), gates_vjp = jax.vjp(lambda z, c: _gates(z, c, l.cell_clip, -1), z, c)
-    dz, dc_in = gates_vjp((jnp.where(m, dc, 0.0), _mm("...bp,...cp->...bc", dp, w_proj, compute)))
-    # At padding the state passed through (and the gates' cotangents above are 0).
-    return dz, dc_in + jnp.where(m, 0.0, dc), dp, a
 
 
 def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis: int = 0):
@@ -294,8 +241,8 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
         def step(carry, inputs):
             dc, dh = carry  # the gradients of the state this step passed on
             dy, z, c, p, m, *r = inputs
-            dz, dc_in, dp, a = _cell_bwd(dy, dc, dh, z, c, p, m, w_proj, config, compute)
-            dh_in = jnp.where(m, 0.0, dh) + _mm("dbg,dpg->dbp", dz, w_h, compute)
+            dz, dc_in, dp, a = cell.backward(dy, dc, dh, z, c, p, m, w_proj, config, compute)
+            dh_in = jnp.where(m, 0.0, dh) + cell.backward_matmul("dbg,dpg->dbp", dz, w_h, compute)
             if r:  # a reset state was a constant: nothing flows back to the previous step
                 dc_in, dh_in = jnp.where(r[0], 0.0, dc_in), jnp.where(r[0], 0.0, dh_in)
             return (dc_in, dh_in), (dz, dp, a)
@@ -304,8 +251,8 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
         (dc0, dh0), (dz, dp, a) = _steps(step, (dc, dh), per_step, time_axis, unroll=unroll, reverse=True)
         # The weight gradients, each one matmul over all steps and rows.
         rows = "dbt" if time_axis else "tdb"
-        dw_h = _mm(f"{rows}p,{rows}g->dpg", h, dz, compute)
-        dw_proj = _mm(f"{rows}c,{rows}p->dcp", a, dp, compute)
+        dw_h = cell.backward_matmul(f"{rows}p,{rows}g->dpg", h, dz, compute)
+        dw_proj = cell.backward_matmul(f"{rows}c,{rows}p->dcp", a, dp, compute)
         return dw_h, dw_proj, dz, None, None, dc0, dh0
 
     scan.defvjp(fwd, bwd)
@@ -348,7 +295,7 @@ def _layer_columns(
             + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32)
             + b
         )
-        return _cell(z, c, h, m, project, config, 1)[0]
+        return cell.forward(z, c, h, m, project, config, 1)[0]
 
     per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
         () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],)
@@ -399,8 +346,6 @@ def run(
     keys = dropout_keys if dropout_rate > 0.0 else None  # None: no dropout
     layout = compute.resolved_layout()
     if layout.lstm == "rows" and layout.lstm_wavefront:
-        from elmo_jax.model import wavefront  # it builds on this module's cell
-
         keep = None
         if keys is not None:
             keep = jnp.stack([dropout_mask(xs.shape, dropout_rate, keys, k) for k in range(len(params))])

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.config import ModelConfig
+from elmo_jax.model import cell
 from elmo_jax.model.compute import Compute
-from elmo_jax.model.lstm import _cell, _cell_bwd, _mm
 
 
 def run(
@@ -98,7 +98,7 @@ def _forward(w, bias, w_proj, x0, m, r, kp, c0, h0, *, config: ModelConfig, comp
             c, h = jnp.where(rk, 0.0, c), jnp.where(rk, 0.0, h)
         uh = jnp.concatenate([u, h], axis=-1)
         z = jnp.einsum("ldbi,ldig->ldbg", uh.astype(dtype), wc, precision=precision).astype(jnp.float32) + bias
-        ((c_next, h_next), y), pr = _cell(z, c, h, mk[:, None], project, config, -1)  # mask [L, 1, B, 1]
+        ((c_next, h_next), y), pr = cell.forward(z, c, h, mk[:, None], project, config, -1)  # mask [L, 1, B, 1]
         out = y + skip * u  # a skip adds the layer's input (0 at padding)
         return (c_next, h_next, out), ((out, (uh, z, c, pr)) if save else out)
 
@@ -137,8 +137,8 @@ def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
             dout, z, c, pr, mk, rk, keep = inputs
             mk = mk[:, None]
             dout = dout + jnp.concatenate([dnext[1:], jnp.zeros_like(dnext[:1])])
-            dz, dc_in, dpr, a = _cell_bwd(dout, dc, dh, z, c, pr, mk, w_proj, config, compute)
-            duh = _mm("ldbg,ldig->ldbi", dz, w, compute)
+            dz, dc_in, dpr, a = cell.backward(dout, dc, dh, z, c, pr, mk, w_proj, config, compute)
+            duh = cell.backward_matmul("ldbg,ldig->ldbi", dz, w, compute)
             du, dh_in = duh[..., :p] + skip * dout, jnp.where(mk, 0.0, dh) + duh[..., p:]
             if rk is not None:
                 dc_in, dh_in = jnp.where(rk, 0.0, dc_in), jnp.where(rk, 0.0, dh_in)
@@ -150,9 +150,9 @@ def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
         (dc0, dh0, _), (dz, dpr, a, dx0) = jax.lax.scan(
             step, (dc, dh, zero), (douts, z, c, pr, m, r, kp), unroll=unroll, reverse=True
         )
-        dw = _mm("kldbi,kldbg->ldig", uh, dz, compute)
+        dw = cell.backward_matmul("kldbi,kldbg->ldig", uh, dz, compute)
         dbias = dz.sum(axis=(0, 3))[:, :, None, :]
-        dw_proj = _mm("kldbc,kldbp->ldcp", a, dpr, compute)
+        dw_proj = cell.backward_matmul("kldbc,kldbp->ldcp", a, dpr, compute)
         return dw, dbias, dw_proj, dx0, None, None, None, dc0, dh0
 
     scan.defvjp(fwd, bwd)
