@@ -349,7 +349,9 @@ def run(
         keep = None
         if keys is not None:
             keep = jnp.stack([dropout_mask(xs.shape, dropout_rate, keys, k) for k in range(len(params))])
-        return wavefront.run(params, config, xs, mask, state, keep, 1.0 - dropout_rate, resets, compute)
+        return wavefront.run(
+            params, config, xs, mask, state, keep=keep, kept=1.0 - dropout_rate, resets=resets, compute=compute
+        )
     outputs, cs, hs = [], [], []
     for k, layer in enumerate(params):
         inp = dropout(xs, dropout_rate, keys, k) if keys is not None else xs

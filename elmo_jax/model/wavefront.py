@@ -38,6 +38,7 @@ def run(
     xs: jax.Array,
     mask: jax.Array,
     state: dict,
+    *,
     keep: jax.Array | None,
     kept: float,
     resets: jax.Array | None,
