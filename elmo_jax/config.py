@@ -10,7 +10,6 @@ the forward pass needs and ``TrainConfig`` the rest.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import math
@@ -21,6 +20,7 @@ from typing import Any
 
 from elmo_jax._util.arguments import about, did_you_mean
 from elmo_jax._util.atomic import open_binary, write_text_atomic
+from elmo_jax._util.utf8 import utf16_hint
 
 ACTIVATIONS = ("relu", "tanh")
 
@@ -453,8 +453,7 @@ def read_options_json(path: str | os.PathLike) -> Any:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except UnicodeDecodeError as e:  # a weights file or an archive given for the options
-        utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # as vocabularies and text are told
-        hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
+        hint = utf16_hint(raw)  # as vocabularies and text are told
         if raw.startswith(HDF5_SIGNATURE):  # (options, weights) is the order of every loader's two paths
             hint = "; it is an HDF5 file: the weight file, given where the options go?"
         raise ConfigError(f"{path}: not an options.json: not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None

@@ -59,8 +59,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from elmo_jax._util import utf8  # noqa: E402
 from elmo_jax._util.atomic import write_text_atomic  # noqa: E402
-from elmo_jax.model.vocabulary import VocabError, Vocabulary, utf8_lines  # noqa: E402
+from elmo_jax.model.vocabulary import VocabError, Vocabulary  # noqa: E402
 
 # KenLM's --discount_fallback defaults, for a discount the count-of-counts cannot give.
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -267,7 +268,7 @@ def read_sentences(files: Sequence[str], vocab: Vocabulary) -> tuple[list[list[i
     n_words = n_unk = 0
     for path in files:
         before = len(sentences)
-        for _, line in utf8_lines(path, InputError):
+        for _, line in utf8.lines(path, InputError):
             words = line.split()
             if words:
                 ids = encode_sentence(words, vocab)

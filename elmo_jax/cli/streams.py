@@ -100,8 +100,7 @@ def spooled_stdin(error: type[Exception]) -> Iterator[str]:
     For ``embed --input -``, as AllenNLP's ``elmo`` command reads ``-``: ``embed`` reads its input
     twice (the lines are counted first, for the progress bar and the shards' manifests), which a
     pipe cannot give."""
-    from elmo_jax._util import disk_full
-    from elmo_jax.model.vocabulary import utf8_decoded
+    from elmo_jax._util import disk_full, utf8
 
     source = getattr(sys.stdin, "buffer", None)  # sys.stdin is None where it was closed (<&-)
     if source is None:
@@ -111,7 +110,7 @@ def spooled_stdin(error: type[Exception]) -> Iterator[str]:
     fd, path = tempfile.mkstemp(prefix="elmo-jax-stdin-", suffix=".txt")
     try:
         with disk_full.reported(path), os.fdopen(fd, "wb") as f:
-            for _, line in utf8_decoded(source, STDIN, error):
+            for _, line in utf8.decoded(source, STDIN, error):
                 f.write(line.encode("utf-8"))
         yield path
     finally:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_jax._util import background, disk_full
+from elmo_jax._util import background, disk_full, utf8
 from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
@@ -43,7 +43,6 @@ from elmo_jax._util.disk_full import out_of_space_errno
 from elmo_jax._util.paths import fault, replaced_input, said, same_path
 from elmo_jax._util.terminal import bar_size
 from elmo_jax.config import ConfigError, check_counts
-from elmo_jax.model.vocabulary import utf8_lines
 from elmo_jax.text.sources import DataError
 
 if TYPE_CHECKING:  # imported where used: the embedder imports jax, which this module does not
@@ -176,7 +175,7 @@ def embed_file(
             os.unlink(manifest)
         except FileNotFoundError:
             pass
-    lines = (line.split() for n, line in utf8_lines(input_path, DataError) if (n - 1) % step == start)
+    lines = (line.split() for n, line in utf8.lines(input_path, DataError) if (n - 1) % step == start)
     mine = len(range(start, total, step))
     error = None
     try:

@@ -7,13 +7,12 @@ returned with bilm-tf's inference shift (+1) so that an all-zero row means "no t
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from elmo_jax._util.atomic import open_binary
+from elmo_jax._util import utf8
 
 BOS_CHAR = 256  # beginning of sentence
 EOS_CHAR = 257  # end of sentence
@@ -150,31 +149,6 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50, min_le
     return table[index]
 
 
-def utf8_lines(path: str, error: type[Exception]):
-    """Yields (line number, line) of a UTF-8 file, less a byte-order mark at its start; a line
-    that is not UTF-8 raises ``error`` naming the file and line (and UTF-16, where its mark says so).
-
-    Windows editors start UTF-8 files with the mark U+FEFF. It is no part of the text: kept, it
-    would join the first word (U+FEFF then ``The``: another word, another vocabulary entry, other
-    character ids). Python's ``open(..., encoding="utf-8")`` keeps it; only ``utf-8-sig`` drops it."""
-    with open_binary(path) as f:  # a local file, or e.g. gs:// through etils.epath
-        yield from utf8_decoded(f, path, error)
-
-
-def utf8_decoded(raw_lines: Iterable[bytes], name: str, error: type[Exception]):
-    """``utf8_lines`` of any source of byte lines (a file, standard input's buffer); ``name`` is
-    what an error calls it."""
-    for lineno, raw in enumerate(raw_lines, 1):
-        if lineno == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
-        try:
-            yield lineno, raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            utf16 = lineno == 1 and raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-            hint = "; it starts as UTF-16 text does: convert it to UTF-8" if utf16 else ""
-            raise error(f"{name}: line {lineno}: not UTF-8 ({e.reason} at byte {e.start}){hint}") from None
-
-
 class Vocabulary:
     """A word list, one token per line, with id lookup.
 
@@ -225,7 +199,7 @@ class Vocabulary:
         path = os.fspath(path)
         words = []
         try:
-            for lineno, line in utf8_lines(path, VocabError):
+            for lineno, line in utf8.lines(path, VocabError):
                 fields = line.split()
                 if not fields:
                     raise VocabError(f"{path}: line {lineno}: empty line; expected one token per line")

@@ -101,7 +101,7 @@ class TextFiles:
         except OSError as e:  # gone since the glob, a failing disk or mount, no longer readable
             raise _unreadable(path, e) from None
         _check_text(path, data[:_ENDS])
-        data = data.removeprefix(codecs.BOM_UTF8)  # no part of the first word (model.vocabulary.utf8_lines)
+        data = data.removeprefix(codecs.BOM_UTF8)  # no part of the first word (_util.utf8)
         # Lines are str.splitlines()'s, as tokenize.split_sentences splits. A file with a line that
         # is not UTF-8 is split alike (at \n, numbered as `sed -n` numbers them, then at each
         # line's other breaks: \r, U+2028, \x0c, ...), so that one bad byte changes no other sentence.
