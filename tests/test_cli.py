@@ -983,3 +983,49 @@ def test_train_on_the_sample_says_so_only_once_its_flags_pass(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("no --train-files: training on the bundled sample "), out
     assert out[1] == f"no --vocab: wrote {tmp_path / 'r' / 'vocab.txt'}", out
+
+
+def test_a_path_fault_names_the_flag_that_gave_the_path(tmp_path, capsys, fixtures_dir):
+    """Said after the flag, as --run-dir's and --heldout-files' faults are. (Before: "RUN: is a
+    directory, not a file" for --input and --output alike, where RUN was the --run-dir too; "no
+    files match RUN" for --train-files and --files; "o/x.hdf5: o does not exist" for --output.)"""
+    run = str(fixtures_dir / "format1_run")
+    (tmp_path / "in.txt").write_text("the cat sat .\n")
+    for argv, said in [
+        (
+            ["embed", "--run-dir", run, "--input", run, "--output", str(tmp_path / "x.hdf5")],
+            f"--input {run}: is a directory, not a file",
+        ),
+        (
+            ["embed", "--run-dir", run, "--input", str(tmp_path / "in.txt"), "--output", run],
+            f"--output {run}: is a directory, not a file",
+        ),
+        (
+            [
+                "embed",
+                "--run-dir",
+                run,
+                "--input",
+                str(tmp_path / "in.txt"),
+                "--output",
+                str(tmp_path / "o" / "x.hdf5"),
+            ],
+            f"--output {tmp_path}/o/x.hdf5: {tmp_path}/o does not exist",
+        ),
+        (
+            ["eval", "--run-dir", run, "--files", run],
+            f"--files {run}: no files match {run} ({run} is a directory: give a pattern of its files, '{run}/*.txt')",
+        ),
+        (
+            ["vocab", "--train-files", run, "--out", str(tmp_path / "v.txt")],
+            f"--train-files {run}: no files match {run}",
+        ),
+        (
+            ["train", "--run-dir", str(tmp_path / "r"), "--train-files", run],
+            f"--train-files {run}: no files match {run}",
+        ),
+    ]:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"elmo-jax {argv[0]}: error: {said}") and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]  # nothing written, no run dir made

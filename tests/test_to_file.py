@@ -147,15 +147,35 @@ def test_bad_paths_are_refused_before_the_model_is_loaded(tmp_path, text):
     def load():
         raise AssertionError("the model was loaded")
 
-    with pytest.raises(DataError, match="missing.txt: does not exist"):
-        embed_file(load, tmp_path / "missing.txt", tmp_path / "o.hdf5")
-    with pytest.raises(DataError, match="o.hdf5: .*/no does not exist"):
-        embed_file(load, text, tmp_path / "no" / "o.hdf5")
-    (tmp_path / "d").mkdir()
-    with pytest.raises(DataError, match="d: is a directory, not a file"):
-        embed_file(load, tmp_path / "d", tmp_path / "o.hdf5")
-    with pytest.raises(DataError, match="d: is a directory, not a file"):  # said before, not at the rename
-        embed_file(load, text, tmp_path / "d")
+    # Each named by its argument: the same path may be both (the command line names the flag).
+    for args, said, argument in [
+        (
+            (tmp_path / "missing.txt", tmp_path / "o.hdf5"),
+            f"input_path {tmp_path}/missing.txt: does not exist",
+            "input_path",
+        ),
+        (
+            (text, tmp_path / "no" / "o.hdf5"),
+            f"output_path {tmp_path}/no/o.hdf5: {tmp_path}/no does not exist",
+            "output_path",
+        ),
+        ((tmp_path / "d", tmp_path / "o.hdf5"), f"input_path {tmp_path}/d: is a directory, not a file", "input_path"),
+        (
+            (text, tmp_path / "d"),
+            f"output_path {tmp_path}/d: is a directory, not a file",
+            "output_path",
+        ),  # not at the rename
+    ]:
+        if not (tmp_path / "d").exists():
+            (tmp_path / "d").mkdir()
+        with pytest.raises(DataError) as e:
+            embed_file(load, *args)
+        assert (str(e.value), arguments_of(e.value)) == (said, (argument,))
+    # The arguments in another order (before: os.fspath's "expected str, bytes or os.PathLike object, not Embedder").
+    with pytest.raises(TypeError) as e:
+        embed_file(text, load, tmp_path / "o.hdf5")  # type: ignore[arg-type]
+    assert str(e.value) == "input_path is a function; expected a path: embed_file(embedder, input_path, output_path)"
+    assert arguments_of(e.value) == ("input_path",)
     # Options as a dict (before: AttributeError 'dict' object has no attribute 'layers').
     with pytest.raises(TypeError, match=r"^options must be an EmbedFileOptions, got dict"):
         embed_file(load, text, tmp_path / "o.hdf5", {"pool": "mean"})  # type: ignore[arg-type]

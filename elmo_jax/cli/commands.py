@@ -114,7 +114,6 @@ def bundled_sample() -> tuple[str, str]:
 
 def cmd_vocab(args: argparse.Namespace) -> None:
     from elmo_jax.model.vocabulary import Vocabulary
-    from elmo_jax.text.sources import open_source
     from elmo_jax.text.vocab import (
         SPECIALS,
         build_vocab,
@@ -128,7 +127,7 @@ def cmd_vocab(args: argparse.Namespace) -> None:
         extend = Vocabulary.load(args.extend).words if args.extend else None
     except VocabError as e:
         raise about(VocabError(f"extend: {e}"), "extend") from None
-    files = open_source(args.train_files, args.tfds_data_dir)
+    files = _source("--train-files", args.train_files, args.tfds_data_dir)
     check_vocab_arguments(args.min_count, args.max_size)  # before the count, which can take minutes
     check_vocab_path(args.out, files)
     _refuse_a_runs_vocab(args.out)
@@ -193,7 +192,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     one."""
     import jax
 
-    from elmo_jax.text.sources import open_source
     from elmo_jax.training.hooks import Stopped
 
     if (cluster := multihost.from_cluster(args)) is not None and args.process_id == 0:
@@ -207,9 +205,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         train_files, sample_heldout = bundled_sample()
         heldout_files = heldout_files or _sample_heldout(args.run_dir, train_files, sample_heldout)
         notes.append(f"no --train-files: training on the bundled sample {train_files}")
-    source = open_source(train_files, args.tfds_data_dir)
+    source = _source("--train-files", train_files, args.tfds_data_dir)
     multihost.check_processes(args, source)
-    heldout = _heldout_source(heldout_files, args.tfds_data_dir) if heldout_files else None
+    heldout = _source("--heldout-files", heldout_files, args.tfds_data_dir) if heldout_files else None
     peers = multihost.start(args)
     stall = StallWatch(args.stall_timeout, args.run_dir, peers) if args.stall_timeout else None
     try:
@@ -236,15 +234,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if stopped is None else 128 + stopped.signum
 
 
-def _heldout_source(files: str, tfds_data_dir: str | None):
-    """``open_source`` of the held-out files, its refusal naming the flag: beside the training
-    files' own, "no files match X" alone does not say which of the two X was."""
+def _source(flag: str, files: str, tfds_data_dir: str | None):
+    """``open_source`` of a flag's files, its refusal naming the flag: "no files match X" alone
+    does not say which flag gave X (the training or the held-out files; X the run dir too)."""
     from elmo_jax.text.sources import DataError, open_source
 
     try:
         return open_source(files, tfds_data_dir)
     except DataError as e:
-        raise DataError(f"--heldout-files {files}: {e}") from None
+        raise DataError(f"{flag} {files}: {e}") from None
 
 
 def _sample_heldout(run_dir: str, sample: str, sample_heldout: str) -> str | None:
@@ -363,11 +361,10 @@ def program() -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from elmo_jax.text.sources import open_source
     from elmo_jax.training.evaluate import evaluate
     from elmo_jax.training.run_dir import load_run
 
-    source = open_source(args.files, args.tfds_data_dir)
+    source = _source("--files", args.files, args.tfds_data_dir)
     options, vocab, params, step = load_run(args.run_dir, args.step)
     result = evaluate(
         params,
@@ -413,7 +410,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
         if args.num_shards is not None:
             raise ConfigError("--input -: standard input goes to one process; give a file to split with --num-shards")
         if bad := fault(args.output, "output"):  # said before the input is read to its end
-            raise DataError(said(*bad, args.output))
+            raise DataError(f"--output {said(*bad, args.output)}")
         with spooled_stdin(DataError) as spooled:
             done = embed_file(load, spooled, args.output, options)
     else:

@@ -69,7 +69,11 @@ def _layers_arg(value: str):
 
 # Library errors name arguments by their own names (elmo_jax._util.arguments); a subcommand's flag
 # is found by its dest, or, where the library's name differs, through this table (command -> name -> dest).
-ARGUMENT_DESTS = {"train": {"source": "init_from"}, "vocab": {"path": "out"}}
+ARGUMENT_DESTS = {
+    "train": {"source": "init_from"},
+    "vocab": {"path": "out"},
+    "embed": {"input_path": "input", "output_path": "output"},
+}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -154,7 +154,7 @@ def embed_file(
     ``OutOfDeviceMemory`` (``batch_tokens`` too many for the device); nothing is left under
     ``output_path`` then.
     """
-    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    input_path, output_path = _paths(input_path, output_path)
     _check_arguments(input_path, output_path, options)
     from elmo_jax.extract.embedder import check_layers
 
@@ -210,6 +210,20 @@ def embed_file(
     )
 
 
+def _paths(input_path, output_path) -> tuple[str, str]:
+    """The two paths as str; a one-line ``TypeError`` for one that is no path (the arguments in
+    another order: before, ``os.fspath``'s "expected str, bytes or os.PathLike object, not Embedder")."""
+    for name, value in (("input_path", input_path), ("output_path", output_path)):
+        if not isinstance(value, (str, os.PathLike)):
+            raise about(
+                TypeError(
+                    f"{name} is a {type(value).__name__}; expected a path: embed_file(embedder, input_path, output_path)"
+                ),
+                name,
+            )
+    return os.fspath(input_path), os.fspath(output_path)
+
+
 def _check_arguments(input_path: str, output_path: str, options: EmbedFileOptions) -> None:
     """``embed_file``'s arguments, before the model is built: no work is lost to a mistyped path."""
     if not isinstance(options, EmbedFileOptions):
@@ -218,10 +232,11 @@ def _check_arguments(input_path: str, output_path: str, options: EmbedFileOption
         )
     if not is_local(input_path):
         raise DataError(f"{input_path}: the input is read as a local file: copy it to this machine first")
+    # Each named by its argument: the same path may be given twice (an input that is the run dir).
     if bad := fault(input_path, "file"):
-        raise DataError(said(*bad, input_path))
+        raise about(DataError(f"input_path {said(*bad, input_path)}"), "input_path")
     if bad := fault(output_path, "output"):
-        raise DataError(said(*bad, output_path))
+        raise about(DataError(f"output_path {said(*bad, output_path)}"), "output_path")
     output = (
         shard_file(output_path, options.shard_index or 0, options.num_shards or 1) if options.sharded else output_path
     )
