@@ -306,6 +306,10 @@ def test_elmo_nnx_refuses_weights_of_another_model_when_built(model):
     config, params, _ = model
     with pytest.raises(TypeError, match=r"a training state's params hold the biLM's as bilm_params\['bilm'\]$"):
         ElmoNNX(config, bilm_params={"bilm": params, "softmax": {}}, rngs=nnx.Rngs(0))
+    # The two swapped (before: Flax's 21 lines on data assigned to a static attribute).
+    with pytest.raises(TypeError) as e:
+        ElmoNNX(params, config, rngs=nnx.Rngs(0))
+    assert str(e.value) == "config is a dict; expected a ModelConfig: ElmoNNX(config, bilm_params, rngs=...)"
     other = bilm_init(jax.random.PRNGKey(0), dataclasses.replace(config, lstm=dataclasses.replace(config.lstm, dim=8)))
     with pytest.raises(ValueError) as e:
         ElmoNNX(config, bilm_params=other, rngs=nnx.Rngs(0))

@@ -1911,6 +1911,11 @@ def test_pretrain_refuses_arguments_that_do_not_fit_before_anything_is_written(t
          "precision must be one of float32, tf32, bfloat16; got 'fp16'", "precision"),
         (lambda: RunSettings(run_dir=None), ConfigError, "run_dir must be a directory's path; got None", "run_dir"),
         (lambda: RunSettings(run_dir=str(run), epochs="1"), ConfigError, "epochs must be a finite number >= 0", "epochs"),
+        # Before: an AttributeError ('str' object has no attribute 'precision'); epochs ignored.
+        (lambda: pretrain(options, vocab, source, str(run)), TypeError,
+         "settings is a str; expected a RunSettings (RunSettings(run_dir=...))", "settings"),
+        (lambda: RunSettings(run_dir=str(run), steps=2, epochs=1), ConfigError,
+         "give steps or epochs, not both: each sets where the run stops", None),
         (lambda: pretrain(options, vocab, source, RunSettings(run_dir=str(run), devices=jax.local_device_count() + 1)),
          CheckpointError, f"devices {jax.local_device_count() + 1}: this process has", "devices"),
     ]  # fmt: skip
@@ -1930,6 +1935,9 @@ def test_pretrain_refuses_arguments_that_do_not_fit_before_anything_is_written(t
     settings = RunSettings(run_dir=run, steps=1, progress=False, devices=1, async_save=False)
     assert settings.run_dir == str(run)
     assert pretrain(options, vocab, (TRAIN / "data.txt").read_text().splitlines(), settings)["step"] == 1
+    # TextFiles of a pathlib.Path, as of its str (before: "'PosixPath' object is not iterable").
+    assert TextFiles(TRAIN / "data.txt").files == TextFiles(str(TRAIN / "data.txt")).files == [str(TRAIN / "data.txt")]
+    assert TextFiles([TRAIN / "data.txt"]).files == [str(TRAIN / "data.txt")]
 
 
 def test_small_inputs_to_the_library_that_would_lose_or_mislead_are_refused(tmp_path):
@@ -1945,6 +1953,10 @@ def test_small_inputs_to_the_library_that_would_lose_or_mislead_are_refused(tmp_
     for bad in ("new york", "", " a"):
         with pytest.raises(VocabError, match=r"line 4: token .* is empty or holds whitespace"):
             Vocabulary(["<S>", "</S>", "<UNK>", bad, "z"])
+    with pytest.raises(TypeError) as e:  # before: os.path.join's TypeError, naming no argument
+        load_run(None)  # type: ignore[arg-type]
+    assert str(e.value) == "run_dir is a NoneType; expected a run directory's path"
+    assert arguments_of(e.value) == ("run_dir",)
     with pytest.raises(TypeError) as e:
         load_run(str(tmp_path), step="8")
     assert str(e.value) == "step is a str ('8'); expected an int or None" and arguments_of(e.value) == ("step",)

@@ -487,6 +487,10 @@ class ElmoNNX(nnx.Module):
         precision: str = "float32",
         rngs: nnx.Rngs,
     ):
+        if not isinstance(config, ModelConfig):  # before: Flax's 21 lines on a static attribute holding data
+            raise TypeError(
+                f"config is a {type(config).__name__}; expected a ModelConfig: ElmoNNX(config, bilm_params, rngs=...)"
+            )
         _check_settings(num_output_representations, dropout)
         _check_convention(convention)
         policy.check(precision)

@@ -43,8 +43,9 @@ class TextFiles:
     ``fingerprint`` reads it: skipping its every line would bury the cause in warnings.
     """
 
-    def __init__(self, pattern: str | Sequence[str]):
-        patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    def __init__(self, pattern: str | os.PathLike | Sequence[str | os.PathLike]):
+        # A pathlib.Path is a pattern as its str is (before: "'PosixPath' object is not iterable").
+        patterns = [os.fspath(p) for p in ([pattern] if isinstance(pattern, (str, os.PathLike)) else pattern)]
         found = {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)}
         files = sorted(f for f in found if os.path.isfile(f))
         special = next(((f, kind) for f in sorted(found) if (kind := special_kind(f)) is not None), None)

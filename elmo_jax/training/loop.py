@@ -161,6 +161,8 @@ class RunSettings:
                 "eval_every",
                 "log_every",
             )
+        if self.epochs is not None and self.steps is not None:  # (before: epochs ignored, silently)
+            raise about(ConfigError("give steps or epochs, not both: each sets where the run stops"), "steps", "epochs")
         if self.epochs is not None and (
             isinstance(self.epochs, bool)
             or not isinstance(self.epochs, numbers.Real)
@@ -706,6 +708,11 @@ def pretrain(
     source = as_source(source, "source")
     heldout = None if heldout is None else as_source(heldout, "heldout")
     _check_vocab_fits(options, vocab)
+    if not isinstance(settings, RunSettings):  # a run dir's path, say (before: an AttributeError)
+        raise about(
+            TypeError(f"settings is a {type(settings).__name__}; expected a RunSettings (RunSettings(run_dir=...))"),
+            "settings",
+        )
     if settings.precision:  # tf32 off a GPU: refused before the run dir is made
         try:
             policy.check(settings.precision)

@@ -112,6 +112,8 @@ def _run_options(run_dir: str | os.PathLike, step: int | None) -> Options:
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))):
         # "8" or 8.0 would be looked for as a checkpoint of that name, and said to be missing or damaged.
         raise about(TypeError(f"step is a {type(step).__name__} ({step!r}); expected an int or None"), "step")
+    if not isinstance(run_dir, (str, os.PathLike)):  # before: os.path.join's TypeError, naming no argument
+        raise about(TypeError(f"run_dir is a {type(run_dir).__name__}; expected a run directory's path"), "run_dir")
     options_path = os.path.join(run_dir, "options.json")
     if is_local(run_dir) and not os.path.isdir(run_dir) and not closed_above(run_dir):
         # The OS's error for the path: the command line says it after the flag that gave it.
