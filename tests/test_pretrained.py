@@ -179,8 +179,15 @@ def test_pinned_sha256(tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_JAX_SHA256", f"original:{WEIGHTS}={'1' * 64}")
     with pytest.raises(PretrainedError, match="is pinned; delete it"):
         registry.fetch("original", progress=False)
-    with pytest.raises(PretrainedError, match="not 64 hex digits"):
+    # Each says where the bad pin came from (before: "original: the sha256 pinned for 'weights'" alone).
+    with pytest.raises(
+        PretrainedError, match=r"^sha256: the sha256 pinned for original's 'weights' is not 64 hex digits$"
+    ):
         registry.fetch("original", sha256={"weights": "abc"})
+    monkeypatch.setenv("ELMO_JAX_SHA256", "original:weights=zz")
+    with pytest.raises(PretrainedError) as e:
+        registry.fetch("original", progress=False)
+    assert str(e.value) == "ELMO_JAX_SHA256: the sha256 pinned for original's 'weights' is not 64 hex digits"
 
 
 def test_offline_missing_file_says_where_to_put_it(tmp_path, monkeypatch):

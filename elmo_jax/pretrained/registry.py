@@ -384,20 +384,20 @@ def _looks_like_html(f: RemoteFile, head: bytes) -> bool:
 
 def _pins(model: PretrainedModel, sha256: Mapping[str, str] | None) -> dict[str, str]:
     """Local file name -> pinned sha256, from ``$ELMO_JAX_SHA256`` and then the argument."""
-    keyed: dict[str, str] = {}
+    keyed: dict[str, tuple[str, str]] = {}  # key -> (digest, where it was pinned: said if it is bad)
     for item in filter(None, (s.strip() for s in os.environ.get("ELMO_JAX_SHA256", "").split(","))):
         target, _, digest = item.partition("=")
         model_name, _, key = target.partition(":")
         if not key or not digest:
             raise PretrainedError(f"ELMO_JAX_SHA256: {item!r} is not MODEL:KEY=HEX")
         if model_name.strip().lower() == model.name:
-            keyed[key.strip()] = digest.strip()
-    keyed.update(sha256 or {})
+            keyed[key.strip()] = (digest.strip(), "ELMO_JAX_SHA256")
+    keyed.update({key: (digest, "sha256") for key, digest in (sha256 or {}).items()})
     pins = {}
-    for key, digest in keyed.items():
+    for key, (digest, where) in keyed.items():
         digest = digest.lower()
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise PretrainedError(f"{model.name}: the sha256 pinned for {key!r} is not 64 hex digits")
+            raise PretrainedError(f"{where}: the sha256 pinned for {model.name}'s {key!r} is not 64 hex digits")
         if key in model.files:
             if len(model.files[key]) != 1:
                 raise PretrainedError(
