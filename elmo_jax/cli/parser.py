@@ -318,7 +318,7 @@ def _add_train_watch_args(tr: argparse.ArgumentParser) -> None:
         "--eval-every",
         type=int,
         help="held-out perplexity every N steps, a multiple of --log-every (0: never; default: with "
-        "--heldout-files, at every --save-every)",
+        "--heldout-files, --save-every rounded up to a multiple of --log-every)",
     )
     tr.add_argument("--log-every", type=int, default=10, help="a metrics.jsonl line every N steps (default: 10)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
