@@ -423,7 +423,8 @@ def _reference_step(state, batch, tc: TrainConfig):
     return optax.apply_updates(params, updates), opt_state[0].sum_of_squares, norm, per_dir * n_pos, new_lstm
 
 
-@pytest.mark.parametrize(
+# The backend's layout, the GPU's, and the GPU's with the switches a GPU has yet to time, run here.
+EVERY_LAYOUT = pytest.mark.parametrize(
     "layout",
     [
         None,
@@ -432,6 +433,9 @@ def _reference_step(state, batch, tc: TrainConfig):
     ],
     ids=["backend", "gpu-layout", "gpu-candidates"],
 )
+
+
+@EVERY_LAYOUT
 @pytest.mark.parametrize("rows_per_draw", [0, 1], ids=["one-draw", "draw-per-row"])
 def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layout, rows_per_draw):
     """Also under the GPU's layout (batch-major, unrolled scan, one char-CNN block), and with the
@@ -519,15 +523,7 @@ def test_sparse_softmax_update_equals_dense_adagrad(tmp_path, fresh_state, layou
         assert np.all((new_w[touched] != old_w[touched]).reshape(len(touched), -1).any(axis=1))
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        None,
-        pytest.param(BY_BACKEND["gpu"], marks=pytest.mark.slow),
-        pytest.param(gpu_candidates(), marks=pytest.mark.slow),
-    ],
-    ids=["backend", "gpu-layout", "gpu-candidates"],
-)
+@EVERY_LAYOUT
 def test_with_jax_enable_x64_the_state_and_a_step_stay_float32(tmp_path, layout):
     """A process with ``jax_enable_x64`` on (a notebook that needs float64 elsewhere) trains as any
     other: before, the initialisers drew float64 (46 of the state's leaves), so the whole run went
