@@ -1990,3 +1990,37 @@ def test_a_run_resumed_with_another_vocabulary_is_told_which_one_it_was_trained_
         f"elmo-jax train: error: --vocab {small}: has 11 words, but the run in {copy} was trained with {len(vocab)} "
         "(its vocab.txt): give that vocabulary, or leave --vocab out to use it\n"
     )
+
+
+@pytest.mark.slow
+def test_a_min_count_that_builds_no_vocabulary_is_said_not_used(tmp_path):
+    """A run keeps its vocabulary, so min_count counts only when the run builds it. (Before:
+    ``--min-count 100000`` on a resumed run, or beside ``--vocab``, trained without a word.) The
+    same min_count again, as the same command resumes, says nothing."""
+    from elmo_jax.text.vocab import read_vocab_meta
+    from elmo_jax.training.setup import TrainSpec, train
+
+    options = str(_write_tiny_options(tmp_path / "options.json"))
+    run_dir, source = tmp_path / "run", TextFiles(str(TRAIN / "data.txt"))
+    settings = RunSettings(run_dir=str(run_dir), steps=1, progress=False, devices=1, async_save=False)
+
+    def notes(**spec) -> list[tuple]:
+        said = []
+        train(TrainSpec(config=options, **spec), source, settings, say=lambda *a: said.append(a))
+        return [a for a in said if "min_count" in a[1:]]
+
+    assert notes(min_count=2) == []  # the run builds its vocabulary with it
+    assert read_vocab_meta(run_dir / "vocab.txt")["min_count"] == 2
+    assert notes(min_count=2) == []  # the same command, resumed
+    assert notes(min_count=100000) == [
+        (
+            f"min_count 100000: not used: the run's vocabulary {run_dir}/vocab.txt was built with min_count 2, and a run keeps it",
+            "min_count",
+        )
+    ]
+    given = str(TRAIN / "vocab.txt")
+    settings = dataclasses.replace(settings, run_dir=str(tmp_path / "other"))
+    assert notes(vocab=given, min_count=3) == [
+        (f"min_count 3: not used: the vocabulary is given ({given})", "min_count")
+    ]
+    assert notes(vocab=given) == []  # the default: nothing to say

@@ -133,7 +133,9 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     _refuse_a_runs_vocab(args.out)
     counts, n_tokens, n_sentences = count_tokens(files)
     words = build_vocab(counts, min_count=args.min_count, max_size=args.max_size, extend=extend)
-    write_vocab(words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))])
+    write_vocab(
+        words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))], min_count=args.min_count
+    )
     # The markers, and with --extend the old words kept whatever their count here, said apart from
     # the text's words (before: "17740 tokens (of 2679 distinct)").
     frequent = sum(counts.get(w, 0) >= args.min_count for w in words[len(SPECIALS) :])

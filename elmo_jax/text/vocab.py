@@ -153,10 +153,17 @@ def check_vocab_path(path: str | os.PathLike, files: Source | Iterable[str]) -> 
 
 
 def write_vocab(
-    words: Sequence[str], path: str | os.PathLike, n_tokens: int, n_sentences: int, files: Source | Iterable[str]
+    words: Sequence[str],
+    path: str | os.PathLike,
+    n_tokens: int,
+    n_sentences: int,
+    files: Source | Iterable[str],
+    *,
+    min_count: int | None = None,
 ) -> None:
     """Writes ``words`` one per line (UTF-8) to ``path`` and the sidecar ``<path>.json``, each
-    atomically. ``files`` is the counted ``TextFiles`` (or a list of file names).
+    atomically. ``files`` is the counted ``TextFiles`` (or a list of file names); ``min_count``, the
+    count ``build_vocab`` kept words from, is recorded when given.
 
     The vocabulary is written first: a failure between the two writes leaves an old sidecar whose
     ``vocab_sha256`` no longer matches, which ``read_vocab_meta`` notices.
@@ -176,6 +183,7 @@ def write_vocab(
         "n_words": len(words),
         "files": _file_names(files),
         "vocab_sha256": hashlib.sha256(data).hexdigest(),
+        **({} if min_count is None else {"min_count": int(min_count)}),
     }
     if is_local(path):  # an object store (gs://) has no directories to make
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

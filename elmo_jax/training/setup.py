@@ -182,9 +182,13 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
     from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
 
     if spec.vocab is not None:
+        if spec.min_count != 1:  # (before: ignored without a word)
+            say(f"min_count {spec.min_count}: not used: the vocabulary is given ({spec.vocab})", "min_count")
         return spec.vocab
     vocab_path = os.path.join(run_dir, "vocab.txt")
-    if not epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+    if epath.Path(vocab_path).exists():  # the run dir may be gs:// (etils.epath)
+        _say_min_count_unused(spec.min_count, vocab_path, say)
+    else:
         try:
             counts, n_tokens, n_sentences = count_tokens(
                 source,
@@ -203,10 +207,26 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
             n_tokens,
             n_sentences,
             [source.name(i) for i in range(len(source))],
+            min_count=spec.min_count,
         )
         extended = f", {len(old_words)} words of {spec.init_from} included" if old_words else ""
         say(f"no vocab: wrote {vocab_path}{extended}", "vocab")
     return vocab_path
+
+
+def _say_min_count_unused(min_count: int, vocab_path: str, say) -> None:
+    """A note when ``min_count`` is not the one the run's own vocabulary was built with: a run
+    keeps its vocabulary (its softmax has a row a word), so the flag changes nothing. The same
+    command, rerun to resume, says nothing."""
+    from elmo_jax.text.vocab import read_vocab_meta
+
+    built = (read_vocab_meta(vocab_path) or {}).get("min_count")
+    if min_count != (1 if built is None else built):
+        was = "" if built is None else f" with min_count {built}"
+        say(
+            f"min_count {min_count}: not used: the run's vocabulary {vocab_path} was built{was}, and a run keeps it",
+            "min_count",
+        )
 
 
 def _run_options(
