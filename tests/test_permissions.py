@@ -197,7 +197,7 @@ def test_inputs_this_user_may_not_read_are_one_line_naming_the_flag_and_the_path
         [
             (2, f"elmo-jax embed: error: --weights {weights}: {why}"),
             (2, f"elmo-jax embed: error: --input {text}: {why}"),  # as before: the control
-            (2, f"elmo-jax vocab: error: no files match {shards}/*.txt ({shards} {why})"),
+            (2, f"elmo-jax vocab: error: --train-files {shards}/*.txt: no files match {shards}/*.txt ({shards} {why})"),
             (2, f"elmo-jax export: error: --run-dir {run}: {why}"),
         ],
     )
