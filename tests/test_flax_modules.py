@@ -400,6 +400,12 @@ def test_bad_module_settings_and_missing_inputs_are_one_line_as_the_module_is_ma
     with pytest.raises(TypeError, match=r"^num_output_representations must be an int of at least 1, got a dict "
                        r"\(the biLM weights go in with with_bilm, after init\)$"):  # fmt: skip
         Elmo(config, params)
+    # The weights first (before: said to be a num_output_representations that is not an int).
+    with pytest.raises(TypeError) as e:
+        Elmo(params, config)
+    assert str(e.value) == (
+        "config is a dict; expected a ModelConfig: Elmo(config), the biLM weights put in with with_bilm after init"
+    )
     for bad, said in (
         ({"dropout": 1.5}, "dropout must be a rate from 0 up to"),
         ({"num_output_representations": 0}, "got 0$"),

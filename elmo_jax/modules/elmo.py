@@ -145,6 +145,13 @@ def _check_convention(convention: str) -> None:
         raise ValueError(f"convention must be one of {CONVENTIONS}, found {convention!r}")
 
 
+def _check_config(config: Any, call: str) -> None:
+    """One line for a config that is not a ``ModelConfig`` (the arguments in another order), naming
+    how the module is made (``call``)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config is a {type(config).__name__}; expected a ModelConfig: {call}")
+
+
 def _check_settings(num_output_representations: Any, dropout: Any) -> None:
     """One line for a count or a rate of the wrong type or out of range, as the module is made
     (not deep in a trace). numpy's integers and floats are taken (a sweep's values)."""
@@ -344,6 +351,8 @@ class Elmo(nn.Module):
     precision: str = "float32"
 
     def __post_init__(self) -> None:
+        # Before: the weights given first were said to be a wrong num_output_representations.
+        _check_config(self.config, "Elmo(config), the biLM weights put in with with_bilm after init")
         _check_settings(self.num_output_representations, self.dropout)
         _check_convention(self.convention)
         policy.check(self.precision)  # as the module is made, not at its first init
@@ -487,10 +496,7 @@ class ElmoNNX(nnx.Module):
         precision: str = "float32",
         rngs: nnx.Rngs,
     ):
-        if not isinstance(config, ModelConfig):  # before: Flax's 21 lines on a static attribute holding data
-            raise TypeError(
-                f"config is a {type(config).__name__}; expected a ModelConfig: ElmoNNX(config, bilm_params, rngs=...)"
-            )
+        _check_config(config, "ElmoNNX(config, bilm_params, rngs=...)")  # before: Flax's 21 lines
         _check_settings(num_output_representations, dropout)
         _check_convention(convention)
         policy.check(precision)
