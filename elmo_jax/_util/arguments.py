@@ -9,6 +9,7 @@ line reads them back with ``arguments_of`` and writes its flags in their place
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -32,3 +33,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     least), or ``""``: the end of a message that refuses ``word``."""
     close = difflib.get_close_matches(str(word), list(choices), n=1)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_path(value: object, name: str, hint: str = "a path") -> None:
+    """A one-line ``TypeError`` naming the argument ``name`` when ``value`` is neither a str nor a
+    ``os.PathLike`` (arguments given in another order, a None): ``hint`` says what was expected."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise about(TypeError(f"{name} is a {type(value).__name__}; expected {hint}"), name)

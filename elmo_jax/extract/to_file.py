@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_jax._util import background, disk_full, utf8
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, check_path
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.device_memory import CHECK_THE_DEVICE, device_error
 from elmo_jax._util.disk_full import out_of_space_errno
@@ -214,13 +214,7 @@ def _paths(input_path, output_path) -> tuple[str, str]:
     """The two paths as str; a one-line ``TypeError`` for one that is no path (the arguments in
     another order: before, ``os.fspath``'s "expected str, bytes or os.PathLike object, not Embedder")."""
     for name, value in (("input_path", input_path), ("output_path", output_path)):
-        if not isinstance(value, (str, os.PathLike)):
-            raise about(
-                TypeError(
-                    f"{name} is a {type(value).__name__}; expected a path: embed_file(embedder, input_path, output_path)"
-                ),
-                name,
-            )
+        check_path(value, name, "a path: embed_file(embedder, input_path, output_path)")
     return os.fspath(input_path), os.fspath(output_path)
 
 

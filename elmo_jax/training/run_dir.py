@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from elmo_jax._util import disk_full
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, check_path
 from elmo_jax._util.atomic import atomic_path, is_local, write_text_atomic
 from elmo_jax._util.paths import check_dir_to_make, closed_above
 from elmo_jax.compat.hdf5 import save_hdf5
@@ -112,8 +112,7 @@ def _run_options(run_dir: str | os.PathLike, step: int | None) -> Options:
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))):
         # "8" or 8.0 would be looked for as a checkpoint of that name, and said to be missing or damaged.
         raise about(TypeError(f"step is a {type(step).__name__} ({step!r}); expected an int or None"), "step")
-    if not isinstance(run_dir, (str, os.PathLike)):  # before: os.path.join's TypeError, naming no argument
-        raise about(TypeError(f"run_dir is a {type(run_dir).__name__}; expected a run directory's path"), "run_dir")
+    check_path(run_dir, "run_dir", "a run directory's path")  # before: os.path.join's TypeError, naming no argument
     options_path = os.path.join(run_dir, "options.json")
     if is_local(run_dir) and not os.path.isdir(run_dir) and not closed_above(run_dir):
         # The OS's error for the path: the command line says it after the flag that gave it.
