@@ -68,7 +68,10 @@ def count_tokens(
     return counts, n_tokens, n_sentences
 
 
-def check_vocab_arguments(min_count: int = 1, max_size: int | None = None) -> None:
+MIN_COUNT = 1  # build_vocab's default: every word the text has
+
+
+def check_vocab_arguments(min_count: int = MIN_COUNT, max_size: int | None = None) -> None:
     """``build_vocab``'s checks of its numbers, which a caller may make before the count."""
     if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
         raise about(VocabError(f"min_count must be an integer >= 1; got {min_count!r}"), "min_count")
@@ -85,7 +88,10 @@ def check_vocab_arguments(min_count: int = 1, max_size: int | None = None) -> No
 
 
 def build_vocab(
-    counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None, extend: Sequence[str] | None = None
+    counts: Mapping[str, int],
+    min_count: int = MIN_COUNT,
+    max_size: int | None = None,
+    extend: Sequence[str] | None = None,
 ) -> list[str]:
     """``['<S>', '</S>', '<UNK>', *words]``: words with ``count >= min_count``, most frequent first.
 

@@ -31,6 +31,7 @@ from elmo_jax.config import (
 )
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.text.sources import NoSentences
+from elmo_jax.text.vocab import MIN_COUNT
 from elmo_jax.training.evaluate import no_sentence
 from elmo_jax.training.loop import (
     RunSettings,
@@ -52,7 +53,7 @@ class TrainSpec:
     recipe)."""
     vocab: str | None = None
     """An LM vocabulary (default: the run dir's vocab.txt, built from the training text)."""
-    min_count: int = 1
+    min_count: int = MIN_COUNT
     """For the vocabulary built when ``vocab`` is not given."""
     n_train_tokens: int | None = None
     """Tokens + sentences of the training text, to count epochs (default: the vocabulary's sidecar)."""
@@ -182,7 +183,7 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
     from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
 
     if spec.vocab is not None:
-        if spec.min_count != 1:  # (before: ignored without a word)
+        if spec.min_count != MIN_COUNT:  # (before: ignored without a word)
             say(f"min_count {spec.min_count}: not used: the vocabulary is given ({spec.vocab})", "min_count")
         return spec.vocab
     vocab_path = os.path.join(run_dir, "vocab.txt")
@@ -221,7 +222,7 @@ def _say_min_count_unused(min_count: int, vocab_path: str, say) -> None:
     from elmo_jax.text.vocab import read_vocab_meta
 
     built = (read_vocab_meta(vocab_path) or {}).get("min_count")
-    if min_count != (1 if built is None else built):
+    if min_count != (MIN_COUNT if built is None else built):
         was = "" if built is None else f" with min_count {built}"
         say(
             f"min_count {min_count}: not used: the run's vocabulary {vocab_path} was built{was}, and a run keeps it",
