@@ -921,6 +921,30 @@ def test_stream_windows_follow_bilm_tf(tmp_path):
     assert batch["targets"][0, 1, 0].tolist() == [4, 3, 0, 2, 0]  # reversed, markers swapped: b a <S> c <S>
 
 
+def test_blank_shards_that_close_one_epoch_and_open_the_next_do_not_end_the_text(tmp_path):
+    """Blank files beside one with text are allowed; under the shuffled order of each epoch the
+    blank ones can both end an epoch and begin the next, which a search bounded by the file count
+    took for text with no sentence. Over many epochs and seeds every window fills; text that is
+    gone altogether (the negative control) still says so."""
+    from elmo_jax.text.sources import NoSentences
+
+    (tmp_path / "a.txt").write_text("a b\nb a\n")
+    for name in ("b.txt", "c.txt", "d.txt"):
+        (tmp_path / name).write_text("\n")
+    source = TextFiles(str(tmp_path / "*.txt"))
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b"])
+    for seed in range(6):
+        batcher = LMBatcher(source, vocab, rows_per_device=1, unroll_steps=3, max_chars=10, seed=seed, max_epochs=40)
+        n = sum(1 for _ in batcher)
+        assert n == 40 * 6 // 3, (seed, n)  # each epoch: 2 sentences of 2 words and their markers
+    batcher = LMBatcher(source, vocab, rows_per_device=1, unroll_steps=3, max_chars=10, seed=0)
+    batcher.next()
+    (tmp_path / "a.txt").write_text("\n")  # emptied during the run
+    with pytest.raises(NoSentences, match=r"^no sentences in .*a\.txt"):
+        for _ in range(10):
+            batcher.next()
+
+
 def test_distinct_word_buckets_are_few_and_waste_little_of_the_char_cnn():
     sizes = [bucket_size(n) for n in range(1, 8193)]
     assert all(s >= n for n, s in enumerate(sizes, 1))

@@ -290,7 +290,11 @@ class _Stream:
         return _read_and_parse(self.source, shard, order_seed, reverse, marks, self.table.vocab._index, unk)
 
     def _next_sentence(self) -> list:
-        for _ in range(len(self.shards) + 1):
+        # Blank shards are allowed beside others with text, and each epoch has its own order: the
+        # blank ones can close one epoch and open the next. Text is missing only when a whole
+        # epoch, its first shard to its last, passed without a sentence.
+        began = self.epoch
+        while True:
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
                 raise StopIteration
             pair_in, pair_tgt, offsets = self._encoded_shard()
@@ -301,7 +305,8 @@ class _Stream:
             self.shard_pos, self.sentence_pos = self.shard_pos + 1, 0
             if self.shard_pos == len(self.shards):
                 self.epoch, self.shard_pos = self.epoch + 1, 0
-        raise no_sentences([self.source.name(s) for s in self.shards])
+                if self.epoch > began + 1:
+                    raise no_sentences([self.source.name(s) for s in self.shards])
 
     def window(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """``[rows, steps]`` input ids and target ids; StopIteration after the last epoch.
