@@ -157,7 +157,7 @@ VALUES = [
     ("train", "--save-every", ("=0", "=-1")),
     ("train", "--log-every", ("=0", "=-1")),
     ("train", "--keep", ("=-1", "=0")),
-    ("train", "--seed", ("=-1",)),
+    ("train", "--seed", ("=-1", "=4294967296")),  # 2**32 and above: the same PRNG key as seed % 2**32
     ("train", "--steps", ("=-1", "=0")),
     ("train", "--eval-every", ("=-10",)),
     ("train", "--epochs", ("=nan", "=inf", "=-1")),

@@ -272,8 +272,8 @@ def _add_train_run_args(tr: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--seed",
         type=int,
-        help="initial weights, data order, dropout (default: 0; a resumed run keeps its own, and refuses another "
-        "but with --new-data)",
+        help="initial weights, data order, dropout: 0 to 2**32 - 1 (default: 0; a resumed run keeps its own, and "
+        "refuses another but with --new-data)",
     )
     _add_precision(tr, "default: bfloat16 on a TPU or a GPU from compute capability 8.0 (A100, H100), else float32")
     tr.add_argument("--devices", type=int, help="local devices to use (default: all)")

@@ -77,6 +77,8 @@ from elmo_jax.training.step import (
 )
 from elmo_jax.training.step import init_state as init_train_state  # pretrain() takes an init_state argument
 
+SEEDS = 2**32  # the seeds a run takes: 0 to SEEDS - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
@@ -89,7 +91,7 @@ class RunSettings:
     epochs: float | None = None
     """Stop after this many passes over the data (default: ``n_epochs`` from the options)."""
     seed: int | None = None
-    """Initial weights, data order, dropout, sampled candidates. None: a resumed run's own (what
+    """Initial weights, data order, dropout, sampled candidates: 0 to ``SEEDS - 1``. None: a resumed run's own (what
     its checkpoints record), else 0. A resumed run keeps its seed: another one would deal the rest
     of the epoch from another shuffle at the saved position (refused, but with ``new_data``)."""
     save_every: int = 500
@@ -150,6 +152,10 @@ class RunSettings:
         )
         check_counts(0, prefetch=self.prefetch, host_workers=self.host_workers)
         check_counts(0, optional=True, seed=self.seed)
+        if self.seed is not None and self.seed >= SEEDS:
+            # jax.random.PRNGKey keeps 32 bits (without x64): a larger seed would init and drop out
+            # as seed % 2**32 does while numpy shuffled and drew by the whole number.
+            raise about(ConfigError(f"seed must be below 2**32 ({SEEDS}); got {self.seed}"), "seed")
         check_counts(1, optional=True, devices=self.devices)
         check_counts(0, optional=True, eval_every=self.eval_every, steps=self.steps)  # 0 steps: nothing to do
         if self.eval_every and self.eval_every % self.log_every:
