@@ -215,6 +215,24 @@ def test_bad_sources_give_one_line(trained_run, released, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_source_directory_named_with_glob_characters_is_read_as_any_other(trained_run, released, tmp_path):
+    """Its files were looked up by a glob of the path itself, which takes ``[1]`` for a pattern: a
+    TF checkpoint's vocabulary was said to be missing beside it, an export's weights not found."""
+    from elmo_jax.compat.tf_checkpoint import read_bilm_tf
+
+    odd = tmp_path / "run[1]*?"
+    ckpt = shutil.copytree(FIXTURES / "tf_checkpoint" / "single", odd / "ckpt")
+    words = ["<S>", "</S>", "<UNK>", *[f"w{i}" for i in range(47)]]
+    (ckpt / "vocab.txt").write_text("\n".join(words) + "\n")
+    warm = read_warmstart(str(ckpt))
+    assert warm.kind == "tf_checkpoint" and warm.vocab.words == words
+    assert warm.step == read_bilm_tf(str(FIXTURES / "tf_checkpoint" / "single"))["global_step"]
+    copy = shutil.copytree(released, odd / "released")
+    warm = read_warmstart(str(copy))
+    assert warm.kind == "hdf5" and warm.vocab.words == trained_run[2].words
+    _same(warm.bilm, read_warmstart(str(released)).bilm)
+
+
 def test_tf_checkpoint_continues_with_its_accumulators_and_an_extended_vocabulary(tmp_path):
     """bilm-tf's TF checkpoint (written by TensorFlow, read without it): weights, softmax rows and
     Adagrad slots carry over by word; the new text's words get fresh rows."""

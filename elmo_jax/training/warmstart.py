@@ -100,7 +100,7 @@ def read_warmstart(source: str) -> Warmstart:
         return _from_run(source)
     if kind == "released":
         return _from_released(source.lower())
-    if glob.glob(os.path.join(source, "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
+    if glob.glob(os.path.join(glob.escape(source), "*.index")) or os.path.isfile(os.path.join(source, "checkpoint")):
         return _from_tf_checkpoint(source, _find_vocab(source, also_parent=True))
     return _from_hdf5_dir(source)
 
@@ -169,7 +169,7 @@ def _from_tf_checkpoint(path: str, vocab_path: str | None) -> Warmstart:
 def _find_vocab(directory: str, also_parent: bool = False) -> str | None:
     """The directory's ``vocab.txt`` or single ``vocab*.txt`` (then, optionally, its parent's)."""
     for d in [directory] + ([os.path.dirname(os.path.abspath(directory))] if also_parent else []):
-        found = sorted(glob.glob(os.path.join(d, "vocab*.txt")))
+        found = sorted(glob.glob(os.path.join(glob.escape(d), "vocab*.txt")))
         if os.path.join(d, "vocab.txt") in found:
             return os.path.join(d, "vocab.txt")
         if len(found) > 1:
@@ -187,7 +187,7 @@ def _one_file(directory: str, patterns: tuple[str, ...], exclude: str | None = N
         {
             p
             for pat in patterns
-            for p in glob.glob(os.path.join(directory, pat))
+            for p in glob.glob(os.path.join(glob.escape(directory), pat))
             if not (exclude and p.endswith(exclude))
         }
     )
