@@ -291,6 +291,19 @@ def _poison_newest(run_dir) -> int:
     return step
 
 
+def test_evaluate_refuses_counts_out_of_range_in_one_line_naming_them(trained_run):
+    """block 0 ended in a ZeroDivisionError and -1 in max()'s ValueError, from inside the softmax's
+    table; the control (block 1, the smallest taken) scores the same text."""
+    run_dir, options, vocab = trained_run
+    params = load_run(str(run_dir))[2]
+    text, counts = ["the cat sat"], dict(batch_size=1, unroll_steps=2)
+    for name, bad in (("block", 0), ("block", -1), ("block", 2.5), ("batch_size", 0), ("unroll_steps", -2)):
+        with pytest.raises(ConfigError, match=rf"^{name} must be an integer >= 1; got {bad}$") as e:
+            evaluate(params, options.model, vocab, text, **{**counts, name: bad})
+        assert arguments_of(e.value) == (name,)
+    assert evaluate(params, options.model, vocab, text, **counts, block=1)["tokens"] == 4
+
+
 def test_a_checkpoint_holding_nan_is_unreadable_to_eval_export_and_the_resume(trained_run, tmp_path):
     """Not a NaN perplexity, a NaN in the exported weights, or a resume that diverges at once and
     blames the learning rate: the checkpoint is named unreadable, and the older one is used."""

@@ -221,7 +221,7 @@ class HeldoutEvaluator:
         block: int = BLOCK,
         scored: np.ndarray | None = None,
     ):
-        check_counts(1, batch_size=batch_size, unroll_steps=unroll_steps)  # 0 would deal windows for ever
+        check_counts(1, batch_size=batch_size, unroll_steps=unroll_steps, block=block)  # 0 would deal windows for ever
         self.mesh, self.layout = mesh, layout
         n_dev = mesh.size
         self.by_row, self.everywhere = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
