@@ -117,6 +117,16 @@ def _copy_and_edit(tmp_path, edit):
             lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_dataset("CNN/b_cnn_0", data=np.zeros(4, np.float64))),
             "dataset 'CNN/b_cnn_0' has dtype float64, expected float32",
         ),
+        # A group where a dataset belongs (char_embed's 262-row check read its shape first: an
+        # AttributeError).
+        (
+            lambda f: (f.__delitem__("char_embed"), f.create_group("char_embed")),
+            "'char_embed' is a group, expected a dataset of shape (261, 4) float32",
+        ),
+        (
+            lambda f: (f.__delitem__("CNN/b_cnn_0"), f.create_group("CNN/b_cnn_0")),
+            "'CNN/b_cnn_0' is a group, expected a dataset of shape (4,) float32",
+        ),
         # The counts of layers, more and fewer than the options say (before: the name of the first
         # one too many alone, and for one too few the first dataset missing).
         (

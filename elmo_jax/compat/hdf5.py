@@ -116,7 +116,8 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
         _check_depth(f, path, _lstm_cells(0), "LSTM layer", "n_layers", l.n_layers, hint)
 
         def get(name: str) -> np.ndarray | None:
-            if name == "char_embed" and "char_embed" in f and f["char_embed"].shape == (262, c.embedding_dim):
+            embed = f.get("char_embed") if name == "char_embed" else None
+            if isinstance(embed, h5py.Dataset) and embed.shape == (262, c.embedding_dim):
                 return _read(f, path, name, (262, c.embedding_dim), hint)
             if name.startswith("CNN_proj/") and "CNN_proj" not in f and c.n_filters == l.projection_dim:
                 return None
