@@ -196,7 +196,7 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
             save_hdf5(config, params, tmp_path / o, tmp_path / w)
         assert str(e.value) == (
             f"options_path is {tmp_path / o} and weights_path is {tmp_path / w}: swapped? "
-            "save_hdf5(config, params, options_path, weights_path) writes the options.json first"
+            "save_hdf5(config, params, options_path, weights_path) takes the options.json's path first"
         )
         assert arguments_of(e.value) == ("options_path", "weights_path")
     assert (tmp_path / "w.hdf5").read_bytes() == before
@@ -221,3 +221,35 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
         save_hdf5(config, params, tmp_path / "o.json", tmp_path / "w.hdf5")
     assert (tmp_path / "w.hdf5").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.json", "w.hdf5"]
+
+
+def test_a_path_that_cannot_be_written_is_refused_before_either_file_of_a_pair_is(tmp_path):
+    """The weight file was written first and the options' path met afterwards: an options_path
+    that is a directory left a new weights.hdf5 beside the old options.json (a pair that no longer
+    loads) and ended in a bare IsADirectoryError; a missing directory read "'nodir' -> 'nodir/w.hdf5'"."""
+    config, params = load_hdf5(AL_OPTIONS, AL_WEIGHTS)
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    save_hdf5(config, params, pair / "options.json", pair / "weights.hdf5")
+    before = {p.name: p.read_bytes() for p in pair.iterdir()}
+    other = jax.tree_util.tree_map(lambda x: x + 1, params)
+    (pair / "sub").mkdir()
+    cases = [
+        ("options_path", pair / "sub", pair / "weights.hdf5", f"options_path {pair / 'sub'}: is a directory, not a file"),
+        ("weights_path", pair / "options.json", pair / "sub", f"weights_path {pair / 'sub'}: is a directory, not a file"),
+        ("options_path", tmp_path / "no" / "o.json", pair / "weights.hdf5", f"options_path {tmp_path / 'no' / 'o.json'}: {tmp_path / 'no'} does not exist"),
+        ("weights_path", pair / "options.json", tmp_path / "no" / "w.hdf5", f"weights_path {tmp_path / 'no' / 'w.hdf5'}: {tmp_path / 'no'} does not exist"),
+    ]  # fmt: skip
+    for name, o, w, message in cases:
+        with pytest.raises(WeightsError) as e:
+            save_hdf5(config, other, o, w)
+        assert (str(e.value), arguments_of(e.value)) == (message, (name,))
+        assert {p.name: p.read_bytes() for p in pair.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair"]
+    for args, name in (((None, AL_WEIGHTS), "options_path"), ((AL_OPTIONS, None), "weights_path")):
+        with pytest.raises(TypeError, match=rf"^{name} is a NoneType; expected a path: load_hdf5\(") as e:
+            load_hdf5(*args)
+        assert arguments_of(e.value) == (name,)
+    save_hdf5(config, other, pair / "options.json", pair / "weights.hdf5")  # the control: both replaced
+    read = load_hdf5(pair / "options.json", pair / "weights.hdf5")[1]
+    np.testing.assert_array_equal(read["lstm"][0]["b"], other["lstm"][0]["b"])

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from elmo_jax._util import disk_full
-from elmo_jax._util.arguments import about
+from elmo_jax._util.arguments import about, check_path
 from elmo_jax._util.atomic import atomic_path
 from elmo_jax._util.paths import fault, said, same_path
 from elmo_jax.config import ModelConfig, Options
@@ -24,7 +24,7 @@ from elmo_jax.model.bilm import check_params
 
 
 class WeightsError(ValueError):
-    """A weight file does not hold what its options describe."""
+    """A weight file does not hold what its options describe, or cannot be written where asked."""
 
 
 def _lstm_cells(direction: int) -> str:
@@ -106,6 +106,8 @@ def load_hdf5(options_path: str | os.PathLike, weights_path: str | os.PathLike) 
     A missing ``CNN_proj`` is read as the identity when bilm-tf would have had none
     (``n_filters == projection_dim``).
     """
+    for name, value in (("options_path", options_path), ("weights_path", weights_path)):
+        check_path(value, name, "a path: load_hdf5(options_path, weights_path)")
     config = Options.load(options_path).model
     path = os.fspath(weights_path)
     hint = f" (per the options in {os.fspath(options_path)})"
@@ -223,7 +225,7 @@ def _check_not_swapped(options_path: str, weights_path: str) -> None:
         raise about(
             ValueError(
                 f"options_path is {options_path} and weights_path is {weights_path}: swapped? "
-                "save_hdf5(config, params, options_path, weights_path) writes the options.json first"
+                "save_hdf5(config, params, options_path, weights_path) takes the options.json's path first"
             ),
             "options_path",
             "weights_path",
@@ -234,8 +236,13 @@ def save_hdf5(
     config: ModelConfig | Options, params: dict, options_path: str | os.PathLike, weights_path: str | os.PathLike
 ) -> None:
     """Writes ``options.json`` (``n_characters: 262``) and the weight file, each atomically (a full
-    disk: ``disk_full.OutOfSpaceError`` naming the file)."""
+    disk: ``disk_full.OutOfSpaceError`` naming the file). Both paths are checked before either file
+    is written: a pair already there is never left half replaced by a path that cannot be written."""
     check_params(params, config.model if isinstance(config, Options) else config)
+    for name, value in (("options_path", options_path), ("weights_path", weights_path)):
+        check_path(value, name, "a path: save_hdf5(config, params, options_path, weights_path)")
+        if bad := fault(value, "output"):
+            raise about(WeightsError(f"{name} {said(*bad, os.fspath(value))}"), name)
     if same_path(os.fspath(options_path), os.fspath(weights_path)):  # the options would overwrite the weights
         raise about(
             ValueError(
