@@ -186,6 +186,15 @@ def test_empty_files(tmp_path):
         count_tokens(TextFiles(str(tmp_path / "e*.txt")))
 
 
+def test_sentences_in_a_list_are_counted_as_pretrain_and_evaluate_take_them():
+    """A list of str was an AttributeError ('list' object has no attribute 'read'); a path given
+    as a str is refused in one line (its letters would be counted as sentences)."""
+    assert count_tokens(["a b", "b c", " "]) == count_tokens(Lines(["a b", "b c", " "]))
+    assert count_tokens(["a b", "b c"])[1:] == (4, 2)
+    with pytest.raises(TypeError, match=r"^files is a str; expected sentences: TextFiles\(glob\) for files"):
+        count_tokens("corpus.txt")
+
+
 def test_non_utf8_line_skipped_with_warning(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good words\nbroken \xff\xfe line\nmore good words here\n")

@@ -33,7 +33,7 @@ from elmo_jax._util.arguments import about
 from elmo_jax._util.atomic import is_local, open_binary, write_bytes_atomic
 from elmo_jax._util.paths import replaced_input, same_path
 from elmo_jax.model.vocabulary import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, VocabError, Vocabulary
-from elmo_jax.text.sources import DataError, NoSentences, Source, TextFiles
+from elmo_jax.text.sources import DataError, NoSentences, Source, TextFiles, as_source
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
@@ -44,15 +44,18 @@ def _describe(files: Source) -> str:
 
 
 def count_tokens(
-    files: TextFiles | Source, on_shard: Callable[[int], None] | None = None
+    files: TextFiles | Source | Sequence[str], on_shard: Callable[[int], None] | None = None
 ) -> tuple[collections.Counter, int, int]:
     """Word counts, number of tokens and number of sentences, in one pass over all shards
     (``on_shard(i)``: called as shard ``i`` is read, a sign of progress over a large corpus).
+    ``files``: a ``Source``, or a list of str (one sentence each) as ``pretrain`` and ``evaluate``
+    take them.
 
     Sentences are the non-blank lines ``files.read`` returns (non-UTF-8 lines are skipped there
     with a warning); tokens are ``line.split()``. ``<S>``, ``</S>`` and ``<UNK>`` occurring in the
     text are counted like any other word. Raises ``DataError`` if there is no token at all.
     """
+    files = as_source(files, "files")
     counts: collections.Counter = collections.Counter()
     n_sentences = 0
     for shard in range(len(files)):
