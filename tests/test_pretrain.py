@@ -1929,6 +1929,7 @@ def test_pretrain_refuses_arguments_that_do_not_fit_before_anything_is_written(t
     as a str, "'str' object has no attribute 'read'" 14 frames deep; precision 'fp16', a
     ValueError once the run dir was written; devices=5 on 1, an empty run dir)."""
     from elmo_jax._util.arguments import arguments_of
+    from elmo_jax.text.sources import DataError, Lines
 
     vocab = Vocabulary.load(TRAIN / "vocab.txt")
     options = options_for_vocab(bilm_tf_options(batch_size=2, unroll_steps=5), vocab, None)
@@ -1955,6 +1956,11 @@ def test_pretrain_refuses_arguments_that_do_not_fit_before_anything_is_written(t
          "give steps or epochs, not both: each sets where the run stops", None),
         (lambda: pretrain(options, vocab, source, RunSettings(run_dir=str(run), devices=jax.local_device_count() + 1)),
          CheckpointError, f"devices {jax.local_device_count() + 1}: this process has", "devices"),
+        # Text in memory with no sentence, as blank files are (before: refused once the run dir was made).
+        (lambda: pretrain(options, vocab, Lines([" "]), RunSettings(run_dir=str(run))), DataError,
+         "the training text (<lines>) has no sentence to train on; give a file with text in it", None),
+        (lambda: pretrain(options, vocab, [], RunSettings(run_dir=str(run))), DataError,
+         "the training text (<lines>) has no sentence to train on", None),
     ]  # fmt: skip
     if jax.default_backend() != "gpu":
         cases.append(

@@ -177,6 +177,8 @@ class Lines:
         return self.label
 
     def fingerprint(self) -> list[dict]:
+        if not self.lines:  # said before a run dir is made for it, as TextFiles says it
+            raise no_sentences([self.label])
         text = "\n".join(self.lines).encode("utf-8")
         return [{"name": self.label, "size": len(text), "sha256_ends": hashlib.sha256(text).hexdigest()[:16]}]
 
