@@ -486,6 +486,10 @@ def test_embed_texts_is_embed_of_the_tokenized_text(embedder):
         embedder.embed_texts(["fine", ["The", "cat"]])
     with pytest.raises(TypeError, match="^the tokenizer returned a str for text 0"):
         embedder.embed_texts(["fine"], tokenizer=str.lower)
+    with pytest.raises(TypeError, match=r"^tokenizer is a int; expected a function str -> list of tokens"):
+        embedder.embed_texts(["fine"], tokenizer=5)  # before: 'int' object is not callable
+    with pytest.raises(TypeError, match=r"^tokenizer is a str; expected a function"):
+        embedder.hub_outputs(["fine"], tokenizer="split")
 
 
 def test_layer_choice(embedder, sentences, expected):

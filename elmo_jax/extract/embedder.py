@@ -157,6 +157,13 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Tokenizer | None = None) -> 
         from elmo_jax.text.tokenize import tokenize
 
         tokenizer = tokenize
+    elif not callable(tokenizer):
+        raise about(
+            TypeError(
+                f"tokenizer is a {type(tokenizer).__name__}; expected a function str -> list of tokens (str.split)"
+            ),
+            "tokenizer",
+        )
     out = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
