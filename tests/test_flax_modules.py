@@ -92,6 +92,21 @@ def test_scalar_mix_matches_numpy(convention, layer_norm):
     assert not np.any(np.asarray(got)[~np.asarray(got_mask)])  # exactly 0 where masked
 
 
+@pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
+def test_a_layer_normed_mix_of_float16_layers_is_the_float32_mix_of_them(convention):
+    """Precomputed layers stored as float16 (the POS tagger's features): a batch of more than
+    65504 elements overflowed the count and the epsilon rounded to 0, and every output was NaN.
+    The statistics now take float32; the control (float32 input) gives the same numbers."""
+    rng = np.random.default_rng(0)
+    layers = rng.normal(0.0, 3.0, (3, 4, 22, 1024)).astype(np.float16)
+    mask = np.arange(22)[None, :] < np.array([22, 22, 20, 5])[:, None]  # 69 x 1024 unmasked
+    w, g = np.array([0.1, -0.2, 0.3], np.float32), np.float32(1.3)
+    half, _ = scalar_mix(layers, mask, w, g, True, convention)
+    full, _ = scalar_mix(layers.astype(np.float32), mask, w, g, True, convention)
+    assert np.isfinite(np.asarray(half)).all()
+    np.testing.assert_allclose(np.asarray(half, np.float32), np.asarray(full), rtol=1e-3, atol=1e-3)
+
+
 def test_the_markers_enter_the_statistics_only_for_allennlp():
     layers, mask, _ = random_inputs("allennlp")
     w, g = np.zeros(3, np.float32), np.float32(1.0)

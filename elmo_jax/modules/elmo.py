@@ -173,7 +173,10 @@ def _brief(value: Any) -> str:
 
 
 def _masked_layer_norm(layers: jax.Array, mask: jax.Array, epsilon: float) -> jax.Array:
-    """Each layer ``[B, T, D]`` normalised with one mean and one variance over its unmasked elements."""
+    """Each layer ``[B, T, D]`` normalised with one mean and one variance over its unmasked elements,
+    in float32 at least: in float16 (precomputed layers stored small) the count of a batch's elements
+    passes float16's largest number, 65504, and the epsilon rounds to 0."""
+    layers = layers.astype(jnp.promote_types(layers.dtype, jnp.float32))
     m = mask[None, :, :, None]
     count = jnp.maximum(jnp.sum(mask) * layers.shape[-1], 1).astype(layers.dtype)
     mean = jnp.sum(jnp.where(m, layers, 0.0), axis=(1, 2, 3), keepdims=True) / count
