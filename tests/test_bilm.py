@@ -201,6 +201,10 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
         ([["The", "cat"], ["Hi", "x"]], TypeError, "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"),
         (np.array([["The", "cat"]]), TypeError, "char_ids are tokens (str), not char ids: batch_to_ids(sentences) gives the ids"),
         ([ids[0].tolist(), ids[1, :1].tolist()], ValueError, "char_ids are lists of different lengths; batch_to_ids pads them"),
+        # Padding before a token: left padding, a gap (before: the length counted the tokens, so
+        # the LSTM ran over the padding and dropped the last token, silently).
+        (ids[:, ::-1], ValueError, "char_ids row 1 has padding (an all-zero token) at 0 before a token at 1; each row holds its tokens first, then padding (batch_to_ids makes them so)"),
+        (batch_to_ids([["a", "", "b"]]) * np.array([1, 0, 1])[None, :, None], ValueError, "char_ids row 0 has padding (an all-zero token) at 1 before a token at 2; each row holds its tokens first, then padding (batch_to_ids makes them so)"),
     ]  # fmt: skip
     for bad, error, said in refused:
         with pytest.raises(error) as e:

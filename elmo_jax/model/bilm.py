@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from elmo_jax.config import ModelConfig
@@ -126,9 +127,27 @@ def bilm_apply(
             "elmo_jax.model.compute.Compute.from_policy('bfloat16'), say"
         )
     ids = char_cnn.check_char_ids(params["char_cnn"], config, char_ids, ndim=3)
+    if isinstance(ids, np.ndarray):  # a traced array has no values to check
+        _check_left_aligned(ids)
     if state is not None:
         _check_state(config, state, ids.shape[0])
     return _bilm_apply(params, config, ids, state, keep_sentence_markers=keep_sentence_markers, compute=compute)
+
+
+def _check_left_aligned(char_ids: np.ndarray) -> None:
+    """One line for a row whose padding (an all-zero token) comes before one of its tokens: a
+    sentence's length is its count of tokens, so left padding or a gap would run the LSTM over the
+    padding and drop the last tokens, silently."""
+    present = (char_ids != 0).any(axis=-1)  # [batch, time]
+    aligned = present == (np.arange(present.shape[1])[None, :] < present.sum(axis=1)[:, None])
+    if not aligned.all():
+        row = int(np.flatnonzero(~aligned.all(axis=1))[0])
+        gap = int(np.flatnonzero(~present[row])[0])
+        raise ValueError(
+            f"char_ids row {row} has padding (an all-zero token) at {gap} before a token at "
+            f"{gap + int(np.flatnonzero(present[row, gap:])[0])}; each row holds its tokens first, then "
+            "padding (batch_to_ids makes them so)"
+        )
 
 
 def check_params(params, config, *, shapes: bool = False, name: str = "params") -> None:
