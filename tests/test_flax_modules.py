@@ -437,6 +437,14 @@ def test_bad_module_settings_and_missing_inputs_are_one_line_as_the_module_is_ma
         elmo.apply(variables, deterministic=True)
     with pytest.raises(ValueError, match="not both"):
         elmo.apply(variables, char_ids, layers=jnp.zeros((3, 1, 2, 4)), mask=jnp.ones((1, 2), bool), deterministic=True)
+    # A mask beside char ids was dropped silently (the output's came from the ids).
+    mask = np.ones(char_ids.shape[:2], bool)
+    with pytest.raises(
+        ValueError, match="^mask goes with precomputed layers; with char_ids the mask comes from the ids"
+    ):
+        elmo.apply(variables, char_ids, mask=mask, deterministic=True)
+    with pytest.raises(ValueError, match="^mask goes with precomputed layers"):
+        ElmoNNX(config, params, rngs=nnx.Rngs(0))(char_ids, mask=mask, deterministic=True)
 
 
 def test_nn_jit_of_a_module_using_elmo_equals_no_jit(model):

@@ -263,6 +263,8 @@ def _split_inputs(char_ids, layers, mask):
         raise ValueError(f"pass either char_ids [B, T, C] or precomputed layers (with their mask): {which}")
     if layers is not None and mask is None:
         raise ValueError("precomputed layers need their mask")
+    if char_ids is not None and mask is not None:  # it would be ignored: the ids say where tokens are
+        raise ValueError("mask goes with precomputed layers; with char_ids the mask comes from the ids")
 
 
 def _load_checkpoint(run_dir, step):
