@@ -373,7 +373,7 @@ def test_from_hdf5_and_from_checkpoint(model, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
+def test_with_bilm_puts_weights_where_told_and_refuses_other_shapes(model):
     config, params, char_ids = model
 
     class Two(nn.Module):  # a frozen and a trainable Elmo, nested, next to a user's own "bilm"
@@ -386,7 +386,23 @@ def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
 
     two = Two()
     init = two.init(jax.random.PRNGKey(0), char_ids)
-    variables = with_bilm(init, params)
+    # Two Elmos: which one is said (before: both got the weights, silently, whatever they were for).
+    with pytest.raises(ValueError) as e:
+        with_bilm(init, params)
+    assert str(e.value) == (
+        "with_bilm: the model has 2 Elmos ('trainable', 'frozen'); say which these weights are for with at= "
+        "(one name, or several)"
+    )
+    with pytest.raises(ValueError, match=r"^with_bilm: at='elmo' is not an Elmo of this model; its Elmos are 'tr"):
+        with_bilm(init, params, at="elmo")
+    doubled = jax.tree.map(lambda x: 2 * x, params)
+    one = with_bilm(init, doubled, at="frozen")  # the other keeps what it had
+    assert bilm_leaves(one[FROZEN_COLLECTION]["frozen"]["bilm"])[0].tolist() == bilm_leaves(doubled)[0].tolist()
+    assert (
+        bilm_leaves(one["params"]["trainable"]["bilm"])[0].tolist()
+        == bilm_leaves(init["params"]["trainable"]["bilm"])[0].tolist()
+    )
+    variables = with_bilm(one, params, at=("frozen", "trainable"))
     for tree in (variables[FROZEN_COLLECTION]["frozen"]["bilm"], variables["params"]["trainable"]["bilm"]):
         for a, b in zip(bilm_leaves(tree), bilm_leaves(params)):
             np.testing.assert_array_equal(a, b)
@@ -399,7 +415,15 @@ def test_with_bilm_finds_every_elmo_and_refuses_other_shapes(model):
     np.testing.assert_allclose(np.asarray(two.apply(variables, char_ids)), 2 * np.asarray(want) + 3, atol=1e-5)
     other = jax.tree.map(lambda x: x[..., :1] if x.ndim else x, params)
     with pytest.raises(ValueError, match="do not have the shapes of the biLM at frozen_bilm/frozen/bilm"):
-        with_bilm(init, other)
+        with_bilm(init, other, at="frozen")
+    # Abstract variables (jax.eval_shape of init: no random biLM drawn) take the weights too
+    # (before: "float() argument must be ... not 'ShapeDtypeStruct'", 13 frames deep).
+    abstract = jax.eval_shape(lambda: two.init(jax.random.PRNGKey(0), char_ids))
+    put = with_bilm(abstract, params, at=["frozen", "trainable"])
+    assert bilm_leaves(put["params"]["trainable"]["bilm"])[0].tolist() == bilm_leaves(params)[0].tolist()
+    assert isinstance(put["params"]["bilm"], jax.ShapeDtypeStruct)  # the user's own, left as it was
+    with pytest.raises(ValueError, match="do not have the shapes of the biLM at params/trainable/bilm"):
+        with_bilm(abstract, other, at="trainable")
     # Not a biLM tree at all: one line from our check (before: "do not have the shapes" for a
     # training state's params, and a TypeError from inside jax for the config).
     with pytest.raises(TypeError, match=r"got \['bilm', 'softmax'\]: a training state's params hold the biLM's"):

@@ -108,7 +108,7 @@ The module runs the biLM stateless (each sentence's vectors depend on that sente
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -412,47 +412,85 @@ class Elmo(nn.Module):
         return {"elmo_representations": reps, "mask": out_mask}
 
 
-def with_bilm(variables: Mapping, bilm_params: Any) -> dict:
-    """``variables`` (from ``init``) with every ``Elmo``'s biLM replaced by ``bilm_params``.
+def with_bilm(variables: Mapping, bilm_params: Any, *, at: str | Sequence[str] | None = None) -> dict:
+    """``variables`` (from ``init``) with an ``Elmo``'s biLM replaced by ``bilm_params``.
 
     Flax's way to load pretrained weights into part of a model: ``init`` the whole model (the biLM
     at random), then put the weights in its place, ``variables["frozen_bilm"][...]["bilm"]`` for a
     frozen ``Elmo`` and ``variables["params"][...]["bilm"]`` for a trainable one, wherever the
-    ``Elmo`` sits in the model. Returns new dicts (nothing is changed in place). Raises TypeError
-    when ``bilm_params`` is not a biLM's params tree (a config, a training state's params: see
-    ``check_params_tree``), and ValueError when the weights do not have the shapes of the model's
-    biLM, or when the model has none.
+    ``Elmo`` sits in the model. ``variables`` may be abstract (``jax.eval_shape`` of ``init``, to
+    skip drawing a random biLM). Returns new dicts (nothing is changed in place).
+
+    ``at``: the ``Elmo`` (its module path, ``"encoder/elmo"``; ``""`` for a model that is an
+    ``Elmo``), or several, to put the weights in. None: the model's one ``Elmo``; a model with
+    more is refused, so that two ELMos of the same shapes never get one's weights silently.
+
+    Raises TypeError when ``bilm_params`` is not a biLM's params tree (a config, a training
+    state's params: see ``check_params_tree``), and ValueError when the weights do not have the
+    shapes of the model's biLM, when the model has none, or when ``at`` names none of its ``Elmo``s.
     """
     _bilm.check_params_tree(bilm_params, name="bilm_params")
     new = _plain(bilm_params)
-    new_shapes = jax.tree.map(jnp.shape, new)
-    found = []
-
-    def put(tree, path, in_params):
-        out = {}
-        for key, value in tree.items():
-            # In "params", only a subtree next to a scalar mix is an Elmo's (a user's "bilm" is not).
-            if key == "bilm" and (not in_params or "scalar_mix_0" in tree):
-                where = "/".join(path + (key,))
-                if jax.tree.map(jnp.shape, _plain(value)) != new_shapes:
-                    raise ValueError(
-                        f"with_bilm: the weights do not have the shapes of the biLM at {where} (another ModelConfig?)"
-                    )
-                out[key] = new
-                found.append(where)
-            elif isinstance(value, Mapping):
-                out[key] = put(value, path + (key,), in_params)
-            else:
-                out[key] = value
-        return out
-
-    out = {
-        col: put(tree, (col,), col == "params") if col in ("params", FROZEN_COLLECTION) else tree
-        for col, tree in variables.items()
-    }
+    new_shapes = _shapes(new)
+    found = _elmo_sites(variables)
     if not found:
         raise ValueError("with_bilm: no Elmo biLM in these variables (init the model on char ids first)")
+    named = ", ".join(repr(m) for m in found)
+    if at is None and len(found) > 1:
+        raise ValueError(
+            f"with_bilm: the model has {len(found)} Elmos ({named}); say which these weights are for with "
+            f"at= (one name, or several)"
+        )
+    chosen = list(found) if at is None else [at] if isinstance(at, str) else list(at)
+    for m in chosen:
+        if m not in found:
+            raise ValueError(f"with_bilm: at={m!r} is not an Elmo of this model; its Elmos are {named}")
+    out = {col: _plain_dicts(tree) for col, tree in variables.items()}
+    for m in chosen:
+        col = found[m]
+        node = out[col]
+        for key in m.split("/") if m else []:
+            node = node[key]
+        if _shapes(node["bilm"]) != new_shapes:
+            where = "/".join([col, *([m] if m else []), "bilm"])
+            raise ValueError(
+                f"with_bilm: the weights do not have the shapes of the biLM at {where} (another ModelConfig?)"
+            )
+        node["bilm"] = new
     return out
+
+
+def _elmo_sites(variables: Mapping) -> dict[str, str]:
+    """Module path of each ``Elmo`` with a biLM in ``variables`` -> the collection holding it."""
+    found: dict[str, str] = {}
+
+    def visit(tree: Mapping, path: tuple[str, ...], col: str) -> None:
+        for key, value in tree.items():
+            # In "params", only a subtree next to a scalar mix is an Elmo's (a user's "bilm" is not).
+            if key == "bilm" and (col != "params" or "scalar_mix_0" in tree):
+                found["/".join(path)] = col
+            elif isinstance(value, Mapping):
+                visit(value, path + (key,), col)
+
+    for col in ("params", FROZEN_COLLECTION):
+        if isinstance(variables.get(col), Mapping):
+            visit(variables[col], (), col)
+    return found
+
+
+def _plain_dicts(tree: Any) -> Any:
+    """``tree`` with its mappings as new dicts (FrozenDicts included), the leaves as they are."""
+    return {k: _plain_dicts(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+
+
+def _shapes(tree: Any) -> Any:
+    """The shapes of a tree's leaves, arrays or abstract ones (``jax.ShapeDtypeStruct``), with
+    mappings as dicts and sequences as lists (linen freezes them into FrozenDicts and tuples)."""
+    if isinstance(tree, Mapping):
+        return {k: _shapes(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_shapes(v) for v in tree]
+    return tuple(getattr(tree, "shape", None) or jnp.shape(tree))
 
 
 # ----------------------------------------------------------------------------------------- NNX
