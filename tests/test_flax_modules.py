@@ -544,6 +544,15 @@ def test_nnx_elmo_frozen_and_trainable(model):
     assert not np.allclose(np.asarray(tagger.elmo.scalar_mix_0.weights[...]), 0.0)
     for a, b in zip(bilm_leaves(tagger.elmo.bilm_weights()), before):
         np.testing.assert_array_equal(a, b)
+    # A call's own dropout rngs, as nnx.Dropout takes them: the same key, the same mask; the
+    # control, the module's own stream, draws another one each call.
+    elmo = ElmoNNX(config, params, dropout=0.5, rngs=nnx.Rngs(0))
+    first, again = (
+        elmo(char_ids, deterministic=False, rngs=nnx.Rngs(dropout=7))["elmo_representations"][0] for _ in "ab"
+    )
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
+    own = [elmo(char_ids, deterministic=False)["elmo_representations"][0] for _ in "ab"]
+    assert not np.array_equal(np.asarray(own[0]), np.asarray(own[1]))
 
 
 def test_nnx_matches_linen(model):

@@ -523,7 +523,8 @@ class ElmoNNX(nnx.Module):
     ``nnx.state(model, nnx.Param)`` and from an ``nnx.Optimizer(..., wrt=nnx.Param)``, and read
     through ``stop_gradient``) or ``nnx.Param`` (``trainable_bilm=True``), one per leaf of the
     usual params tree, under ``.bilm``. Scalar mixes are ``scalar_mix_{k}``, dropouts ``dropout_{k}``.
-    ``deterministic`` defaults to the modules' mode (``model.train()`` / ``model.eval()``).
+    ``deterministic`` defaults to the modules' mode (``model.train()`` / ``model.eval()``), and
+    ``rngs`` (as ``nnx.Dropout`` takes it) draws this call's dropout instead of the module's own.
     """
 
     def __init__(
@@ -581,7 +582,9 @@ class ElmoNNX(nnx.Module):
         tree = jax.tree.map(lambda v: v[...], self.bilm, is_leaf=lambda v: isinstance(v, nnx.Variable))
         return tree if self.trainable_bilm else jax.lax.stop_gradient(tree)
 
-    def __call__(self, char_ids=None, layers=None, mask=None, *, deterministic: bool | None = None):
+    def __call__(
+        self, char_ids=None, layers=None, mask=None, *, deterministic: bool | None = None, rngs: nnx.Rngs | None = None
+    ):
         _split_inputs(char_ids, layers, mask)
         layers, mask = _layers_from_inputs(
             self, self.bilm_weights() if char_ids is not None else None, char_ids, layers, mask
@@ -589,5 +592,5 @@ class ElmoNNX(nnx.Module):
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
             mixed, out_mask = getattr(self, f"scalar_mix_{k}")(layers, mask)
-            reps.append(getattr(self, f"dropout_{k}")(mixed, deterministic=deterministic))
+            reps.append(getattr(self, f"dropout_{k}")(mixed, deterministic=deterministic, rngs=rngs))
         return {"elmo_representations": reps, "mask": out_mask}
