@@ -278,6 +278,66 @@ def test_several_representations_are_independent_and_dropout_only_when_asked(mod
     )
 
 
+def test_keep_sentence_boundaries_keeps_the_markers_of_the_same_mix(model):
+    """AllenNLP's keep_sentence_boundaries: the representations and the mask with <S>/</S> in
+    ([B, T + 2, D]); the tokens' vectors are those of the mix without them (the same statistics),
+    for linen and NNX. bilm-tf's convention never has the markers in its mix: refused."""
+    config, params, char_ids = model
+    lengths = np.array([len(s) for s in SENTENCES])
+    plain = Elmo(config, do_layer_norm=True, dropout=0.0)
+    kept = Elmo(config, do_layer_norm=True, dropout=0.0, keep_sentence_boundaries=True)
+    variables = with_bilm(plain.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    a = plain.apply(variables, char_ids, deterministic=True)
+    b = kept.apply(variables, char_ids, deterministic=True)
+    rep, with_markers = np.asarray(a["elmo_representations"][0]), np.asarray(b["elmo_representations"][0])
+    assert with_markers.shape == (4, 7 + 2, 32)
+    np.testing.assert_array_equal(np.asarray(b["mask"]).sum(1), lengths + 2)
+    for row, n in enumerate(lengths):
+        np.testing.assert_array_equal(with_markers[row, 1 : n + 1], rep[row, :n])
+        assert np.abs(with_markers[row, [0, n + 1]]).min() > 0  # the markers' own vectors
+        assert not with_markers[row, n + 2 :].any()  # padding: exactly 0
+    nnx_kept = ElmoNNX(config, params, do_layer_norm=True, dropout=0.0, keep_sentence_boundaries=True, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(
+        np.asarray(nnx_kept(char_ids, deterministic=True)["elmo_representations"][0]), with_markers, atol=1e-6
+    )
+    for make in (
+        lambda: Elmo(config, keep_sentence_boundaries=True, convention="bilm_tf"),
+        lambda: ElmoNNX(config, params, keep_sentence_boundaries=True, convention="bilm_tf", rngs=nnx.Rngs(0)),
+    ):
+        with pytest.raises(ValueError, match="^keep_sentence_boundaries needs convention 'allennlp'"):
+            make()
+
+
+def test_fixed_scalar_mix_parameters_are_constants_with_a_gamma_of_1(model):
+    """AllenNLP's scalar_mix_parameters: pre-softmax weights given, not trained, and gamma 1 (its
+    ScalarMix is made with trainable=False); the mix has no params, so an optimizer cannot move it."""
+    config, params, char_ids = model
+    fixed = [0.0, -1.0, 2.0]
+    elmo = Elmo(config, do_layer_norm=False, dropout=0.0, scalar_mix_parameters=fixed)
+    assert elmo.scalar_mix_parameters == (0.0, -1.0, 2.0) and hash(elmo)  # a tuple: nn.jit can hash it
+    variables = with_bilm(elmo.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params)
+    assert "params" not in variables or not variables["params"]
+    want, _ = direct_mix(params, config, char_ids, jnp.asarray(fixed), 1.0, False, "allennlp")
+    got = elmo.apply(variables, char_ids, deterministic=True)["elmo_representations"][0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # The control: the trained mix at its init (weights 0) is another mix.
+    free = Elmo(config, dropout=0.0)
+    other = free.apply(
+        with_bilm(free.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params), char_ids, deterministic=True
+    )
+    assert np.abs(np.asarray(other["elmo_representations"][0]) - np.asarray(want)).max() > 1e-3
+    nnx_elmo = ElmoNNX(config, params, dropout=0.0, scalar_mix_parameters=fixed, rngs=nnx.Rngs(0))
+    assert not jax.tree.leaves(nnx.state(nnx_elmo, nnx.Param))
+    np.testing.assert_allclose(
+        np.asarray(nnx_elmo(char_ids, deterministic=True)["elmo_representations"][0]), np.asarray(want), atol=1e-6
+    )
+    for bad in ([1.0, 2.0], [0.0, float("nan"), 1.0], "abc", [True, 0.0, 0.0]):
+        with pytest.raises(ValueError, match=r"^scalar_mix_parameters must be 3 finite numbers"):
+            Elmo(config, scalar_mix_parameters=bad)
+        with pytest.raises(ValueError, match=r"^scalar_mix_parameters must be 3 finite numbers"):
+            ElmoNNX(config, params, scalar_mix_parameters=bad, rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize("convention", ["allennlp", "bilm_tf"])
 def test_precomputed_layers_give_the_char_ids_output(model, convention):
     config, params, char_ids = model

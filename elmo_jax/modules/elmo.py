@@ -20,8 +20,12 @@ The two scalar-mix conventions (``convention=``):
 * ``"bilm_tf"`` (bilm-tf's ``weight_layers``): the mix runs over the sentence tokens only
   (epsilon 1e-12).
 
-Without layer norm the two give the same numbers; with it they differ slightly, and either way a
-layer-normed mix depends on the rest of the batch (one mean and variance per layer per batch).
+Without layer norm the two give the same numbers. With it they differ, the more the larger the
+markers' share of the batch's positions (short sentences), and either way a layer-normed mix
+depends on the rest of the batch (one mean and variance per layer per batch).
+
+AllenNLP's ``keep_sentence_boundaries`` and ``scalar_mix_parameters`` (a fixed mix, not trained)
+are attributes of the same names.
 
 Example: a tagger over a frozen ELMo (linen)::
 
@@ -107,6 +111,7 @@ The module runs the biLM stateless (each sentence's vectors depend on that sente
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -143,6 +148,27 @@ __all__ = [
 def _check_convention(convention: str) -> None:
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, found {convention!r}")
+
+
+def _check_keep(keep: Any, convention: str, name: str) -> None:
+    if keep and convention != "allennlp":
+        raise ValueError(f"{name} needs convention 'allennlp': bilm_tf's mix runs over the sentence tokens only")
+
+
+def _fixed_mix(values: Any, n_layers: int) -> tuple[float, ...] | None:
+    """``scalar_mix_parameters`` as a tuple of floats (hashable, for ``nn.jit``), or one line for
+    values that are not ``n_layers`` finite numbers."""
+    if values is None:
+        return None
+    ok = isinstance(values, (list, tuple)) and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+    if not ok or len(values) != n_layers:
+        raise ValueError(
+            f"scalar_mix_parameters must be {n_layers} finite numbers (the pre-softmax weight of each biLM "
+            f"layer), got {values!r}"
+        )
+    return tuple(float(v) for v in values)
 
 
 def _check_config(config: Any, call: str) -> None:
@@ -207,6 +233,8 @@ def scalar_mix(
     gamma: jax.Array,
     layer_norm: bool = False,
     convention: str = "allennlp",
+    *,
+    keep_sentence_markers: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """``gamma * sum_j softmax(weights)_j * norm_j(layers[j])``, then the convention's marker handling.
 
@@ -219,12 +247,15 @@ def scalar_mix(
       layer_norm: normalise each layer first with one mean and one variance over all its unmasked
         elements of the batch (over B, T and D), epsilon 1e-13 (allennlp) or 1e-12 (bilm_tf).
       convention: ``"allennlp"`` (mix with the markers, then remove them) or ``"bilm_tf"``.
+      keep_sentence_markers: ``"allennlp"`` only: keep the markers' positions in the output
+        (AllenNLP's ``keep_sentence_boundaries``).
 
     Returns:
-      ``(mixed [B, T', D], mask [B, T'])`` with ``T' = T - 2`` for ``"allennlp"`` and ``T`` for
-      ``"bilm_tf"``. Masked positions are exactly 0.
+      ``(mixed [B, T', D], mask [B, T'])`` with ``T' = T - 2`` for ``"allennlp"`` (``T`` when
+      the markers are kept) and ``T`` for ``"bilm_tf"``. Masked positions are exactly 0.
     """
     _check_convention(convention)
+    _check_keep(keep_sentence_markers, convention, "keep_sentence_markers")
     layers = jnp.asarray(layers)
     mask = jnp.asarray(mask).astype(bool)
     if layers.ndim != 4 or layers.shape[1:3] != mask.shape:
@@ -238,7 +269,7 @@ def scalar_mix(
         layers = _masked_layer_norm(layers, mask, LAYER_NORM_EPSILON[convention])
     s = jax.nn.softmax(weights)
     mixed = jnp.asarray(gamma) * jnp.sum(s[:, None, None, None] * layers, axis=0)
-    if convention == "allennlp":
+    if convention == "allennlp" and not keep_sentence_markers:
         return remove_sentence_markers(mixed, mask)
     return jnp.where(mask[:, :, None], mixed, jnp.zeros((), mixed.dtype)), mask
 
@@ -290,17 +321,32 @@ def _load_pretrained(name, cache_dir, sha256):
 
 
 class ScalarMix(nn.Module):
-    """One scalar mix: params ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1)."""
+    """One scalar mix: params ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1); with
+    ``fixed`` (pre-softmax weights), no params: those weights and a gamma of 1, as AllenNLP's
+    ``ScalarMix(initial_scalar_parameters=..., trainable=False)``."""
 
     n_layers: int
     layer_norm: bool = False
     convention: str = "allennlp"
+    keep_sentence_markers: bool = False
+    fixed: tuple[float, ...] | None = None
 
     @nn.compact
     def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-        weights = self.param("weights", nn.initializers.zeros, (self.n_layers,), jnp.float32)
-        gamma = self.param("gamma", nn.initializers.ones, (), jnp.float32)
-        return scalar_mix(layers, mask, weights, gamma, self.layer_norm, self.convention)
+        if self.fixed is not None:
+            weights, gamma = jnp.asarray(self.fixed, jnp.float32), jnp.float32(1.0)
+        else:
+            weights = self.param("weights", nn.initializers.zeros, (self.n_layers,), jnp.float32)
+            gamma = self.param("gamma", nn.initializers.ones, (), jnp.float32)
+        return scalar_mix(
+            layers,
+            mask,
+            weights,
+            gamma,
+            self.layer_norm,
+            self.convention,
+            keep_sentence_markers=self.keep_sentence_markers,
+        )
 
 
 def _layers_from_inputs(module, weights, char_ids, layers, mask):
@@ -335,6 +381,11 @@ class Elmo(nn.Module):
       convention: ``"allennlp"`` or ``"bilm_tf"`` (module docstring).
       precision: ``"float32"`` (default), ``"tf32"`` or ``"bfloat16"`` matmuls in the biLM
         (``elmo_jax.policy``).
+      keep_sentence_boundaries: keep ``<S>``/``</S>`` in the representations and the mask
+        (``[B, T + 2, D]``; ``"allennlp"`` convention only), as AllenNLP's option of that name.
+      scalar_mix_parameters: fixed pre-softmax mixing weights, one per biLM layer, and a gamma of
+        1, not trained (no ``scalar_mix_{k}`` params), as AllenNLP's option of that name:
+        ``(0, 0, 1)`` leans on the top layer, ``(-9e10, 1, -9e10)`` takes the first LSTM layer alone.
 
     The module holds no arrays (it is hashable, so ``nn.jit`` works): the biLM weights are
     variables. ``init`` draws a random biLM; ``with_bilm(variables, bilm_params)`` puts the
@@ -354,12 +405,19 @@ class Elmo(nn.Module):
     trainable_bilm: bool = False
     convention: str = "allennlp"
     precision: str = "float32"
+    keep_sentence_boundaries: bool = False
+    scalar_mix_parameters: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         # Before: the weights given first were said to be a wrong num_output_representations.
         _check_config(self.config, "Elmo(config), the biLM weights put in with with_bilm after init")
         _check_settings(self.num_output_representations, self.dropout)
         _check_convention(self.convention)
+        _check_keep(self.keep_sentence_boundaries, self.convention, "keep_sentence_boundaries")
+        # A list given becomes a tuple: the module stays hashable (nn.jit).
+        object.__setattr__(
+            self, "scalar_mix_parameters", _fixed_mix(self.scalar_mix_parameters, self.config.n_output_layers)
+        )
         policy.check(self.precision)  # as the module is made, not at its first init
         super().__post_init__()
 
@@ -405,9 +463,15 @@ class Elmo(nn.Module):
         n_layers = self.config.n_output_layers
         reps, out_mask = [], None
         for k in range(self.num_output_representations):
-            mixed, out_mask = ScalarMix(n_layers, self.do_layer_norm, self.convention, name=f"scalar_mix_{k}")(
-                layers, mask
+            mix = ScalarMix(
+                n_layers,
+                self.do_layer_norm,
+                self.convention,
+                self.keep_sentence_boundaries,
+                self.scalar_mix_parameters,
+                name=f"scalar_mix_{k}",
             )
+            mixed, out_mask = mix(layers, mask)
             reps.append(nn.Dropout(self.dropout, name=f"dropout_{k}")(mixed, deterministic=deterministic))
         return {"elmo_representations": reps, "mask": out_mask}
 
@@ -501,17 +565,41 @@ class FrozenBiLM(nnx.Variable):
 
 
 class ScalarMixNNX(nnx.Module):
-    """One scalar mix: ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1), both ``nnx.Param``."""
+    """One scalar mix: ``weights`` ``[n_layers]`` (init 0) and ``gamma`` (init 1), both ``nnx.Param``;
+    with ``fixed``, neither: those pre-softmax weights and a gamma of 1 (``ScalarMix``)."""
 
-    def __init__(self, n_layers: int, layer_norm: bool = False, convention: str = "allennlp"):
+    def __init__(
+        self,
+        n_layers: int,
+        layer_norm: bool = False,
+        convention: str = "allennlp",
+        keep_sentence_markers: bool = False,
+        fixed: tuple[float, ...] | None = None,
+    ):
         _check_convention(convention)
-        self.weights = nnx.Param(jnp.zeros((n_layers,), jnp.float32))
-        self.gamma = nnx.Param(jnp.ones((), jnp.float32))
+        _check_keep(keep_sentence_markers, convention, "keep_sentence_markers")
+        self.fixed = _fixed_mix(fixed, n_layers)
+        if self.fixed is None:
+            self.weights = nnx.Param(jnp.zeros((n_layers,), jnp.float32))
+            self.gamma = nnx.Param(jnp.ones((), jnp.float32))
         self.layer_norm = layer_norm
         self.convention = convention
+        self.keep_sentence_markers = keep_sentence_markers
 
     def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return scalar_mix(layers, mask, self.weights[...], self.gamma[...], self.layer_norm, self.convention)
+        if self.fixed is not None:
+            weights, gamma = jnp.asarray(self.fixed, jnp.float32), jnp.float32(1.0)
+        else:
+            weights, gamma = self.weights[...], self.gamma[...]
+        return scalar_mix(
+            layers,
+            mask,
+            weights,
+            gamma,
+            self.layer_norm,
+            self.convention,
+            keep_sentence_markers=self.keep_sentence_markers,
+        )
 
 
 class ElmoNNX(nnx.Module):
@@ -538,11 +626,15 @@ class ElmoNNX(nnx.Module):
         trainable_bilm: bool = False,
         convention: str = "allennlp",
         precision: str = "float32",
+        keep_sentence_boundaries: bool = False,
+        scalar_mix_parameters: tuple[float, ...] | None = None,
         rngs: nnx.Rngs,
     ):
         _check_config(config, "ElmoNNX(config, bilm_params, rngs=...)")  # before: Flax's 21 lines
         _check_settings(num_output_representations, dropout)
         _check_convention(convention)
+        _check_keep(keep_sentence_boundaries, convention, "keep_sentence_boundaries")
+        fixed = _fixed_mix(scalar_mix_parameters, config.n_output_layers)
         policy.check(precision)
         self.config = config
         self.num_output_representations = num_output_representations
@@ -556,7 +648,8 @@ class ElmoNNX(nnx.Module):
         kind = nnx.Param if trainable_bilm else FrozenBiLM
         self.bilm = nnx.data(None if bilm_params is None else jax.tree.map(kind, _plain(bilm_params)))
         for k in range(num_output_representations):
-            setattr(self, f"scalar_mix_{k}", ScalarMixNNX(config.n_output_layers, do_layer_norm, convention))
+            mix = ScalarMixNNX(config.n_output_layers, do_layer_norm, convention, keep_sentence_boundaries, fixed)
+            setattr(self, f"scalar_mix_{k}", mix)
             setattr(self, f"dropout_{k}", nnx.Dropout(dropout, rngs=rngs))
 
     @classmethod
