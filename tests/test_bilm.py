@@ -187,7 +187,7 @@ def test_char_ids_of_the_wrong_shape_type_or_range_are_one_line_naming_them(alle
     shape = "char_ids must be [batch, time, chars] (from batch_to_ids); got shape "
     refused = [
         (ids[..., 0], ValueError, shape + "(2, 2): ELMo reads each token's characters, not a word id"),
-        (ids[None], ValueError, shape + "(1, 2, 2, 50): ELMo reads each token's characters, not a word id"),
+        (ids[None], ValueError, shape + "(1, 2, 2, 50): fold the extra leading axes into the batch (reshape(-1, time, chars))"),
         (ids.astype(np.float32), TypeError, "char_ids must be integers [batch, time, chars] (int32, from batch_to_ids); got float32"),
         (np.where(ids > 0, rows, 0), ValueError, f"char_ids hold {rows}; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),
         (np.where(ids > 0, -1, 0), ValueError, f"char_ids hold -1; the char embedding has rows 0 (padding) to {rows - 1}: make them with batch_to_ids"),

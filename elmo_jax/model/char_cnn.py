@@ -183,10 +183,12 @@ def check_char_ids(params: dict, config: ModelConfig, char_ids, *, ndim: int | N
         raise TypeError(f"char_ids is a {type(char_ids).__name__}; expected an int32 array (from batch_to_ids)")
     axes = "[batch, time, chars]" if ndim == 3 else "[..., chars]"
     if (ndim is not None and len(shape) != ndim) or len(shape) == 0:
-        raise ValueError(
-            f"char_ids must be {axes} (from batch_to_ids); got shape {tuple(shape)}: "
-            "ELMo reads each token's characters, not a word id"
+        why = (
+            "fold the extra leading axes into the batch (reshape(-1, time, chars))"
+            if ndim is not None and len(shape) > ndim
+            else "ELMo reads each token's characters, not a word id"
         )
+        raise ValueError(f"char_ids must be {axes} (from batch_to_ids); got shape {tuple(shape)}: {why}")
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers {axes} (int32, from batch_to_ids); got {dtype}")
     full, widest = config.char_cnn.max_characters_per_token, max(w for w, _ in config.char_cnn.filters)
