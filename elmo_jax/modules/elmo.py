@@ -334,19 +334,20 @@ class ScalarMix(nn.Module):
     @nn.compact
     def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
         if self.fixed is not None:
-            weights, gamma = jnp.asarray(self.fixed, jnp.float32), jnp.float32(1.0)
-        else:
-            weights = self.param("weights", nn.initializers.zeros, (self.n_layers,), jnp.float32)
-            gamma = self.param("gamma", nn.initializers.ones, (), jnp.float32)
-        return scalar_mix(
-            layers,
-            mask,
-            weights,
-            gamma,
-            self.layer_norm,
-            self.convention,
-            keep_sentence_markers=self.keep_sentence_markers,
-        )
+            return _mix(self, layers, mask)
+        weights = self.param("weights", nn.initializers.zeros, (self.n_layers,), jnp.float32)
+        gamma = self.param("gamma", nn.initializers.ones, (), jnp.float32)
+        return _mix(self, layers, mask, weights, gamma)
+
+
+def _mix(mix: Any, layers: jax.Array, mask: jax.Array, weights: Any = None, gamma: Any = None):
+    """``scalar_mix`` with a mix module's settings (linen or NNX): its ``fixed`` weights and a gamma
+    of 1 where it has them, else ``weights`` and ``gamma``."""
+    if mix.fixed is not None:
+        weights, gamma = jnp.asarray(mix.fixed, jnp.float32), jnp.float32(1.0)
+    return scalar_mix(
+        layers, mask, weights, gamma, mix.layer_norm, mix.convention, keep_sentence_markers=mix.keep_sentence_markers
+    )
 
 
 def _layers_from_inputs(module, weights, char_ids, layers, mask):
@@ -588,18 +589,8 @@ class ScalarMixNNX(nnx.Module):
 
     def __call__(self, layers: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
         if self.fixed is not None:
-            weights, gamma = jnp.asarray(self.fixed, jnp.float32), jnp.float32(1.0)
-        else:
-            weights, gamma = self.weights[...], self.gamma[...]
-        return scalar_mix(
-            layers,
-            mask,
-            weights,
-            gamma,
-            self.layer_norm,
-            self.convention,
-            keep_sentence_markers=self.keep_sentence_markers,
-        )
+            return _mix(self, layers, mask)
+        return _mix(self, layers, mask, self.weights[...], self.gamma[...])
 
 
 class ElmoNNX(nnx.Module):
