@@ -162,7 +162,7 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
     check_params_tree(params, name)
     if not shapes:
         return
-    want, got = _init_shapes(config), _shapes(params)
+    want, got = _init_shapes(config), leaf_shapes(params)
     embed = "['char_cnn']['char_embed']"
     # The ids are shifted by one: a table without the padding row would read the wrong rows.
     if got.get(embed, (0,))[0] == 261:
@@ -196,11 +196,12 @@ def check_params_tree(params, name: str = "params") -> None:
 @functools.cache
 def _init_shapes(config: ModelConfig) -> dict[str, tuple]:
     """``init``'s leaf shapes by path (traced once per config: no arrays are made)."""
-    return _shapes(jax.eval_shape(lambda: init(jax.random.PRNGKey(0), config)))
+    return leaf_shapes(jax.eval_shape(lambda: init(jax.random.PRNGKey(0), config)))
 
 
-def _shapes(tree) -> dict[str, tuple]:
-    """Leaf shapes by path, so that a FrozenDict or tuples compare as dicts and lists do."""
+def leaf_shapes(tree) -> dict[str, tuple]:
+    """Leaf shapes by path, so that a FrozenDict or tuples compare as dicts and lists do (the leaves:
+    arrays, or abstract ones such as ``jax.ShapeDtypeStruct``)."""
     return {jax.tree_util.keystr(k): tuple(jnp.shape(x)) for k, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 

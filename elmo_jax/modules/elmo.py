@@ -496,7 +496,7 @@ def with_bilm(variables: Mapping, bilm_params: Any, *, at: str | Sequence[str] |
     """
     _bilm.check_params_tree(bilm_params, name="bilm_params")
     new = _plain(bilm_params)
-    new_shapes = _shapes(new)
+    new_shapes = _bilm.leaf_shapes(new)  # abstract leaves (jax.ShapeDtypeStruct) have shapes too
     found = _elmo_sites(variables)
     if not found:
         raise ValueError("with_bilm: no Elmo biLM in these variables (init the model on char ids first)")
@@ -516,7 +516,7 @@ def with_bilm(variables: Mapping, bilm_params: Any, *, at: str | Sequence[str] |
         node = out[col]
         for key in m.split("/") if m else []:
             node = node[key]
-        if _shapes(node["bilm"]) != new_shapes:
+        if _bilm.leaf_shapes(node["bilm"]) != new_shapes:
             where = "/".join([col, *([m] if m else []), "bilm"])
             raise ValueError(
                 f"with_bilm: the weights do not have the shapes of the biLM at {where} (another ModelConfig?)"
@@ -546,16 +546,6 @@ def _elmo_sites(variables: Mapping) -> dict[str, str]:
 def _plain_dicts(tree: Any) -> Any:
     """``tree`` with its mappings as new dicts (FrozenDicts included), the leaves as they are."""
     return {k: _plain_dicts(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
-
-
-def _shapes(tree: Any) -> Any:
-    """The shapes of a tree's leaves, arrays or abstract ones (``jax.ShapeDtypeStruct``), with
-    mappings as dicts and sequences as lists (linen freezes them into FrozenDicts and tuples)."""
-    if isinstance(tree, Mapping):
-        return {k: _shapes(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_shapes(v) for v in tree]
-    return tuple(getattr(tree, "shape", None) or jnp.shape(tree))
 
 
 # ----------------------------------------------------------------------------------------- NNX
