@@ -1861,10 +1861,11 @@ def test_a_session_that_changes_the_recipe_is_what_eval_and_export_read(tmp_path
         assert json.loads((out / "options.json").read_text())["learning_rate"] == options.training.learning_rate
 
 
-@pytest.mark.slow  # 8.5 s here: four sessions
-def test_a_resume_without_the_held_out_files_is_warned_and_the_hints_keep_them(tmp_path, capsys):
+@pytest.mark.slow  # 8.5 s here: seven sessions
+def test_a_resume_without_the_held_out_files_or_with_others_is_warned_and_the_hints_keep_them(tmp_path, capsys):
     """A run scored on held-out text, resumed without it, scores none from then on: said once per
-    session, where it stopped silently; and train's closing hints name the run's file."""
+    session, where it stopped silently; and train's closing hints name the run's file. Resumed
+    with other held-out text (other files, or the same changed), it says so."""
     heldout = tmp_path / "heldout.txt"
     heldout.write_text((TRAIN / "data.txt").read_text())
     run = ["--run-dir", str(tmp_path / "run"), "--log-every", "1", "--devices", "1"]
@@ -1881,6 +1882,23 @@ def test_a_resume_without_the_held_out_files_is_warned_and_the_hints_keep_them(t
     )
     out, err = capsys.readouterr()
     assert "warning" not in err and "heldout_perplexity" in out
+    # Other held-out text, by name or by content: the perplexity's curve changes what it measures
+    # (before: taken silently, the log mixing two texts' numbers).
+    other = tmp_path / "other.txt"
+    other.write_text("".join((TRAIN / "data.txt").read_text().splitlines(keepends=True)[::2]))
+    for steps, given, said in (
+        ("5", other, "heldout.txt is gone; other.txt is new"),
+        ("6", heldout, "other.txt is gone; heldout.txt is new"),
+    ):
+        flags = ("--steps", steps, "--heldout-files", str(given))
+        assert cli.main(_tiny_train(tmp_path, *run, *flags)) == 0
+        assert (
+            f"warning: {tmp_path / 'run'} scored other held-out text before ({said}): heldout_perplexity in "
+            f"its metrics.jsonl measures this text from step {int(steps) - 1} on" in capsys.readouterr().err
+        )
+    heldout.write_text(heldout.read_text() + "one more line\n")
+    assert cli.main(_tiny_train(tmp_path, *run, "--steps", "7", "--heldout-files", str(heldout))) == 0
+    assert "(heldout.txt changed size (" in capsys.readouterr().err
 
 
 def _fake_checkpoint(run_dir: pathlib.Path, meta: dict) -> None:

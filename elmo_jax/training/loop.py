@@ -222,12 +222,13 @@ def options_for_vocab(options: Options, vocab: Vocabulary, n_train_tokens: int |
     return Options(model=options.model.with_shifted_chars(), train=dataclasses.replace(train_cfg, **changes))
 
 
-def _meta(run: _Run, heldout_files: list[str] | None) -> dict:
+def _meta(run: _Run, scored: Scored) -> dict:
     options = run.options
     return {
         # The run's held-out text, given in this session or an earlier one: what a resume without
-        # it is warned of, and what the command line's hints name.
-        "heldout_files": heldout_files,
+        # it, or with other text, is warned of, and what the command line's hints name.
+        "heldout_files": scored.names,
+        "heldout_data": scored.data,
         "options": options.to_dict(),
         "seed": run.seed,
         "vocab_sha256": vocab_hash(run.vocab),
@@ -879,7 +880,7 @@ def _train(
         else:
             print(f"{settings.run_dir}: already trained to step {start} (asked for {run.total}); nothing to do")
         return {**logged(os.path.join(settings.run_dir, "metrics.jsonl"), start), "step": start}
-    scored = _scored_files(run, heldout)
+    scored = _scored_files(run, heldout, start)
     compute = _announce(run, start, batcher, state, origin)
     step_fn = make_train_step(model, t, run.mesh, compute=compute)
     batches = GlobalBatches(
@@ -936,20 +937,50 @@ def _no_first_step(run: _Run, source: Source) -> DataError:
     )
 
 
-def _scored_files(run: _Run, heldout: Source | None) -> list[str] | None:
-    """The held-out files the run's checkpoints name: this session's, else the earlier session's,
-    with a warning that this one scores none."""
-    scored = (run.meta or {}).get("heldout_files")
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """The held-out text a run's checkpoints record: its first 20 names, and its files as
+    ``sources.fingerprint`` sees them (None: not recorded, or a source that cannot say)."""
+
+    names: list[str] | None = None
+    data: list[dict] | None = None
+
+
+def _scored_files(run: _Run, heldout: Source | None, start: int) -> Scored:
+    """The held-out text the run's checkpoints name: this session's, else the earlier session's,
+    with a warning that this one scores none, or scores other text (the held-out perplexity in
+    metrics.jsonl changes what it measures at ``start``)."""
+    meta = run.meta or {}
+    saved = Scored(meta.get("heldout_files"), meta.get("heldout_data"))
     if heldout is not None:
-        return [heldout.name(i) for i in range(min(len(heldout), 20))]
-    if scored and run.lead:
-        names = ", ".join(scored[:2]) + (", ..." if len(scored) > 2 else "")
+        data = None
+        with contextlib.suppress(NoSentences):  # blank text is refused where it is to be scored
+            data = fingerprint(heldout)
+        now = Scored([heldout.name(i) for i in range(min(len(heldout), 20))], data)
+        if saved.names and run.lead and (changes := _heldout_changes(saved, now)):
+            print(
+                f"warning: {run.settings.run_dir} scored other held-out text before ({'; '.join(changes[:3])}): "
+                f"heldout_perplexity in its metrics.jsonl measures this text from step {start} on",
+                file=sys.stderr,
+            )
+        return now
+    if saved.names and run.lead:
+        names = ", ".join(saved.names[:2]) + (", ..." if len(saved.names) > 2 else "")
         print(
             f"warning: {run.settings.run_dir} scored held-out text ({names}) in an earlier session; this one "
             "scores none: give the held-out files again to go on scoring them",
             file=sys.stderr,
         )
-    return scored
+    return saved
+
+
+def _heldout_changes(saved: Scored, now: Scored) -> list[str]:
+    """How ``now``'s held-out text differs from ``saved``'s: by the files' contents where both were
+    recorded (a checkpoint of an earlier version records names only), else by their names."""
+    if saved.data is not None and now.data is not None:
+        return data_changes(saved.data, now.data)
+    before, after = [os.path.basename(n) for n in saved.names or []], [os.path.basename(n) for n in now.names or []]
+    return [] if before == after else [f"{', '.join(before[:2])} then, {', '.join(after[:2])} now"]
 
 
 def _batcher(run: _Run, source: Source) -> LMBatcher:
@@ -1026,10 +1057,10 @@ class _Saver:
         guard: DivergenceGuard,
         window: MetricsWindow,
         start: int,
-        heldout_files: list[str] | None,
+        scored: Scored,
     ):
         self.run, self.batches, self.guard, self.window, self.last = run, batches, guard, window, start
-        self.meta = _meta(run, heldout_files)
+        self.meta = _meta(run, scored)
 
     def __call__(self, step: int, state: TrainState) -> bool:
         if self.last == step:
