@@ -1901,6 +1901,27 @@ def test_a_resume_without_the_held_out_files_or_with_others_is_warned_and_the_hi
     assert "(heldout.txt changed size (" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # two sessions
+def test_training_text_emptied_since_the_last_checkpoint_is_said_so_at_the_resume(tmp_path, capsys):
+    """The run's own file emptied between sessions: the one line says the run was trained on text
+    (before: only that the file has no sentence, as if it were a new run's mistake). A new run
+    given the same blank file (the control) gets the line alone."""
+    text = tmp_path / "text.txt"
+    text.write_text((TRAIN / "data.txt").read_text())
+    run = ["--run-dir", str(tmp_path / "run"), "--devices", "1", "--train-files", str(text)]
+    assert cli.main(_tiny_train(tmp_path, *run, "--steps", "1")) == 0
+    text.write_text("")
+    capsys.readouterr()
+    assert cli.main(_tiny_train(tmp_path, *run, "--steps", "2")) == 2
+    said = f"elmo-jax train: error: the training text ({text}) has no sentence to train on; give a file with text in it"
+    assert (
+        capsys.readouterr().err
+        == f"{said}; {tmp_path / 'run'} was trained on text: if these are its files, they were emptied since\n"
+    )
+    assert cli.main(_tiny_train(tmp_path, *run[:1], str(tmp_path / "new"), *run[2:], "--steps", "2")) == 2
+    assert capsys.readouterr().err == said + "\n" and not (tmp_path / "new").exists()
+
+
 def _fake_checkpoint(run_dir: pathlib.Path, meta: dict) -> None:
     """A committed-looking step whose metadata alone is real: what ``setup.newest_meta`` reads."""
     (run_dir / "checkpoints" / "5" / "meta").mkdir(parents=True)

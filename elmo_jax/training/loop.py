@@ -584,7 +584,12 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     try:
         data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
     except NoSentences:
-        raise no_sentence(source, training=True) from None
+        error = no_sentence(source, training=True)
+        if epath.Path(settings.run_dir, "options.json").exists():  # a run was trained here, on text
+            error = DataError(
+                f"{error}; {settings.run_dir} was trained on text: if these are its files, they were emptied since"
+            )
+        raise error from None
     n_local, devices = run_devices(settings)
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
