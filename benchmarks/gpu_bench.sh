@@ -3,7 +3,7 @@
 # and h5py; the repo runs from its root with PYTHONPATH=.), each part under a timeout:
 #   bash benchmarks/gpu_bench.sh [OUT_DIR]
 # The default is issue 30's one measurement, under 8 minutes in all (REHEARSE=1: tiny shapes on a
-# CPU, about 3 minutes; BUDGET=seconds to change the 465 s; BASELINE=DIR adds the previous
+# CPU, about 5 minutes; BUDGET=seconds to change the 465 s; BASELINE=DIR adds the previous
 # commit's step if time is left):
 #   measure   gpu_measure.py: the roofline (nvidia-smi clocks, 8192^3 bfloat16 and tf32 matmuls by
 #             the slope of dependent matmuls in one fori_loop), the `original` step in bfloat16 at
@@ -50,6 +50,9 @@
 #   bash experiments/fetch_data.sh && python experiments/prep_corpus.py
 # and carry ".baseline" and "experiments/data/lm" (3 + 11 MB) to the device machine.
 set -uo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then  # the comment above, as usage
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
+fi
 out=${1:-${OUT:-/tmp}}
 parts=${PARTS:-measure}
 shape=${SHAPE:-original}

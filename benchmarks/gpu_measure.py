@@ -515,6 +515,11 @@ def determinism(out: str, rows: int) -> list[str]:
 
 
 def drive(args) -> None:
+    # Asked of the driver without starting jax's backend, which on a GPU would take the card's
+    # memory away from the parts' processes.
+    if not args.rehearse and shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+        sys.exit("gpu_measure.py: no NVIDIA GPU here (no nvidia-smi, no /dev/nvidia0); --rehearse runs the same "
+                 "parts with tiny shapes on a CPU")  # fmt: skip
     s = _settings(args.rehearse)
     os.makedirs(args.out, exist_ok=True)
     me = [sys.executable, os.path.abspath(__file__), "--out", args.out] + (["--rehearse"] if args.rehearse else [])

@@ -5,6 +5,9 @@
 # TRAIN_ARGS adds flags to the train command (e.g. TRAIN_ARGS='--reset-state-prob 0', bilm-tf's recipe).
 # TRAIN_SECONDS bounds the training; on SIGTERM `elmo-jax train` saves its checkpoint and stops.
 set -uo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then  # the comment above, as usage
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
+fi
 out=${1:?usage: gpu_pretrain.sh OUT_DIR}
 run=${RUN_DIR:-/tmp/real}
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -16,7 +19,12 @@ timeout -s TERM "${TRAIN_SECONDS:-360}" python -m elmo_jax train --config experi
   --train-files 'experiments/data/lm/train/*.txt' --heldout-files experiments/data/lm/heldout.txt \
   --vocab experiments/data/lm/vocab.txt --run-dir "$run" --eval-every 700 --save-every 1000 --log-every 50 \
   --no-progress ${TRAIN_ARGS:-} >> "$out/log.txt" 2>&1
-echo "train exit $? after $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
+code=$?
+echo "train exit $code after $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
+# 124: stopped by the timeout's SIGTERM, its checkpoint saved. Anything else: nothing to evaluate.
+if [[ $code != 0 && $code != 124 ]]; then
+  tail -3 "$out/log.txt"; echo "gpu_pretrain.sh: the training failed (exit $code); $out/log.txt has its output"; exit 1
+fi
 cp "$run/metrics.jsonl" "$run/options.json" "$out/"
 python -m elmo_jax eval --run-dir "$run" --files experiments/data/lm/heldout.txt > "$out/evals.jsonl"
 python -m elmo_jax eval --run-dir "$run" --files experiments/data/lm/heldout.txt --reset-state-per-sentence \
