@@ -49,7 +49,8 @@ VARIANTS = {
     "bf16-c0-u20": Compute("default", jnp.bfloat16, Layout("rows", 20, 0, lstm_vjp=False)),
     "f32-c0": Compute("highest", jnp.float32, Layout("rows", 1, 0, lstm_vjp=False)),
     "f32-c0-u5": Compute("highest", jnp.float32, Layout("rows", 5, 0, lstm_vjp=False)),
-    "cpu": Compute("highest", jnp.float32, Layout("columns", 1, 32)),
+    # The library's CPU default, as the table has it now (was a fixed Layout("columns", 1, 32)).
+    "cpu": Compute.from_policy("float32", layout=for_backend("cpu")),
     # The library's defaults on a GPU today: training's bfloat16 policy, and float32 (extraction's).
     "gpu": Compute.from_policy("bfloat16", layout=for_backend("gpu")),
     "gpu-f32": Compute.from_policy("float32", layout=for_backend("gpu")),

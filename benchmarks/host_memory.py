@@ -8,7 +8,7 @@ pretraining run, long after any test has finished. This runs `elmo-jax train` on
 (the `tiny` preset, a checkpoint every 200 steps, held-out perplexity every 100: every host path of
 a real run) as its own process, reads its resident set (VmRSS) every ``--every`` seconds, and
 prints it by step, then each quarter of the run's median and largest reading. Flags after ``--`` go to
-`elmo-jax train` (they override the defaults above).
+`elmo-jax train` (they override the defaults above; ``--steps`` there stops the run instead of ``--epochs``).
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ def main() -> None:
         print("\n".join(summary(read_report(args.summarise))))
         return
     extra = [a for a in extra if a != "--"]
+    # --steps after -- stops the run in place of --epochs (train takes one of the two).
+    stop = [] if any(a == "--steps" or a.startswith("--steps=") for a in extra) else ["--epochs", str(args.epochs)]
     run_dir = tempfile.mkdtemp(prefix="host_memory_")
     cmd = [
         sys.executable, "-m", "elmo_jax", "train", "--run-dir", os.path.join(run_dir, "run"),
-        "--epochs", str(args.epochs), "--no-progress", "--save-every", "200", "--eval-every", "100",
-        "--log-every", "50", *extra,
+        *stop, "--no-progress", "--save-every", "200", "--eval-every", "100", "--log-every", "50", *extra,
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -89,9 +90,11 @@ def main() -> None:
         if mib is not None and step is not None:
             readings.append((time.monotonic() - start, step, mib))
         time.sleep(args.every)
-    if proc.returncode != 0 or len(readings) < 8:
+    if proc.returncode != 0:
+        sys.exit(f"elmo-jax train ended with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+    if len(readings) < 8:  # a quarter's median needs two readings at least
         sys.exit(
-            f"elmo-jax train ended with {proc.returncode} after {len(readings)} readings: {proc.stderr.read()[-2000:]}"
+            f"the run ended after {len(readings)} readings, too few to show a trend: give more --epochs or less --every"
         )
     report = [f"# {' '.join(cmd[2:])}", "# seconds  step  VmRSS MiB"]
     report += [f"{t:8.0f} {s:6d} {m:9.1f}" for t, s, m in readings]

@@ -181,6 +181,9 @@ def main() -> None:
     args = p.parse_args()
     if "c" in args.arms and not args.export:
         p.error("arm c needs --export")
+    for path in (f"{DOMAIN}/heldout.txt", f"{LM}/heldout.txt"):  # each arm is scored on both
+        if not os.path.isfile(path):
+            p.error(f"{path} is missing: run `python experiments/prep_domain.py` (and prep_corpus.py) first")
     os.makedirs(args.work_dir, exist_ok=True)
     seconds = train_runs(args)
     runs = {n: args.source if n == "a" else os.path.join(args.work_dir, n) for n in args.arms}

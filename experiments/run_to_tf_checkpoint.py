@@ -62,7 +62,13 @@ def dump(run_dir: str, out: str) -> None:
 
 
 def write(out: str) -> None:
-    import tensorflow as tf
+    try:
+        import tensorflow as tf
+    except ImportError:
+        sys.exit("write needs TensorFlow, which the project never installs: run it with a venv that has it "
+                 "(tests/fixtures/make_tf_checkpoint.py says how)")  # fmt: skip
+    if not os.path.isfile(os.path.join(out, TENSORS)):
+        sys.exit(f"{out}: no {TENSORS}; run dump --out {out} first")
 
     tf.compat.v1.disable_eager_execution()
     tensors = dict(np.load(os.path.join(out, TENSORS)))
@@ -86,6 +92,8 @@ def check(run_dir: str, out: str) -> None:
     from elmo_jax.training.run_dir import read_run
     from elmo_jax.training.warmstart import dense_accumulators, read_warmstart
 
+    if os.path.isfile(os.path.join(out, TENSORS)):  # dumped, not yet written by TensorFlow
+        sys.exit(f"{out}: holds the dump only; run write --out {out} with TensorFlow first")
     options, vocab, shared, step = read_run(run_dir)
     warm = read_warmstart(out)
     pairs = [
