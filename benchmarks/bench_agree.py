@@ -84,7 +84,7 @@ def worker(port: int, n: int, rank: int, calls: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--worker", type=int, nargs=2, metavar=("PORT", "RANK"), help=argparse.SUPPRESS)

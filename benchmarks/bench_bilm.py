@@ -45,7 +45,7 @@ def bench_layouts(name, config, params, rows: int, steps: int, repeats: int, pea
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["small", "original"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--length", type=int, default=20)

@@ -31,7 +31,7 @@ def throughput(fn, data: bytes, piece: int, repeats: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=256, help="MiB of random bytes")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()

@@ -303,7 +303,7 @@ def job_settings(tokens: list[int] | None, steps: list[int] | None, blocks: list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["small", "original"])
     ap.add_argument("--repeats", type=int, default=10, help="best of this many timed calls per input")
     ap.add_argument("--job-only", action="store_true", help="only the whole-job measurement")

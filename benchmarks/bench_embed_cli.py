@@ -51,7 +51,7 @@ def write_only(path: str, shape: str, out: str, tokens: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small")
     ap.add_argument("--input", default=os.path.join(ROOT, "experiments/data/lm/heldout.txt"))
     ap.add_argument("--ahead", nargs="+", type=int, default=[0, 1])

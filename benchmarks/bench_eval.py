@@ -21,7 +21,7 @@ import numpy as np
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", default="runs/tiny-sample")
     ap.add_argument("--files", default="elmo_jax/data/sample/heldout.txt")
     ap.add_argument("--batch-size", type=int, default=16)

@@ -125,7 +125,7 @@ def softmax_grads(config, args) -> tuple[str, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("lstm", "cnn", "softmax"), default="lstm")
     ap.add_argument("--shape", default="small")
     ap.add_argument("--batch", type=int, default=32, help="lstm: rows")

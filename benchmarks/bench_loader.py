@@ -27,7 +27,7 @@ def _inside() -> tuple[int, bool]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     for _ in range(args.repeats):

@@ -18,7 +18,7 @@ import jax
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small")
     ap.add_argument("--times", type=int, default=3)
     ap.add_argument("--devices", type=int, default=1)

@@ -31,7 +31,7 @@ from elmo_jax.training.step import AXIS, init_state, state_shardings
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
     ap.add_argument("--vocab", type=int, default=793_471)
     ap.add_argument("--batch", type=int, default=128, help="rows per device")

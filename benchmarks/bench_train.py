@@ -463,7 +463,7 @@ def shard_boundaries(args, vocab: Vocabulary, tc: TrainConfig) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small", help="a preset or a bilm-tf options.json")
     ap.add_argument(
         "--batch", type=int, help="rows per device (bilm-tf batch_size; default 32, and 128 with --pipeline-only)"

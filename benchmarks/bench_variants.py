@@ -60,7 +60,7 @@ VARIANTS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--negatives", type=int, default=8192)

@@ -31,7 +31,7 @@ def synthetic_vocabulary(n: int, seed: int = 0) -> Vocabulary:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--words", type=int, default=793_471, help="vocabulary size (the released models': 793,471)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()

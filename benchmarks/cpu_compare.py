@@ -87,7 +87,7 @@ def train(tree: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", required=True, help="the other tree (e.g. git archive of the previous commit)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

@@ -84,7 +84,7 @@ def dense_temp(model: ModelConfig, vocab_size: int, rows: int = 128, steps: int 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--vocab", type=int, nargs="+", default=[10_000, 793_471])
     parser.add_argument("--rows", type=int, default=128)

@@ -606,7 +606,7 @@ def main() -> None:
     except ImportError:  # a baseline tree from before the sorted row sums
         SUMS = None
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_measure"), help="where the text files go")
     ap.add_argument("--rehearse", action="store_true", help="tiny shapes, for a CPU")
     ap.add_argument("--budget", type=float, default=465.0, help="seconds for all parts together")

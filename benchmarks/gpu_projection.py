@@ -62,7 +62,7 @@ def measured_steps(path: str) -> tuple[str, dict[str, tuple[float, float]]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_job = os.path.join(os.path.dirname(HERE), "experiments", "data", "lm", "heldout.txt")
     ap.add_argument(
         "--job-file",

@@ -65,7 +65,7 @@ def read_report(path: str) -> list[tuple[float, int, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=float, default=25)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between readings")
     parser.add_argument("--out", help="also write the report here")

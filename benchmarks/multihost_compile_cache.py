@@ -70,7 +70,7 @@ def run(n: int, cache: str) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--worker", type=int, nargs=2, metavar=("PORT", "RANK"), help=argparse.SUPPRESS)
     args = ap.parse_args()

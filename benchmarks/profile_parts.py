@@ -193,7 +193,7 @@ def main() -> None:
     from elmo_jax.model.layout import for_backend
     from elmo_jax.training.step import AXIS
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=100_000)

@@ -24,7 +24,7 @@ TRAIN = ROOT / "tests" / "fixtures" / "bilm_tf_train"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()

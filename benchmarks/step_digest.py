@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="small")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=10_000)

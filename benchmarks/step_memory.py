@@ -53,7 +53,7 @@ def step_memory(model, tc: TrainConfig, variant: str, words: int) -> dict[str, f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="original", help="a preset or a bilm-tf options.json")
     ap.add_argument("--rows", type=int, nargs="+", default=[128, 256, 384, 512], help="rows per device")
     ap.add_argument("--vocab", type=int, default=793_471, help="softmax rows (the released models': 793,471)")

@@ -41,7 +41,7 @@ V = 793_471
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     device, steps = measured_steps(os.path.join(H100, "call2_variants.txt"))
     ms_now, gflop_now = steps["gpu"]
     card, peaks = dense_peak("H100 SXM")

@@ -117,7 +117,7 @@ def table(runs: dict[str, str], tokens_per_step: dict[str, int]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arms", nargs="+", default=["64x1200", "192x400"], help="ROWSxSTEPS[@DEVICES] each")
     ap.add_argument("--evals", type=int, default=4, help="held-out evaluations per arm, at the same token counts")
     ap.add_argument("--config", default=os.path.join(LM, "options.json"))

@@ -266,7 +266,7 @@ def _cos(a, b) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--heldout", required=True)
     parser.add_argument("--sentences", type=int, default=256)

