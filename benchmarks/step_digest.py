@@ -28,11 +28,14 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=512, help="distinct words a batch (the char CNN's rows)")
     args = ap.parse_args()
 
-    from elmo_jax.config import TrainConfig, preset
+    from elmo_jax.config import ConfigError, TrainConfig, preset
     from elmo_jax.training.step import make_train_step
 
     model = preset(args.shape)
-    tc = TrainConfig(n_tokens_vocab=args.vocab, batch_size=args.batch)
+    try:
+        tc = TrainConfig(n_tokens_vocab=args.vocab, batch_size=args.batch)
+    except ConfigError as e:  # --vocab below the default 8,192 negatives, say
+        ap.error(str(e))
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     state, batch, *_ = abstract_step_inputs(model, tc, mesh, args.words)
     text = make_train_step(model, tc, mesh).lower(state, batch).as_text()

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.model import lstm
-from elmo_jax.text.sources import TextFiles
+from elmo_jax.text.sources import DataError, TextFiles
 from elmo_jax.training.batches import WordTable, split_over_devices
-from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.checkpoint import Checkpointer, CheckpointError
 from elmo_jax.training.run_dir import read_run
 from elmo_jax.training.softmax import sample_log_uniform_unique, sampled_softmax_loss
 from elmo_jax.training.step import token_vectors
@@ -302,4 +302,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (CheckpointError, DataError, OSError) as e:  # a step the run has not saved, a path missing
+        raise SystemExit(f"collapse.py: {e}") from None
