@@ -581,15 +581,7 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
     """Devices, mesh and run dir: everything a bad argument or a mismatched run dir can stop,
     checked on every process before anything waits for the others (Orbax syncs them)."""
     t = options.training
-    try:
-        data = fingerprint(source)  # reads each file's ends: text that is not there stops before the run dir is made
-    except NoSentences:
-        error = no_sentence(source, training=True)
-        if epath.Path(settings.run_dir, "options.json").exists():  # a run was trained here, on text
-            error = DataError(
-                f"{error}; {settings.run_dir} was trained on text: if these are its files, they were emptied since"
-            )
-        raise error from None
+    data = _fingerprint(source, settings.run_dir)
     n_local, devices = run_devices(settings)
     shards = shard_for_process(source, jax.process_index(), jax.process_count())
     mesh = Mesh(np.array(devices), (AXIS,))
@@ -641,6 +633,20 @@ def _open_run(options: Options, vocab: Vocabulary, source: Source, settings: Run
         data,
         lock,
     )
+
+
+def _fingerprint(source: Source, run_dir: str) -> list[dict] | None:
+    """``sources.fingerprint`` of the training text, which reads each file's ends: text that is not
+    there stops before the run dir is made, in words that say when the run's own text was emptied."""
+    try:
+        return fingerprint(source)
+    except NoSentences:
+        error = no_sentence(source, training=True)
+        if epath.Path(run_dir, "options.json").exists():  # a run was trained here, on text
+            error = DataError(
+                f"{error}; {run_dir} was trained on text: if these are its files, they were emptied since"
+            )
+        raise error from None
 
 
 def _mend_run_files(run_dir: str, meta: dict, vocab: Vocabulary, options: Options) -> None:
