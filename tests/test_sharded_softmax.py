@@ -42,6 +42,28 @@ def test_layout_is_a_permutation_padded_to_the_row_multiple(v):
     assert RowLayout.for_vocab(v) == layout and RowLayout(**layout.to_dict()) == layout
 
 
+def test_a_layout_that_is_no_permutation_is_refused_and_a_damaged_one_in_a_checkpoint_is_one_line():
+    """A layout is read back from each checkpoint's metadata: one that maps two ids to one slot (a
+    multiplier sharing a factor with the padded size), pads to no multiple of the rows, or has
+    fewer slots than words, would put rows where no reader finds them."""
+    from elmo_jax.training.checkpoint import CheckpointError
+    from elmo_jax.training.run_dir import saved_layout
+    from elmo_jax.training.sharded_softmax import LayoutError
+
+    good = RowLayout.for_vocab(50_000)
+    for bad in (dict(multiplier=2), dict(padded=good.padded + 1), dict(vocab_size=good.padded + 1),
+                dict(multiplier=0), dict(vocab_size="50000"), dict(multiplier=True)):  # fmt: skip
+        with pytest.raises(LayoutError, match="row layout"):
+            RowLayout(**{**good.to_dict(), **bad})
+    meta = {"format": 2, "softmax_layout": {**good.to_dict(), "multiplier": 2}}
+    with pytest.raises(CheckpointError, match=r"^a checkpoint's softmax_layout is unreadable \(not a row layout"):
+        saved_layout(meta)
+    with pytest.raises(CheckpointError, match="unreadable"):
+        saved_layout({"format": 2, "softmax_layout": {"vocab_size": 5}})
+    assert saved_layout({"format": 2, "softmax_layout": good.to_dict()}) == good  # the control
+    assert saved_layout({"format": 1}) is None
+
+
 def test_layout_spreads_the_sampled_ids_over_the_owners():
     """What an owner serves per step is the distinct rows asked of it: the candidates (distinct
     per draw) of 8 steps, at the released vocabulary."""

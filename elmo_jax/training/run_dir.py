@@ -27,7 +27,7 @@ from elmo_jax.model import lstm
 from elmo_jax.model.vocabulary import Vocabulary
 from elmo_jax.training.checkpoint import Checkpointer, CheckpointError, damaged_values, vocab_hash
 from elmo_jax.training.orbax_log import orbax_log
-from elmo_jax.training.sharded_softmax import RowLayout
+from elmo_jax.training.sharded_softmax import LayoutError, RowLayout
 from elmo_jax.training.step import init_state
 
 
@@ -58,8 +58,14 @@ def abstract_rows(model, global_rows: int, sharding=None) -> dict:
 
 
 def saved_layout(meta: dict) -> RowLayout | None:
-    """The softmax layout a checkpoint was written in (None: format 1, id order)."""
-    return RowLayout(**meta["softmax_layout"]) if meta.get("format", 1) >= 2 else None
+    """The softmax layout a checkpoint was written in (None: format 1, id order); a
+    ``CheckpointError`` for metadata that holds no layout."""
+    if meta.get("format", 1) < 2:
+        return None
+    try:
+        return RowLayout(**meta["softmax_layout"])
+    except (KeyError, TypeError, LayoutError) as e:  # damaged or hand-edited metadata
+        raise CheckpointError(f"a checkpoint's softmax_layout is unreadable ({e}); the metadata is damaged") from None
 
 
 def softmax_in_id_order(shared: dict, layout: RowLayout | None) -> dict:

@@ -53,6 +53,18 @@ class RowLayout:
     padded: int
     multiplier: int
 
+    def __post_init__(self):
+        # Read back from a checkpoint's metadata too: a layout that is not a permutation of the
+        # slots would put rows where no reader finds them, silently.
+        v, p, a = self.vocab_size, self.padded, self.multiplier
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (v, p, a)):
+            raise LayoutError(f"a row layout is three integers; got {self}")
+        if not (0 < v <= p and p % ROW_MULTIPLE == 0 and 0 < a < p and math.gcd(a, p) == 1):
+            raise LayoutError(
+                f"not a row layout: {self} (vocab_size <= padded, padded a multiple of {ROW_MULTIPLE}, "
+                "multiplier a unit mod padded)"
+            )
+
     @classmethod
     def for_vocab(cls, vocab_size: int) -> RowLayout:
         padded = -(-vocab_size // ROW_MULTIPLE) * ROW_MULTIPLE
