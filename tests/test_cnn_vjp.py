@@ -1,4 +1,4 @@
-"""The char CNN's hand-written backward pass for each filter's max (``char_cnn._window_max``,
+"""The char CNN's hand-written backward pass for each filter's max (``char_cnn._dot_max_vjp``,
 on by ``Layout.cnn_vjp``) against autodiff (``cnn_vjp=False``).
 
 The words include the cases where the gradient of a max needs care: short words (their
@@ -116,10 +116,10 @@ def _without_input_gradient():
         return jnp.dot(cols, w, precision=precision).max(axis=1)
 
     def fwd(cols, w, precision):
-        return char_cnn._window_max_fwd(cols, w, precision)
+        return char_cnn._dot_max_vjp_fwd(cols, w, precision)
 
     def bwd(precision, residuals, g):
-        dcols, dw = char_cnn._window_max_bwd(precision, residuals, g)
+        dcols, dw = char_cnn._dot_max_vjp_bwd(precision, residuals, g)
         return jnp.zeros_like(dcols), dw
 
     window_max.defvjp(fwd, bwd)
@@ -129,9 +129,9 @@ def _without_input_gradient():
 @pytest.mark.parametrize("broken", [_argmax_window_max, _without_input_gradient], ids=["ties-unsplit", "no-dX"])
 def test_a_wrong_max_backward_fails_the_comparison(monkeypatch, broken):
     """Negative control: the comparison sees a backward that mishandles ties, or drops a term
-    (and so the layout's ``cnn_vjp`` does route the gradient through ``_window_max``)."""
+    (and so the layout's ``cnn_vjp`` does route the gradient through ``_dot_max_vjp``)."""
     params, ids, cotangent = _setup()
-    monkeypatch.setattr(char_cnn, "_window_max", broken())
+    monkeypatch.setattr(char_cnn, "_dot_max_vjp", broken())
     with pytest.raises(AssertionError):
         _assert_same(_grads(params, jnp.asarray(ids), cotangent, vjp=True), _reference(False, 0))
 

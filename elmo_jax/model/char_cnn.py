@@ -62,16 +62,16 @@ def _dot_max(cols: jax.Array, w: jax.Array, precision) -> jax.Array:
 # multiplies by it; here they are kept as a bool mask (a quarter of the bytes in float32) that
 # the backward selects with: on XLA:CPU about 40 % off the char CNN's gradient
 # (``benchmarks/bench_grad.py --part cnn``).
-_window_max = jax.custom_vjp(_dot_max, nondiff_argnums=(2,))
+_dot_max_vjp = jax.custom_vjp(_dot_max, nondiff_argnums=(2,))
 
 
-def _window_max_fwd(cols, w, precision):
+def _dot_max_vjp_fwd(cols, w, precision):
     y = jnp.dot(cols, w, precision=precision)
     top = y.max(axis=1)
     return top, (cols, w, y == top[:, None, :])
 
 
-def _window_max_bwd(precision, residuals, g):
+def _dot_max_vjp_bwd(precision, residuals, g):
     cols, w, at_max = residuals  # at_max: [N, positions, n] bool
     share = g / at_max.sum(axis=1).astype(g.dtype)
     dy = jnp.where(at_max, share[:, None, :], jnp.zeros((), g.dtype))
@@ -81,12 +81,12 @@ def _window_max_bwd(precision, residuals, g):
     return dcols.astype(cols.dtype), dw.astype(w.dtype)
 
 
-_window_max.defvjp(_window_max_fwd, _window_max_bwd)
+_dot_max_vjp.defvjp(_dot_max_vjp_fwd, _dot_max_vjp_bwd)
 
 
 def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Compute, vjp: bool = False) -> jax.Array:
     """``[N, chars, E] -> [N, F]``: each filter's VALID convolution + bias, max over positions
-    (``x`` already in ``compute.dtype``); ``vjp``: differentiated by ``_window_max``'s backward.
+    (``x`` already in ``compute.dtype``); ``vjp``: differentiated by ``_dot_max_vjp``'s backward.
 
     Each filter is one matmul over an im2col view: XLA's CPU convolution runs at about 45 % of
     its matmul rate, the matmuls at about 70 %. One im2col at the widest width serves every
@@ -100,7 +100,7 @@ def _conv_max(x: jax.Array, conv: list[dict], c: CharCNNConfig, *, compute: Comp
     outs = []
     for layer, (width, n) in zip(conv, c.filters):
         window, w = cols[:, : n_chars - width + 1, : width * e], layer["w"].reshape(width * e, n).astype(x.dtype)
-        y = (_window_max if vjp else _dot_max)(window, w, compute.precision)
+        y = (_dot_max_vjp if vjp else _dot_max)(window, w, compute.precision)
         outs.append(y + layer["b"].astype(x.dtype))
     return jnp.concatenate(outs, axis=-1)
 

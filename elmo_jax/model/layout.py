@@ -63,7 +63,7 @@ class Layout:
     ``[..., 4D]`` gate arrays around the matmuls over all steps."""
     cnn_vjp: bool = False
     """Each char-CNN filter's max over positions is differentiated by its hand-written backward
-    pass (``char_cnn._window_max``: where the maxima lie kept as a bool mask, not autodiff's float
+    pass (``char_cnn._dot_max_vjp``: where the maxima lie kept as a bool mask, not autodiff's float
     one); the same gradients, ties split as autodiff splits them."""
     extract_copy_threads: int = 4
     """Threads (at most the host's CPUs) that copy extraction's outputs into the sentences' arrays

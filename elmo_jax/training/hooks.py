@@ -45,7 +45,7 @@ class MetricsWindow:
     device except at a logged step (``close``), which reads the last one at once.
     ``tokens_per_s`` is step time only: the first step of a session (first batch, compile, first
     run) is reported apart as the first record's ``startup_s``, and the hooks' own work at a
-    logged step is off the clock (``restart``).
+    logged step is off the clock (``restart_clock``).
     """
 
     KEYS = ("loss_sum_fwd", "loss_sum_bwd", "count", "grad_norm")

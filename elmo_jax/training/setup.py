@@ -120,7 +120,7 @@ def train(
             ),
             "vocab",
         )
-    options = _run_options(spec, settings, vocab, vocab_path, warm, saved, say, source)
+    options = _options_for_run(spec, settings, vocab, vocab_path, warm, saved, say, source)
     # A fresh run's (a resumed one starts from its checkpoint, not from this state).
     seed = 0 if settings.seed is None else settings.seed
     init_state = None if warm is None else finetune_state(warm, options, vocab, seed=seed, warn_rate=False)
@@ -230,7 +230,7 @@ def _say_min_count_unused(min_count: int, vocab_path: str, say) -> None:
         )
 
 
-def _run_options(
+def _options_for_run(
     spec: TrainSpec, settings: RunSettings, vocab, vocab_path: str, warm, saved: dict | None, say, source
 ) -> Options:
     """The run's Options: ``spec.config`` (or ``warm``'s biLM, or a resumed run's ``saved``
