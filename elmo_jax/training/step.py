@@ -132,7 +132,10 @@ def token_vectors(params: dict, model: ModelConfig, batch: dict, *, compute: Com
 
 
 def _row_keys(state: TrainState, rows: jax.Array) -> jax.Array:
-    # Keys depend on (seed, step, global row) only, never on the device that holds the row.
+    # Keys depend on (seed, step, global row) only, never on the device that holds the row. Each
+    # draw from a row's key folds in its own salt: LSTM layer k's input dropout k (lstm.run), the
+    # top layer's output dropout n_layers, the state resets n_layers + 1. A new draw takes the next
+    # salt; reusing one would correlate two draws.
     base = jax.random.fold_in(state.rng, state.step)
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(rows)
 
