@@ -64,7 +64,8 @@ def add_sentence_markers(
     compute: Compute = Compute(),
     markers: jax.Array | None = None,
 ) -> jax.Array:
-    """``[B, T, P]`` token vectors -> ``[B, T+2, P]``: ``<S>`` at 0, ``</S>`` right after each row.
+    """``[B, T, P]`` token vectors and ``lengths [B]`` int32 -> ``[B, T+2, P]``: ``<S>`` at 0,
+    ``</S>`` right after each row's tokens.
 
     The two marker vectors are encoded once, not once per row; ``markers`` (``marker_vectors``)
     skips even that, for callers that compile many shapes.

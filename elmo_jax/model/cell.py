@@ -23,17 +23,22 @@ def clip(x: jax.Array, value) -> jax.Array:
 
 
 def gates(z: jax.Array, c: jax.Array, cell_clip, axis: int) -> tuple[jax.Array, jax.Array]:
-    """The cell's elementwise part, from gate pre-activations ``z`` (gates i, j, f, o along ``axis``)
-    and the previous cell state ``c``: the new (clipped) cell state and the projection's input
-    ``sigmoid(o) * tanh(c_new)``, each shaped like ``c``."""
+    """The cell's elementwise part, from gate pre-activations ``z`` (float32, ``c``'s shape with
+    ``4D`` along ``axis``: gates i, j, f, o) and the previous cell state ``c`` (``D`` along
+    ``axis``: ``[..., B, D]`` in the rows layout, ``[..., D, B]`` in the columns one): the new
+    (clipped) cell state and the projection's input ``sigmoid(o) * tanh(c_new)``, each shaped
+    like ``c``."""
     i, j, f, o = jnp.split(z, 4, axis=axis)
     c_new = clip(jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(j), cell_clip)
     return c_new, jax.nn.sigmoid(o) * jnp.tanh(c_new)
 
 
 def forward(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
-    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``):
-    ``((c, h), output)`` as a scan step returns them, and the projection before its clip."""
+    """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``; see
+    ``gates`` for ``z`` and ``c``), the state ``h`` (``P`` along ``axis``), the mask ``m`` (bool,
+    broadcasting against ``c``: False at padding) and ``project`` (``[.., D] -> [.., P]`` along
+    ``axis``): ``((c, h), output)`` as a scan step returns them (``output`` shaped like ``h``,
+    0 at padding), and the projection before its clip (float32, shaped like ``h``)."""
     l = config.lstm
     c_new, a = gates(z, c, l.cell_clip, axis)
     p = project(a).astype(jnp.float32)
@@ -56,13 +61,15 @@ def backward_matmul(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> 
 
 
 def backward(dout, dc, dh, z, c, p, m, w_proj, config: ModelConfig, compute: Compute) -> tuple:
-    """The backward pass of ``forward`` (gates on the last axis; any leading axes before the rows,
-    ``w_proj [..., D, P]``), from the gradients of the step's output ``dout`` and of the state it
-    passed on (``dc``, ``dh``) and what its forward saved (``z``, ``c`` after any reset, the
-    unclipped projection ``p``, the mask ``m``). Returns the gate pre-activations' gradient
-    ``dz``, the gradient of the cell state the step started from ``dc_in``, the unclipped
-    projection's ``dp`` and the projection's input ``a``. The recurrent part of the gradient of
-    ``h`` is the caller's, as only it knows how ``h`` entered the gates' matmul."""
+    """The backward pass of ``forward`` in the rows layout (any leading axes ``...`` before the
+    rows: ``w_proj [..., D, P]``), from the gradients of the step's output ``dout`` and of the
+    state it passed on (``dc [..., B, D]``, ``dh [..., B, P]``) and what its forward saved
+    (``z [..., B, 4D]``, ``c [..., B, D]`` after any reset, the unclipped projection
+    ``p [..., B, P]``, the mask ``m`` broadcasting against them). Returns, all float32, the gate
+    pre-activations' gradient ``dz [..., B, 4D]``, the gradient of the cell state the step started
+    from ``dc_in [..., B, D]``, the unclipped projection's ``dp [..., B, P]`` and the projection's
+    input ``a [..., B, D]``. The recurrent part of the gradient of ``h`` is the caller's, as only
+    it knows how ``h`` entered the gates' matmul."""
     l = config.lstm
     dh_new = jnp.where(m, dh + dout, 0.0)  # the step's h reaches both its output and its state
     dp = jax.vjp(lambda q: clip(q, l.proj_clip), p)[1](dh_new)[0]

@@ -70,7 +70,8 @@ def zero_state(config: ModelConfig, batch: int, *, on_host: bool = False) -> dic
 
 
 def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
-    """``[batch, time, ...]``: reverses ``x[b, :lengths[b]]`` per row; the padding stays put.
+    """``[batch, time, ...]`` and ``lengths [batch]`` int: reverses ``x[b, :lengths[b]]`` per row;
+    the padding stays put.
 
     It is its own inverse, so it also maps backward outputs back to input order.
     """

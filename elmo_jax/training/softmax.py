@@ -32,7 +32,8 @@ def log_uniform_prob(ids: jax.Array, vocab_size: int) -> jax.Array:
 
 
 def expected_count(ids: jax.Array, num_tries, vocab_size: int) -> jax.Array:
-    """``Q(k) = 1 - (1 - P(k))**num_tries``: the chance that id ``k`` is among the candidates.
+    """``Q(k) = 1 - (1 - P(k))**num_tries``, float32 shaped like ``ids`` (any shape, int): the
+    chance that id ``k`` is among the candidates.
 
     This is TF's "expected count" for a unique sampler that needed ``num_tries`` draws. The
     naive power rounds ``1 - P`` to 1 in float32 for rare ids (``P ~ 1e-7``) and gives 0, whose

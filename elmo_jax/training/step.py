@@ -126,7 +126,8 @@ def init_state(key: jax.Array, model: ModelConfig, train: TrainConfig, rows: int
 
 
 def token_vectors(params: dict, model: ModelConfig, batch: dict, *, compute: Compute = Compute()) -> jax.Array:
-    """``[2, B, T, P]``: each distinct word of the batch encoded once, then gathered."""
+    """``[2, B, T, P]`` float32: each distinct word of the batch (``chars [U, C]`` int32)
+    encoded once, then gathered at ``inputs [2, B, T]`` (indices into ``chars``)."""
     words = char_cnn.apply(params["char_cnn"], model, batch["chars"], compute=compute)
     return take_rows(words, batch["inputs"], sums=compute.resolved_layout().row_sums)
 
@@ -291,6 +292,11 @@ def train_step(
     ``axis_name`` None it runs on one device alone, outside any mesh. ``compute``: matmul
     precision, compute dtype and layout (``elmo_jax.model.compute``; default: float32, the
     backend's layout).
+
+    Returns the state after the step (``step`` + 1) and its metrics, float32 scalars summed over
+    the mesh: ``loss_sum_fwd`` and ``loss_sum_bwd`` (each direction's mean loss times ``count``),
+    ``count`` (the positions scored) and ``grad_norm`` (before clipping); ``hooks.MetricsWindow``
+    turns them into a record.
     """
     targets = batch["targets"]
     n_pos = targets.shape[1] * targets.shape[2]
