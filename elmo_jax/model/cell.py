@@ -33,7 +33,7 @@ def gates(z: jax.Array, c: jax.Array, cell_clip, axis: int) -> tuple[jax.Array, 
     return c_new, jax.nn.sigmoid(o) * jnp.tanh(c_new)
 
 
-def forward(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, config: ModelConfig, axis: int):
+def forward(z: jax.Array, c: jax.Array, h: jax.Array, m: jax.Array, project, *, config: ModelConfig, axis: int):
     """TF's LSTMCell step from the gate pre-activations ``z`` (gates i, j, f, o along ``axis``; see
     ``gates`` for ``z`` and ``c``), the state ``h`` (``P`` along ``axis``), the mask ``m`` (bool,
     broadcasting against ``c``: False at padding) and ``project`` (``[.., D] -> [.., P]`` along
@@ -60,7 +60,7 @@ def backward_matmul(spec: str, a: jax.Array, b: jax.Array, compute: Compute) -> 
     )
 
 
-def backward(dout, dc, dh, z, c, p, m, w_proj, config: ModelConfig, compute: Compute) -> tuple:
+def backward(dout, dc, dh, z, c, p, m, w_proj, *, config: ModelConfig, compute: Compute) -> tuple:
     """The backward pass of ``forward`` in the rows layout (any leading axes ``...`` before the
     rows: ``w_proj [..., D, P]``), from the gradients of the step's output ``dout`` and of the
     state it passed on (``dc [..., B, D]``, ``dh [..., B, P]``) and what its forward saved

@@ -201,7 +201,7 @@ def _rows_scan(
         if r:
             c, h = jnp.where(r[0], 0.0, c), jnp.where(r[0], 0.0, h)
         z = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, precision=precision).astype(jnp.float32)
-        (carry, y), p = cell.forward(z, c, h, m, project, config, -1)
+        (carry, y), p = cell.forward(z, c, h, m, project, config=config, axis=-1)
         return carry, ((y, (z, c, h, p)) if save else y)
 
     per_step = (gx, m) + (() if r is None else (r,))
@@ -242,7 +242,7 @@ def _rows_scan_vjp(config: ModelConfig, compute: Compute, unroll: int, time_axis
         def step(carry, inputs):
             dc, dh = carry  # the gradients of the state this step passed on
             dy, z, c, p, m, *r = inputs
-            dz, dc_in, dp, a = cell.backward(dy, dc, dh, z, c, p, m, w_proj, config, compute)
+            dz, dc_in, dp, a = cell.backward(dy, dc, dh, z, c, p, m, w_proj, config=config, compute=compute)
             dh_in = jnp.where(m, 0.0, dh) + cell.backward_matmul("dbg,dpg->dbp", dz, w_h, compute)
             if r:  # a reset state was a constant: nothing flows back to the previous step
                 dc_in, dh_in = jnp.where(r[0], 0.0, dc_in), jnp.where(r[0], 0.0, dh_in)
@@ -296,7 +296,7 @@ def _layer_columns(
             + jnp.einsum("dgp,dpb->dgb", w_h, h.astype(dtype), precision=precision).astype(jnp.float32)
             + b
         )
-        return cell.forward(z, c, h, m, project, config, 1)[0]
+        return cell.forward(z, c, h, m, project, config=config, axis=1)[0]
 
     per_step = (xs.transpose(2, 0, 3, 1), mask.T[:, None, :]) + (
         () if resets is None else (resets.transpose(2, 0, 1)[:, :, None, :],)

@@ -99,7 +99,9 @@ def _forward(w, bias, w_proj, x0, m, r, kp, c0, h0, *, config: ModelConfig, comp
             c, h = jnp.where(rk, 0.0, c), jnp.where(rk, 0.0, h)
         uh = jnp.concatenate([u, h], axis=-1)
         z = jnp.einsum("ldbi,ldig->ldbg", uh.astype(dtype), wc, precision=precision).astype(jnp.float32) + bias
-        ((c_next, h_next), y), pr = cell.forward(z, c, h, mk[:, None], project, config, -1)  # mask [L, 1, B, 1]
+        ((c_next, h_next), y), pr = cell.forward(
+            z, c, h, mk[:, None], project, config=config, axis=-1
+        )  # mask [L, 1, B, 1]
         out = y + skip * u  # a skip adds the layer's input (0 at padding)
         return (c_next, h_next, out), ((out, (uh, z, c, pr)) if save else out)
 
@@ -138,7 +140,7 @@ def _scan_vjp(config: ModelConfig, compute: Compute, unroll: int, kept: float):
             dout, z, c, pr, mk, rk, keep = inputs
             mk = mk[:, None]
             dout = dout + jnp.concatenate([dnext[1:], jnp.zeros_like(dnext[:1])])
-            dz, dc_in, dpr, a = cell.backward(dout, dc, dh, z, c, pr, mk, w_proj, config, compute)
+            dz, dc_in, dpr, a = cell.backward(dout, dc, dh, z, c, pr, mk, w_proj, config=config, compute=compute)
             duh = cell.backward_matmul("ldbg,ldig->ldbi", dz, w, compute)
             du, dh_in = duh[..., :p] + skip * dout, jnp.where(mk, 0.0, dh) + duh[..., p:]
             if rk is not None:
