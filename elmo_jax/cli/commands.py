@@ -137,7 +137,7 @@ def cmd_vocab(args: argparse.Namespace) -> None:
         words, args.out, n_tokens, n_sentences, [files.name(i) for i in range(len(files))], min_count=args.min_count
     )
     # The markers, and with --extend the old words kept whatever their count here, said apart from
-    # the text's words (before: "17740 tokens (of 2679 distinct)").
+    # the text's words (counted with them, "17740 tokens (of 2679 distinct)" misled).
     frequent = sum(counts.get(w, 0) >= args.min_count for w in words[len(SPECIALS) :])
     old = len(words) - len(SPECIALS) - frequent
     kept = f", {old} more of {args.extend}" if extend else ""

@@ -391,7 +391,7 @@ class Embedder:
         self.layout = layout or for_backend()
         for name, value in (("batch_tokens", batch_tokens), ("devices", devices)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-                # (before: "'<' not supported between 'str' and 'int'"; 64.7 was taken as 64)
+                # (unchecked: "'<' not supported between 'str' and 'int'"; 64.7 would be taken as 64)
                 raise about(TypeError(f"{name} must be an int; got {value!r}"), name)
         if batch_tokens is not None and batch_tokens < 1:
             raise about(ConfigError(f"batch_tokens must be 1 or more; got {batch_tokens}"), "batch_tokens")

@@ -125,7 +125,7 @@ def _the_embedder(embedder: Any) -> Embedder:
 
     if callable(embedder) and not isinstance(embedder, Embedder):
         embedder = embedder()
-    if not isinstance(embedder, Embedder):  # a model's path, say (before: no attribute 'config')
+    if not isinstance(embedder, Embedder):  # a model's path, say (unchecked: no attribute 'config')
         raise about(
             TypeError(
                 f"embedder is a {type(embedder).__name__}; expected an Embedder (Embedder.from_hdf5, "

@@ -410,7 +410,7 @@ class Elmo(nn.Module):
     scalar_mix_parameters: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        # Before: the weights given first were said to be a wrong num_output_representations.
+        # Checked first: weights given in its place would be said to be a wrong num_output_representations.
         _check_config(self.config, "Elmo(config), the biLM weights put in with with_bilm after init")
         _check_settings(self.num_output_representations, self.dropout)
         _check_convention(self.convention)

@@ -44,12 +44,12 @@ class TextFiles:
     """
 
     def __init__(self, pattern: str | os.PathLike | Sequence[str | os.PathLike]):
-        # A pathlib.Path is a pattern as its str is (before: "'PosixPath' object is not iterable").
+        # A pathlib.Path is a pattern as its str is (glob.glob alone: "'PosixPath' object is not iterable").
         patterns = [os.fspath(p) for p in ([pattern] if isinstance(pattern, (str, os.PathLike)) else pattern)]
         found = {f for p in patterns for f in globlib.glob(os.path.expanduser(p), recursive=True)}
         files = sorted(f for f in found if os.path.isfile(f))
         special = next(((f, kind) for f in sorted(found) if (kind := special_kind(f)) is not None), None)
-        if special is not None:  # (before: "no files match /dev/fd/63", a path that is there)
+        if special is not None:  # (unchecked: "no files match /dev/fd/63", a path that is there)
             raise DataError(f"{special[0]}: {not_a_file(special[1])}")
         if not files:
             folder = next((p for p in patterns if os.path.isdir(os.path.expanduser(p))), None)

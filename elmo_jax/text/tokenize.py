@@ -303,7 +303,7 @@ def tokenize(sentence: str) -> list[str]:
     >>> tokenize("“We can’t stop,” said Mr. Smith of the U.S. Senate—again.")
     ['"', 'We', 'ca', "n't", 'stop', ',', '"', 'said', 'Mr.', 'Smith', 'of', 'the', 'U.S.', 'Senate', '--', 'again', '.']
     """
-    if not isinstance(sentence, str):  # (before: unicodedata's "argument 2 must be str, not list")
+    if not isinstance(sentence, str):  # (unchecked: unicodedata's "argument 2 must be str, not list")
         raise TypeError(
             f"sentence is a {type(sentence).__name__}; expected one str: [tokenize(s) for s in sentences] "
             "for many, tokenize_text for a text"
@@ -332,7 +332,7 @@ def tokenize(sentence: str) -> list[str]:
 
 def tokenize_text(text: str) -> list[list[str]]:
     """:func:`split_sentences` then :func:`tokenize` on each sentence (sentences with no tokens dropped)."""
-    if not isinstance(text, str):  # (before: "'list' object has no attribute 'splitlines'")
+    if not isinstance(text, str):  # (unchecked: "'list' object has no attribute 'splitlines'")
         raise TypeError(
             f"text is a {type(text).__name__}; expected one str: [tokenize(s) for s in sentences] for sentences "
             "already split, '\n'.join(texts) for several texts"

@@ -107,7 +107,7 @@ def build_vocab(
     the counts of this corpus, because the log-uniform sampler assumes ids in frequency order;
     words of ``extend`` that do not occur here come last, in their old order.
     """
-    if not isinstance(counts, Mapping):  # a source of text, say (before: "... has no attribute 'items'")
+    if not isinstance(counts, Mapping):  # a source of text, say (unchecked: "... has no attribute 'items'")
         raise TypeError(
             f"counts is a {type(counts).__name__}; expected a mapping of word to count: elmo_jax.count_tokens(source)[0] "
             "gives one"

@@ -653,8 +653,8 @@ class Checkpointer:
         gone. Orbax drops the oldest step from its list as the save that replaces it starts, but
         deletes its directory only once that save has committed: until then the old step is the
         one a failed save or a killed process leaves to resume from, and it needs its host file
-        (before, deleted as the save started: with ``keep`` 1, a full disk or a kill -9 then left
-        no readable checkpoint). Housekeeping: where the directory cannot be read it leaves them,
+        (deleted as the save started, with ``keep`` 1 a full disk or a kill -9 would leave no
+        readable checkpoint). Housekeeping: where the directory cannot be read it leaves them,
         and the next save's own write says what is wrong."""
         keep = set(self.manager.all_steps())
         with contextlib.suppress(OSError):

@@ -167,7 +167,7 @@ class RunSettings:
                 "eval_every",
                 "log_every",
             )
-        if self.epochs is not None and self.steps is not None:  # (before: epochs ignored, silently)
+        if self.epochs is not None and self.steps is not None:  # (unchecked: epochs ignored, silently)
             raise about(ConfigError("give steps or epochs, not both: each sets where the run stops"), "steps", "epochs")
         if self.epochs is not None and (
             isinstance(self.epochs, bool)
@@ -726,7 +726,7 @@ def pretrain(
     source = as_source(source, "source")
     heldout = None if heldout is None else as_source(heldout, "heldout")
     _check_vocab_fits(options, vocab)
-    if not isinstance(settings, RunSettings):  # a run dir's path, say (before: an AttributeError)
+    if not isinstance(settings, RunSettings):  # a run dir's path, say (unchecked: an AttributeError)
         raise about(
             TypeError(f"settings is a {type(settings).__name__}; expected a RunSettings (RunSettings(run_dir=...))"),
             "settings",
@@ -863,8 +863,8 @@ def _started(
         run.ckpt, run.meta, run.options, run.settings, shardings, run.global_rows, batcher, init_state
     )
     # Epochs (not steps) count passes over the text the run trains on now: a new_data session's
-    # from its first step (before, from step 0 of the run: a run at step 100,000 given new text
-    # with --epochs 3 was "already trained").
+    # from its first step (counted from step 0 of the run, a run at step 100,000 given new text
+    # with --epochs 3 would be "already trained").
     epochs_from = data_from if run.settings.steps is None and run.total is not None else 0
     total = None if run.total is None else run.total + epochs_from
     return dataclasses.replace(run, data_from=data_from, total=total), start, state, capacity, window

@@ -183,7 +183,7 @@ def _run_vocab(spec: TrainSpec, run_dir: str, source, warm, say, beat: Callable[
     from elmo_jax.text.vocab import build_vocab, count_tokens, write_vocab
 
     if spec.vocab is not None:
-        if spec.min_count != MIN_COUNT:  # (before: ignored without a word)
+        if spec.min_count != MIN_COUNT:  # (a value that is not used is said, not ignored)
             say(f"min_count {spec.min_count}: not used: the vocabulary is given ({spec.vocab})", "min_count")
         return spec.vocab
     vocab_path = os.path.join(run_dir, "vocab.txt")
@@ -320,7 +320,7 @@ def _vocab_count(vocab_path: str, source, taken: bool) -> tuple[int | None, str 
         return meta.get("n_train_tokens"), None
     if taken:
         # Its count would set the epochs of another text: a vocabulary of a 200-line slice made a
-        # 1-epoch run of the whole text stop after 1 % of it (before: without a word).
+        # 1-epoch run of the whole text stop after 1 % of it: said, not done silently.
         warnings.warn(
             f"{vocab_path}.json counts other text than the training files ({other}): its "
             f"{meta.get('n_train_tokens')} tokens are not taken for an epoch",
