@@ -91,9 +91,10 @@ class RunSettings:
     epochs: float | None = None
     """Stop after this many passes over the data (default: ``n_epochs`` from the options)."""
     seed: int | None = None
-    """Initial weights, data order, dropout, sampled candidates: 0 to ``SEEDS - 1``. None: a resumed run's own (what
-    its checkpoints record), else 0. A resumed run keeps its seed: another one would deal the rest
-    of the epoch from another shuffle at the saved position (refused, but with ``new_data``)."""
+    """Initial weights, data order, dropout, sampled candidates: 0 to ``SEEDS - 1``. None: a resumed
+    run's own (what its checkpoints record), else 0. A resumed run keeps its seed: another one would
+    deal the rest of the epoch from another shuffle at the saved position (refused, but with
+    ``new_data``)."""
     save_every: int = 500
     keep: int = 3
     eval_every: int | None = None
