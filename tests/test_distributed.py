@@ -530,11 +530,11 @@ LATE_TO_SAVED_OPTIONS = """
 import sys, time
 from elmo_jax import cli
 from elmo_jax.training import setup
-real = setup._run_options
+real = setup._options_for_run
 def late(*args, **kwargs):
     time.sleep(5)
     return real(*args, **kwargs)
-setup._run_options = late
+setup._options_for_run = late
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -1129,7 +1129,7 @@ from elmo_jax import cli
 from elmo_jax.training import setup
 def unread(*args, **kwargs):
     raise FileNotFoundError(2, "No such file or directory", "/elmo-jax-test-missing-vocab.txt")
-setup._run_options = unread
+setup._options_for_run = unread
 sys.exit(cli.main(sys.argv[1:]))
 """
 
