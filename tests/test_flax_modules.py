@@ -330,6 +330,13 @@ def test_fixed_scalar_mix_parameters_are_constants_with_a_gamma_of_1(model):
         with_bilm(free.init(jax.random.PRNGKey(0), char_ids, deterministic=True), params), char_ids, deterministic=True
     )
     assert np.abs(np.asarray(other["elmo_representations"][0]) - np.asarray(want)).max() > 1e-3
+    # Trainable, the biLM alone is in params, with no scalar mix beside it: with_bilm still finds it
+    # (it looked for a scalar_mix_0 next to "bilm", and said the model had no Elmo).
+    trainable = Elmo(config, dropout=0.0, trainable_bilm=True, scalar_mix_parameters=fixed)
+    init = trainable.init(jax.random.PRNGKey(0), char_ids, deterministic=True)
+    assert set(init["params"]) == {"bilm"}
+    got = trainable.apply(with_bilm(init, params), char_ids, deterministic=True)["elmo_representations"][0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     nnx_elmo = ElmoNNX(config, params, dropout=0.0, scalar_mix_parameters=fixed, rngs=nnx.Rngs(0))
     assert not jax.tree.leaves(nnx.state(nnx_elmo, nnx.Param))
     np.testing.assert_allclose(
