@@ -179,6 +179,11 @@ def check_params(params, config, *, shapes: bool = False, name: str = "params") 
         )
 
 
+def is_params_tree(tree) -> bool:
+    """Whether ``tree`` has a biLM's top level, ``{"char_cnn": ..., "lstm": ...}`` (keys beside them allowed)."""
+    return isinstance(tree, Mapping) and {"char_cnn", "lstm"} <= tree.keys()
+
+
 def check_params_tree(params, name: str = "params") -> None:
     """``TypeError`` (one line) for ``params`` that are not a biLM's tree at all: a config, an
     array, a training state's ``{"bilm": ..., "softmax": ...}`` (``check_params`` without a config)."""
@@ -187,7 +192,7 @@ def check_params_tree(params, name: str = "params") -> None:
         if isinstance(params, Mapping) and "bilm" in params
         else ""
     )
-    if not (isinstance(params, Mapping) and {"char_cnn", "lstm"} <= params.keys()):
+    if not is_params_tree(params):
         keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
         raise TypeError(
             f"{name} must be the biLM's {{'char_cnn': ..., 'lstm': ...}} (load_hdf5, init_bilm); got {keys}{hint}"

@@ -533,7 +533,7 @@ def _elmo_sites(variables: Mapping) -> dict[str, str]:
         for key, value in tree.items():
             # In "params", only a biLM's tree is an Elmo's (a user's own "bilm" is not); a scalar
             # mix beside it is no sign, as a fixed mix (scalar_mix_parameters) has no params.
-            if key == "bilm" and (col != "params" or _is_bilm_tree(value)):
+            if key == "bilm" and (col != "params" or _bilm.is_params_tree(value)):
                 found["/".join(path)] = col
             elif isinstance(value, Mapping):
                 visit(value, path + (key,), col)
@@ -542,10 +542,6 @@ def _elmo_sites(variables: Mapping) -> dict[str, str]:
         if isinstance(variables.get(col), Mapping):
             visit(variables[col], (), col)
     return found
-
-
-def _is_bilm_tree(tree: Any) -> bool:
-    return isinstance(tree, Mapping) and {"char_cnn", "lstm"} <= set(tree)
 
 
 def _plain_dicts(tree: Any) -> Any:
